@@ -1,0 +1,145 @@
+//! The one error type of napkin-core, grouped by where the problem was found.
+//!
+//! Every message names the file, tensor or setting at fault and what was expected, so a
+//! learner can act on it without reading our source.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong inside napkin-core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // ---- files -----------------------------------------------------------------------------
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or folder involved.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+
+    /// A JSON file did not parse.
+    #[error("{path}: not valid JSON: {source}")]
+    Json {
+        /// The file that failed to parse.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        source: serde_json::Error,
+    },
+
+    // ---- configuration ---------------------------------------------------------------------
+    /// A model configuration is missing a key or holds a value napkin cannot use.
+    #[error("{source_name}: {message}")]
+    Config {
+        /// Where the configuration came from (a file path or a preset name).
+        source_name: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+
+    /// A preset name that napkin does not know.
+    #[error("unknown preset `{name}`; known presets: {known}")]
+    UnknownPreset {
+        /// The name asked for.
+        name: String,
+        /// The names napkin knows, comma separated.
+        known: String,
+    },
+
+    // ---- checkpoints -----------------------------------------------------------------------
+    /// A checkpoint file is malformed (bad header, truncated data, bad offsets).
+    #[error("{path}: malformed checkpoint: {message}")]
+    Checkpoint {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// A tensor the model needs is not in the checkpoint.
+    #[error("{path}: missing tensor `{name}` (expected shape {expected:?})")]
+    MissingTensor {
+        /// The checkpoint (file or folder).
+        path: PathBuf,
+        /// The tensor name as the checkpoint format spells it.
+        name: String,
+        /// The shape the model expects.
+        expected: Vec<usize>,
+    },
+
+    /// A tensor has a different shape than the configuration implies.
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        /// The checkpoint (file or folder).
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The shape stored in the file.
+        found: Vec<usize>,
+        /// The shape the model expects.
+        expected: Vec<usize>,
+    },
+
+    /// The checkpoint holds tensors the model does not know: usually a different architecture.
+    #[error("{path}: unexpected tensor(s) not used by a Llama of this config: {names}")]
+    UnexpectedTensors {
+        /// The checkpoint (file or folder).
+        path: PathBuf,
+        /// The unexpected names, comma separated (at most a few).
+        names: String,
+    },
+
+    /// A tensor is stored in a dtype napkin cannot load.
+    #[error("{path}: tensor `{name}` has dtype {dtype}, expected one of F32, F16, BF16")]
+    UnsupportedDtype {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+
+    // ---- running ---------------------------------------------------------------------------
+    /// Input that does not fit the model (token ids out of range, empty input, too long).
+    #[error("invalid input: {0}")]
+    Input(String),
+
+    /// A device that is not compiled into this build or cannot be opened.
+    #[error("device `{name}`: {message}")]
+    Device {
+        /// The device asked for.
+        name: String,
+        /// Why it cannot be used.
+        message: String,
+    },
+}
+
+/// The result type of napkin-core.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A configuration error from a named source.
+    pub fn config(source_name: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            source_name: source_name.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A malformed-checkpoint error.
+    pub fn checkpoint(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Error::Checkpoint {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Loading a Hugging Face `LlamaForCausalLM` folder (`config.json` + safetensors) into [`Llama`].
+//!
+//! Every tensor the config implies must be present with the right shape; anything else in the
+//! file is an error too (it usually means another architecture), except buffers HF itself
+//! ignores (`rotary_emb.inv_freq`) and a redundant `lm_head.weight` in a tied checkpoint.
+
+use std::path::Path;
+
+use burn::module::Param;
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::safetensors::SafetensorsCheckpoint;
+use crate::config::LlamaConfig;
+use crate::error::{Error, Result};
+use crate::model::Llama;
+use crate::model::attention::Attention;
+use crate::model::block::DecoderBlock;
+use crate::model::linear::Linear;
+use crate::model::mlp::Mlp;
+use crate::model::rms_norm::RmsNorm;
+
+/// Reads `config.json` and the weights of a HF folder onto `device`.
+pub fn load_hf_llama(dir: &Path, device: &Device) -> Result<Llama> {
+    let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+    let checkpoint = SafetensorsCheckpoint::open(dir)?;
+    llama_from_checkpoint(&config, &checkpoint, device)
+}
+
+/// Builds a [`Llama`] from an open checkpoint, checking names and shapes.
+pub fn llama_from_checkpoint(
+    config: &LlamaConfig,
+    checkpoint: &SafetensorsCheckpoint,
+    device: &Device,
+) -> Result<Llama> {
+    let expected = config.hf_parameter_shapes();
+    check_no_unexpected(config, checkpoint, &expected)?;
+
+    let tensor2 = |name: &str, shape: &[usize]| -> Result<Tensor<2>> {
+        let values = checkpoint.read_f32(name, shape)?;
+        Ok(Tensor::from_data(
+            TensorData::new(values, [shape[0], shape[1]]),
+            device,
+        ))
+    };
+    let tensor1 = |name: &str, dim: usize| -> Result<Tensor<1>> {
+        let values = checkpoint.read_f32(name, &[dim])?;
+        Ok(Tensor::from_data(TensorData::new(values, [dim]), device))
+    };
+
+    let (v, d) = (config.vocab_size, config.hidden_size);
+    let (q, kv, f) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+    let norm = |name: &str| -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: Param::from_tensor(tensor1(name, d)?),
+            eps: config.rms_norm_eps,
+        })
+    };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+            Ok(Linear::from_weight(tensor2(
+                &format!("{p}.{name}.weight"),
+                &[rows, cols],
+            )?))
+        };
+        layers.push(DecoderBlock {
+            input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
+            self_attn: Attention {
+                q_proj: linear("self_attn.q_proj", q, d)?,
+                k_proj: linear("self_attn.k_proj", kv, d)?,
+                v_proj: linear("self_attn.v_proj", kv, d)?,
+                o_proj: linear("self_attn.o_proj", d, q)?,
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+            },
+            post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mlp: Mlp {
+                gate_proj: linear("mlp.gate_proj", f, d)?,
+                up_proj: linear("mlp.up_proj", f, d)?,
+                down_proj: linear("mlp.down_proj", d, f)?,
+            },
+        });
+    }
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(Linear::from_weight(tensor2("lm_head.weight", &[v, d])?))
+    };
+    Ok(Llama {
+        embed_tokens: Param::from_tensor(tensor2("model.embed_tokens.weight", &[v, d])?),
+        layers,
+        norm: norm("model.norm.weight")?,
+        lm_head,
+        config: config.clone(),
+    })
+}
+
+fn check_no_unexpected(
+    config: &LlamaConfig,
+    checkpoint: &SafetensorsCheckpoint,
+    expected: &[(String, Vec<usize>)],
+) -> Result<()> {
+    let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    let unexpected: Vec<&str> = checkpoint
+        .names()
+        .filter(|n| !known.contains(n))
+        .filter(|n| !n.ends_with("rotary_emb.inv_freq"))
+        .filter(|n| !(config.tie_word_embeddings && *n == "lm_head.weight"))
+        .collect();
+    if unexpected.is_empty() {
+        return Ok(());
+    }
+    let mut names = unexpected
+        .iter()
+        .take(5)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if unexpected.len() > 5 {
+        names.push_str(&format!(" and {} more", unexpected.len() - 5));
+    }
+    Err(Error::UnexpectedTensors {
+        path: checkpoint.location.clone(),
+        names,
+    })
+}

@@ -1,0 +1,17 @@
+//! napkin-core: a small Llama in burn with the memory tricks of GPU-poor fine-tuning, and the
+//! napkin math that predicts what each trick costs.
+//!
+//! Floors, from the ground up (each uses only those below it):
+//! - [`config`]: hyper-parameters as plain data (no tensors).
+//! - [`model`]: the Llama itself.
+//! - [`io`]: checkpoint formats.
+//! - [`device`]: choosing a burn device at run time.
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod io;
+pub mod model;
+pub mod values;
+
+pub use error::{Error, Result};

@@ -1,0 +1,77 @@
+//! Causal self-attention with RoPE and grouped-query heads (HF "eager" semantics).
+//!
+//! Grouped-query attention is computed without repeating K and V: the H query heads are
+//! viewed as Hkv groups of H/Hkv heads, so each group's queries meet their one shared K/V
+//! head in a single batched matmul. No `[B, H, T, Dh]` copy of K or V is ever made.
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor, activation::softmax};
+
+use super::linear::Linear;
+use super::rope::RopeTables;
+use crate::config::LlamaConfig;
+
+/// The attention half of a decoder block.
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// `[H·Dh, D]`.
+    pub q_proj: Linear,
+    /// `[Hkv·Dh, D]`.
+    pub k_proj: Linear,
+    /// `[Hkv·Dh, D]`.
+    pub v_proj: Linear,
+    /// `[D, H·Dh]`.
+    pub o_proj: Linear,
+    /// H.
+    pub num_heads: usize,
+    /// Hkv.
+    pub num_kv_heads: usize,
+    /// Dh.
+    pub head_dim: usize,
+}
+
+impl Attention {
+    /// Fresh projections with HF's N(0, 0.02) initialisation.
+    pub fn init(config: &LlamaConfig, device: &Device) -> Self {
+        let d = config.hidden_size;
+        Attention {
+            q_proj: Linear::init(config.q_dim(), d, device),
+            k_proj: Linear::init(config.kv_dim(), d, device),
+            v_proj: Linear::init(config.kv_dim(), d, device),
+            o_proj: Linear::init(d, config.q_dim(), device),
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        }
+    }
+
+    /// # Shapes
+    /// - `x`: `[B, T, D]`
+    /// - `rope`: tables `[B, 1, T, Dh]`
+    /// - `mask`: additive, `[1 or B, 1, T, T]`
+    /// - returns `[B, T, D]`
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
+        let [b, t, _] = x.dims();
+        let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let group = h / hkv; // query heads per K/V head
+
+        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
+        let q = rope.apply(heads(self.q_proj.forward(x.clone()), h)); // [B, H, T, Dh]
+        let k = rope.apply(heads(self.k_proj.forward(x.clone()), hkv)); // [B, Hkv, T, Dh]
+        let v = heads(self.v_proj.forward(x), hkv); // [B, Hkv, T, Dh]
+
+        // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.
+        let q = q.reshape([b, hkv, group * t, dh]); // [B, Hkv, group·T, Dh]
+        let scale = (dh as f64).powf(-0.5);
+        let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, Hkv, group·T, T]
+        let scores = scores.reshape([b, h, t, t]) + mask.clone(); // [B, H, T, T]
+        let probs = softmax(scores, 3).reshape([b, hkv, group * t, t]);
+        let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
+
+        let out = out
+            .reshape([b, h, t, dh])
+            .swap_dims(1, 2)
+            .reshape([b, t, h * dh]); // [B, T, H·Dh]
+        self.o_proj.forward(out)
+    }
+}

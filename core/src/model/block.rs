@@ -1,0 +1,49 @@
+//! One decoder block: pre-norm attention and pre-norm SwiGLU, each added to the residual.
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+
+use super::attention::Attention;
+use super::mlp::Mlp;
+use super::rms_norm::RmsNorm;
+use super::rope::RopeTables;
+use crate::config::LlamaConfig;
+
+/// `x = x + attn(norm₁(x)); x = x + mlp(norm₂(x))`.
+#[derive(Module, Debug)]
+pub struct DecoderBlock {
+    /// RMSNorm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Causal grouped-query self-attention.
+    pub self_attn: Attention,
+    /// RMSNorm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// SwiGLU MLP.
+    pub mlp: Mlp,
+}
+
+impl DecoderBlock {
+    /// A fresh block.
+    pub fn init(config: &LlamaConfig, device: &Device) -> Self {
+        DecoderBlock {
+            input_layernorm: RmsNorm::init(config.hidden_size, config.rms_norm_eps, device),
+            self_attn: Attention::init(config, device),
+            post_attention_layernorm: RmsNorm::init(
+                config.hidden_size,
+                config.rms_norm_eps,
+                device,
+            ),
+            mlp: Mlp::init(config, device),
+        }
+    }
+
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → `[B, T, D]`
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
+        let x = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), rope, mask);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+}

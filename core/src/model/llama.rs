@@ -1,0 +1,112 @@
+//! `Llama`: Hugging Face `LlamaForCausalLM` in burn — embedding, N decoder blocks, final norm,
+//! LM head (tied to the embedding or not).
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Distribution, Tensor, module::embedding};
+
+use super::batch::TokenBatch;
+use super::block::DecoderBlock;
+use super::linear::Linear;
+use super::rms_norm::RmsNorm;
+use super::rope::{RopeTables, inverse_frequencies};
+use crate::config::LlamaConfig;
+
+/// A decoder-only Llama.
+#[derive(Module, Debug)]
+pub struct Llama {
+    /// `[V, D]` token embedding (also the LM head when tied).
+    pub embed_tokens: Param<Tensor<2>>,
+    /// L decoder blocks.
+    pub layers: Vec<DecoderBlock>,
+    /// Final RMSNorm.
+    pub norm: RmsNorm,
+    /// `[V, D]` LM head; `None` when the embedding is tied.
+    pub lm_head: Option<Linear>,
+    /// The hyper-parameters the model was built from.
+    #[module(skip)]
+    pub config: LlamaConfig,
+}
+
+/// What a forward pass needs besides the residual stream: RoPE tables and the mask.
+#[derive(Debug, Clone)]
+pub struct ForwardContext {
+    /// cos/sin tables for the batch's positions.
+    pub rope: RopeTables,
+    /// Additive causal (and segment) mask, `[1 or B, 1, T, T]`.
+    pub mask: Tensor<4>,
+}
+
+impl Llama {
+    /// A randomly initialised model (HF init: N(0, 0.02) for linears and the embedding, unit
+    /// norms). Call `device.seed(..)` first for a reproducible draw.
+    pub fn init(config: &LlamaConfig, device: &Device) -> Self {
+        let embed = Tensor::random(
+            [config.vocab_size, config.hidden_size],
+            Distribution::Normal(0.0, 0.02),
+            device,
+        );
+        Llama {
+            embed_tokens: Param::from_tensor(embed),
+            layers: (0..config.num_hidden_layers)
+                .map(|_| DecoderBlock::init(config, device))
+                .collect(),
+            norm: RmsNorm::init(config.hidden_size, config.rms_norm_eps, device),
+            lm_head: (!config.tie_word_embeddings)
+                .then(|| Linear::init(config.vocab_size, config.hidden_size, device)),
+            config: config.clone(),
+        }
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.embed_tokens.val().device()
+    }
+
+    /// RoPE tables and mask for a batch.
+    pub fn context(&self, batch: &TokenBatch) -> ForwardContext {
+        let device = self.device();
+        let inv_freq = inverse_frequencies(&self.config);
+        ForwardContext {
+            rope: RopeTables::new(&inv_freq, &batch.positions, batch.batch, batch.seq, &device),
+            mask: batch.attention_mask(&device),
+        }
+    }
+
+    /// # Shapes
+    /// - returns the embedded tokens `[B, T, D]`
+    pub fn embed(&self, batch: &TokenBatch) -> Tensor<3> {
+        embedding(self.embed_tokens.val(), batch.ids_tensor(&self.device()))
+    }
+
+    /// Final norm and LM head.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → logits `[B, T, V]`
+    pub fn head(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = self.norm.forward(x);
+        match &self.lm_head {
+            Some(lm_head) => lm_head.forward(x),
+            None => {
+                let [b, t, d] = x.dims();
+                let v = self.config.vocab_size;
+                let logits = x
+                    .reshape([b * t, d])
+                    .matmul(self.embed_tokens.val().transpose()); // [B·T, V]
+                logits.reshape([b, t, v])
+            }
+        }
+    }
+
+    /// The full forward pass.
+    ///
+    /// # Shapes
+    /// - returns logits `[B, T, V]`
+    pub fn forward(&self, batch: &TokenBatch) -> Tensor<3> {
+        let ctx = self.context(batch);
+        let mut x = self.embed(batch); // [B, T, D]
+        for layer in &self.layers {
+            x = layer.forward(x, &ctx.rope, &ctx.mask);
+        }
+        self.head(x)
+    }
+}

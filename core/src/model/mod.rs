@@ -1,0 +1,16 @@
+//! The Llama model, one concept a file, in the order data flows through it.
+
+pub mod attention;
+pub mod batch;
+pub mod block;
+pub mod linear;
+pub mod llama;
+pub mod loss;
+pub mod mlp;
+pub mod named;
+pub mod rms_norm;
+pub mod rope;
+
+pub use batch::TokenBatch;
+pub use llama::{ForwardContext, Llama};
+pub use loss::{IGNORE_INDEX, LossSum, causal_lm_loss};

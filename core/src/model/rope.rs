@@ -1,0 +1,108 @@
+//! Rotary position embedding in Hugging Face's "rotate half" convention.
+//!
+//! For a head vector `x` of width Dh, with `x1 = x[..Dh/2]` and `x2 = x[Dh/2..]`:
+//! `rope(x) = x ⊙ cos + cat(−x2, x1) ⊙ sin`, where `cos[p, j] = cos(p · inv_freq[j mod Dh/2])`.
+//! The tables are computed on the host, in float32 exactly as transformers does (the angle is
+//! an f32 product), only for the positions a batch uses.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::config::{LlamaConfig, RopeScaling};
+
+/// The Dh/2 inverse frequencies of a config, in float32, with Llama 3 scaling applied.
+pub fn inverse_frequencies(config: &LlamaConfig) -> Vec<f32> {
+    let dim = config.head_dim;
+    let theta = config.rope_theta as f32;
+    let plain = (0..dim / 2).map(|j| 1.0 / theta.powf((2 * j) as f32 / dim as f32));
+    match config.rope_scaling {
+        RopeScaling::Default => plain.collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let (factor, low, high, old_len) = (
+                factor as f32,
+                low_freq_factor as f32,
+                high_freq_factor as f32,
+                original_max_position_embeddings as f32,
+            );
+            let low_freq_wavelen = old_len / low;
+            let high_freq_wavelen = old_len / high;
+            plain
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_freq_wavelen {
+                        f // high frequency: kept
+                    } else if wavelen > low_freq_wavelen {
+                        f / factor // low frequency: slowed down
+                    } else {
+                        // In between: interpolate smoothly between the two.
+                        let smooth = (old_len / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// Host-side cos/sin tables, `[N, Dh]` each, for a list of N positions.
+pub fn tables(inv_freq: &[f32], positions: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
+    let mut cos = Vec::with_capacity(positions.len() * 2 * half);
+    let mut sin = Vec::with_capacity(positions.len() * 2 * half);
+    for &p in positions {
+        // The frequencies are repeated twice along the head axis.
+        for _ in 0..2 {
+            for &f in inv_freq {
+                let angle = p as f32 * f; // f32 product, as transformers computes it
+                cos.push((angle as f64).cos() as f32);
+                sin.push((angle as f64).sin() as f32);
+            }
+        }
+    }
+    (cos, sin)
+}
+
+/// The cos/sin tables of a batch as tensors ready to broadcast over heads.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    /// `[B, 1, T, Dh]`.
+    pub cos: Tensor<4>,
+    /// `[B, 1, T, Dh]`.
+    pub sin: Tensor<4>,
+}
+
+impl RopeTables {
+    /// Tables for `positions` laid out `[B, T]` row-major.
+    pub fn new(
+        inv_freq: &[f32],
+        positions: &[u32],
+        batch: usize,
+        seq: usize,
+        device: &Device,
+    ) -> Self {
+        let head_dim = 2 * inv_freq.len();
+        let (cos, sin) = tables(inv_freq, positions);
+        let shape = [batch, 1, seq, head_dim];
+        RopeTables {
+            cos: Tensor::from_data(TensorData::new(cos, shape), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        }
+    }
+
+    /// Rotates every head of `x`.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, H, T, Dh]` → `[B, H, T, Dh]`
+    pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        let [_, _, _, dh] = x.dims();
+        let half = dh / 2;
+        let x1 = x.clone().narrow(3, 0, half); // [B, H, T, Dh/2]
+        let x2 = x.clone().narrow(3, half, half); // [B, H, T, Dh/2]
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, T, Dh]
+        x * self.cos.clone() + rotated * self.sin.clone()
+    }
+}

@@ -1,0 +1,153 @@
+//! Shared helpers for the cross-crate tests: finding the reference fixtures and comparing
+//! numbers with stated tolerances.
+//!
+//! The fixture root is `$NAPKIN_FIXTURES`, or `../shared/fixtures` beside the repository.
+//! Tests discover every model folder and NF4 case under it instead of naming them, so the
+//! same tests run on checkpoints that are not in the repository's view.
+
+use std::path::{Path, PathBuf};
+
+use napkin_core::io::SafetensorsCheckpoint;
+use safetensors::Dtype;
+
+/// The fixture root; panics with a clear message when it is missing (a test run without
+/// fixtures must fail, never pass vacuously).
+pub fn fixture_root() -> PathBuf {
+    let root = match std::env::var_os("NAPKIN_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures"),
+    };
+    assert!(
+        root.is_dir(),
+        "fixture root {} not found: set NAPKIN_FIXTURES or place shared/ beside the repository",
+        root.display()
+    );
+    root
+}
+
+/// Every model folder under the root: a `config.json` with a `reference.safetensors`.
+pub fn model_dirs() -> Vec<PathBuf> {
+    let root = fixture_root();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("fixture root is readable")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").is_file() && p.join("reference.safetensors").is_file())
+        .collect();
+    dirs.sort();
+    assert!(
+        !dirs.is_empty(),
+        "no model folders under {}",
+        root.display()
+    );
+    dirs
+}
+
+/// The reference tensors of one model folder.
+pub struct Reference {
+    /// The folder's name, for messages.
+    pub name: String,
+    checkpoint: SafetensorsCheckpoint,
+}
+
+impl Reference {
+    /// Opens `dir/reference.safetensors`.
+    pub fn open(dir: &Path) -> Self {
+        let checkpoint = SafetensorsCheckpoint::open(&dir.join("reference.safetensors"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        Reference {
+            name: dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            checkpoint,
+        }
+    }
+
+    /// A float tensor with its shape.
+    pub fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let (dtype, shape, bytes) = self.raw(name);
+        let values = napkin_core::io::safetensors::decode_f32(dtype, &bytes)
+            .unwrap_or_else(|| panic!("{}: `{name}` is {dtype:?}, not a float", self.name));
+        (shape, values)
+    }
+
+    /// A float64 tensor.
+    pub fn f64(&self, name: &str) -> Vec<f64> {
+        let (dtype, _, bytes) = self.raw(name);
+        assert_eq!(dtype, Dtype::F64, "{}: `{name}`", self.name);
+        bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
+    }
+
+    /// An int64 tensor with its shape.
+    pub fn i64(&self, name: &str) -> (Vec<usize>, Vec<i64>) {
+        let (dtype, shape, bytes) = self.raw(name);
+        assert_eq!(dtype, Dtype::I64, "{}: `{name}`", self.name);
+        let values = bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        (shape, values)
+    }
+
+    /// A `[1]` scalar.
+    pub fn scalar(&self, name: &str) -> f32 {
+        self.f32(name).1[0]
+    }
+
+    /// Names starting with `prefix`, with the prefix removed.
+    pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
+        self.checkpoint
+            .names_with_prefix(prefix)
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Whether the reference has a tensor.
+    pub fn has(&self, name: &str) -> bool {
+        self.checkpoint.contains(name)
+    }
+
+    fn raw(&self, name: &str) -> (Dtype, Vec<usize>, Vec<u8>) {
+        self.checkpoint
+            .read_raw(name)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("{}: reference has no `{name}`", self.name))
+    }
+}
+
+/// The largest absolute difference, and the largest relative one (|a−b| / max(|b|, tiny)).
+pub fn max_errors(got: &[f32], want: &[f32]) -> (f32, f32) {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    got.iter()
+        .zip(want)
+        .fold((0.0f32, 0.0f32), |(abs, rel), (&g, &w)| {
+            let d = (g - w).abs();
+            (abs.max(d), rel.max(d / w.abs().max(1e-12)))
+        })
+}
+
+/// Asserts `got ≈ want` element-wise: every element within `abs` OR within `rel` relative.
+/// Returns the largest absolute error, so tests can print how close they came.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -> f32 {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: {} values, reference has {}",
+        got.len(),
+        want.len()
+    );
+    let mut worst = 0.0f32;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        worst = worst.max(d);
+        assert!(
+            g.is_finite() && (d <= abs || d <= rel * w.abs()),
+            "{what}[{i}]: got {g}, reference {w} (|diff| {d:.3e} > {abs:.0e} abs and > {rel:.0e} rel)"
+        );
+    }
+    worst
+}

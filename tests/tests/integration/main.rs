@@ -1,0 +1,6 @@
+//! napkin's cross-crate tests, one binary. Where new tests go:
+//! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
+//! - `checkpoints`: loading HF folders, typed errors on bad files.
+
+mod checkpoints;
+mod llama_parity;
