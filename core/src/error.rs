@@ -10,21 +10,21 @@ use std::path::PathBuf;
 pub enum Error {
     // ---- files -----------------------------------------------------------------------------
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or folder involved.
         path: PathBuf,
-        /// What the operating system said.
-        source: std::io::Error,
+        /// What the operating system said (shown in the message, so not a `source`).
+        error: std::io::Error,
     },
 
     /// A JSON file did not parse.
-    #[error("{path}: not valid JSON: {source}")]
+    #[error("{path}: not valid JSON: {error}")]
     Json {
         /// The file that failed to parse.
         path: PathBuf,
         /// The parser's message (with line and column).
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 
     // ---- configuration ---------------------------------------------------------------------
@@ -120,10 +120,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// Wraps an I/O error with the path it concerns.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            error,
         }
     }
 

@@ -1,1 +1,25 @@
-fn main() {}
+//! `napkin`: the command-line entry point. Parsing lives in `cli.rs`, each command in
+//! `commands/`; this file only dispatches and reports errors.
+
+mod cli;
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Inspect(args) => commands::inspect::run(&args),
+        cli::Command::Eval(args) => commands::eval::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the context chain on one line: "reading X: file not found".
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

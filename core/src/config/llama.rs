@@ -66,9 +66,9 @@ impl LlamaConfig {
     /// Reads and validates a Hugging Face `config.json`.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        let value: Value = serde_json::from_str(&text).map_err(|error| Error::Json {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::from_hf_json(&value, &path.display().to_string())
     }

@@ -48,9 +48,9 @@ impl SafetensorsCheckpoint {
         if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
             let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| Error::Json {
+                serde_json::from_str(&text).map_err(|error| Error::Json {
                     path: index.clone(),
-                    source,
+                    error,
                 })?;
             let map = json
                 .get("weight_map")

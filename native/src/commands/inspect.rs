@@ -1,0 +1,87 @@
+//! `napkin inspect`: what a checkpoint holds, without loading it into a backend.
+
+use anyhow::{Context, Result};
+use napkin_core::config::LlamaConfig;
+use napkin_core::io::SafetensorsCheckpoint;
+use serde_json::json;
+
+use crate::cli::InspectArgs;
+
+pub fn run(args: &InspectArgs) -> Result<()> {
+    let dir = &args.model.model;
+    let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+    let checkpoint = SafetensorsCheckpoint::open(dir)?;
+    let on_disk = checkpoint.bytes_by_dtype().context("reading tensor sizes")?;
+
+    let total = config.num_parameters();
+    let per_block = config.block_parameters();
+    let embedding = config.embedding_parameters();
+    let lm_head = config.lm_head_parameters();
+    let in_memory_f32 = total * 4;
+
+    if args.json {
+        let report = json!({
+            "model": dir.display().to_string(),
+            "config": config.to_hf_json(),
+            "parameters": {
+                "total": total,
+                "embedding": embedding,
+                "per_block": per_block,
+                "blocks": config.num_hidden_layers,
+                "final_norm": config.hidden_size,
+                "lm_head": lm_head,
+            },
+            "bytes_on_disk_by_dtype": on_disk,
+            "bytes_in_memory": {"f32": in_memory_f32},
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+
+    println!("model          {}", dir.display());
+    println!(
+        "shape          L={} D={} F={} H={} Hkv={} Dh={} V={}",
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.vocab_size
+    );
+    println!(
+        "rope           theta={} scaling={:?}; max positions {}",
+        config.rope_theta, config.rope_scaling, config.max_position_embeddings
+    );
+    println!("embeddings     {}", if config.tie_word_embeddings { "tied" } else { "untied" });
+    println!();
+    println!("{:<24}{:>16}", "parameters", "count");
+    println!("{:<24}{:>16}", "embedding", group(embedding));
+    for i in 0..config.num_hidden_layers {
+        println!("{:<24}{:>16}", format!("layers.{i}"), group(per_block));
+    }
+    println!("{:<24}{:>16}", "norm", group(config.hidden_size as u64));
+    if lm_head > 0 {
+        println!("{:<24}{:>16}", "lm_head", group(lm_head));
+    }
+    println!("{:<24}{:>16}", "total", group(total));
+    println!();
+    for (dtype, bytes) in &on_disk {
+        println!("on disk {dtype:<8}{:>16} bytes", group(*bytes));
+    }
+    println!("in memory (f32) {:>16} bytes", group(in_memory_f32));
+    Ok(())
+}
+
+/// 1234567 → "1,234,567".
+pub fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
