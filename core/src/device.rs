@@ -1,6 +1,8 @@
-//! Choosing the burn device at run time: `cpu` (the default), `wgpu`, `cuda`.
+//! Choosing the burn device at run time: `cpu` (the default), `wgpu`, `cuda`, or one CPU
+//! backend by name (`flex`, `ndarray`) for comparisons.
 //!
-//! The CPU backend is burn's Flex (pure Rust, multi-threaded GEMM, builds for wasm);
+//! `cpu` is burn NdArray + OpenBLAS when the `openblas` feature is compiled in (about three
+//! times Flex's GEMM throughput here), else burn Flex (pure Rust, builds for wasm).
 //! ARCHITECTURE.md records the measurements behind that choice.
 
 use std::fmt;
@@ -13,9 +15,13 @@ use crate::error::{Error, Result};
 /// A backend the user can ask for with `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceKind {
-    /// burn Flex on the CPU.
+    /// The fastest CPU backend compiled in.
     #[default]
     Cpu,
+    /// burn Flex on the CPU (pure Rust).
+    Flex,
+    /// burn NdArray with the system OpenBLAS on the CPU.
+    Ndarray,
     /// burn wgpu (Vulkan, Metal, DX12, WebGPU).
     Wgpu,
     /// burn CUDA.
@@ -28,11 +34,13 @@ impl FromStr for DeviceKind {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "cpu" => Ok(DeviceKind::Cpu),
+            "flex" => Ok(DeviceKind::Flex),
+            "ndarray" | "openblas" => Ok(DeviceKind::Ndarray),
             "wgpu" | "gpu" => Ok(DeviceKind::Wgpu),
             "cuda" => Ok(DeviceKind::Cuda),
             other => Err(Error::Device {
                 name: other.to_string(),
-                message: "expected one of cpu, wgpu, cuda".into(),
+                message: "expected one of cpu, wgpu, cuda (or a CPU backend: flex, ndarray)".into(),
             }),
         }
     }
@@ -42,6 +50,8 @@ impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             DeviceKind::Cpu => "cpu",
+            DeviceKind::Flex => "flex",
+            DeviceKind::Ndarray => "ndarray",
             DeviceKind::Wgpu => "wgpu",
             DeviceKind::Cuda => "cuda",
         })
@@ -59,6 +69,14 @@ impl DeviceKind {
         };
         match self {
             DeviceKind::Cpu => Ok(cpu()),
+            #[cfg(feature = "flex")]
+            DeviceKind::Flex => Ok(Device::flex()),
+            #[cfg(not(feature = "flex"))]
+            DeviceKind::Flex => Err(missing("flex")),
+            #[cfg(feature = "openblas")]
+            DeviceKind::Ndarray => Ok(ndarray()),
+            #[cfg(not(feature = "openblas"))]
+            DeviceKind::Ndarray => Err(missing("openblas")),
             #[cfg(feature = "wgpu")]
             DeviceKind::Wgpu => Ok(Device::wgpu(Default::default())),
             #[cfg(not(feature = "wgpu"))]
@@ -70,17 +88,50 @@ impl DeviceKind {
         }
     }
 
-    /// Short description of the backend behind the device, for reports.
+    /// The concrete backend behind the device, for reports.
     pub fn backend_name(self) -> &'static str {
         match self {
-            DeviceKind::Cpu => "burn-flex (CPU)",
+            DeviceKind::Cpu => cpu_backend_name(),
+            DeviceKind::Flex => "burn-flex (CPU)",
+            DeviceKind::Ndarray => "burn-ndarray + OpenBLAS (CPU)",
             DeviceKind::Wgpu => "burn-wgpu",
             DeviceKind::Cuda => "burn-cuda",
         }
     }
+
+    /// Every CPU backend compiled into this build.
+    pub fn cpu_backends() -> Vec<DeviceKind> {
+        [DeviceKind::Ndarray, DeviceKind::Flex]
+            .into_iter()
+            .filter(|k| k.open().is_ok())
+            .collect()
+    }
 }
 
-/// The default CPU device.
+/// The default CPU device: NdArray + OpenBLAS when compiled in, else Flex.
 pub fn cpu() -> Device {
-    Device::flex()
+    #[cfg(feature = "openblas")]
+    {
+        ndarray()
+    }
+    #[cfg(not(feature = "openblas"))]
+    {
+        Device::flex()
+    }
+}
+
+fn cpu_backend_name() -> &'static str {
+    if cfg!(feature = "openblas") {
+        "burn-ndarray + OpenBLAS (CPU)"
+    } else {
+        "burn-flex (CPU)"
+    }
+}
+
+/// burn marks NdArray deprecated in favour of Flex; we keep it deliberately for its BLAS GEMM
+/// (see ARCHITECTURE.md), in this one place.
+#[cfg(feature = "openblas")]
+#[allow(deprecated)]
+fn ndarray() -> Device {
+    Device::ndarray()
 }

@@ -18,6 +18,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Loss and perplexity of a text (or token ids) under a model.
     Eval(EvalArgs),
+    /// Micro-benchmarks (printed figures, not tests).
+    Bench(BenchArgs),
 }
 
 /// Where the model comes from.
@@ -42,7 +44,12 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Token ids, comma separated (e.g. `1,2,3`).
-    #[arg(long, value_delimiter = ',', conflicts_with = "text", required_unless_present = "text")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "text",
+        required_unless_present = "text"
+    )]
     pub ids: Vec<u32>,
     /// Text to score (needs a tokenizer next to the model).
     #[arg(long)]
@@ -53,4 +60,20 @@ pub struct EvalArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub what: BenchCase,
+    /// Timed runs per case (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BenchCase {
+    /// f32 GEMM throughput on every CPU backend compiled in.
+    Matmul,
 }

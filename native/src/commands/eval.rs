@@ -18,7 +18,10 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         None => args.ids.clone(),
     };
     if ids.len() < 2 {
-        bail!("--ids: need at least 2 tokens to score (the first one is only context), got {}", ids.len());
+        bail!(
+            "--ids: need at least 2 tokens to score (the first one is only context), got {}",
+            ids.len()
+        );
     }
     let device_kind: DeviceKind = args.device.parse()?;
     let device = device_kind.open()?;

@@ -11,7 +11,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
     let checkpoint = SafetensorsCheckpoint::open(dir)?;
-    let on_disk = checkpoint.bytes_by_dtype().context("reading tensor sizes")?;
+    let on_disk = checkpoint
+        .bytes_by_dtype()
+        .context("reading tensor sizes")?;
 
     let total = config.num_parameters();
     let per_block = config.block_parameters();
@@ -53,7 +55,14 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         "rope           theta={} scaling={:?}; max positions {}",
         config.rope_theta, config.rope_scaling, config.max_position_embeddings
     );
-    println!("embeddings     {}", if config.tie_word_embeddings { "tied" } else { "untied" });
+    println!(
+        "embeddings     {}",
+        if config.tie_word_embeddings {
+            "tied"
+        } else {
+            "untied"
+        }
+    );
     println!();
     println!("{:<24}{:>16}", "parameters", "count");
     println!("{:<24}{:>16}", "embedding", group(embedding));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use napkin_core::Error;
 use napkin_core::config::LlamaConfig;
-use napkin_core::device;
+use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::io::safetensors::SafetensorsCheckpoint;
 use napkin_core::model::TokenBatch;
@@ -82,7 +82,7 @@ fn half_f16(x: f32) -> u16 {
 }
 
 fn logits_of(dir: &Path) -> Vec<f32> {
-    let model = load_hf_llama(dir, &device::cpu()).unwrap();
+    let model = load_hf_llama(dir, &DeviceKind::Cpu.open().unwrap()).unwrap();
     let batch = TokenBatch::single(&[1, 2, 3, 4, 5]).unwrap();
     to_f32_vec(model.forward(&batch))
 }
@@ -152,7 +152,7 @@ fn missing_extra_and_misshaped_tensors_are_typed_errors() {
         .cloned()
         .collect();
     write_file(&scratch.0.join("model.safetensors"), &without, Dtype::F32);
-    match load_hf_llama(&scratch.0, &device::cpu()) {
+    match load_hf_llama(&scratch.0, &DeviceKind::Cpu.open().unwrap()) {
         Err(Error::MissingTensor { name, expected, .. }) => {
             assert_eq!(name, victim);
             assert_eq!(expected, vec![config.kv_dim(), config.hidden_size]);
@@ -169,7 +169,7 @@ fn missing_extra_and_misshaped_tensors_are_typed_errors() {
         }
     }
     write_file(&scratch.0.join("model.safetensors"), &misshaped, Dtype::F32);
-    match load_hf_llama(&scratch.0, &device::cpu()) {
+    match load_hf_llama(&scratch.0, &DeviceKind::Cpu.open().unwrap()) {
         Err(Error::ShapeMismatch {
             name,
             found,
@@ -190,7 +190,7 @@ fn missing_extra_and_misshaped_tensors_are_typed_errors() {
         vec![0.0, 0.0],
     ));
     write_file(&scratch.0.join("model.safetensors"), &extra, Dtype::F32);
-    match load_hf_llama(&scratch.0, &device::cpu()) {
+    match load_hf_llama(&scratch.0, &DeviceKind::Cpu.open().unwrap()) {
         Err(Error::UnexpectedTensors { names, .. }) => {
             assert!(names.contains("q_proj.bias"), "{names}")
         }
@@ -206,7 +206,7 @@ fn truncated_safetensors_file_is_a_typed_error() {
     std::fs::copy(dir.join("config.json"), scratch.0.join("config.json")).unwrap();
     for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
         std::fs::write(scratch.0.join("model.safetensors"), &bytes[..cut]).unwrap();
-        match load_hf_llama(&scratch.0, &device::cpu()) {
+        match load_hf_llama(&scratch.0, &DeviceKind::Cpu.open().unwrap()) {
             Err(Error::Checkpoint { message, .. }) => {
                 assert!(message.contains("header"), "{message}")
             }

@@ -5,7 +5,7 @@
 //! loss, gradients 1e-5 abs or 1e-4 relative).
 
 use napkin_core::config::LlamaConfig;
-use napkin_core::device;
+use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::model::rope::{inverse_frequencies, tables};
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
@@ -50,11 +50,21 @@ fn rope_tables_match_transformers() {
     }
 }
 
+/// Every (fixture model, CPU backend) pair: each backend must reach HF parity on its own.
+fn cases() -> Vec<(std::path::PathBuf, DeviceKind)> {
+    let backends = DeviceKind::cpu_backends();
+    assert!(!backends.is_empty(), "no CPU backend compiled in");
+    model_dirs()
+        .into_iter()
+        .flat_map(|dir| backends.iter().map(move |&kind| (dir.clone(), kind)))
+        .collect()
+}
+
 #[test]
 fn logits_and_loss_match_transformers() {
-    for dir in model_dirs() {
+    for (dir, kind) in cases() {
         let reference = Reference::open(&dir);
-        let model = load_hf_llama(&dir, &device::cpu()).unwrap();
+        let model = load_hf_llama(&dir, &kind.open().unwrap()).unwrap();
         let (batch, labels) = input_batch(&reference);
         let logits = model.forward(&batch);
         let loss = scalar(causal_lm_loss(logits.clone(), &labels).unwrap().mean());
@@ -87,7 +97,7 @@ fn logits_and_loss_match_transformers() {
             reference.name
         );
         eprintln!(
-            "{}: max |logits − HF| = {worst:.2e} (f64 oracle {worst_f64:.2e}), loss {loss} vs {want_loss}",
+            "{} on {kind}: max |logits − HF| = {worst:.2e} (f64 oracle {worst_f64:.2e}), loss {loss} vs {want_loss}",
             reference.name
         );
     }
@@ -95,12 +105,12 @@ fn logits_and_loss_match_transformers() {
 
 #[test]
 fn hidden_states_and_layer0_intermediates_match_transformers() {
-    for dir in model_dirs() {
+    for (dir, kind) in cases() {
         let reference = Reference::open(&dir);
-        let model = load_hf_llama(&dir, &device::cpu()).unwrap();
+        let model = load_hf_llama(&dir, &kind.open().unwrap()).unwrap();
         let (batch, _) = input_batch(&reference);
         let ctx = model.context(&batch);
-        let name = |what: &str| format!("{}: {what}", reference.name);
+        let name = |what: &str| format!("{} on {kind}: {what}", reference.name);
         let check = |what: &str, got: Vec<f32>| {
             assert_close(&name(what), &got, &reference.f32(what).1, 2e-5, 1e-4);
         };
@@ -144,9 +154,9 @@ fn hidden_states_and_layer0_intermediates_match_transformers() {
 
 #[test]
 fn full_gradients_match_transformers() {
-    for dir in model_dirs() {
+    for (dir, kind) in cases() {
         let reference = Reference::open(&dir);
-        let model: Llama = load_hf_llama(&dir, &device::cpu().autodiff()).unwrap();
+        let model: Llama = load_hf_llama(&dir, &kind.open().unwrap().autodiff()).unwrap();
         let (batch, labels) = input_batch(&reference);
         let loss = causal_lm_loss(model.forward(&batch), &labels)
             .unwrap()
@@ -168,18 +178,13 @@ fn full_gradients_match_transformers() {
                 .unwrap_or_else(|| panic!("{}: no gradient for {hf_name}", reference.name))
                 .to_vec();
             let (_, want) = reference.f32(&format!("full.grad.{hf_name}"));
-            worst = worst.max(assert_close(
-                &format!("{}: grad {hf_name}", reference.name),
-                &grad,
-                &want,
-                1e-5,
-                1e-4,
-            ));
+            let what = format!("{} on {kind}: grad {hf_name}", reference.name);
+            worst = worst.max(assert_close(&what, &grad, &want, 1e-5, 1e-4));
         }
+        let n = params.len();
         eprintln!(
-            "{}: {} gradients, max |grad − HF| = {worst:.2e}",
-            reference.name,
-            params.len()
+            "{} on {kind}: {n} gradients, max |grad − HF| = {worst:.2e}",
+            reference.name
         );
     }
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command: everything CI runs, from a fresh clone with only the Rust toolchain.
+# Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The reference fixtures live beside the repository unless NAPKIN_FIXTURES says otherwise.
+export NAPKIN_FIXTURES="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
+if [ ! -d "$NAPKIN_FIXTURES" ]; then
+    echo "error: fixtures not found at $NAPKIN_FIXTURES (set NAPKIN_FIXTURES)" >&2
+    exit 1
+fi
+
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+
+step "system libraries"
+bash scripts/setup-system.sh
+
+step "formatting"
+cargo fmt --all -- --check
+
+step "tests (workspace, dev profile: dependencies optimised)"
+cargo test --workspace --locked
