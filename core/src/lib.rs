@@ -12,6 +12,7 @@ pub mod device;
 pub mod error;
 pub mod io;
 pub mod model;
+pub mod tricks;
 pub mod values;
 
 pub use error::{Error, Result};

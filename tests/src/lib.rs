@@ -42,6 +42,32 @@ pub fn model_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// Every NF4 case under `<root>/nf4`: (case name, `.safetensors` path, parsed `.json`).
+pub fn nf4_cases() -> Vec<(String, PathBuf, serde_json::Value)> {
+    let dir = fixture_root().join("nf4");
+    let mut cases: Vec<(String, PathBuf, serde_json::Value)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| {
+            let json_path = p.with_extension("json");
+            let text = std::fs::read_to_string(&json_path)
+                .unwrap_or_else(|e| panic!("{}: {e}", json_path.display()));
+            let json = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", json_path.display()));
+            let name = p
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (name, p, json)
+        })
+        .collect();
+    cases.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(!cases.is_empty(), "no NF4 cases under {}", dir.display());
+    cases
+}
+
 /// The reference tensors of one model folder.
 pub struct Reference {
     /// The folder's name, for messages.
@@ -52,16 +78,27 @@ pub struct Reference {
 impl Reference {
     /// Opens `dir/reference.safetensors`.
     pub fn open(dir: &Path) -> Self {
-        let checkpoint = SafetensorsCheckpoint::open(&dir.join("reference.safetensors"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        Self::open_file(&dir.join("reference.safetensors"))
+    }
+
+    /// Opens any safetensors file of reference tensors.
+    pub fn open_file(path: &Path) -> Self {
+        let checkpoint = SafetensorsCheckpoint::open(path).unwrap_or_else(|e| panic!("{e}"));
+        let name = match path.file_name().and_then(|f| f.to_str()) {
+            Some("reference.safetensors") => path.parent().and_then(|p| p.file_name()),
+            _ => path.file_stem(),
+        };
         Reference {
-            name: dir
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned(),
+            name: name.unwrap_or_default().to_string_lossy().into_owned(),
             checkpoint,
         }
+    }
+
+    /// A uint8 tensor.
+    pub fn u8(&self, name: &str) -> Vec<u8> {
+        let (dtype, _, bytes) = self.raw(name);
+        assert_eq!(dtype, Dtype::U8, "{}: `{name}`", self.name);
+        bytes
     }
 
     /// A float tensor with its shape.

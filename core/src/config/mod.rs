@@ -1,8 +1,10 @@
-//! Configuration as plain data: the model's hyper-parameters and its presets.
+//! Configuration as plain data: the model's hyper-parameters, its presets and the tricks.
 //!
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
 mod llama;
+mod nf4;
 mod presets;
 
 pub use llama::{LlamaConfig, RopeScaling};
+pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};

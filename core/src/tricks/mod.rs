@@ -1,0 +1,4 @@
+//! The memory tricks' arithmetic, independent of any tensor backend.
+
+pub mod dynamic_map;
+pub mod nf4;
