@@ -3,8 +3,10 @@
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
 mod llama;
+mod lora;
 mod nf4;
 mod presets;
 
 pub use llama::{LlamaConfig, RopeScaling};
+pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};

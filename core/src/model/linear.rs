@@ -1,27 +1,55 @@
-//! A bias-free linear layer in Hugging Face layout: `y = x Wᵀ` with `W: [out, in]`.
+//! A bias-free linear layer in Hugging Face layout, `y = x Wᵀ` with `W: [out, in]`, whose base
+//! weight is either dense or NF4-quantized, optionally with a LoRA adapter on top:
+//! `y = x Wᵀ + s · (dropout(x) Aᵀ) Bᵀ`.
 //!
 //! burn's own `nn::Linear` stores `[in, out]`; keeping HF's layout means checkpoints load
 //! without a transpose and LoRA/NF4 shapes read the same as in peft and bitsandbytes.
 
+use std::sync::Arc;
+
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor};
 
-/// `y = x Wᵀ`.
+use super::lora::LoraAdapter;
+use super::nf4_matmul::{dequantized_weight, nf4_matmul};
+use crate::tricks::nf4::Nf4Tensor;
+
+/// The base weight of a linear layer.
+#[derive(Module, Debug)]
+pub enum BaseWeight {
+    /// A float `[out, in]` parameter (trainable unless frozen).
+    Dense(Param<Tensor<2>>),
+    /// NF4 codes and scales, always frozen; see `nf4_matmul.rs`.
+    Nf4(Nf4Weight),
+}
+
+/// An NF4-quantized `[out, in]` weight: host-side packed codes, never a float copy.
+#[derive(Module, Debug)]
+pub struct Nf4Weight {
+    /// The packed codes and scales, shared (not copied) with the backward step.
+    #[module(skip)]
+    pub quantized: Arc<Nf4Tensor>,
+}
+
+/// `y = x Wᵀ (+ LoRA)`.
 #[derive(Module, Debug)]
 pub struct Linear {
-    /// `[out, in]`.
-    pub weight: Param<Tensor<2>>,
+    /// W: `[out, in]`.
+    pub base: BaseWeight,
+    /// The optional low-rank adapter.
+    pub lora: Option<LoraAdapter>,
 }
 
 impl Linear {
-    /// Wraps an existing `[out, in]` weight.
+    /// Wraps an existing dense `[out, in]` weight.
     pub fn from_weight(weight: Tensor<2>) -> Self {
         Linear {
-            weight: Param::from_tensor(weight),
+            base: BaseWeight::Dense(Param::from_tensor(weight)),
+            lora: None,
         }
     }
 
-    /// A fresh layer with HF's initialisation, N(0, 0.02).
+    /// A fresh dense layer with HF's initialisation, N(0, 0.02).
     pub fn init(out_features: usize, in_features: usize, device: &Device) -> Self {
         let weight = Tensor::random(
             [out_features, in_features],
@@ -33,7 +61,18 @@ impl Linear {
 
     /// `[out, in]`.
     pub fn dims(&self) -> [usize; 2] {
-        self.weight.shape().dims()
+        match &self.base {
+            BaseWeight::Dense(w) => w.shape().dims(),
+            BaseWeight::Nf4(w) => [w.quantized.shape[0], w.quantized.shape[1]],
+        }
+    }
+
+    /// The base weight as a dense tensor (dequantized for NF4): for merging and export only.
+    pub fn dense_weight(&self, device: &Device) -> Tensor<2> {
+        match &self.base {
+            BaseWeight::Dense(w) => w.val(),
+            BaseWeight::Nf4(w) => dequantized_weight(&w.quantized, device),
+        }
     }
 
     /// # Shapes
@@ -42,9 +81,14 @@ impl Linear {
         let [b, t, d_in] = x.dims();
         let [d_out, _] = self.dims();
         // One 2-D GEMM over all tokens is faster than a batched one on every backend.
-        let y = x
-            .reshape([b * t, d_in])
-            .matmul(self.weight.val().transpose()); // [B·T, out]
+        let x = x.reshape([b * t, d_in]); // [B·T, in]
+        let mut y = match &self.base {
+            BaseWeight::Dense(w) => x.clone().matmul(w.val().transpose()),
+            BaseWeight::Nf4(w) => nf4_matmul(x.clone(), &w.quantized),
+        }; // [B·T, out]
+        if let Some(lora) = &self.lora {
+            y = y + lora.forward(x);
+        }
         y.reshape([b, t, d_out])
     }
 }

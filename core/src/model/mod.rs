@@ -1,13 +1,16 @@
 //! The Llama model, one concept a file, in the order data flows through it.
 
+pub mod apply_tricks;
 pub mod attention;
 pub mod batch;
 pub mod block;
 pub mod linear;
 pub mod llama;
+pub mod lora;
 pub mod loss;
 pub mod mlp;
 pub mod named;
+pub mod nf4_matmul;
 pub mod rms_norm;
 pub mod rope;
 

@@ -3,7 +3,9 @@
 
 use burn::tensor::Tensor;
 
+use super::linear::Linear;
 use super::llama::Llama;
+use crate::config::LoraTarget;
 use crate::values::to_f32_vec;
 
 /// A parameter tensor of rank 1 (norm gains) or 2 (matrices).
@@ -44,8 +46,10 @@ impl ParamTensor {
 impl Llama {
     /// Every base parameter with its HF name (`model.layers.0.self_attn.q_proj.weight`, ...).
     /// A tied model has no `lm_head.weight` entry: its head is `model.embed_tokens.weight`.
+    /// NF4 weights appear dequantized (transient copies, for export and comparison).
     pub fn hf_parameters(&self) -> Vec<(String, ParamTensor)> {
         use ParamTensor::{Matrix, Vector};
+        let device = self.device();
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
             Matrix(self.embed_tokens.val()),
@@ -67,7 +71,10 @@ impl Llama {
                 ("mlp.up_proj", &mlp.up_proj),
                 ("mlp.down_proj", &mlp.down_proj),
             ] {
-                out.push((format!("{p}.{name}.weight"), Matrix(linear.weight.val())));
+                out.push((
+                    format!("{p}.{name}.weight"),
+                    Matrix(linear.dense_weight(&device)),
+                ));
             }
             out.push((
                 format!("{p}.post_attention_layernorm.weight"),
@@ -79,7 +86,78 @@ impl Llama {
             Vector(self.norm.weight.val()),
         ));
         if let Some(lm_head) = &self.lm_head {
-            out.push(("lm_head.weight".to_string(), Matrix(lm_head.weight.val())));
+            out.push((
+                "lm_head.weight".to_string(),
+                Matrix(lm_head.dense_weight(&device)),
+            ));
+        }
+        out
+    }
+}
+
+/// A decoder-block linear layer with its HF module path (`model.layers.3.self_attn.q_proj`).
+pub struct NamedLinear<L> {
+    /// HF module path.
+    pub path: String,
+    /// Block index.
+    pub layer: usize,
+    /// Which of the seven it is.
+    pub target: LoraTarget,
+    /// The layer.
+    pub linear: L,
+}
+
+impl Llama {
+    /// The seven linears of every block, in module order.
+    pub fn block_linears(&self) -> Vec<NamedLinear<&Linear>> {
+        let mut out = Vec::with_capacity(7 * self.layers.len());
+        for (layer, block) in self.layers.iter().enumerate() {
+            let a = &block.self_attn;
+            let m = &block.mlp;
+            let seven = [
+                &a.q_proj,
+                &a.k_proj,
+                &a.v_proj,
+                &a.o_proj,
+                &m.gate_proj,
+                &m.up_proj,
+                &m.down_proj,
+            ];
+            for (target, linear) in LoraTarget::ALL.into_iter().zip(seven) {
+                out.push(NamedLinear {
+                    path: format!("model.layers.{layer}.{}", target.block_path()),
+                    layer,
+                    target,
+                    linear,
+                });
+            }
+        }
+        out
+    }
+
+    /// The seven linears of every block, mutably, in module order.
+    pub fn block_linears_mut(&mut self) -> Vec<NamedLinear<&mut Linear>> {
+        let mut out = Vec::with_capacity(7 * self.layers.len());
+        for (layer, block) in self.layers.iter_mut().enumerate() {
+            let a = &mut block.self_attn;
+            let m = &mut block.mlp;
+            let seven = [
+                &mut a.q_proj,
+                &mut a.k_proj,
+                &mut a.v_proj,
+                &mut a.o_proj,
+                &mut m.gate_proj,
+                &mut m.up_proj,
+                &mut m.down_proj,
+            ];
+            for (target, linear) in LoraTarget::ALL.into_iter().zip(seven) {
+                out.push(NamedLinear {
+                    path: format!("model.layers.{layer}.{}", target.block_path()),
+                    layer,
+                    target,
+                    linear,
+                });
+            }
         }
         out
     }

@@ -1,8 +1,10 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
+//! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 
 mod checkpoints;
 mod llama_parity;
+mod lora_parity;
 mod nf4_parity;

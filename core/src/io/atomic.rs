@@ -1,0 +1,61 @@
+//! Crash-safe file writes: write a temporary file beside the target, fsync it, rename it over
+//! the target, fsync the folder. A reader sees the old file or the new one, never half of one.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Writes `bytes` to `path` atomically.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        file.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        // The rename is durable once the folder entry is on disk.
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_file_and_leaves_no_temporary_behind() {
+        let dir = std::env::temp_dir().join(format!("napkin-atomic-{}", std::process::id()));
+        let path = dir.join("f.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,211 @@
+//! peft's LoRA adapter format, in and out: `adapter_config.json` + `adapter_model.safetensors`
+//! with keys `base_model.model.<module path>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
+//! (`[out, r]`), so adapters move between napkin and the Python ecosystem unchanged.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use serde_json::{Value, json};
+
+use super::atomic::write_atomic;
+use super::safetensors::SafetensorsCheckpoint;
+use crate::config::{LoraConfig, LoraTarget};
+use crate::error::{Error, Result};
+use crate::model::Llama;
+use crate::model::apply_tricks::matrix;
+use crate::model::lora::LoraAdapter;
+use crate::values::to_f32_vec;
+
+/// The prefix peft puts before the HF module path.
+pub const PEFT_PREFIX: &str = "base_model.model.";
+
+/// Reads `adapter_config.json`.
+pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
+    let path = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let json: Value = serde_json::from_str(&text).map_err(|error| Error::Json {
+        path: path.clone(),
+        error,
+    })?;
+    parse_adapter_config(&json, &path.display().to_string())
+}
+
+/// Parses the JSON of an `adapter_config.json`, refusing what napkin does not implement.
+pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
+    let err = |m: String| Error::config(source, m);
+    if let Some(kind) = json.get("peft_type").and_then(Value::as_str)
+        && kind != "LORA"
+    {
+        return Err(err(format!(
+            "peft_type `{kind}` is not supported, expected LORA"
+        )));
+    }
+    if json.get("use_dora").and_then(Value::as_bool) == Some(true) {
+        return Err(err(
+            "DoRA adapters (`use_dora: true`) are not supported".into()
+        ));
+    }
+    if let Some(bias) = json.get("bias").and_then(Value::as_str)
+        && bias != "none"
+    {
+        return Err(err(format!(
+            "bias `{bias}` is not supported, expected \"none\""
+        )));
+    }
+    for key in ["rank_pattern", "alpha_pattern"] {
+        if json
+            .get(key)
+            .and_then(Value::as_object)
+            .is_some_and(|m| !m.is_empty())
+        {
+            return Err(err(format!("per-module `{key}` is not supported")));
+        }
+    }
+    let r = json
+        .get("r")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| err("missing integer `r`".into()))? as usize;
+    let alpha = json
+        .get("lora_alpha")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| err("missing number `lora_alpha`".into()))?;
+    let dropout = json
+        .get("lora_dropout")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    let targets = match json.get("target_modules") {
+        Some(Value::String(s)) => LoraTarget::parse_list(s)?,
+        Some(Value::Array(items)) => {
+            let names: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+            if names.len() != items.len() {
+                return Err(err("`target_modules` must be a list of names".into()));
+            }
+            LoraTarget::parse_list(&names.join(","))?
+        }
+        _ => return Err(err("missing `target_modules`".into())),
+    };
+    let config = LoraConfig {
+        r,
+        alpha,
+        dropout,
+        targets,
+        use_rslora: json
+            .get("use_rslora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
+    config.validate().map_err(|e| err(e.to_string()))?;
+    Ok(config)
+}
+
+/// The `adapter_config.json` peft writes for this config (keys peft reads; the rest default).
+pub fn adapter_config_json(config: &LoraConfig) -> Value {
+    let targets: Vec<&str> = config.targets.iter().map(|t| t.module_name()).collect();
+    json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": config.r,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": targets,
+        "bias": "none",
+        "use_rslora": config.use_rslora,
+        "use_dora": false,
+        "fan_in_fan_out": false,
+        "init_lora_weights": true,
+        "inference_mode": true,
+        "modules_to_save": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "base_model_name_or_path": null,
+        "revision": null,
+    })
+}
+
+impl Llama {
+    /// Freezes the base and attaches the adapters stored in a peft folder. Every targeted module
+    /// must have both matrices with the right shapes, and nothing else may be in the file.
+    pub fn load_lora(self, dir: &Path) -> Result<(Self, LoraConfig)> {
+        let config = read_adapter_config(dir)?;
+        let file = dir.join("adapter_model.safetensors");
+        let checkpoint = SafetensorsCheckpoint::open(&file)?;
+        let mut model = self.freeze_base();
+        let device = model.device();
+        let mut used = 0usize;
+        for named in model.block_linears_mut() {
+            if !config.targets(named.target) {
+                continue;
+            }
+            let [out, inp] = named.linear.dims();
+            let key = |m: &str| format!("{PEFT_PREFIX}{}.{m}.weight", named.path);
+            let a = checkpoint.read_f32(&key("lora_A"), &[config.r, inp])?;
+            let b = checkpoint.read_f32(&key("lora_B"), &[out, config.r])?;
+            used += 2;
+            named.linear.lora = Some(LoraAdapter::from_weights(
+                matrix(a, config.r, inp, &device),
+                matrix(b, out, config.r, &device),
+                config.scaling(),
+                config.dropout,
+            ));
+        }
+        let total = checkpoint.names().count();
+        if total != used {
+            let extra: Vec<&str> = checkpoint
+                .names()
+                .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B."))
+                .take(5)
+                .collect();
+            return Err(Error::UnexpectedTensors {
+                path: file,
+                names: format!(
+                    "{} tensors for {used} expected ({})",
+                    total,
+                    extra.join(", ")
+                ),
+            });
+        }
+        Ok((model, config))
+    }
+
+    /// Writes the model's adapters in peft format (`adapter_config.json` and
+    /// `adapter_model.safetensors`), each atomically.
+    pub fn save_lora(&self, config: &LoraConfig, dir: &Path) -> Result<()> {
+        let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
+        for (path, _, adapter) in self.lora_adapters() {
+            for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
+                let value = param.val();
+                let dims = value.dims().to_vec();
+                let bytes = to_f32_vec(value)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                tensors.insert(format!("{PEFT_PREFIX}{path}.{name}.weight"), (dims, bytes));
+            }
+        }
+        if tensors.is_empty() {
+            return Err(Error::Input(
+                "the model has no LoRA adapters to save".into(),
+            ));
+        }
+        let bytes = serialize_f32(&tensors)?;
+        write_atomic(&dir.join("adapter_model.safetensors"), &bytes)?;
+        let json = serde_json::to_string_pretty(&adapter_config_json(config)).unwrap_or_default();
+        write_atomic(&dir.join("adapter_config.json"), json.as_bytes())
+    }
+}
+
+/// Serializes little-endian f32 tensors to safetensors bytes.
+pub fn serialize_f32(tensors: &BTreeMap<String, (Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>> {
+    let views = tensors
+        .iter()
+        .map(|(name, (shape, bytes))| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| Error::Input(format!("tensor `{name}`: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::serialize(views, None)
+        .map_err(|e| Error::Input(format!("serializing safetensors: {e}")))
+}

@@ -1,0 +1,157 @@
+//! Turning a plain [`Llama`] into a LoRA or QLoRA model, and back: freeze the base, quantize the
+//! block linears to NF4, attach adapters, merge and unmerge them by value.
+//!
+//! As in bitsandbytes/peft, only the seven linears of each decoder block are quantized or
+//! adapted; embeddings, norms and the LM head stay in float and frozen.
+
+use std::sync::Arc;
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor};
+
+use super::linear::{BaseWeight, Linear, Nf4Weight};
+use super::llama::Llama;
+use super::lora::LoraAdapter;
+use crate::config::{LoraConfig, LoraTarget, Nf4Config};
+use crate::error::{Error, Result};
+use crate::tricks::nf4::Nf4Tensor;
+use crate::values::to_f32_vec;
+
+/// Adapters taken out of a model by [`Llama::merge_lora`], keyed by HF module path.
+pub type DetachedAdapters = Vec<(String, LoraAdapter)>;
+
+impl Llama {
+    /// Freezes every base parameter (no gradients, no optimizer state).
+    pub fn freeze_base(self) -> Self {
+        self.no_grad()
+    }
+
+    /// Replaces the dense weight of every block linear by its NF4 quantization. The float
+    /// weights are dropped: after this, the model holds codes and scales only.
+    pub fn quantize_nf4(mut self, config: &Nf4Config) -> Result<Self> {
+        config.validate()?;
+        for named in self.block_linears_mut() {
+            let linear = named.linear;
+            if let BaseWeight::Dense(w) = &linear.base {
+                let [out, inp] = w.shape().dims::<2>();
+                let values = to_f32_vec(w.val());
+                let q = Nf4Tensor::quantize(&values, &[out, inp], config)
+                    .map_err(|e| Error::Input(format!("{}: {e}", named.path)))?;
+                linear.base = BaseWeight::Nf4(Nf4Weight {
+                    quantized: Arc::new(q),
+                });
+            }
+        }
+        Ok(self)
+    }
+
+    /// Freezes the base and attaches freshly initialised adapters (peft defaults: A
+    /// kaiming-uniform, B = 0) to the targeted linears. Seed with `device.seed(..)` first.
+    pub fn with_lora(self, config: &LoraConfig) -> Result<Self> {
+        config.validate()?;
+        let mut model = self.freeze_base();
+        let device = model.device();
+        for named in model.block_linears_mut() {
+            if config.targets(named.target) {
+                let [out, inp] = named.linear.dims();
+                named.linear.lora = Some(LoraAdapter::init(
+                    out,
+                    inp,
+                    config.r,
+                    config.scaling(),
+                    config.dropout,
+                    &device,
+                ));
+            }
+        }
+        Ok(model)
+    }
+
+    /// Folds every adapter into its base weight by value, `W ← W + s·B·A`, and returns the
+    /// adapters. An NF4 base becomes dense (the merged weight is not re-quantized).
+    pub fn merge_lora(mut self) -> (Self, DetachedAdapters) {
+        let device = self.device();
+        let mut detached = Vec::new();
+        for named in self.block_linears_mut() {
+            if let Some(adapter) = named.linear.lora.take() {
+                let merged = named.linear.dense_weight(&device) + adapter.delta_weight();
+                named.linear.base =
+                    BaseWeight::Dense(Param::from_tensor(merged.detach()).set_require_grad(false));
+                detached.push((named.path, adapter));
+            }
+        }
+        (self, detached)
+    }
+
+    /// The inverse of [`merge_lora`](Self::merge_lora): `W ← W − s·B·A` and the adapters are
+    /// attached again. Fails if an adapter names a module this model lacks or has another shape.
+    pub fn unmerge_lora(mut self, adapters: DetachedAdapters) -> Result<Self> {
+        let device = self.device();
+        let mut by_path: std::collections::HashMap<String, LoraAdapter> =
+            adapters.into_iter().collect();
+        for named in self.block_linears_mut() {
+            if let Some(adapter) = by_path.remove(&named.path) {
+                let delta = adapter.delta_weight();
+                if delta.dims() != named.linear.dims() {
+                    return Err(Error::Input(format!(
+                        "{}: adapter shape {:?} does not match the weight {:?}",
+                        named.path,
+                        delta.dims(),
+                        named.linear.dims()
+                    )));
+                }
+                let base = named.linear.dense_weight(&device) - delta;
+                named.linear.base =
+                    BaseWeight::Dense(Param::from_tensor(base.detach()).set_require_grad(false));
+                named.linear.lora = Some(adapter);
+            }
+        }
+        if let Some(path) = by_path.keys().next() {
+            return Err(Error::Input(format!(
+                "adapter for `{path}`, which this model does not have"
+            )));
+        }
+        Ok(self)
+    }
+
+    /// The adapters in module order, with their HF module paths.
+    pub fn lora_adapters(&self) -> Vec<(String, LoraTarget, &LoraAdapter)> {
+        self.block_linears()
+            .into_iter()
+            .filter_map(|n| n.linear.lora.as_ref().map(|a| (n.path, n.target, a)))
+            .collect()
+    }
+
+    /// Number of trainable values: adapters when present, else every parameter.
+    pub fn trainable_parameters(&self) -> u64 {
+        let adapters: u64 = self
+            .lora_adapters()
+            .iter()
+            .map(|(_, _, a)| {
+                (a.lora_a.shape().num_elements() + a.lora_b.shape().num_elements()) as u64
+            })
+            .sum();
+        if adapters > 0 {
+            adapters
+        } else {
+            self.config.num_parameters()
+        }
+    }
+
+    /// A copy of the model on another device.
+    pub fn on_device(self, device: &Device) -> Self {
+        self.fork(device)
+    }
+}
+
+impl Linear {
+    /// Whether the base weight is NF4.
+    pub fn is_nf4(&self) -> bool {
+        matches!(self.base, BaseWeight::Nf4(_))
+    }
+}
+
+/// A `[rows, cols]` tensor from host values (for adapters read from files).
+pub fn matrix(values: Vec<f32>, rows: usize, cols: usize, device: &Device) -> Tensor<2> {
+    Tensor::from_data(burn::tensor::TensorData::new(values, [rows, cols]), device)
+}

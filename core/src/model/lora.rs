@@ -1,0 +1,69 @@
+//! A LoRA adapter: `Δy = s · (dropout(x) Aᵀ) Bᵀ` with `A: [r, in]`, `B: [out, r]`.
+//!
+//! Only A and B are trainable; the frozen base output is added unscaled (the classic bug of
+//! scaling `base + BAx` as a whole is what the merge-by-value test guards against).
+
+use burn::module::{Module, Param};
+use burn::nn::{Dropout, DropoutConfig};
+use burn::tensor::{Device, Distribution, Tensor};
+
+/// The low-rank pair of one adapted linear layer.
+#[derive(Module, Debug)]
+pub struct LoraAdapter {
+    /// A: `[r, in]`, peft's `lora_A.weight`.
+    pub lora_a: Param<Tensor<2>>,
+    /// B: `[out, r]`, peft's `lora_B.weight`.
+    pub lora_b: Param<Tensor<2>>,
+    /// s = α/r (or α/√r).
+    pub scaling: f64,
+    /// Dropout on the adapter's input (training only).
+    pub dropout: Dropout,
+}
+
+impl LoraAdapter {
+    /// peft's default initialisation: A ~ kaiming-uniform(a=√5) = U(−1/√in, 1/√in), B = 0, so
+    /// the adapted model starts equal to the base. Call `device.seed(..)` first to fix A.
+    pub fn init(
+        out: usize,
+        inp: usize,
+        r: usize,
+        scaling: f64,
+        dropout: f64,
+        device: &Device,
+    ) -> Self {
+        let bound = 1.0 / (inp as f64).sqrt();
+        let a = Tensor::random([r, inp], Distribution::Uniform(-bound, bound), device);
+        let b = Tensor::zeros([out, r], device);
+        Self::from_weights(a, b, scaling, dropout)
+    }
+
+    /// An adapter with given A `[r, in]` and B `[out, r]`.
+    pub fn from_weights(a: Tensor<2>, b: Tensor<2>, scaling: f64, dropout: f64) -> Self {
+        LoraAdapter {
+            lora_a: Param::from_tensor(a),
+            lora_b: Param::from_tensor(b),
+            scaling,
+            dropout: DropoutConfig::new(dropout).init(),
+        }
+    }
+
+    /// r.
+    pub fn rank(&self) -> usize {
+        self.lora_a.shape().dims::<2>()[0]
+    }
+
+    /// # Shapes
+    /// - `x`: `[N, in]` → `[N, out]` (through `[N, r]`)
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let down = self
+            .dropout
+            .forward(x)
+            .matmul(self.lora_a.val().transpose()); // [N, r]
+        down.matmul(self.lora_b.val().transpose()) * self.scaling // [N, out]
+    }
+
+    /// s · B A: the dense `[out, in]` update that merging adds to the base weight.
+    pub fn delta_weight(&self) -> Tensor<2> {
+        self.lora_b.val().matmul(self.lora_a.val()) * self.scaling
+    }
+}

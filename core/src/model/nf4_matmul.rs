@@ -1,0 +1,113 @@
+//! `x · Wᵀ` for an NF4-quantized W, as a custom autodiff operation that keeps the memory saving.
+//!
+//! The forward dequantizes W into a transient buffer, multiplies, and drops it. The backward
+//! needs `∂x = ∂y · W`: it dequantizes W again from the packed codes instead of keeping the
+//! float copy alive between forward and backward (as bitsandbytes' `MatMul4Bit` does). W is
+//! frozen, so no weight gradient is ever formed. The only state saved for backward is a
+//! reference-counted pointer to the codes that the layer already owns.
+//!
+//! burn's own autodiff would save the dequantized `[out, in]` matrix for every layer until the
+//! backward, i.e. a full-precision copy of the whole model: exactly what QLoRA avoids.
+
+use std::sync::Arc;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn_backend::tensor::FloatTensor;
+use burn_backend::{Backend, TensorMetadata};
+
+use crate::tricks::nf4::Nf4Tensor;
+
+/// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
+#[cfg(feature = "openblas")]
+#[allow(deprecated)]
+type NdArray = burn_ndarray::NdArray;
+
+/// The dequantized `[out, in]` weight as a tensor on `device` (a transient).
+pub fn dequantized_weight(weight: &Nf4Tensor, device: &Device) -> Tensor<2> {
+    let shape = [weight.shape[0], weight.shape[1]];
+    Tensor::from_data(TensorData::new(weight.dequantize(), shape), device)
+}
+
+/// # Shapes
+/// - `x`: `[N, in]`, `weight`: NF4 `[out, in]` → `[N, out]`
+pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
+    if x.is_tracked() {
+        // Each CPU backend compiled in gets the memory-true backward.
+        #[cfg(feature = "flex")]
+        let x = match x
+            .clone()
+            .try_into_primitive::<Autodiff<burn_flex::Flex, NoCheckpointing>>()
+        {
+            Ok(p) => {
+                return Tensor::from_primitive::<Autodiff<burn_flex::Flex>>(tracked::<
+                    burn_flex::Flex,
+                >(
+                    p, weight
+                ));
+            }
+            Err(_) => x,
+        };
+        #[cfg(feature = "openblas")]
+        let x = match x
+            .clone()
+            .try_into_primitive::<Autodiff<NdArray, NoCheckpointing>>()
+        {
+            Ok(p) => {
+                return Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<NdArray>(p, weight));
+            }
+            Err(_) => x,
+        };
+        // Other backends: correct gradients, but autodiff keeps the dequantized weight.
+        let device = x.device();
+        return x.matmul(dequantized_weight(weight, &device).transpose());
+    }
+    let device = x.device();
+    x.matmul(dequantized_weight(weight, &device).transpose())
+}
+
+/// The backward step: `∂x = ∂y · dequant(W)`.
+#[derive(Debug)]
+struct Nf4MatmulBackward;
+
+impl<B: Backend> Backward<B, 1> for Nf4MatmulBackward {
+    /// The packed weight (shared with the layer, not a copy).
+    type State = Arc<Nf4Tensor>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let weight = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad_out| {
+            // grad_out: [N, out]; W: [out, in] → ∂x: [N, in]
+            let device = grad_out.device();
+            let w = B::float_from_data(weight_data(&weight), &device);
+            B::float_matmul(grad_out, w)
+        });
+    }
+}
+
+fn weight_data(weight: &Nf4Tensor) -> TensorData {
+    TensorData::new(weight.dequantize(), [weight.shape[0], weight.shape[1]])
+}
+
+/// The forward on a concrete autodiff backend.
+fn tracked<B: Backend>(
+    x: FloatTensor<Autodiff<B>>,
+    weight: &Arc<Nf4Tensor>,
+) -> FloatTensor<Autodiff<B>> {
+    let guard = x.node();
+    let device = x.primitive().device();
+    let w_t = B::float_transpose(B::float_from_data(weight_data(weight), &device)); // [in, out]
+    let prep = Nf4MatmulBackward
+        .prepare::<NoCheckpointing>([guard])
+        .compute_bound()
+        .stateful();
+    let y = B::float_matmul(x.into_primitive(), w_t); // [N, out]; the transient W is dropped here
+    match prep {
+        OpsKind::Tracked(prep) => prep.finish(weight.clone(), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
