@@ -11,6 +11,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod io;
+pub mod memory;
 pub mod model;
 pub mod tricks;
 pub mod values;

@@ -63,9 +63,16 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             Err(_) => x,
         };
         // Other backends: correct gradients, but autodiff keeps the dequantized weight.
-        let device = x.device();
-        return x.matmul(dequantized_weight(weight, &device).transpose());
+        return nf4_matmul_saving_weight(x, weight);
     }
+    nf4_matmul_saving_weight(x, weight)
+}
+
+/// The naive way: dequantize, then an ordinary matmul. Under autodiff this keeps the float
+/// `[out, in]` weight alive until the backward (burn saves the right operand of a matmul whose
+/// left operand needs a gradient). Used for inference, where nothing is saved, for backends
+/// without the custom op, and by the memory tests to measure what the custom op saves.
+pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Tensor) -> Tensor<2> {
     let device = x.device();
     x.matmul(dequantized_weight(weight, &device).transpose())
 }

@@ -1,0 +1,231 @@
+//! Memory measured with the counting allocator, against napkin's predictions.
+//!
+//! One binary with its own global allocator; the counters are process-wide, so every test
+//! holds `ONE_AT_A_TIME` while it measures.
+
+use std::sync::Mutex;
+
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, RopeScaling};
+use napkin_core::device::DeviceKind;
+use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
+use napkin_core::memory::{CountingAllocator, weight_bytes};
+use napkin_core::model::linear::BaseWeight;
+use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Big enough that weights dominate bookkeeping: 4 blocks, D=256, F=688, V=4096, untied.
+fn small_config() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 4096,
+        hidden_size: 256,
+        intermediate_size: 688,
+        num_hidden_layers: 4,
+        num_attention_heads: 8,
+        num_key_value_heads: 4,
+        head_dim: 32,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: RopeScaling::Default,
+        max_position_embeddings: 512,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
+}
+
+fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama {
+    let device = DeviceKind::Cpu.open().unwrap();
+    let device = if autodiff { device.autodiff() } else { device };
+    device.seed(7);
+    let model = Llama::init(config, &device);
+    match nf4 {
+        Some(nf4) => model.quantize_nf4(nf4).unwrap(),
+        None => model,
+    }
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.3} MiB", bytes / (1024.0 * 1024.0))
+}
+
+#[test]
+fn counting_allocator_is_installed() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(is_installed());
+    let before = live_bytes();
+    let v = vec![0u8; 1 << 20];
+    assert!(live_bytes() >= before + (1 << 20));
+    drop(v);
+}
+
+#[test]
+fn resident_model_memory_is_within_3_percent_of_the_prediction() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = small_config();
+    drop(build(&config, None, false)); // warm up the backend's one-time allocations
+    for nf4 in [
+        None,
+        Some(Nf4Config::default()),
+        Some(Nf4Config {
+            block_size: 64,
+            double_quant: true,
+        }),
+    ] {
+        let before = live_bytes();
+        let model = build(&config, nf4.as_ref(), false);
+        let measured = (live_bytes() - before) as f64;
+        let predicted = weight_bytes(&config, 4, nf4.as_ref()).total() as f64;
+        let ratio = measured / predicted;
+        eprintln!(
+            "resident, nf4={nf4:?}: measured {} predicted {} ratio {ratio:.4}",
+            mib(measured),
+            mib(predicted)
+        );
+        assert!(
+            (ratio - 1.0).abs() <= 0.03,
+            "nf4={nf4:?}: measured/predicted = {ratio:.4}"
+        );
+        drop(model);
+    }
+}
+
+/// Extra bytes a LoRA forward + backward needs above the resident model, and the bytes the
+/// gradients hold afterwards.
+fn step_bytes(model: &Llama, batch: &TokenBatch, labels: &[i64]) -> (usize, usize) {
+    let start = reset_peak();
+    let grads = causal_lm_loss(model.forward(batch), labels)
+        .unwrap()
+        .mean()
+        .backward();
+    let peak = peak_bytes() - start;
+    let held = live_bytes().saturating_sub(start);
+    drop(grads);
+    (peak, held)
+}
+
+#[test]
+fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = small_config();
+    // A large rank, so that adapter gradients dwarf the bookkeeping of the step.
+    let lora = LoraConfig {
+        r: 64,
+        ..Default::default()
+    };
+    let rows: Vec<Vec<u32>> = (0..2)
+        .map(|b| {
+            (0..64)
+                .map(|t| ((b * 131 + t * 17) % 4096) as u32)
+                .collect()
+        })
+        .collect();
+    let batch = TokenBatch::from_rows(&rows).unwrap();
+    let labels: Vec<i64> = batch.input_ids.iter().map(|&i| i as i64).collect();
+
+    let dense = build(&config, None, true).with_lora(&lora).unwrap();
+    let qlora = build(&config, Some(&Nf4Config::default()), true)
+        .with_lora(&lora)
+        .unwrap();
+    assert!(
+        qlora
+            .block_linears()
+            .iter()
+            .all(|n| matches!(n.linear.base, BaseWeight::Nf4(_)))
+    );
+    step_bytes(&dense, &batch, &labels); // warm-up
+    let (dense_peak, dense_held) = step_bytes(&dense, &batch, &labels);
+    let (qlora_peak, qlora_held) = step_bytes(&qlora, &batch, &labels);
+
+    let linear_f32: usize = config
+        .block_linears()
+        .iter()
+        .map(|&(_, o, i)| 4 * o * i)
+        .sum::<usize>()
+        * config.num_hidden_layers;
+    let largest_f32 = config
+        .block_linears()
+        .iter()
+        .map(|&(_, o, i)| 4 * o * i)
+        .max()
+        .unwrap_or(0);
+    let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
+    eprintln!(
+        "step extra: dense-LoRA {} QLoRA {} (all block weights in f32: {}, largest one: {}); gradients held: {} / {} (adapters: {})",
+        mib(dense_peak as f64),
+        mib(qlora_peak as f64),
+        mib(linear_f32 as f64),
+        mib(largest_f32 as f64),
+        mib(dense_held as f64),
+        mib(qlora_held as f64),
+        mib(adapter_bytes as f64),
+    );
+    // Saving the dequantized weights for backward would add all of them; on-the-fly
+    // dequantization adds at most a couple of transient ones.
+    assert!(
+        qlora_peak <= dense_peak + 2 * largest_f32,
+        "QLoRA step peak {qlora_peak} vs dense-LoRA {dense_peak}: more than two transient weights"
+    );
+    // Gradients exist for the adapters only: no weight-shaped gradient.
+    for held in [dense_held, qlora_held] {
+        let ratio = held as f64 / adapter_bytes as f64;
+        assert!(
+            (ratio - 1.0).abs() <= 0.03,
+            "gradients hold {held} bytes, adapters are {adapter_bytes}"
+        );
+    }
+}
+
+#[test]
+fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps() {
+    use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
+    use napkin_core::tricks::nf4::Nf4Tensor;
+    use std::sync::Arc;
+
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, inp, layers, tokens) = (688, 256, 8, 32);
+    let values: Vec<f32> = (0..out * inp)
+        .map(|i| ((i * 7919 % 2003) as f32 / 2003.0 - 0.5) * 0.04)
+        .collect();
+    let weights: Vec<Arc<Nf4Tensor>> = (0..layers)
+        .map(|_| {
+            Arc::new(Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap())
+        })
+        .collect();
+    let device = DeviceKind::Cpu.open().unwrap().autodiff();
+    let x = burn::tensor::Tensor::<2>::ones([tokens, inp], &device).require_grad();
+
+    // Peak extra bytes of a forward through every weight and its backward.
+    let measure =
+        |op: &dyn Fn(burn::tensor::Tensor<2>, &Arc<Nf4Tensor>) -> burn::tensor::Tensor<2>| {
+            let start = reset_peak();
+            let y = weights
+                .iter()
+                .map(|w| op(x.clone(), w))
+                .reduce(|a, b| a + b)
+                .unwrap();
+            let grads = y.sum().backward();
+            let peak = peak_bytes() - start;
+            drop(grads);
+            peak
+        };
+    measure(&|x, w| nf4_matmul(x, w)); // warm-up
+    let custom = measure(&|x, w| nf4_matmul(x, w));
+    let naive = measure(&|x, w| nf4_matmul_saving_weight(x, w));
+    let weight_f32 = 4 * out * inp;
+    eprintln!(
+        "{layers} NF4 matmuls [{tokens}x{inp}]·[{inp}x{out}]: peak extra custom backward {}, plain autodiff {} (one weight in f32: {})",
+        mib(custom as f64),
+        mib(naive as f64),
+        mib(weight_f32 as f64)
+    );
+    // Plain autodiff keeps all eight float weights; the custom op at most a couple of transients.
+    assert!(
+        naive >= custom + (layers - 2) * weight_f32,
+        "naive {naive} vs custom {custom}"
+    );
+    assert!(custom <= 3 * weight_f32, "custom backward peak {custom}");
+}
