@@ -18,6 +18,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Loss and perplexity of a text (or token ids) under a model.
     Eval(EvalArgs),
+    /// Quantize a model's block linears to NF4 and write a napkin quantized checkpoint.
+    Quantize(QuantizeArgs),
     /// Micro-benchmarks (printed figures, not tests).
     Bench(BenchArgs),
 }
@@ -25,7 +27,8 @@ pub enum Command {
 /// Where the model comes from.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A Hugging Face model folder (config.json + model.safetensors or a sharded index).
+    /// A Hugging Face model folder (config.json + model.safetensors or a sharded index), or a
+    /// napkin quantized checkpoint folder.
     #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
 }
@@ -76,4 +79,19 @@ pub struct BenchArgs {
 pub enum BenchCase {
     /// f32 GEMM throughput on every CPU backend compiled in.
     Matmul,
+}
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Output folder (config.json, napkin_quant.json, model.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Weights per absmax scale.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: usize,
+    /// Also quantize the scales to 8 bits (QLoRA's double quantization).
+    #[arg(long)]
+    pub double_quant: bool,
 }

@@ -35,10 +35,10 @@ pub fn llama_from_checkpoint(
     let expected = config.hf_parameter_shapes();
     check_no_unexpected(config, checkpoint, &expected)?;
 
-    let tensor2 = |name: &str, shape: &[usize]| -> Result<Tensor<2>> {
-        let values = checkpoint.read_f32(name, shape)?;
+    let tensor2 = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {
+        let values = checkpoint.read_f32(name, &[rows, cols])?;
         Ok(Tensor::from_data(
-            TensorData::new(values, [shape[0], shape[1]]),
+            TensorData::new(values, [rows, cols]),
             device,
         ))
     };
@@ -46,23 +46,33 @@ pub fn llama_from_checkpoint(
         let values = checkpoint.read_f32(name, &[dim])?;
         Ok(Tensor::from_data(TensorData::new(values, [dim]), device))
     };
+    let linear =
+        |name: &str, rows: usize, cols: usize| Ok(Linear::from_weight(tensor2(name, rows, cols)?));
+    build_llama(config, &tensor2, &tensor1, &linear)
+}
 
+/// Assembles a [`Llama`] from three loaders called with HF tensor names and shapes: `matrix` for
+/// the embedding and an untied LM head, `vector` for norm gains, `linear` for the seven linears of
+/// each block (which decides dense or NF4). Every loader error is passed on unchanged.
+pub fn build_llama(
+    config: &LlamaConfig,
+    matrix: &dyn Fn(&str, usize, usize) -> Result<Tensor<2>>,
+    vector: &dyn Fn(&str, usize) -> Result<Tensor<1>>,
+    linear: &dyn Fn(&str, usize, usize) -> Result<Linear>,
+) -> Result<Llama> {
     let (v, d) = (config.vocab_size, config.hidden_size);
     let (q, kv, f) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
     let norm = |name: &str| -> Result<RmsNorm> {
         Ok(RmsNorm {
-            weight: Param::from_tensor(tensor1(name, d)?),
+            weight: Param::from_tensor(vector(name, d)?),
             eps: config.rms_norm_eps,
         })
     };
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
-            Ok(Linear::from_weight(tensor2(
-                &format!("{p}.{name}.weight"),
-                &[rows, cols],
-            )?))
+        let linear = |name: &str, rows: usize, cols: usize| {
+            linear(&format!("{p}.{name}.weight"), rows, cols)
         };
         layers.push(DecoderBlock {
             input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
@@ -86,10 +96,10 @@ pub fn llama_from_checkpoint(
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(Linear::from_weight(tensor2("lm_head.weight", &[v, d])?))
+        Some(Linear::from_weight(matrix("lm_head.weight", v, d)?))
     };
     Ok(Llama {
-        embed_tokens: Param::from_tensor(tensor2("model.embed_tokens.weight", &[v, d])?),
+        embed_tokens: Param::from_tensor(matrix("model.embed_tokens.weight", v, d)?),
         layers,
         norm: norm("model.norm.weight")?,
         lm_head,

@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
-use napkin_core::io::load_hf_llama;
+use napkin_core::io::load_model;
 use napkin_core::model::{TokenBatch, causal_lm_loss};
 use napkin_core::values::scalar;
 use serde_json::json;
@@ -25,7 +25,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     }
     let device_kind: DeviceKind = args.device.parse()?;
     let device = device_kind.open()?;
-    let model = load_hf_llama(dir, &device)?;
+    let model = load_model(dir, &device)?;
     let batch = TokenBatch::single(&ids)?;
     batch.check_vocab(model.config.vocab_size)?;
 

@@ -3,6 +3,8 @@
 use anyhow::{Context, Result};
 use napkin_core::config::LlamaConfig;
 use napkin_core::io::SafetensorsCheckpoint;
+use napkin_core::io::quantized::{is_quantized_checkpoint, read_quant_config};
+use napkin_core::memory::weight_bytes;
 use serde_json::json;
 
 use crate::cli::InspectArgs;
@@ -19,7 +21,13 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let per_block = config.block_parameters();
     let embedding = config.embedding_parameters();
     let lm_head = config.lm_head_parameters();
-    let in_memory_f32 = total * 4;
+    let nf4 = if is_quantized_checkpoint(dir) {
+        Some(read_quant_config(dir)?)
+    } else {
+        None
+    };
+    // Float parts are held in f32 in memory whatever their dtype on disk.
+    let in_memory = weight_bytes(&config, 4, nf4.as_ref());
 
     if args.json {
         let report = json!({
@@ -33,8 +41,14 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 "final_norm": config.hidden_size,
                 "lm_head": lm_head,
             },
+            "nf4": nf4.map(|q| json!({"block_size": q.block_size, "double_quant": q.double_quant})),
             "bytes_on_disk_by_dtype": on_disk,
-            "bytes_in_memory": {"f32": in_memory_f32},
+            "bytes_in_memory": {
+                "float": in_memory.float,
+                "nf4_codes": in_memory.codes,
+                "nf4_scales": in_memory.scales,
+                "total": in_memory.total(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -78,7 +92,19 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     for (dtype, bytes) in &on_disk {
         println!("on disk {dtype:<8}{:>16} bytes", group(*bytes));
     }
-    println!("in memory (f32) {:>16} bytes", group(in_memory_f32));
+    if let Some(q) = nf4 {
+        println!(
+            "quantization    NF4, block size {}, double quant {}",
+            q.block_size, q.double_quant
+        );
+    }
+    println!(
+        "in memory: float {} + NF4 codes {} + NF4 scales {} = {} bytes",
+        group(in_memory.float),
+        group(in_memory.codes),
+        group(in_memory.scales),
+        group(in_memory.total())
+    );
     Ok(())
 }
 

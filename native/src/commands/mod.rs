@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod eval;
 pub mod inspect;
+pub mod quantize;

@@ -1,0 +1,60 @@
+//! `napkin quantize`: HF float checkpoint → napkin NF4 checkpoint (block linears in NF4,
+//! embeddings, norms and LM head in float, as bitsandbytes does).
+
+use anyhow::{Context, Result};
+use napkin_core::config::Nf4Config;
+use napkin_core::device::DeviceKind;
+use napkin_core::io::load_hf_llama;
+use napkin_core::io::quantized::{model_bytes, save_quantized};
+
+use crate::cli::QuantizeArgs;
+use crate::commands::inspect::group;
+
+pub fn run(args: &QuantizeArgs) -> Result<()> {
+    let nf4 = Nf4Config {
+        block_size: args.block_size,
+        double_quant: args.double_quant,
+    };
+    nf4.validate()?;
+    let device = DeviceKind::Cpu.open()?;
+    let model = load_hf_llama(&args.model.model, &device)?;
+    let before = model_bytes(&model);
+    let model = model.quantize_nf4(&nf4)?;
+    let after = model_bytes(&model);
+    save_quantized(&model, &nf4, &args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+
+    println!("wrote {}", args.out.display());
+    println!("{:<16}{:>16}{:>16}", "bytes", "before", "after");
+    println!(
+        "{:<16}{:>16}{:>16}",
+        "float",
+        group(before.float),
+        group(after.float)
+    );
+    println!(
+        "{:<16}{:>16}{:>16}",
+        "NF4 codes",
+        group(before.codes),
+        group(after.codes)
+    );
+    println!(
+        "{:<16}{:>16}{:>16}",
+        "NF4 scales",
+        group(before.scales),
+        group(after.scales)
+    );
+    println!(
+        "{:<16}{:>16}{:>16}",
+        "total",
+        group(before.total()),
+        group(after.total())
+    );
+    let quantized = model.config.num_parameters() - after.float / 4;
+    println!(
+        "block linears: {:.4} bytes per weight ({:.3} bits)",
+        (after.codes + after.scales) as f64 / quantized as f64,
+        8.0 * (after.codes + after.scales) as f64 / quantized as f64
+    );
+    Ok(())
+}

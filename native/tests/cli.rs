@@ -1,0 +1,125 @@
+//! The `napkin` binary end to end on a fixture model: inspect, eval, quantize, and clear errors.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn fixture(name: &str) -> PathBuf {
+    let root = std::env::var_os("NAPKIN_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures"));
+    let dir = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").is_file())
+        .min()
+        .expect("a fixture model");
+    if name.is_empty() {
+        dir
+    } else {
+        root.join(name)
+    }
+}
+
+fn napkin(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args(args)
+        .output()
+        .expect("run napkin");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inspect_json_counts_parameters_and_bytes() {
+    let model = fixture("");
+    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap(), "--json"]);
+    assert!(ok, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let total = json["parameters"]["total"].as_u64().unwrap();
+    assert_eq!(
+        json["bytes_in_memory"]["float"].as_u64().unwrap(),
+        4 * total
+    );
+    assert_eq!(
+        json["bytes_on_disk_by_dtype"]["F32"].as_u64().unwrap(),
+        4 * total
+    );
+}
+
+#[test]
+fn quantize_then_eval_stays_close_to_the_float_model() {
+    let model = fixture("");
+    let out = std::env::temp_dir().join(format!("napkin-cli-quant-{}", std::process::id()));
+    let (ok, stdout, stderr) = napkin(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--double-quant",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("bits"), "{stdout}");
+
+    let eval = |path: &str| -> f64 {
+        let (ok, stdout, stderr) =
+            napkin(&["eval", "--model", path, "--ids", "1,5,9,2,7,3,8", "--json"]);
+        assert!(ok, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["loss"]
+            .as_f64()
+            .unwrap()
+    };
+    let float_loss = eval(model.to_str().unwrap());
+    let nf4_loss = eval(out.to_str().unwrap());
+    assert!(
+        (float_loss - nf4_loss).abs() < 0.05,
+        "float {float_loss} vs NF4 {nf4_loss}"
+    );
+
+    let (ok, stdout, _) = napkin(&["inspect", "--model", out.to_str().unwrap(), "--json"]);
+    assert!(ok);
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(json["bytes_in_memory"]["nf4_codes"].as_u64().unwrap() > 0);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_not_a_panic() {
+    let model = fixture("");
+    for args in [
+        vec!["eval", "--model", "/nonexistent", "--ids", "1,2"],
+        vec![
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "1,999999",
+        ],
+        vec![
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "1,2",
+            "--device",
+            "tpu",
+        ],
+        vec![
+            "quantize",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            "/tmp/x",
+            "--block-size",
+            "7",
+        ],
+    ] {
+        let (ok, _, stderr) = napkin(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
