@@ -13,6 +13,7 @@ pub mod error;
 pub mod io;
 pub mod memory;
 pub mod model;
+pub mod train;
 pub mod tricks;
 pub mod values;
 

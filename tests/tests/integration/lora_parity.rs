@@ -266,3 +266,88 @@ fn qlora_equals_float_lora_on_the_dequantized_base() {
         }
     }
 }
+
+#[test]
+fn one_adamw_step_matches_torch_parameters_and_moments() {
+    use napkin_core::train::{AdamW, AdamWConfig};
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let model = lora_model(&dir, true);
+        let (batch, labels) = input_batch(&reference);
+        let mut grads = causal_lm_loss(model.forward(&batch), &labels)
+            .unwrap()
+            .mean()
+            .backward();
+        // Step on exactly torch's gradients: Adam's first step is ≈ lr·sign(g), so where |g| is
+        // near ε a 1e-7 difference in g would move the update; the gradients have their own test.
+        for (path, _, adapter) in model.lora_adapters() {
+            for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
+                let key = format!("lora.grad.{PEFT_PREFIX}{path}.{name}.weight");
+                let (shape, values) = reference.f32(&key);
+                let device = param.val().device().inner();
+                let g = burn::tensor::Tensor::<2>::from_data(
+                    burn::tensor::TensorData::new(values, [shape[0], shape[1]]),
+                    &device,
+                );
+                param.val().grad_replace(&mut grads, g);
+            }
+        }
+        // The fixture's step: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+        let mut adamw = AdamW::new(AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        });
+        let model = adamw.step(model, &grads, 1e-3);
+
+        for (path, _, adapter) in model.lora_adapters() {
+            for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
+                let key = format!("{PEFT_PREFIX}{path}.{name}.weight");
+                let what = |t: &str| format!("{}: {t} {key}", reference.name);
+                let moments = adamw
+                    .moments(param.id)
+                    .unwrap_or_else(|| panic!("no state for {key}"));
+                assert_close(
+                    &what("param"),
+                    &to_f32_vec(param.val()),
+                    &reference.f32(&format!("lora.adamw1.param.{key}")).1,
+                    1e-7,
+                    1e-6,
+                );
+                assert_close(
+                    &what("exp_avg"),
+                    &to_f32_vec(moments.exp_avg.clone()),
+                    &reference.f32(&format!("lora.adamw1.exp_avg.{key}")).1,
+                    1e-6,
+                    1e-4,
+                );
+                assert_close(
+                    &what("exp_avg_sq"),
+                    &to_f32_vec(moments.exp_avg_sq.clone()),
+                    &reference.f32(&format!("lora.adamw1.exp_avg_sq.{key}")).1,
+                    1e-9,
+                    1e-4,
+                );
+            }
+        }
+        let loss_after = scalar(
+            causal_lm_loss(model.forward(&batch), &labels)
+                .unwrap()
+                .mean(),
+        );
+        let want = reference.scalar("lora.adamw1.loss_after");
+        assert!(
+            (loss_after - want).abs() <= 1e-5,
+            "{}: loss after the step {loss_after} vs {want}",
+            reference.name
+        );
+        // State only for the adapters: two f32 moments per trainable value.
+        assert_eq!(
+            adamw.state_bytes(),
+            8 * model.trainable_parameters(),
+            "{}",
+            reference.name
+        );
+    }
+}

@@ -229,3 +229,48 @@ fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps()
     );
     assert!(custom <= 3 * weight_f32, "custom backward peak {custom}");
 }
+
+#[test]
+fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
+    use napkin_core::train::{AdamW, AdamWConfig};
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = small_config();
+    let lora = LoraConfig {
+        r: 64,
+        ..Default::default()
+    };
+    let batch =
+        TokenBatch::from_rows(&[(0..64).map(|t| (t * 37 % 4096) as u32).collect()]).unwrap();
+    let labels: Vec<i64> = batch.input_ids.iter().map(|&i| i as i64).collect();
+    let mut model = build(&config, Some(&Nf4Config::default()), true)
+        .with_lora(&lora)
+        .unwrap();
+    let mut adamw = AdamW::new(AdamWConfig::default());
+    let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
+    for step in 0..3 {
+        let before = live_bytes();
+        let grads = causal_lm_loss(model.forward(&batch), &labels)
+            .unwrap()
+            .mean()
+            .backward();
+        model = adamw.step(model, &grads, 1e-3);
+        drop(grads);
+        // What the step leaves behind: the first allocates the two moments, later ones nothing.
+        let grown = live_bytes() as f64 - before as f64;
+        let expected = if step == 0 {
+            2.0 * adapter_bytes as f64
+        } else {
+            0.0
+        };
+        eprintln!(
+            "AdamW step {step}: live bytes grew by {} (expected {})",
+            mib(grown),
+            mib(expected)
+        );
+        assert!(
+            (grown - expected).abs() <= 0.03 * adapter_bytes as f64,
+            "step {step}: {grown} vs {expected}"
+        );
+    }
+    assert_eq!(adamw.state_bytes() as usize, 2 * adapter_bytes);
+}

@@ -1,0 +1,136 @@
+//! AdamW with PyTorch's semantics (`torch.optim.AdamW`, single-tensor path), for the trainable
+//! parameters of any module: with LoRA, only the adapters have gradients, so only they get
+//! state — two f32 moments per trainable value, 8 bytes each.
+//!
+//! One step, per parameter p with gradient g (t counts steps from 1):
+//! `p ← p·(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²;`
+//! `p ← p − (lr / (1−β1ᵗ)) · m / (√v / √(1−β2ᵗ) + ε)`.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::tensor::{Gradients, Tensor};
+
+/// AdamW hyper-parameters (torch's defaults except the learning rate).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdamWConfig {
+    /// β1: decay of the first moment.
+    pub beta1: f64,
+    /// β2: decay of the second moment.
+    pub beta2: f64,
+    /// ε added to the denominator.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// The two moments of one parameter, flattened, on the parameter's device (no autodiff).
+#[derive(Debug, Clone)]
+pub struct Moments {
+    /// m: `[numel]`.
+    pub exp_avg: Tensor<1>,
+    /// v: `[numel]`.
+    pub exp_avg_sq: Tensor<1>,
+}
+
+/// AdamW and its state.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    /// Hyper-parameters.
+    pub config: AdamWConfig,
+    /// Steps taken so far.
+    pub steps: u64,
+    moments: HashMap<ParamId, Moments>,
+}
+
+impl AdamW {
+    /// A fresh optimizer (no state until the first step).
+    pub fn new(config: AdamWConfig) -> Self {
+        AdamW {
+            config,
+            steps: 0,
+            moments: HashMap::new(),
+        }
+    }
+
+    /// Updates every parameter of `module` that has a gradient in `grads`, with learning rate
+    /// `lr`, and returns the updated module. Parameters without a gradient are untouched.
+    pub fn step<M: Module>(&mut self, module: M, grads: &Gradients, lr: f64) -> M {
+        self.steps += 1;
+        let mut update = Update {
+            optim: self,
+            grads,
+            lr,
+        };
+        module.map(&mut update)
+    }
+
+    /// The moments of a parameter, if it has been stepped.
+    pub fn moments(&self, id: ParamId) -> Option<&Moments> {
+        self.moments.get(&id)
+    }
+
+    /// Bytes of optimizer state held: 8 per trainable value (two f32 moments).
+    pub fn state_bytes(&self) -> u64 {
+        self.moments
+            .values()
+            .map(|m| 4 * (m.exp_avg.dims()[0] + m.exp_avg_sq.dims()[0]) as u64)
+            .sum()
+    }
+}
+
+/// Visits every float parameter and applies one AdamW step to those with a gradient.
+struct Update<'a> {
+    optim: &'a mut AdamW,
+    grads: &'a Gradients,
+    lr: f64,
+}
+
+impl ModuleMapper for Update<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let value = param.val();
+        let Some(grad) = value.grad(self.grads) else {
+            return param;
+        };
+        let id = param.id;
+        let dims = value.dims();
+        let n = dims.iter().product::<usize>();
+        let c = self.optim.config;
+        let t = self.optim.steps as i32;
+        let (lr, b1, b2) = (self.lr, c.beta1, c.beta2);
+
+        let p = value.inner().reshape([n]); // [numel], outside the autodiff graph
+        let g = grad.reshape([n]);
+        let state = self.optim.moments.remove(&id).unwrap_or_else(|| Moments {
+            exp_avg: p.zeros_like(),
+            exp_avg_sq: p.zeros_like(),
+        });
+
+        let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
+        let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
+        let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
+        let step_size = lr / (1.0 - b1.powi(t));
+        let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
+        let p = p - m.clone() / denom * step_size;
+
+        self.optim.moments.insert(
+            id,
+            Moments {
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        );
+        param.map(|_| Tensor::from_inner(p.reshape(dims)).require_grad())
+    }
+}
