@@ -274,3 +274,82 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
     }
     assert_eq!(adamw.state_bytes() as usize, 2 * adapter_bytes);
 }
+
+#[test]
+fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
+    use burn::module::{Lora, Module};
+    use burn::nn::LinearConfig;
+    use burn::tensor::{Distribution, Tensor};
+    use napkin_core::model::linear::Linear;
+    use napkin_core::model::lora::LoraAdapter;
+
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, inp, layers, tokens, r) = (688, 256, 8, 32, 8);
+    let device = DeviceKind::Cpu.open().unwrap().autodiff();
+    device.seed(3);
+    let x = Tensor::<3>::random([1, tokens, inp], Distribution::Normal(0.0, 1.0), &device);
+
+    // Ours: frozen dense W, adapters A [r, in], B [out, r] (B ≠ 0 so every path is exercised).
+    let ours: Vec<Linear> = (0..layers)
+        .map(|_| {
+            let mut l = Linear::init(out, inp, &device);
+            l.base = match l.base {
+                napkin_core::model::linear::BaseWeight::Dense(w) => {
+                    napkin_core::model::linear::BaseWeight::Dense(w.set_require_grad(false))
+                }
+                other => other,
+            };
+            let a = Tensor::random([r, inp], Distribution::Normal(0.0, 0.05), &device);
+            let b = Tensor::random([out, r], Distribution::Normal(0.0, 0.05), &device);
+            l.lora = Some(LoraAdapter::from_weights(a, b, 2.0, 0.0));
+            l
+        })
+        .collect();
+    // burn's: the same shapes through `Module::apply_lora` (a reparameterised weight W + s·AB).
+    let burns = (0..layers)
+        .map(|_| LinearConfig::new(inp, out).with_bias(false).init(&device))
+        .collect::<Vec<_>>()
+        .apply_lora(Lora::new(r, 16.0));
+
+    let peak_of = |forward: &dyn Fn() -> Tensor<3>| {
+        let start = reset_peak();
+        let grads = forward().sum().backward();
+        let peak = peak_bytes() - start;
+        drop(grads);
+        peak
+    };
+    let ours_fwd = || {
+        ours.iter()
+            .map(|l| l.forward(x.clone()))
+            .reduce(|a, b| a + b)
+            .unwrap()
+    };
+    let burn_fwd = || {
+        burns
+            .iter()
+            .map(|l| l.forward(x.clone()))
+            .reduce(|a, b| a + b)
+            .unwrap()
+    };
+    peak_of(&ours_fwd);
+    peak_of(&burn_fwd); // warm-ups
+    let ours_peak = peak_of(&ours_fwd);
+    let burn_peak = peak_of(&burn_fwd);
+    let weight = 4 * out * inp;
+    eprintln!(
+        "{layers} LoRA linears [{tokens}x{inp}]->{out}, r={r}: peak extra ours {}, burn apply_lora {} (one weight: {})",
+        mib(ours_peak as f64),
+        mib(burn_peak as f64),
+        mib(weight as f64)
+    );
+    // burn keeps a merged W + s·AB per layer for the backward; ours keeps none (its peak is
+    // the layer outputs and the adapter gradients, far below one weight per layer).
+    assert!(
+        ours_peak < layers * weight / 2,
+        "our LoRA step peak {ours_peak}"
+    );
+    assert!(
+        burn_peak >= ours_peak + (layers - 2) * weight,
+        "burn {burn_peak} vs ours {ours_peak}"
+    );
+}
