@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::Tensor;
+
+use super::grads::ParamGrads;
 
 /// AdamW hyper-parameters (torch's defaults except the learning rate).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -66,7 +68,7 @@ impl AdamW {
 
     /// Updates every parameter of `module` that has a gradient in `grads`, with learning rate
     /// `lr`, and returns the updated module. Parameters without a gradient are untouched.
-    pub fn step<M: Module>(&mut self, module: M, grads: &Gradients, lr: f64) -> M {
+    pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.steps += 1;
         let mut update = Update {
             optim: self,
@@ -93,17 +95,17 @@ impl AdamW {
 /// Visits every float parameter and applies one AdamW step to those with a gradient.
 struct Update<'a> {
     optim: &'a mut AdamW,
-    grads: &'a Gradients,
+    grads: &'a ParamGrads,
     lr: f64,
 }
 
 impl ModuleMapper for Update<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let value = param.val();
-        let Some(grad) = value.grad(self.grads) else {
+        let id = param.id;
+        let Some(grad) = self.grads.get(id).cloned() else {
             return param;
         };
-        let id = param.id;
+        let value = param.val();
         let dims = value.dims();
         let n = dims.iter().product::<usize>();
         let c = self.optim.config;
@@ -111,7 +113,8 @@ impl ModuleMapper for Update<'_> {
         let (lr, b1, b2) = (self.lr, c.beta1, c.beta2);
 
         let p = value.inner().reshape([n]); // [numel], outside the autodiff graph
-        let g = grad.reshape([n]);
+        let g = grad; // already [numel]
+        debug_assert_eq!(g.dims()[0], n);
         let state = self.optim.moments.remove(&id).unwrap_or_else(|| Moments {
             exp_avg: p.zeros_like(),
             exp_avg_sq: p.zeros_like(),

@@ -249,10 +249,12 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
     let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
     for step in 0..3 {
         let before = live_bytes();
-        let grads = causal_lm_loss(model.forward(&batch), &labels)
+        let backward = causal_lm_loss(model.forward(&batch), &labels)
             .unwrap()
             .mean()
             .backward();
+        let grads = napkin_core::train::ParamGrads::from_backward(&model, &backward);
+        drop(backward);
         model = adamw.step(model, &grads, 1e-3);
         drop(grads);
         // What the step leaves behind: the first allocates the two moments, later ones nothing.
@@ -351,5 +353,46 @@ fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
     assert!(
         burn_peak >= ours_peak + (layers - 2) * weight,
         "burn {burn_peak} vs ours {ours_peak}"
+    );
+}
+
+#[test]
+fn block_checkpointing_cuts_the_step_peak() {
+    use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = small_config();
+    let lora = LoraConfig {
+        r: 8,
+        ..Default::default()
+    };
+    let model = build(&config, Some(&Nf4Config::default()), true)
+        .with_lora(&lora)
+        .unwrap();
+    let (b, t) = (1, 256);
+    let batch =
+        TokenBatch::from_rows(&[(0..t).map(|i| (i * 31 % 4096) as u32).collect::<Vec<_>>()])
+            .unwrap();
+    let micro = [MicroBatch::causal(batch)];
+    let peak = |checkpointing: bool| {
+        let start = reset_peak();
+        let out =
+            forward_backward(&model, &micro, checkpointing, Accumulation::TokenWeighted).unwrap();
+        let peak = peak_bytes() - start;
+        drop(out);
+        peak
+    };
+    peak(false); // warm-up
+    let (plain, ckpt) = (peak(false), peak(true));
+    let block_input = 4 * b * t * config.hidden_size;
+    eprintln!(
+        "QLoRA step peak above the model, T={t}: plain {} checkpointed {} (one block input: {})",
+        mib(plain as f64),
+        mib(ckpt as f64),
+        mib(block_input as f64)
+    );
+    // Plain keeps every block's working set; checkpointing keeps block inputs plus one block's.
+    assert!(
+        ckpt * 2 < plain,
+        "checkpointing should at least halve the peak: {ckpt} vs {plain}"
     );
 }

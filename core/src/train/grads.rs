@@ -1,0 +1,80 @@
+//! Gradients of the trainable parameters, keyed by parameter id, that can be summed across
+//! several backward passes (micro-batches, checkpointed segments) before an optimizer step.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Gradients, Tensor};
+
+/// Flattened `[numel]` gradients on the parameters' device (outside autodiff).
+#[derive(Debug, Clone, Default)]
+pub struct ParamGrads {
+    grads: HashMap<ParamId, Tensor<1>>,
+}
+
+impl ParamGrads {
+    /// No gradients yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The gradients `grads` holds for the parameters of `module`.
+    pub fn from_backward<M: Module>(module: &M, grads: &Gradients) -> Self {
+        let mut collect = Collect {
+            grads,
+            out: ParamGrads::new(),
+        };
+        module.visit(&mut collect);
+        collect.out
+    }
+
+    /// Adds `other` into `self`, parameter by parameter.
+    pub fn add(&mut self, other: ParamGrads) {
+        for (id, g) in other.grads {
+            let sum = match self.grads.remove(&id) {
+                Some(acc) => acc + g,
+                None => g,
+            };
+            self.grads.insert(id, sum);
+        }
+    }
+
+    /// Sets one parameter's gradient (flattened).
+    pub fn insert(&mut self, id: ParamId, grad: Tensor<1>) {
+        self.grads.insert(id, grad);
+    }
+
+    /// One parameter's gradient (flattened), if it has one.
+    pub fn get(&self, id: ParamId) -> Option<&Tensor<1>> {
+        self.grads.get(&id)
+    }
+
+    /// How many parameters have a gradient.
+    pub fn len(&self) -> usize {
+        self.grads.len()
+    }
+
+    /// Whether no parameter has a gradient.
+    pub fn is_empty(&self) -> bool {
+        self.grads.is_empty()
+    }
+
+    /// Bytes held (f32).
+    pub fn bytes(&self) -> u64 {
+        self.grads.values().map(|g| 4 * g.dims()[0] as u64).sum()
+    }
+}
+
+struct Collect<'a> {
+    grads: &'a Gradients,
+    out: ParamGrads,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = param.val().grad(self.grads) {
+            let n = g.shape().num_elements();
+            self.out.grads.insert(param.id, g.reshape([n]));
+        }
+    }
+}

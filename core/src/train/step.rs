@@ -1,0 +1,174 @@
+//! One optimizer step's forward and backward, written out so a learner can see where each trick
+//! acts: micro-batches with token-weighted gradient accumulation, and gradient checkpointing at
+//! decoder-block granularity (as PyTorch/HF do it).
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+
+use super::grads::ParamGrads;
+use crate::error::{Error, Result};
+use crate::model::{IGNORE_INDEX, Llama, TokenBatch, causal_lm_loss};
+use crate::values::scalar;
+
+/// One micro-batch: token ids and their labels (`-100` where no loss is taken).
+#[derive(Debug, Clone)]
+pub struct MicroBatch {
+    /// `[B, T]` tokens.
+    pub batch: TokenBatch,
+    /// `[B, T]` labels, row-major.
+    pub labels: Vec<i64>,
+}
+
+impl MicroBatch {
+    /// Causal-LM micro-batch whose labels are its own tokens.
+    pub fn causal(batch: TokenBatch) -> Self {
+        let labels = batch.input_ids.iter().map(|&i| i as i64).collect();
+        MicroBatch { batch, labels }
+    }
+
+    /// How many labels count in the shifted loss (positions 1.. of each row, not ignored).
+    pub fn label_tokens(&self) -> usize {
+        self.labels
+            .chunks(self.batch.seq.max(1))
+            .map(|row| row.iter().skip(1).filter(|&&l| l != IGNORE_INDEX).count())
+            .sum()
+    }
+}
+
+/// How micro-batch losses are combined into the step's gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulation {
+    /// Σᵢ ∇(loss_sumᵢ / N), N = label tokens of the whole step: equals the big-batch gradient
+    /// whatever the token counts of the micro-batches.
+    TokenWeighted,
+    /// Σᵢ ∇(meanᵢ / K) over K micro-batches: the common mistake, wrong when micro-batches hold
+    /// different numbers of label tokens. Kept to show (and test) that it is wrong.
+    MeanOfMeans,
+}
+
+/// The result of a step's forward and backward.
+#[derive(Debug, Clone)]
+pub struct StepGradients {
+    /// Accumulated gradients of the trainable parameters.
+    pub grads: ParamGrads,
+    /// Mean loss over every label token of the step.
+    pub loss: f32,
+    /// Label tokens in the step.
+    pub tokens: usize,
+}
+
+/// Forward and backward over every micro-batch, accumulating gradients.
+pub fn forward_backward(
+    model: &Llama,
+    micro_batches: &[MicroBatch],
+    checkpointing: bool,
+    accumulation: Accumulation,
+) -> Result<StepGradients> {
+    let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
+    if total == 0 {
+        return Err(Error::Input(
+            "no label tokens in this step (every label is -100)".into(),
+        ));
+    }
+    let mut grads = ParamGrads::new();
+    let mut loss_sum = 0.0f64;
+    for micro in micro_batches {
+        // The factor that turns this micro-batch's summed loss into its share of the step's.
+        let scale = match accumulation {
+            Accumulation::TokenWeighted => 1.0 / total as f64,
+            Accumulation::MeanOfMeans => {
+                1.0 / (micro_batches.len() * micro.label_tokens().max(1)) as f64
+            }
+        };
+        let (micro_grads, micro_loss_sum) = if checkpointing {
+            checkpointed_backward(model, micro, scale)?
+        } else {
+            plain_backward(model, micro, scale)?
+        };
+        grads.add(micro_grads);
+        loss_sum += micro_loss_sum as f64;
+    }
+    Ok(StepGradients {
+        grads,
+        loss: (loss_sum / total as f64) as f32,
+        tokens: total,
+    })
+}
+
+/// Backward through the whole graph: every activation is kept until the backward.
+fn plain_backward(model: &Llama, micro: &MicroBatch, scale: f64) -> Result<(ParamGrads, f32)> {
+    let loss = causal_lm_loss(model.forward(&micro.batch), &micro.labels)?;
+    let loss_sum = scalar(loss.sum.clone());
+    let grads = (loss.sum * scale).backward();
+    Ok((ParamGrads::from_backward(model, &grads), loss_sum))
+}
+
+/// Block-level gradient checkpointing.
+///
+/// 1. Forward without a graph, keeping only each block's input `xᵢ` (`[B, T, D]` each).
+/// 2. Head: rebuild the graph from `x_L` through the final norm, LM head and loss; backward gives
+///    the head's gradients and `∂loss/∂x_L`.
+/// 3. For each block from the top: recompute it with a graph from its saved input and
+///    backward `Σ(output ⊙ upstream)`, which yields the block's parameter gradients and the
+///    gradient for the block below. Only one block's working set exists at a time.
+/// 4. The embedding gets `Σ(embed(ids) ⊙ upstream)` (a no-op when it is frozen).
+fn checkpointed_backward(
+    model: &Llama,
+    micro: &MicroBatch,
+    scale: f64,
+) -> Result<(ParamGrads, f32)> {
+    if model
+        .lora_adapters()
+        .iter()
+        .any(|(_, _, a)| a.dropout.prob > 0.0)
+    {
+        // The graph-free forward runs without dropout; its recomputation would draw a mask.
+        return Err(Error::Input(
+            "gradient checkpointing with LoRA dropout > 0 is not supported yet; use --lora-dropout 0".into(),
+        ));
+    }
+    let batch = &micro.batch;
+    // 1. Graph-free forward: the same weights, outside autodiff.
+    let frozen = model.valid();
+    let ctx = frozen.context(batch);
+    let mut inputs: Vec<Tensor<3>> = Vec::with_capacity(model.layers.len() + 1);
+    let mut x = frozen.embed(batch); // [B, T, D]
+    for block in &frozen.layers {
+        let next = block.forward(x.clone(), &ctx.rope, &ctx.mask);
+        inputs.push(x);
+        x = next;
+    }
+    drop(frozen);
+
+    // 2. Head with a graph.
+    let mut grads = ParamGrads::new();
+    let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
+    let loss = causal_lm_loss(model.head(top.clone()), &micro.labels)?;
+    let loss_sum = scalar(loss.sum.clone());
+    let head_grads = (loss.sum * scale).backward();
+    let mut upstream = top
+        .grad(&head_grads)
+        .ok_or_else(|| Error::Input("no gradient reached the last block".into()))?;
+    grads.add(ParamGrads::from_backward(model, &head_grads));
+    drop(head_grads);
+
+    // 3. Blocks, top down, one recomputation at a time.
+    for (block, input) in model.layers.iter().zip(inputs).rev() {
+        let input = Tensor::from_inner(input).require_grad();
+        let output = block.forward(input.clone(), &ctx.rope, &ctx.mask);
+        let block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
+        upstream = input
+            .grad(&block_grads)
+            .ok_or_else(|| Error::Input("no gradient reached a block input".into()))?;
+        grads.add(ParamGrads::from_backward(block, &block_grads));
+    }
+
+    // 4. Embedding, when it trains (full fine-tuning; with LoRA it is frozen).
+    if model.embed_tokens.val().is_require_grad() {
+        let embed_grads = (model.embed(batch) * Tensor::from_inner(upstream))
+            .sum()
+            .backward();
+        grads.add(ParamGrads::from_backward(&model.embed_tokens, &embed_grads));
+    }
+    Ok((grads, loss_sum))
+}

@@ -1,0 +1,202 @@
+//! The step's tricks against the fixtures: token-weighted gradient accumulation equals the
+//! big-batch gradient (and the naive mean of means does not), and block-level gradient
+//! checkpointing leaves every gradient unchanged.
+
+use napkin_core::device::DeviceKind;
+use napkin_core::io::load_hf_llama;
+use napkin_core::io::peft::PEFT_PREFIX;
+use napkin_core::model::{Llama, TokenBatch};
+use napkin_core::train::{Accumulation, MicroBatch, ParamGrads, forward_backward};
+use napkin_core::values::to_f32_vec;
+use napkin_tests::{Reference, assert_close, max_errors, model_dirs};
+
+/// The fixture's two rows as two micro-batches of one row, with the masked labels.
+fn masked_micro_batches(reference: &Reference) -> (Vec<MicroBatch>, MicroBatch) {
+    let (shape, ids) = reference.i64("input_ids");
+    let (_, labels) = reference.i64("accum_masked.labels");
+    let t = shape[1];
+    let row = |b: usize| {
+        ids[b * t..(b + 1) * t]
+            .iter()
+            .map(|&i| i as u32)
+            .collect::<Vec<u32>>()
+    };
+    let micro = (0..shape[0])
+        .map(|b| MicroBatch {
+            batch: TokenBatch::single(&row(b)).unwrap(),
+            labels: labels[b * t..(b + 1) * t].to_vec(),
+        })
+        .collect();
+    let rows: Vec<Vec<u32>> = (0..shape[0]).map(row).collect();
+    let big = MicroBatch {
+        batch: TokenBatch::from_rows(&rows).unwrap(),
+        labels,
+    };
+    (micro, big)
+}
+
+fn lora_model(dir: &std::path::Path) -> Llama {
+    let device = DeviceKind::Cpu.open().unwrap().autodiff();
+    load_hf_llama(dir, &device)
+        .unwrap()
+        .load_lora(&dir.join("lora"))
+        .unwrap()
+        .0
+}
+
+/// Each adapter's gradient, with its peft name.
+fn adapter_grads(model: &Llama, grads: &ParamGrads) -> Vec<(String, Vec<f32>)> {
+    let mut out = Vec::new();
+    for (path, _, a) in model.lora_adapters() {
+        for (name, p) in [("lora_A", &a.lora_a), ("lora_B", &a.lora_b)] {
+            let g = grads
+                .get(p.id)
+                .unwrap_or_else(|| panic!("no gradient for {path}.{name}"));
+            out.push((
+                format!("{PEFT_PREFIX}{path}.{name}.weight"),
+                to_f32_vec(g.clone()),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn token_weighted_accumulation_equals_the_big_batch_and_naive_does_not() {
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let model = lora_model(&dir);
+        let (micro, big) = masked_micro_batches(&reference);
+        assert_ne!(
+            micro[0].label_tokens(),
+            micro[1].label_tokens(),
+            "the case needs unequal token counts"
+        );
+
+        let batch = forward_backward(&model, &[big], false, Accumulation::TokenWeighted).unwrap();
+        let accum = forward_backward(&model, &micro, false, Accumulation::TokenWeighted).unwrap();
+        let naive = forward_backward(&model, &micro, false, Accumulation::MeanOfMeans).unwrap();
+        assert!((batch.loss - reference.scalar("accum_masked.batch_loss")).abs() <= 1e-5);
+        assert!(
+            (accum.loss - batch.loss).abs() <= 1e-6,
+            "{}: {} vs {}",
+            reference.name,
+            accum.loss,
+            batch.loss
+        );
+
+        let mut naive_gap = 0.0f32;
+        for (((name, a), (_, b)), (_, n)) in adapter_grads(&model, &accum.grads)
+            .iter()
+            .zip(adapter_grads(&model, &batch.grads))
+            .zip(adapter_grads(&model, &naive.grads))
+        {
+            let what = |t: &str| format!("{}: {t} {name}", reference.name);
+            assert_close(
+                &what("batch"),
+                &b,
+                &reference.f32(&format!("accum_masked.batch_grad.{name}")).1,
+                1e-5,
+                1e-4,
+            );
+            assert_close(
+                &what("accumulated"),
+                a,
+                &reference.f32(&format!("accum_masked.accum_grad.{name}")).1,
+                1e-5,
+                1e-4,
+            );
+            assert_close(
+                &what("naive"),
+                &n,
+                &reference.f32(&format!("accum_masked.naive_grad.{name}")).1,
+                1e-5,
+                1e-4,
+            );
+            naive_gap = naive_gap.max(max_errors(&n, &b).0);
+        }
+        // The negative case: averaging per-micro-batch means is NOT the batch gradient.
+        assert!(
+            naive_gap > 1e-3,
+            "{}: the naive accumulation should differ, max gap {naive_gap}",
+            reference.name
+        );
+        eprintln!(
+            "{}: naive accumulation misses the batch gradient by up to {naive_gap:.3}",
+            reference.name
+        );
+    }
+}
+
+#[test]
+fn block_checkpointing_leaves_every_gradient_unchanged() {
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let (micro, _) = masked_micro_batches(&reference);
+        // LoRA (frozen base) and full fine-tuning (every parameter, tied embeddings included).
+        let full = load_hf_llama(&dir, &DeviceKind::Cpu.open().unwrap().autodiff()).unwrap();
+        for (what, model) in [("lora", lora_model(&dir)), ("full", full)] {
+            let plain =
+                forward_backward(&model, &micro, false, Accumulation::TokenWeighted).unwrap();
+            let ckpt = forward_backward(&model, &micro, true, Accumulation::TokenWeighted).unwrap();
+            assert_eq!(
+                plain.grads.len(),
+                ckpt.grads.len(),
+                "{}: {what}",
+                reference.name
+            );
+            assert!((plain.loss - ckpt.loss).abs() <= 1e-6);
+            let mut worst = 0.0f32;
+            for (name, g) in adapter_or_all(&model, &plain.grads) {
+                let c = adapter_or_all(&model, &ckpt.grads)
+                    .into_iter()
+                    .find(|(n, _)| *n == name)
+                    .unwrap()
+                    .1;
+                worst = worst.max(assert_close(
+                    &format!("{}: {what} {name}", reference.name),
+                    &c,
+                    &g,
+                    1e-5,
+                    1e-4,
+                ));
+            }
+            eprintln!(
+                "{} {what}: checkpointed vs plain gradients, max diff {worst:.2e}",
+                reference.name
+            );
+        }
+    }
+}
+
+/// Gradients of the adapters if any, else of every base parameter (by HF name).
+fn adapter_or_all(model: &Llama, grads: &ParamGrads) -> Vec<(String, Vec<f32>)> {
+    if !model.lora_adapters().is_empty() {
+        return adapter_grads(model, grads);
+    }
+    let mut out = Vec::new();
+    let mut visit = |name: String, id: burn::module::ParamId| {
+        let g = grads
+            .get(id)
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        out.push((name, to_f32_vec(g.clone())));
+    };
+    visit("embed".into(), model.embed_tokens.id);
+    for (i, block) in model.layers.iter().enumerate() {
+        visit(
+            format!("{i}.input_layernorm"),
+            block.input_layernorm.weight.id,
+        );
+        visit(
+            format!("{i}.post_attention_layernorm"),
+            block.post_attention_layernorm.weight.id,
+        );
+    }
+    for named in model.block_linears() {
+        if let napkin_core::model::linear::BaseWeight::Dense(w) = &named.linear.base {
+            visit(named.path.clone(), w.id);
+        }
+    }
+    visit("norm".into(), model.norm.weight.id);
+    out
+}
