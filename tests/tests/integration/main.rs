@@ -1,14 +1,18 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
+//! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
+//! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
 mod checkpoints;
+mod gguf_files;
 mod llama_parity;
 mod lora_parity;
 mod nf4_parity;
 mod quantized_checkpoint;
+mod smollm2;
 mod training_step;

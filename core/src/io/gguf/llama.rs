@@ -1,0 +1,253 @@
+//! A llama-architecture GGUF as a [`Llama`]: the config from `llama.*` metadata, llama.cpp's
+//! tensor names mapped to HF ones, and the Q/K row permutation undone.
+//!
+//! llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
+//! "rotate half" layout (first half of the head's dims, then second) to interleaved pairs, for its
+//! own RoPE kernel. Undoing it here keeps one RoPE implementation (HF's) in napkin:
+//! `hf[h·Dh + j·Dh/2 + i] = gguf[h·Dh + 2i + j]` for head h, i < Dh/2, j ∈ {0, 1}.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::reader::GgufFile;
+use crate::config::{LlamaConfig, RopeScaling};
+use crate::error::{Error, Result};
+use crate::io::hf::build_llama;
+use crate::model::Llama;
+use crate::model::linear::Linear;
+
+/// The HF config of a llama-architecture GGUF.
+pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
+    let arch = gguf
+        .require("general.architecture")?
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if arch != "llama" {
+        return Err(Error::checkpoint(
+            &gguf.path,
+            format!("architecture `{arch}` is not supported (llama only)"),
+        ));
+    }
+    let u =
+        |key: &str| -> Result<usize> { Ok(gguf.require_u64(&format!("llama.{key}"))? as usize) };
+    let f = |key: &str, default: f64| -> f64 {
+        gguf.metadata
+            .get(&format!("llama.{key}"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(default)
+    };
+    let hidden_size = u("embedding_length")?;
+    let heads = u("attention.head_count")?;
+    let vocab_size = match gguf
+        .metadata
+        .get("llama.vocab_size")
+        .and_then(|v| v.as_u64())
+    {
+        Some(v) => v as usize,
+        None => gguf
+            .require("tokenizer.ggml.tokens")?
+            .as_array()
+            .map(<[_]>::len)
+            .unwrap_or(0),
+    };
+    let token = |key: &str| {
+        gguf.metadata
+            .get(key)
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let config = LlamaConfig {
+        vocab_size,
+        hidden_size,
+        intermediate_size: u("feed_forward_length")?,
+        num_hidden_layers: u("block_count")?,
+        num_attention_heads: heads,
+        num_key_value_heads: gguf
+            .metadata
+            .get("llama.attention.head_count_kv")
+            .and_then(|v| v.as_u64())
+            .map_or(heads, |v| v as usize),
+        head_dim: match gguf
+            .metadata
+            .get("llama.rope.dimension_count")
+            .and_then(|v| v.as_u64())
+        {
+            Some(d) => d as usize,
+            None => hidden_size / heads.max(1),
+        },
+        rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta: f("rope.freq_base", 10_000.0),
+        rope_scaling: RopeScaling::Default,
+        max_position_embeddings: u("context_length").unwrap_or(2048),
+        tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
+        bos_token_id: token("tokenizer.ggml.bos_token_id"),
+        eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
+    };
+    config.validate(&gguf.path.display().to_string())?;
+    Ok(config)
+}
+
+/// llama.cpp's name for an HF parameter name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(name) = fixed {
+        return Some(name.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, module) = rest.split_once('.')?;
+    let short = match module {
+        "input_layernorm.weight" => "attn_norm",
+        "self_attn.q_proj.weight" => "attn_q",
+        "self_attn.k_proj.weight" => "attn_k",
+        "self_attn.v_proj.weight" => "attn_v",
+        "self_attn.o_proj.weight" => "attn_output",
+        "post_attention_layernorm.weight" => "ffn_norm",
+        "mlp.gate_proj.weight" => "ffn_gate",
+        "mlp.up_proj.weight" => "ffn_up",
+        "mlp.down_proj.weight" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{short}.weight"))
+}
+
+/// Undoes llama.cpp's Q/K permutation of a `[heads·Dh, cols]` row-major matrix.
+pub fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = values.len() / cols;
+    let dh = rows / heads;
+    let half = dh / 2;
+    let mut out = vec![0.0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = (h * dh + 2 * i + j) * cols;
+                let dst = (h * dh + j * half + i) * cols;
+                out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`unpermute_rows`]: what llama.cpp's converter does (for writers and tests).
+pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = values.len() / cols;
+    let dh = rows / heads;
+    let half = dh / 2;
+    let mut out = vec![0.0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = (h * dh + j * half + i) * cols;
+                let dst = (h * dh + 2 * i + j) * cols;
+                out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// Loads a llama GGUF into a float [`Llama`] on `device` (quantized tensors are dequantized).
+pub fn load_gguf_llama(gguf: &GgufFile, device: &Device) -> Result<Llama> {
+    let config = gguf_config(gguf)?;
+    let known: std::collections::HashSet<String> = config
+        .hf_parameter_shapes()
+        .iter()
+        .filter_map(|(n, _)| gguf_name(n))
+        .collect();
+    let extra: Vec<&str> = gguf
+        .tensors
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !known.contains(*n) && !n.ends_with("rope_freqs.weight"))
+        .take(5)
+        .collect();
+    if !extra.is_empty() {
+        return Err(Error::UnexpectedTensors {
+            path: gguf.path.clone(),
+            names: extra.join(", "),
+        });
+    }
+    let read = |hf: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let name = gguf_name(hf).ok_or_else(|| Error::Input(format!("no GGUF name for `{hf}`")))?;
+        let info = gguf
+            .tensors
+            .get(&name)
+            .ok_or_else(|| Error::MissingTensor {
+                path: gguf.path.clone(),
+                name: name.clone(),
+                expected: shape.to_vec(),
+            })?;
+        if info.shape() != shape {
+            return Err(Error::ShapeMismatch {
+                path: gguf.path.clone(),
+                name,
+                found: info.shape(),
+                expected: shape.to_vec(),
+            });
+        }
+        let (_, values) = gguf.read_f32(&name)?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::checkpoint(
+                &gguf.path,
+                format!("tensor `{name}` holds a non-finite value at {i}"),
+            ));
+        }
+        // Undo the converter's rotary reordering of the query and key rows.
+        Ok(if hf.ends_with("self_attn.q_proj.weight") {
+            unpermute_rows(&values, config.num_attention_heads, shape[1])
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            unpermute_rows(&values, config.num_key_value_heads, shape[1])
+        } else {
+            values
+        })
+    };
+    let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {
+        Ok(Tensor::from_data(
+            TensorData::new(read(name, &[rows, cols])?, [rows, cols]),
+            device,
+        ))
+    };
+    let vector = |name: &str, dim: usize| -> Result<Tensor<1>> {
+        Ok(Tensor::from_data(
+            TensorData::new(read(name, &[dim])?, [dim]),
+            device,
+        ))
+    };
+    let linear =
+        |name: &str, rows: usize, cols: usize| Ok(Linear::from_weight(matrix(name, rows, cols)?));
+    build_llama(&config, &matrix, &vector, &linear)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_round_trips_and_matches_llama_cpp_layout() {
+        // One head of width 4, one column: HF rows [a0, a1, b0, b1] (halves a, b) become
+        // interleaved [a0, b0, a1, b1] in llama.cpp's layout.
+        let hf = [10.0, 11.0, 20.0, 21.0];
+        assert_eq!(permute_rows(&hf, 1, 1), vec![10.0, 20.0, 11.0, 21.0]);
+        let values: Vec<f32> = (0..2 * 8 * 3).map(|i| i as f32).collect();
+        assert_eq!(unpermute_rows(&permute_rows(&values, 2, 3), 2, 3), values);
+    }
+
+    #[test]
+    fn names_map_both_ways_for_every_parameter() {
+        let config = LlamaConfig::tiny_mha();
+        let names: Vec<String> = config
+            .hf_parameter_shapes()
+            .iter()
+            .map(|(n, _)| gguf_name(n).unwrap())
+            .collect();
+        assert!(names.contains(&"blk.1.ffn_down.weight".to_string()));
+        assert!(names.contains(&"output.weight".to_string()));
+        let unique: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+    }
+}

@@ -1,0 +1,9 @@
+//! GGUF, llama.cpp's checkpoint format: reading (`reader`), dequantizing (`dequant`) and
+//! turning a llama-architecture file into a [`crate::model::Llama`] (`llama`).
+
+pub mod dequant;
+pub mod llama;
+pub mod reader;
+
+pub use llama::{gguf_config, load_gguf_llama};
+pub use reader::{GgufFile, GgufValue};

@@ -1,0 +1,123 @@
+//! GGUF loading on synthetic files made from the fixture models: llama.cpp names and the Q/K
+//! permutation give back the HF model exactly; malformed files are typed errors.
+
+use napkin_core::Error;
+use napkin_core::config::LlamaConfig;
+use napkin_core::device::DeviceKind;
+use napkin_core::io::SafetensorsCheckpoint;
+use napkin_core::io::gguf::llama::{gguf_name, permute_rows};
+use napkin_core::io::{load_hf_llama, load_model};
+use napkin_core::model::TokenBatch;
+use napkin_core::values::to_f32_vec;
+use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
+
+/// The fixture model as llama.cpp's converter would write it (F32).
+fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
+    let config = LlamaConfig::from_hf_file(&dir.join("config.json")).unwrap();
+    let ckpt = SafetensorsCheckpoint::open(dir).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = config
+        .hf_parameter_shapes()
+        .into_iter()
+        .map(|(hf, shape)| {
+            let values = ckpt.read_f32(&hf, &shape).unwrap();
+            let values = if hf.ends_with("q_proj.weight") {
+                permute_rows(&values, config.num_attention_heads, shape[1])
+            } else if hf.ends_with("k_proj.weight") {
+                permute_rows(&values, config.num_key_value_heads, shape[1])
+            } else {
+                values
+            };
+            (gguf_name(&hf).unwrap(), shape, values)
+        })
+        .collect();
+    use GgufTestValue::{F32, Str, U32};
+    let metadata = [
+        ("general.architecture", Str("llama".into())),
+        ("llama.embedding_length", U32(config.hidden_size as u32)),
+        (
+            "llama.feed_forward_length",
+            U32(config.intermediate_size as u32),
+        ),
+        ("llama.block_count", U32(config.num_hidden_layers as u32)),
+        (
+            "llama.attention.head_count",
+            U32(config.num_attention_heads as u32),
+        ),
+        (
+            "llama.attention.head_count_kv",
+            U32(config.num_key_value_heads as u32),
+        ),
+        ("llama.rope.freq_base", F32(config.rope_theta as f32)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            F32(config.rms_norm_eps as f32),
+        ),
+        (
+            "llama.context_length",
+            U32(config.max_position_embeddings as u32),
+        ),
+        ("llama.vocab_size", U32(config.vocab_size as u32)),
+    ];
+    write_gguf(path, &metadata, &tensors);
+}
+
+#[test]
+fn gguf_of_a_fixture_model_loads_to_the_same_logits() {
+    let device = DeviceKind::Cpu.open().unwrap();
+    let batch = TokenBatch::single(&[5, 3, 8, 1, 9, 2]).unwrap();
+    for dir in model_dirs() {
+        let path = std::env::temp_dir().join(format!(
+            "napkin-{}-{}.gguf",
+            std::process::id(),
+            dir.display().to_string().len()
+        ));
+        fixture_as_gguf(&dir, &path);
+        let from_gguf = to_f32_vec(load_model(&path, &device).unwrap().forward(&batch));
+        let from_hf = to_f32_vec(load_hf_llama(&dir, &device).unwrap().forward(&batch));
+        assert_eq!(from_gguf, from_hf, "{}", dir.display());
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn malformed_gguf_files_are_typed_errors() {
+    let device = DeviceKind::Cpu.open().unwrap();
+    let dir = &model_dirs()[0];
+    let path = std::env::temp_dir().join(format!("napkin-bad-{}.gguf", std::process::id()));
+    fixture_as_gguf(dir, &path);
+    let good = std::fs::read(&path).unwrap();
+    let expect_error = |bytes: &[u8], what: &str, needles: &[&str]| {
+        std::fs::write(&path, bytes).unwrap();
+        match load_model(&path, &device) {
+            Err(Error::Checkpoint { message, .. }) => {
+                assert!(
+                    needles.iter().any(|n| message.contains(n)),
+                    "{what}: {message}"
+                )
+            }
+            other => panic!(
+                "{what}: expected a Checkpoint error, got {:?}",
+                other.map(|_| "a model")
+            ),
+        }
+    };
+    // Cut in the header: "truncated while reading ..."; cut in the data: a tensor's bytes
+    // "lie outside the data section".
+    for cut in [0, 3, 10, 24, 100, good.len() / 2, good.len() - 1] {
+        expect_error(
+            &good[..cut],
+            &format!("truncated at {cut}"),
+            &["truncated", "outside the"],
+        );
+    }
+    let mut bad = good.clone();
+    bad[0] = b'X';
+    expect_error(&bad, "wrong magic", &["not a GGUF file"]);
+    let mut bad = good.clone();
+    bad[4..8].copy_from_slice(&7u32.to_le_bytes());
+    expect_error(&bad, "wrong version", &["version 7"]);
+    let mut bad = good.clone();
+    bad[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    expect_error(&bad, "absurd tensor count", &["cannot fit"]);
+    std::fs::remove_file(&path).unwrap();
+}
