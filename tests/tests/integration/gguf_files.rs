@@ -101,7 +101,7 @@ fn malformed_gguf_files_are_typed_errors() {
             ),
         }
     };
-    // Cut in the header: "truncated while reading ..."; cut in the data: a tensor's bytes
+    // Cut in the header: "truncated" or a count that "cannot fit"; cut in the data: a tensor's bytes
     // "lie outside the data section".
     for cut in [0, 3, 10, 24, 100, good.len() / 2, good.len() - 1] {
         expect_error(
