@@ -7,12 +7,14 @@
 //! - [`io`]: checkpoint formats.
 //! - [`device`]: choosing a burn device at run time.
 
+pub mod chat;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod io;
 pub mod memory;
 pub mod model;
+pub mod tokenizer;
 pub mod train;
 pub mod tricks;
 pub mod values;

@@ -18,6 +18,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Loss and perplexity of a text (or token ids) under a model.
     Eval(EvalArgs),
+    /// Generate text from a prompt, streaming tokens as they come.
+    Generate(GenerateArgs),
     /// Quantize a model's block linears to NF4 and write a napkin quantized checkpoint.
     Quantize(QuantizeArgs),
     /// Micro-benchmarks (printed figures, not tests).
@@ -27,8 +29,8 @@ pub enum Command {
 /// Where the model comes from.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A Hugging Face model folder (config.json + model.safetensors or a sharded index), or a
-    /// napkin quantized checkpoint folder.
+    /// A `.gguf` file, a Hugging Face model folder (config.json + model.safetensors or a sharded
+    /// index), or a napkin quantized checkpoint folder.
     #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
 }
@@ -54,9 +56,12 @@ pub struct EvalArgs {
         required_unless_present = "text"
     )]
     pub ids: Vec<u32>,
-    /// Text to score (needs a tokenizer next to the model).
+    /// Text to score (needs a tokenizer: the GGUF's own, tokenizer.json beside the model, or --tokenizer).
     #[arg(long)]
     pub text: Option<String>,
+    /// A tokenizer.json to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Compute device: cpu, wgpu or cuda (the latter two only when built with their feature).
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -94,4 +99,40 @@ pub struct QuantizeArgs {
     /// Also quantize the scales to 8 bits (QLoRA's double quantization).
     #[arg(long)]
     pub double_quant: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt (with --chat: the user's message).
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template (ChatML, Llama-2 or Zephyr).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat (default: the template's own, if any).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Stop after this many new tokens.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample only among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: the smallest set of tokens with this much probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// A tokenizer.json to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Compute device: cpu, wgpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
         cli::Command::Eval(args) => commands::eval::run(&args),
+        cli::Command::Generate(args) => commands::generate::run(&args),
         cli::Command::Quantize(args) => commands::quantize::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),
     };

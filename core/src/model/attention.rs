@@ -51,6 +51,23 @@ impl Attention {
     /// - `mask`: additive, `[1 or B, 1, T, T]`
     /// - returns `[B, T, D]`
     pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
+        self.forward_cached(x, rope, mask, None)
+    }
+
+    /// The forward pass with an optional key/value cache: the new keys and values are appended
+    /// to the cached ones and the queries attend to all of them (generation).
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` (the new tokens only)
+    /// - `mask`: additive, `[1 or B, 1, T, S]` with S = cached + T keys
+    /// - returns `[B, T, D]`
+    pub fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        mask: &Tensor<4>,
+        cache: Option<&mut LayerKvCache>,
+    ) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let group = h / hkv; // query heads per K/V head
@@ -59,13 +76,18 @@ impl Attention {
         let q = rope.apply(heads(self.q_proj.forward(x.clone()), h)); // [B, H, T, Dh]
         let k = rope.apply(heads(self.k_proj.forward(x.clone()), hkv)); // [B, Hkv, T, Dh]
         let v = heads(self.v_proj.forward(x), hkv); // [B, Hkv, T, Dh]
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v), // [B, Hkv, S, Dh]
+            None => (k, v),
+        };
+        let s = k.dims()[2];
 
         // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.
         let q = q.reshape([b, hkv, group * t, dh]); // [B, Hkv, group·T, Dh]
         let scale = (dh as f64).powf(-0.5);
-        let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, Hkv, group·T, T]
-        let scores = scores.reshape([b, h, t, t]) + mask.clone(); // [B, H, T, T]
-        let probs = softmax(scores, 3).reshape([b, hkv, group * t, t]);
+        let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, Hkv, group·T, S]
+        let scores = scores.reshape([b, h, t, s]) + mask.clone(); // [B, H, T, S]
+        let probs = softmax(scores, 3).reshape([b, hkv, group * t, s]);
         let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
 
         let out = out
@@ -73,5 +95,41 @@ impl Attention {
             .swap_dims(1, 2)
             .reshape([b, t, h * dh]); // [B, T, H·Dh]
         self.o_proj.forward(out)
+    }
+}
+
+/// The keys and values of one layer for every token seen so far (generation).
+#[derive(Debug, Clone, Default)]
+pub struct LayerKvCache {
+    /// `[B, Hkv, S, Dh]` keys, after RoPE.
+    pub keys: Option<Tensor<4>>,
+    /// `[B, Hkv, S, Dh]` values.
+    pub values: Option<Tensor<4>>,
+}
+
+impl LayerKvCache {
+    /// Appends new keys and values along the sequence axis and returns the whole of both.
+    pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let k = match self.keys.take() {
+            Some(old) => Tensor::cat(vec![old, k], 2),
+            None => k,
+        };
+        let v = match self.values.take() {
+            Some(old) => Tensor::cat(vec![old, v], 2),
+            None => v,
+        };
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
+        (k, v)
+    }
+
+    /// Cached tokens.
+    pub fn len(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

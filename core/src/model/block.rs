@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::attention::Attention;
+use super::attention::{Attention, LayerKvCache};
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
 use super::rope::RopeTables;
@@ -40,10 +40,24 @@ impl DecoderBlock {
     /// # Shapes
     /// - `x`: `[B, T, D]` → `[B, T, D]`
     pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
-        let x = x.clone()
-            + self
-                .self_attn
-                .forward(self.input_layernorm.forward(x), rope, mask);
+        self.forward_cached(x, rope, mask, None)
+    }
+
+    /// The forward pass with an optional key/value cache (generation).
+    pub fn forward_cached(
+        &self,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        mask: &Tensor<4>,
+        cache: Option<&mut LayerKvCache>,
+    ) -> Tensor<3> {
+        let attn = self.self_attn.forward_cached(
+            self.input_layernorm.forward(x.clone()),
+            rope,
+            mask,
+            cache,
+        );
+        let x = x + attn;
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }

@@ -4,6 +4,7 @@ pub mod apply_tricks;
 pub mod attention;
 pub mod batch;
 pub mod block;
+pub mod generate;
 pub mod linear;
 pub mod llama;
 pub mod lora;

@@ -4,6 +4,7 @@ use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_model;
 use napkin_core::model::{TokenBatch, causal_lm_loss};
+use napkin_core::tokenizer::tokenizer_for_model;
 use napkin_core::values::scalar;
 use serde_json::json;
 
@@ -12,9 +13,7 @@ use crate::cli::EvalArgs;
 pub fn run(args: &EvalArgs) -> Result<()> {
     let dir = &args.model.model;
     let ids: Vec<u32> = match &args.text {
-        Some(_) => bail!(
-            "--text needs a tokenizer, which this build does not load yet; pass token ids with --ids 1,2,3"
-        ),
+        Some(text) => tokenizer_for_model(dir, args.tokenizer.as_deref())?.encode(text)?,
         None => args.ids.clone(),
     };
     if ids.len() < 2 {

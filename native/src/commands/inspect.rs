@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use napkin_core::config::LlamaConfig;
 use napkin_core::io::SafetensorsCheckpoint;
+use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::io::quantized::{is_quantized_checkpoint, read_quant_config};
 use napkin_core::memory::weight_bytes;
 use serde_json::json;
@@ -11,11 +12,28 @@ use crate::cli::InspectArgs;
 
 pub fn run(args: &InspectArgs) -> Result<()> {
     let dir = &args.model.model;
-    let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
-    let checkpoint = SafetensorsCheckpoint::open(dir)?;
-    let on_disk = checkpoint
-        .bytes_by_dtype()
-        .context("reading tensor sizes")?;
+    let (config, on_disk) = if dir
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        let gguf = GgufFile::open(dir)?;
+        let mut on_disk = std::collections::BTreeMap::new();
+        for info in gguf.tensors.values() {
+            *on_disk
+                .entry(format!("{:?}", info.ggml_type))
+                .or_insert(0u64) += info.size;
+        }
+        (gguf_config(&gguf)?, on_disk)
+    } else {
+        let checkpoint = SafetensorsCheckpoint::open(dir)?;
+        let on_disk = checkpoint
+            .bytes_by_dtype()
+            .context("reading tensor sizes")?;
+        (
+            LlamaConfig::from_hf_file(&dir.join("config.json"))?,
+            on_disk,
+        )
+    };
 
     let total = config.num_parameters();
     let per_block = config.block_parameters();

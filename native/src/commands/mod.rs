@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod eval;
+pub mod generate;
 pub mod inspect;
 pub mod quantize;

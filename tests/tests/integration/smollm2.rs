@@ -62,3 +62,55 @@ fn smollm2_completes_the_capital_of_france() {
         "next token after `The capital of France is`"
     );
 }
+
+#[test]
+fn kv_cached_generation_matches_full_forward_logits() {
+    use napkin_core::model::generate::KvCache;
+    let gguf = GgufFile::open(&smollm2_path()).unwrap();
+    let model = load_gguf_llama(&gguf, &DeviceKind::Cpu.open().unwrap()).unwrap();
+    let ids: Vec<u32> = vec![1, 504, 3575, 282, 4649, 314, 2, 17, 42];
+    let v = model.config.vocab_size;
+    let full = to_f32_vec(model.forward(&TokenBatch::single(&ids).unwrap()));
+    // Prefill five tokens, then feed the rest one at a time through the cache.
+    let mut cache = KvCache::default();
+    let mut got = model.next_token_logits(&ids[..5], &mut cache).unwrap();
+    for t in 5..ids.len() {
+        let want = &full[(t - 1) * v..t * v];
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-3,
+            "position {t}: cached logits differ by {worst}"
+        );
+        got = model.next_token_logits(&ids[t..t + 1], &mut cache).unwrap();
+    }
+}
+
+#[test]
+fn smollm2_chat_answers_paris_greedily() {
+    use napkin_core::chat::{ChatFormat, Message};
+    use napkin_core::model::generate::Sampling;
+    use napkin_core::tokenizer::TextTokenizer;
+    let gguf = GgufFile::open(&smollm2_path()).unwrap();
+    let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
+    let format = ChatFormat::detect(tokenizer.chat_template.as_deref()).unwrap();
+    let prompt = format.render(
+        &[Message::new("user", "What is the capital of France?")],
+        true,
+    );
+    let model = load_gguf_llama(&gguf, &DeviceKind::Cpu.open().unwrap()).unwrap();
+    let ids = model
+        .generate(
+            &tokenizer.encode(&prompt).unwrap(),
+            24,
+            &Sampling::default(),
+            &tokenizer.eos_ids,
+            |_| {},
+        )
+        .unwrap();
+    let answer = tokenizer.decode(&ids).unwrap();
+    assert!(answer.contains("Paris"), "answer: {answer}");
+}

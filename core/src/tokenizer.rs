@@ -1,0 +1,228 @@
+//! Tokenizers: Hugging Face `tokenizer.json` files, and the GPT-2–style byte-level BPE described
+//! in a GGUF file's metadata, both as a `tokenizers::Tokenizer`.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::{AddedToken, Tokenizer};
+
+use crate::error::{Error, Result};
+use crate::io::gguf::GgufFile;
+
+/// GGUF token types (llama.cpp's `llama_token_type`): control and user-defined tokens are
+/// matched whole, before BPE.
+const TOKEN_TYPE_CONTROL: u64 = 3;
+const TOKEN_TYPE_USER_DEFINED: u64 = 4;
+
+/// A text tokenizer with the model's special tokens.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    /// Ids that end generation.
+    pub eos_ids: Vec<u32>,
+    /// The chat template from the checkpoint, if any (Jinja source).
+    pub chat_template: Option<String>,
+}
+
+impl TextTokenizer {
+    /// Loads a Hugging Face `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = Tokenizer::from_file(path)
+            .map_err(|e| Error::checkpoint(path, format!("not a usable tokenizer.json: {e}")))?;
+        // A `tokenizer_config.json` beside it may hold the chat template and EOS token.
+        let config: Option<serde_json::Value> = path
+            .parent()
+            .map(|d| d.join("tokenizer_config.json"))
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| serde_json::from_str(&t).ok());
+        let chat_template = config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
+        let eos_ids = config
+            .as_ref()
+            .and_then(|c| c.get("eos_token"))
+            .and_then(|t| {
+                t.as_str()
+                    .or_else(|| t.get("content").and_then(|c| c.as_str()))
+            })
+            .and_then(|t| inner.token_to_id(t))
+            .into_iter()
+            .collect();
+        Ok(TextTokenizer {
+            inner,
+            eos_ids,
+            chat_template,
+        })
+    }
+
+    /// Builds the tokenizer a GGUF file describes (`tokenizer.ggml.model = gpt2`): vocabulary,
+    /// merges, special tokens by token type, and the pre-tokenizer named by `tokenizer.ggml.pre`.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let err = |m: String| Error::checkpoint(&gguf.path, m);
+        let model = gguf
+            .require("tokenizer.ggml.model")?
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if model != "gpt2" {
+            return Err(err(format!(
+                "tokenizer model `{model}` is not supported (gpt2-style byte-level BPE only); pass a tokenizer.json"
+            )));
+        }
+        let tokens = gguf
+            .require("tokenizer.ggml.tokens")?
+            .as_array()
+            .ok_or_else(|| err("tokenizer.ggml.tokens is not an array".into()))?;
+        let mut vocab = Vocab::default();
+        let mut specials = Vec::new();
+        let types = gguf
+            .metadata
+            .get("tokenizer.ggml.token_type")
+            .and_then(|v| v.as_array());
+        for (id, token) in tokens.iter().enumerate() {
+            let token = token
+                .as_str()
+                .ok_or_else(|| err(format!("token {id} is not a string")))?;
+            vocab.insert(token.to_string(), id as u32);
+            let kind = types.and_then(|t| t.get(id)).and_then(|v| v.as_u64());
+            if matches!(kind, Some(TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)) {
+                specials.push(AddedToken::from(token.to_string(), true));
+            }
+        }
+        let merges = gguf
+            .require("tokenizer.ggml.merges")?
+            .as_array()
+            .ok_or_else(|| err("tokenizer.ggml.merges is not an array".into()))?
+            .iter()
+            .map(|m| {
+                let m = m.as_str().unwrap_or_default();
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| err(format!("merge `{m}` is not two tokens")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| err(format!("building BPE: {e}")))?;
+        let mut inner = Tokenizer::new(bpe);
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre = gguf
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        // SmolLM's tokenizer.json splits every digit before byte-level BPE.
+        let pre_tokenizer: PreTokenizerWrapper = if pre == "smollm" {
+            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+        } else {
+            byte_level.into()
+        };
+        inner.with_pre_tokenizer(Some(pre_tokenizer));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        inner.add_special_tokens(&specials);
+        let token = |key: &str| {
+            gguf.metadata
+                .get(key)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as u32)
+        };
+        let mut eos_ids: Vec<u32> = token("tokenizer.ggml.eos_token_id").into_iter().collect();
+        // Chat models end a turn with <|im_end|>, which may differ from the EOS id.
+        if let Some(id) = inner.token_to_id("<|im_end|>")
+            && !eos_ids.contains(&id)
+        {
+            eos_ids.push(id);
+        }
+        Ok(TextTokenizer {
+            inner,
+            eos_ids,
+            chat_template: gguf
+                .metadata
+                .get("tokenizer.chat_template")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+        })
+    }
+
+    /// Token ids of `text` (special tokens in the text are matched whole).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.inner
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| Error::Input(format!("tokenizing: {e}")))
+    }
+
+    /// Ids, tokens and character offsets of `text` (as Python's `tokenizers` reports them;
+    /// the Rust crate counts bytes, converted here).
+    pub fn encode_detailed(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<u32>, Vec<String>, Vec<(usize, usize)>)> {
+        let e = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Input(format!("tokenizing: {e}")))?;
+        // Byte index → character index (one entry per byte position, plus the end).
+        let mut char_at = vec![0usize; text.len() + 1];
+        let mut chars = 0;
+        for (byte, ch) in text.char_indices() {
+            for slot in &mut char_at[byte..byte + ch.len_utf8()] {
+                *slot = chars;
+            }
+            chars += 1;
+        }
+        char_at[text.len()] = chars;
+        let offsets = e
+            .get_offsets()
+            .iter()
+            .map(|&(a, b)| (char_at[a.min(text.len())], char_at[b.min(text.len())]))
+            .collect();
+        Ok((e.get_ids().to_vec(), e.get_tokens().to_vec(), offsets))
+    }
+
+    /// Text of `ids` (special tokens included).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Input(format!("decoding: {e}")))
+    }
+
+    /// The id of a token string.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// The tokenizer that goes with a model path: a GGUF's own metadata, or `tokenizer.json` in a
+/// model folder; `explicit` (a `tokenizer.json`) wins when given.
+pub fn tokenizer_for_model(model: &Path, explicit: Option<&Path>) -> Result<TextTokenizer> {
+    if let Some(path) = explicit {
+        return TextTokenizer::from_file(path);
+    }
+    if model
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return TextTokenizer::from_gguf(&GgufFile::open(model)?);
+    }
+    let file = model.join("tokenizer.json");
+    if file.is_file() {
+        return TextTokenizer::from_file(&file);
+    }
+    Err(Error::Input(format!(
+        "no tokenizer for {}: expected a tokenizer.json in the folder (or pass --tokenizer FILE, or use --ids)",
+        model.display()
+    )))
+}

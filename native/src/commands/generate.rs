@@ -1,0 +1,74 @@
+//! `napkin generate`: text from a prompt, streamed token by token.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Result;
+use napkin_core::chat::{ChatFormat, Message};
+use napkin_core::device::DeviceKind;
+use napkin_core::io::load_model;
+use napkin_core::model::generate::Sampling;
+use napkin_core::tokenizer::tokenizer_for_model;
+
+use crate::cli::GenerateArgs;
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let path = &args.model.model;
+    let tokenizer = tokenizer_for_model(path, args.tokenizer.as_deref())?;
+    let prompt = if args.chat {
+        let format = ChatFormat::detect(tokenizer.chat_template.as_deref())?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message::new("system", system));
+        }
+        messages.push(Message::new("user", &args.prompt));
+        format.render(&messages, true)
+    } else {
+        args.prompt.clone()
+    };
+    let prompt_ids = tokenizer.encode(&prompt)?;
+    let device = args.device.parse::<DeviceKind>()?.open()?;
+    let model = load_model(path, &device)?;
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+
+    // Stream: decode everything generated so far and print what is new (a token can end in
+    // the middle of a UTF-8 character; the full decode stays correct).
+    let mut generated: Vec<u32> = Vec::new();
+    let mut printed = 0usize;
+    let mut stdout = std::io::stdout();
+    let start = Instant::now();
+    let ids = model.generate(
+        &prompt_ids,
+        args.max_new_tokens,
+        &sampling,
+        &tokenizer.eos_ids,
+        |id| {
+            if tokenizer.eos_ids.contains(&id) {
+                return;
+            }
+            generated.push(id);
+            if let Ok(text) = tokenizer.decode(&generated)
+                && text.len() > printed
+                && text.is_char_boundary(printed)
+            {
+                let _ = write!(stdout, "{}", &text[printed..]);
+                let _ = stdout.flush();
+                printed = text.len();
+            }
+        },
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    println!();
+    eprintln!(
+        "[{} prompt tokens, {} generated in {seconds:.2} s: {:.1} tokens/s]",
+        prompt_ids.len(),
+        ids.len(),
+        ids.len() as f64 / seconds.max(1e-9)
+    );
+    Ok(())
+}
