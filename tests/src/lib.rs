@@ -255,3 +255,15 @@ pub enum GgufTestValue {
     /// string.
     Str(String),
 }
+
+/// The reference `input_ids` as a batch, and the same ids as causal-LM labels.
+pub fn input_batch(reference: &Reference) -> (napkin_core::model::TokenBatch, Vec<i64>) {
+    let (shape, ids) = reference.i64("input_ids");
+    let rows: Vec<Vec<u32>> = ids
+        .chunks(shape[1])
+        .map(|r| r.iter().map(|&i| i as u32).collect())
+        .collect();
+    let batch =
+        napkin_core::model::TokenBatch::from_rows(&rows).expect("fixture batch is rectangular");
+    (batch, ids)
+}

@@ -10,19 +10,7 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::model::rope::{inverse_frequencies, tables};
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
 use napkin_core::values::{scalar, to_f32_vec};
-use napkin_tests::{Reference, assert_close, model_dirs};
-
-fn input_batch(reference: &Reference) -> (TokenBatch, Vec<i64>) {
-    let (shape, ids) = reference.i64("input_ids");
-    let rows: Vec<Vec<u32>> = ids
-        .chunks(shape[1])
-        .map(|r| r.iter().map(|&i| i as u32).collect())
-        .collect();
-    (
-        TokenBatch::from_rows(&rows).expect("fixture batch is rectangular"),
-        ids,
-    )
-}
+use napkin_tests::{Reference, assert_close, input_batch, model_dirs};
 
 #[test]
 fn rope_tables_match_transformers() {

@@ -12,19 +12,7 @@ use napkin_core::io::peft::PEFT_PREFIX;
 use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
 use napkin_core::values::{scalar, to_f32_vec};
-use napkin_tests::{Reference, assert_close, max_errors, model_dirs};
-
-fn input_batch(reference: &Reference) -> (TokenBatch, Vec<i64>) {
-    let (shape, ids) = reference.i64("input_ids");
-    let rows: Vec<Vec<u32>> = ids
-        .chunks(shape[1])
-        .map(|r| r.iter().map(|&i| i as u32).collect())
-        .collect();
-    (
-        TokenBatch::from_rows(&rows).expect("fixture batch is rectangular"),
-        ids,
-    )
-}
+use napkin_tests::{Reference, assert_close, input_batch, max_errors, model_dirs};
 
 fn lora_model(dir: &Path, autodiff: bool) -> Llama {
     let device = DeviceKind::Cpu.open().unwrap();

@@ -117,33 +117,25 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 
 /// Undoes llama.cpp's Q/K permutation of a `[heads·Dh, cols]` row-major matrix.
 pub fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let rows = values.len() / cols;
-    let dh = rows / heads;
-    let half = dh / 2;
-    let mut out = vec![0.0f32; values.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = (h * dh + 2 * i + j) * cols;
-                let dst = (h * dh + j * half + i) * cols;
-                out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
-            }
-        }
-    }
-    out
+    move_rows(values, heads, cols, false)
 }
 
 /// The inverse of [`unpermute_rows`]: what llama.cpp's converter does (for writers and tests).
 pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let rows = values.len() / cols;
-    let dh = rows / heads;
+    move_rows(values, heads, cols, true)
+}
+
+/// Row `h·Dh + j·Dh/2 + i` (HF) ↔ row `h·Dh + 2i + j` (llama.cpp); `to_gguf` picks the direction.
+fn move_rows(values: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f32> {
+    let dh = values.len() / cols / heads;
     let half = dh / 2;
     let mut out = vec![0.0f32; values.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let src = (h * dh + j * half + i) * cols;
-                let dst = (h * dh + 2 * i + j) * cols;
+                let hf = (h * dh + j * half + i) * cols;
+                let gguf = (h * dh + 2 * i + j) * cols;
+                let (src, dst) = if to_gguf { (hf, gguf) } else { (gguf, hf) };
                 out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
             }
         }
