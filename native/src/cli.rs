@@ -78,12 +78,24 @@ pub struct BenchArgs {
     /// Timed runs per case (the median is reported).
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
+    /// The model for `generate` (a .gguf file or a model folder).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub model: PathBuf,
+    /// New tokens per `generate` run (greedy, no early stop).
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum BenchCase {
     /// f32 GEMM throughput on every CPU backend compiled in.
     Matmul,
+    /// Generation speed (prompt and KV-cached decoding, tokens/s) on the default CPU device.
+    Generate,
 }
 
 #[derive(Debug, Args)]

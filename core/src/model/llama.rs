@@ -7,6 +7,7 @@ use burn::tensor::{Device, Distribution, Tensor, module::embedding};
 use super::batch::TokenBatch;
 use super::block::DecoderBlock;
 use super::linear::Linear;
+use super::matmul_wt::matmul_wt;
 use super::rms_norm::RmsNorm;
 use super::rope::{RopeTables, inverse_frequencies};
 use crate::config::LlamaConfig;
@@ -89,9 +90,7 @@ impl Llama {
             None => {
                 let [b, t, d] = x.dims();
                 let v = self.config.vocab_size;
-                let logits = x
-                    .reshape([b * t, d])
-                    .matmul(self.embed_tokens.val().transpose()); // [B·T, V]
+                let logits = matmul_wt(x.reshape([b * t, d]), self.embed_tokens.val()); // [B·T, V]
                 logits.reshape([b, t, v])
             }
         }

@@ -9,6 +9,7 @@ pub mod linear;
 pub mod llama;
 pub mod lora;
 pub mod loss;
+pub mod matmul_wt;
 pub mod mlp;
 pub mod named;
 pub mod nf4_matmul;

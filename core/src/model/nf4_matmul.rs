@@ -20,6 +20,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{Backend, TensorMetadata};
 
+use super::matmul_wt::matmul_wt;
 use crate::tricks::nf4::Nf4Tensor;
 
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
@@ -74,7 +75,7 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
 /// without the custom op, and by the memory tests to measure what the custom op saves.
 pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Tensor) -> Tensor<2> {
     let device = x.device();
-    x.matmul(dequantized_weight(weight, &device).transpose())
+    matmul_wt(x, dequantized_weight(weight, &device))
 }
 
 /// The backward step: `∂x = ∂y · dequant(W)`.

@@ -8,7 +8,7 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::model::rope::{inverse_frequencies, tables};
-use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
+use napkin_core::model::{Llama, causal_lm_loss};
 use napkin_core::values::{scalar, to_f32_vec};
 use napkin_tests::{Reference, assert_close, input_batch, model_dirs};
 
