@@ -6,6 +6,7 @@
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
 //! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
+//! - `smollm2_reference`: SmolLM2's logits against an independent f64 Llama in plain Rust.
 //! - `tokenizers`: HF tokenizer.json and GGUF-built tokenizers.
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
@@ -16,5 +17,6 @@ mod lora_parity;
 mod nf4_parity;
 mod quantized_checkpoint;
 mod smollm2;
+mod smollm2_reference;
 mod tokenizers;
 mod training_step;

@@ -8,7 +8,7 @@ use napkin_core::io::gguf::{GgufFile, gguf_config, load_gguf_llama};
 use napkin_core::model::TokenBatch;
 use napkin_core::values::to_f32_vec;
 
-fn smollm2_path() -> PathBuf {
+pub fn smollm2_path() -> PathBuf {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
