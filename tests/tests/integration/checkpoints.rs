@@ -14,10 +14,10 @@ use napkin_tests::{fixture_root, max_errors, model_dirs};
 use safetensors::Dtype;
 
 /// A scratch folder removed at the end of the test.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("napkin-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -46,7 +46,7 @@ fn read_all(dir: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .collect()
 }
 
-fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
+pub(crate) fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
     let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(n, s, v)| {

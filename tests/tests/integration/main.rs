@@ -7,6 +7,7 @@
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
 //! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
 //! - `smollm2_reference`: SmolLM2's logits against an independent f64 Llama in plain Rust.
+//! - `tinyllama_layout`: TinyLlama's HF folder layout on a small random checkpoint.
 //! - `tokenizers`: HF tokenizer.json and GGUF-built tokenizers.
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
@@ -18,5 +19,6 @@ mod nf4_parity;
 mod quantized_checkpoint;
 mod smollm2;
 mod smollm2_reference;
+mod tinyllama_layout;
 mod tokenizers;
 mod training_step;
