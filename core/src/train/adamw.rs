@@ -83,6 +83,11 @@ impl AdamW {
         self.moments.get(&id)
     }
 
+    /// Sets the moments of a parameter (resuming from a checkpoint).
+    pub fn set_moments(&mut self, id: ParamId, moments: Moments) {
+        self.moments.insert(id, moments);
+    }
+
     /// Bytes of optimizer state held: 8 per trainable value (two f32 moments).
     pub fn state_bytes(&self) -> u64 {
         self.moments

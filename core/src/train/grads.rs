@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Gradients, Tensor};
 
+use crate::values::scalar;
+
 /// Flattened `[numel]` gradients on the parameters' device (outside autodiff).
 #[derive(Debug, Clone, Default)]
 pub struct ParamGrads {
@@ -57,6 +59,29 @@ impl ParamGrads {
     /// Whether no parameter has a gradient.
     pub fn is_empty(&self) -> bool {
         self.grads.is_empty()
+    }
+
+    /// The global L2 norm over every gradient, `√Σ g²` (computed in f64 from per-tensor sums).
+    pub fn global_norm(&self) -> f64 {
+        self.grads
+            .values()
+            .map(|g| f64::from(scalar(g.clone().powi_scalar(2).sum())))
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    /// Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: when the norm
+    /// exceeds `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`. Returns the
+    /// norm before clipping.
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
+        let norm = self.global_norm();
+        let factor = max_norm / (norm + 1e-6);
+        if factor < 1.0 {
+            for g in self.grads.values_mut() {
+                *g = g.clone() * factor;
+            }
+        }
+        norm
     }
 
     /// Bytes held (f32).

@@ -2,9 +2,15 @@
 //! optimizers. The loop, data and checkpoints grow here.
 
 pub mod adamw;
+pub mod adamw8bit;
 pub mod grads;
+pub mod optimizer;
+pub mod schedule;
+pub mod sgd;
 pub mod step;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use grads::ParamGrads;
+pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, trainable_ids};
+pub use schedule::LrSchedule;
 pub use step::{Accumulation, MicroBatch, StepGradients, forward_backward};

@@ -48,9 +48,36 @@ pub fn dynamic_map_signed() -> [f32; 256] {
     DYNAMIC_MAP_SIGNED_BITS.map(f32::from_bits)
 }
 
+/// bitsandbytes' unsigned dynamic map (`create_dynamic_map(signed=False)`), the code table of
+/// an 8-bit optimizer's second moment, which is never negative: for each decade 10^(i−6),
+/// i = 0..6, the midpoints of 2^(i+1) + 1 evenly spaced points in [0.1, 1], plus 0 and 1;
+/// sorted. Twice the resolution of the signed map on [0, 1]. Computed here in f64 and rounded
+/// once (bitsandbytes rounds through float32 `linspace`; the last bit may differ).
+pub fn dynamic_map_unsigned() -> [f32; 256] {
+    let mut values = vec![0.0f64, 1.0];
+    for i in 0..7 {
+        let points = (1usize << (i + 1)) + 1;
+        let boundary = |k: usize| 0.1 + 0.9 * k as f64 / (points - 1) as f64;
+        let decade = 10f64.powi(i - 6);
+        values.extend((0..points - 1).map(|k| decade * (boundary(k) + boundary(k + 1)) / 2.0));
+    }
+    values.sort_by(f64::total_cmp);
+    std::array::from_fn(|i| values[i] as f32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unsigned_map_covers_0_to_1_with_doubled_decades() {
+        let map = dynamic_map_unsigned();
+        assert!(map.windows(2).all(|w| w[0] < w[1]), "sorted and distinct");
+        assert_eq!((map[0], map[255]), (0.0, 1.0));
+        // Decade 10^0 holds 128 values in (0.1, 1); decade 10^-6 holds 2.
+        assert_eq!(map.iter().filter(|&&v| v > 0.1 && v < 1.0).count(), 128);
+        assert_eq!(map.iter().filter(|&&v| v > 0.0 && v < 1e-6).count(), 2);
+    }
 
     /// The structure the table must have: sorted, one zero, one 1.0, ±symmetric apart from
     /// those, and each decade holding 2^i values of each sign.

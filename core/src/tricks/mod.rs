@@ -1,4 +1,5 @@
 //! The memory tricks' arithmetic, independent of any tensor backend.
 
+pub mod blockwise8;
 pub mod dynamic_map;
 pub mod nf4;

@@ -4,6 +4,7 @@
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
+//! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
 //! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
 //! - `smollm2_reference`: SmolLM2's logits against an independent f64 Llama in plain Rust.
@@ -16,6 +17,7 @@ mod gguf_files;
 mod llama_parity;
 mod lora_parity;
 mod nf4_parity;
+mod optimizers;
 mod quantized_checkpoint;
 mod smollm2;
 mod smollm2_reference;

@@ -1,0 +1,315 @@
+//! The optimizer a run uses, chosen by name, and its state as named tensors for checkpoints.
+//!
+//! State is keyed by the trainable parameters' order in the module tree (burn's parameter ids
+//! are fresh each time a model is loaded), with shapes checked on resume.
+
+use std::str::FromStr;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use super::adamw::{AdamW, AdamWConfig, Moments};
+use super::adamw8bit::{AdamW8bit, Moments8};
+use super::grads::ParamGrads;
+use super::sgd::Sgd;
+use crate::error::{Error, Result};
+use crate::tricks::blockwise8::Blockwise8;
+use crate::values::to_f32_vec;
+
+/// Which optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// AdamW, f32 moments (8 bytes of state per trainable value).
+    #[default]
+    AdamW,
+    /// AdamW with blockwise 8-bit moments (≈ 2.03 bytes per value).
+    AdamW8bit,
+    /// SGD with momentum (4 bytes per value).
+    Sgd,
+}
+
+impl FromStr for OptimizerKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "adamw" => Ok(OptimizerKind::AdamW),
+            "adamw8bit" => Ok(OptimizerKind::AdamW8bit),
+            "sgd" => Ok(OptimizerKind::Sgd),
+            _ => Err(Error::Input(format!(
+                "unknown optimizer `{s}`: expected adamw, adamw8bit or sgd"
+            ))),
+        }
+    }
+}
+
+/// Hyper-parameters of every optimizer (each reads the ones it uses).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    /// Which optimizer.
+    pub kind: OptimizerKind,
+    /// AdamW's β1, β2, ε and weight decay (SGD uses the weight decay).
+    pub adamw: AdamWConfig,
+    /// SGD momentum.
+    pub momentum: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            kind: OptimizerKind::AdamW,
+            adamw: AdamWConfig::default(),
+            momentum: 0.9,
+        }
+    }
+}
+
+/// A running optimizer.
+#[derive(Debug, Clone)]
+pub enum Optimizer {
+    /// f32 AdamW.
+    AdamW(AdamW),
+    /// 8-bit AdamW.
+    AdamW8bit(AdamW8bit),
+    /// SGD with momentum.
+    Sgd(Sgd),
+}
+
+/// One tensor of optimizer state, for a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateTensor {
+    /// `{parameter ordinal}.{field}`.
+    pub name: String,
+    /// The values.
+    pub data: StateData,
+}
+
+/// The values of a state tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateData {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// 8-bit codes.
+    U8(Vec<u8>),
+}
+
+impl Optimizer {
+    /// A fresh optimizer.
+    pub fn new(config: &OptimizerConfig) -> Self {
+        match config.kind {
+            OptimizerKind::AdamW => Optimizer::AdamW(AdamW::new(config.adamw)),
+            OptimizerKind::AdamW8bit => Optimizer::AdamW8bit(AdamW8bit::new(config.adamw)),
+            OptimizerKind::Sgd => {
+                Optimizer::Sgd(Sgd::new(config.momentum, config.adamw.weight_decay))
+            }
+        }
+    }
+
+    /// One update of every parameter with a gradient.
+    pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
+        match self {
+            Optimizer::AdamW(o) => o.step(module, grads, lr),
+            Optimizer::AdamW8bit(o) => o.step(module, grads, lr),
+            Optimizer::Sgd(o) => o.step(module, grads, lr),
+        }
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        match self {
+            Optimizer::AdamW(o) => o.steps,
+            Optimizer::AdamW8bit(o) => o.steps,
+            Optimizer::Sgd(o) => o.steps,
+        }
+    }
+
+    /// Bytes of state held.
+    pub fn state_bytes(&self) -> u64 {
+        match self {
+            Optimizer::AdamW(o) => o.state_bytes(),
+            Optimizer::AdamW8bit(o) => o.state_bytes(),
+            Optimizer::Sgd(o) => o.state_bytes(),
+        }
+    }
+
+    /// The state as named tensors; `ids` are the trainable parameters in module order
+    /// ([`trainable_ids`]).
+    pub fn export_state(&self, ids: &[(ParamId, Vec<usize>)]) -> Vec<StateTensor> {
+        let mut out = Vec::new();
+        let mut push = |name: String, data: StateData| out.push(StateTensor { name, data });
+        for (i, (id, _)) in ids.iter().enumerate() {
+            match self {
+                Optimizer::AdamW(o) => {
+                    if let Some(m) = o.moments(*id) {
+                        push(
+                            format!("{i}.exp_avg"),
+                            StateData::F32(to_f32_vec(m.exp_avg.clone())),
+                        );
+                        push(
+                            format!("{i}.exp_avg_sq"),
+                            StateData::F32(to_f32_vec(m.exp_avg_sq.clone())),
+                        );
+                    }
+                }
+                Optimizer::AdamW8bit(o) => match o.moments.get(id) {
+                    Some(Moments8::Quantized {
+                        exp_avg,
+                        exp_avg_sq,
+                    }) => {
+                        push(
+                            format!("{i}.exp_avg.codes"),
+                            StateData::U8(exp_avg.codes.clone()),
+                        );
+                        push(
+                            format!("{i}.exp_avg.absmax"),
+                            StateData::F32(exp_avg.absmax.clone()),
+                        );
+                        push(
+                            format!("{i}.exp_avg_sq.codes"),
+                            StateData::U8(exp_avg_sq.codes.clone()),
+                        );
+                        push(
+                            format!("{i}.exp_avg_sq.absmax"),
+                            StateData::F32(exp_avg_sq.absmax.clone()),
+                        );
+                    }
+                    Some(Moments8::Full {
+                        exp_avg,
+                        exp_avg_sq,
+                    }) => {
+                        push(format!("{i}.exp_avg"), StateData::F32(exp_avg.clone()));
+                        push(
+                            format!("{i}.exp_avg_sq"),
+                            StateData::F32(exp_avg_sq.clone()),
+                        );
+                    }
+                    None => {}
+                },
+                Optimizer::Sgd(o) => {
+                    if let Some(b) = o.buffers.get(id) {
+                        push(
+                            format!("{i}.momentum"),
+                            StateData::F32(to_f32_vec(b.clone())),
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Restores state written by [`Optimizer::export_state`] for the same trainable
+    /// parameters, and the step count.
+    pub fn import_state(
+        &mut self,
+        ids: &[(ParamId, Vec<usize>)],
+        device: &burn::tensor::Device,
+        state: &[StateTensor],
+        steps: u64,
+    ) -> Result<()> {
+        let find = |name: String| state.iter().find(|t| t.name == name).map(|t| &t.data);
+        let f32s = |name: String, n: usize| -> Result<Option<Vec<f32>>> {
+            match find(name.clone()) {
+                None => Ok(None),
+                Some(StateData::F32(v)) if v.len() == n => Ok(Some(v.clone())),
+                Some(_) => Err(Error::Input(format!(
+                    "optimizer state `{name}`: expected {n} f32 values"
+                ))),
+            }
+        };
+        let u8s = |name: String, n: usize| -> Result<Option<Vec<u8>>> {
+            match find(name.clone()) {
+                None => Ok(None),
+                Some(StateData::U8(v)) if v.len() == n => Ok(Some(v.clone())),
+                Some(_) => Err(Error::Input(format!(
+                    "optimizer state `{name}`: expected {n} 8-bit codes"
+                ))),
+            }
+        };
+        let tensor = |v: Vec<f32>| {
+            let n = v.len();
+            Tensor::<1>::from_data(TensorData::new(v, [n]), device)
+        };
+        for (i, (id, shape)) in ids.iter().enumerate() {
+            let n: usize = shape.iter().product();
+            match self {
+                Optimizer::AdamW(o) => {
+                    o.steps = steps;
+                    if let (Some(m), Some(v)) = (
+                        f32s(format!("{i}.exp_avg"), n)?,
+                        f32s(format!("{i}.exp_avg_sq"), n)?,
+                    ) {
+                        o.set_moments(
+                            *id,
+                            Moments {
+                                exp_avg: tensor(m),
+                                exp_avg_sq: tensor(v),
+                            },
+                        );
+                    }
+                }
+                Optimizer::AdamW8bit(o) => {
+                    o.steps = steps;
+                    let blocks = n.div_ceil(crate::tricks::blockwise8::STATE_BLOCK);
+                    if let (Some(mc), Some(ma), Some(vc), Some(va)) = (
+                        u8s(format!("{i}.exp_avg.codes"), n)?,
+                        f32s(format!("{i}.exp_avg.absmax"), blocks)?,
+                        u8s(format!("{i}.exp_avg_sq.codes"), n)?,
+                        f32s(format!("{i}.exp_avg_sq.absmax"), blocks)?,
+                    ) {
+                        o.moments.insert(
+                            *id,
+                            Moments8::Quantized {
+                                exp_avg: Blockwise8 {
+                                    codes: mc,
+                                    absmax: ma,
+                                },
+                                exp_avg_sq: Blockwise8 {
+                                    codes: vc,
+                                    absmax: va,
+                                },
+                            },
+                        );
+                    } else if let (Some(m), Some(v)) = (
+                        f32s(format!("{i}.exp_avg"), n)?,
+                        f32s(format!("{i}.exp_avg_sq"), n)?,
+                    ) {
+                        o.moments.insert(
+                            *id,
+                            Moments8::Full {
+                                exp_avg: m,
+                                exp_avg_sq: v,
+                            },
+                        );
+                    }
+                }
+                Optimizer::Sgd(o) => {
+                    o.steps = steps;
+                    if let Some(b) = f32s(format!("{i}.momentum"), n)? {
+                        o.buffers.insert(*id, tensor(b));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The trainable (gradient-requiring) float parameters of `module`, in module order, with
+/// their shapes.
+pub fn trainable_ids<M: Module>(module: &M) -> Vec<(ParamId, Vec<usize>)> {
+    struct Ids(Vec<(ParamId, Vec<usize>)>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            if value.is_require_grad() {
+                self.0.push((param.id, value.dims().to_vec()));
+            }
+        }
+    }
+    let mut ids = Ids(Vec::new());
+    module.visit(&mut ids);
+    ids.0
+}
