@@ -57,7 +57,7 @@ mod tests {
     use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
 
     /// The error of each value is at most half the gap between its neighbouring codes, times
-    /// the block's absmax; the block's largest value is exact.
+    /// the block's absmax.
     #[test]
     fn round_trip_error_is_bounded_by_the_code_spacing() {
         let values: Vec<f32> = (0..1000)
@@ -80,8 +80,12 @@ mod tests {
                 for (a, b) in orig.iter().zip(got) {
                     assert!((a - b).abs() <= 0.5 * max_gap * am * 1.0001, "{a} vs {b}");
                 }
-                let top = orig.iter().map(|v| v.abs()).fold(0.0, f32::max);
-                assert!(got.iter().any(|v| v.abs() == top), "absmax is exact");
+                // Code 255 is +1.0 in both maps, so a positive absmax comes back exactly (the
+                // signed map's most negative code is -0.99297, not -1).
+                let top = orig.iter().fold(0.0f32, |m, v| m.max(*v));
+                if top == am {
+                    assert!(got.contains(&top), "a positive absmax is exact");
+                }
             }
         }
     }
