@@ -100,6 +100,18 @@ pub enum Error {
         dtype: String,
     },
 
+    // ---- training data ---------------------------------------------------------------------
+    /// A line of a data file that is not a usable example.
+    #[error("{path}:{line}: {message}")]
+    Data {
+        /// The data file.
+        path: PathBuf,
+        /// 1-based line number (0: the file as a whole).
+        line: usize,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+
     // ---- running ---------------------------------------------------------------------------
     /// Input that does not fit the model (token ids out of range, empty input, too long).
     #[error("invalid input: {0}")]

@@ -1,6 +1,7 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
+//! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
@@ -13,6 +14,7 @@
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
 mod checkpoints;
+mod data;
 mod gguf_files;
 mod llama_parity;
 mod lora_parity;
