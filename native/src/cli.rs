@@ -22,6 +22,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Quantize a model's block linears to NF4 and write a napkin quantized checkpoint.
     Quantize(QuantizeArgs),
+    /// Fine-tune a model (LoRA, QLoRA or full) on a data file, with checkpoints and resume.
+    Train(Box<TrainArgs>),
     /// Micro-benchmarks (printed figures, not tests).
     Bench(BenchArgs),
 }
@@ -147,4 +149,102 @@ pub struct GenerateArgs {
     /// Compute device: cpu, wgpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+}
+
+/// Every flag overrides the same key of `--config FILE` (TOML), which overrides the defaults.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// A TOML file with the run's settings (keys as the flags, with underscores).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A `.gguf` file, a HF folder or a napkin NF4 folder.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// `.jsonl` (alpaca, chat `messages` or `text` lines) or plain `.txt`.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Output folder: checkpoints, metrics.jsonl, run_config.toml, the final adapter.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Continue from the newest intact checkpoint in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Also write the merged model (base + adapters) in HF format to OUT/merged.
+    #[arg(long)]
+    pub merge: bool,
+    /// A tokenizer.json instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// chatml, llama2 or zephyr instead of the model's chat template.
+    #[arg(long)]
+    pub chat_format: Option<String>,
+    /// LoRA rank (0: full fine-tuning). Default 16.
+    #[arg(long)]
+    pub lora_r: Option<usize>,
+    /// LoRA alpha. Default 32.
+    #[arg(long)]
+    pub lora_alpha: Option<f64>,
+    /// LoRA dropout. Default 0.
+    #[arg(long)]
+    pub lora_dropout: Option<f64>,
+    /// Adapted linears: all-linear (default) or a list such as q,v.
+    #[arg(long)]
+    pub targets: Option<String>,
+    /// Quantize the frozen base to NF4 (QLoRA).
+    #[arg(long)]
+    pub nf4: bool,
+    /// With --nf4: quantize the scales too.
+    #[arg(long)]
+    pub double_quant: bool,
+    /// Recompute decoder blocks in the backward (gradient checkpointing).
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Rows per micro-batch. Default 1.
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
+    /// Micro-batches per optimizer step (gradient accumulation). Default 1.
+    #[arg(long)]
+    pub accum: Option<usize>,
+    /// Tokens per row. Default 256.
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// One sample per row, padded, instead of packing.
+    #[arg(long)]
+    pub no_pack: bool,
+    /// adamw (default), adamw8bit or sgd.
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    /// Peak learning rate. Default 2e-4.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Weight decay. Default 0.
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Warm-up steps. Default 5.
+    #[arg(long)]
+    pub warmup_steps: Option<u64>,
+    /// Optimizer steps.
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Passes over the data (when --steps is not given). Default 1.
+    #[arg(long)]
+    pub epochs: Option<f64>,
+    /// Clip the global gradient norm (0: off). Default 1.
+    #[arg(long)]
+    pub max_grad_norm: Option<f64>,
+    /// Seed of the adapters, the data order and dropout. Default 42.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Compute precision (f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// cpu (default), wgpu, cuda.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Checkpoint every N steps (0: only at the end). Default 50.
+    #[arg(long)]
+    pub save_every: Option<u64>,
+    /// Print one line per step instead of a progress bar.
+    #[arg(long)]
+    pub plain: bool,
 }

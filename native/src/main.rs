@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Counts heap bytes so `napkin train` can report measured memory (CPU backends keep none).
+#[global_allocator]
+static ALLOC: napkin_core::memory::CountingAllocator = napkin_core::memory::CountingAllocator;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
@@ -15,6 +19,7 @@ fn main() -> ExitCode {
         cli::Command::Eval(args) => commands::eval::run(&args),
         cli::Command::Generate(args) => commands::generate::run(&args),
         cli::Command::Quantize(args) => commands::quantize::run(&args),
+        cli::Command::Train(args) => commands::train::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),
     };
     match result {

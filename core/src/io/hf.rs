@@ -136,3 +136,33 @@ fn check_no_unexpected(
         names,
     })
 }
+
+/// Writes `model` as a Hugging Face folder: `config.json` and an f32 `model.safetensors` with
+/// HF names (NF4 linears are written dequantized), each file atomically.
+pub fn save_hf_llama(model: &Llama, dir: &Path) -> Result<()> {
+    for (name, bytes) in hf_files(model)? {
+        super::atomic::write_atomic(&dir.join(name), &bytes)?;
+    }
+    Ok(())
+}
+
+/// The files of a Hugging Face folder for `model`, by name, in memory.
+pub fn hf_files(model: &Llama) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut tensors = std::collections::BTreeMap::new();
+    for (name, param) in model.hf_parameters() {
+        let bytes: Vec<u8> = param
+            .to_vec()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        tensors.insert(name, (param.dims(), bytes));
+    }
+    let config = serde_json::to_string_pretty(&model.config.to_hf_json()).unwrap_or_default();
+    Ok(vec![
+        (
+            "model.safetensors".into(),
+            super::peft::serialize_f32(&tensors)?,
+        ),
+        ("config.json".into(), config.into_bytes()),
+    ])
+}

@@ -8,7 +8,7 @@ pub mod peft;
 pub mod quantized;
 pub mod safetensors;
 
-pub use hf::{llama_from_checkpoint, load_hf_llama};
+pub use hf::{llama_from_checkpoint, load_hf_llama, save_hf_llama};
 pub use safetensors::SafetensorsCheckpoint;
 
 use std::path::Path;

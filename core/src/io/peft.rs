@@ -172,6 +172,14 @@ impl Llama {
     /// Writes the model's adapters in peft format (`adapter_config.json` and
     /// `adapter_model.safetensors`), each atomically.
     pub fn save_lora(&self, config: &LoraConfig, dir: &Path) -> Result<()> {
+        for (name, bytes) in self.lora_files(config)? {
+            write_atomic(&dir.join(name), &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The peft files of the model's adapters, by file name, in memory.
+    pub fn lora_files(&self, config: &LoraConfig) -> Result<Vec<(String, Vec<u8>)>> {
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
         for (path, _, adapter) in self.lora_adapters() {
             for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
@@ -189,10 +197,11 @@ impl Llama {
                 "the model has no LoRA adapters to save".into(),
             ));
         }
-        let bytes = serialize_f32(&tensors)?;
-        write_atomic(&dir.join("adapter_model.safetensors"), &bytes)?;
         let json = serde_json::to_string_pretty(&adapter_config_json(config)).unwrap_or_default();
-        write_atomic(&dir.join("adapter_config.json"), json.as_bytes())
+        Ok(vec![
+            ("adapter_model.safetensors".into(), serialize_f32(&tensors)?),
+            ("adapter_config.json".into(), json.into_bytes()),
+        ])
     }
 }
 

@@ -3,14 +3,19 @@
 
 pub mod adamw;
 pub mod adamw8bit;
+pub mod checkpoint;
+pub mod config;
 pub mod grads;
 pub mod optimizer;
 pub mod schedule;
 pub mod sgd;
 pub mod step;
+pub mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig};
+pub use config::TrainConfig;
 pub use grads::ParamGrads;
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, trainable_ids};
 pub use schedule::LrSchedule;
 pub use step::{Accumulation, MicroBatch, StepGradients, forward_backward};
+pub use trainer::{StepReport, Trainer};

@@ -5,3 +5,4 @@ pub mod eval;
 pub mod generate;
 pub mod inspect;
 pub mod quantize;
+pub mod train;

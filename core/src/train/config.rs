@@ -1,0 +1,170 @@
+//! Every setting of a training run, as one plain struct: read from a TOML file or built from
+//! command-line flags, saved next to the run's outputs, and compared on resume.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::optimizer::OptimizerKind;
+use crate::error::{Error, Result};
+
+/// A training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// A `.gguf` file, a HF folder or a napkin NF4 folder.
+    pub model: PathBuf,
+    /// Training data: `.jsonl` (alpaca, chat `messages` or `text` lines) or plain `.txt`.
+    pub data: PathBuf,
+    /// Output folder: checkpoints, metrics, the final adapter (or model).
+    pub out: PathBuf,
+    /// A `tokenizer.json` instead of the model's own.
+    pub tokenizer: Option<PathBuf>,
+    /// `chatml`, `llama2` or `zephyr` instead of the model's chat template.
+    pub chat_format: Option<String>,
+    /// LoRA rank; 0 trains every weight (full fine-tuning).
+    pub lora_r: usize,
+    /// LoRA α (the adapter output is scaled by α / r).
+    pub lora_alpha: f64,
+    /// Dropout on the adapters' input.
+    pub lora_dropout: f64,
+    /// Adapted linears: `all-linear` or a list such as `q,v`.
+    pub targets: String,
+    /// Quantize the frozen base to NF4 (QLoRA).
+    pub nf4: bool,
+    /// Quantize the NF4 scales too.
+    pub double_quant: bool,
+    /// Weights per NF4 absmax block.
+    pub nf4_block_size: usize,
+    /// Recompute each decoder block in the backward instead of keeping its activations.
+    pub checkpointing: bool,
+    /// B: rows per micro-batch.
+    pub micro_batch: usize,
+    /// K: micro-batches per optimizer step.
+    pub accum: usize,
+    /// T: tokens per row.
+    pub seq_len: usize,
+    /// Pack several samples into each row (positions and attention kept per sample).
+    pub pack: bool,
+    /// adamw, adamw8bit or sgd.
+    pub optimizer: OptimizerKind,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Weight decay (decoupled for AdamW, coupled for SGD).
+    pub weight_decay: f64,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// Linear warm-up steps before the cosine decay.
+    pub warmup_steps: u64,
+    /// Optimizer steps (wins over `epochs`).
+    pub steps: Option<u64>,
+    /// Passes over the data when `steps` is not given.
+    pub epochs: Option<f64>,
+    /// Clip the global gradient norm to this (0: no clipping).
+    pub max_grad_norm: f64,
+    /// Seeds the adapters' initialisation, the data order and dropout.
+    pub seed: u64,
+    /// Compute precision: f32 (bf16 / f16 mixed precision are refused for now).
+    pub dtype: String,
+    /// cpu, wgpu, cuda (or flex, ndarray).
+    pub device: String,
+    /// Save a checkpoint every N optimizer steps (0: only at the end).
+    pub save_every: u64,
+    /// How many checkpoints to keep (the newest).
+    pub keep_checkpoints: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: PathBuf::new(),
+            data: PathBuf::new(),
+            out: PathBuf::new(),
+            tokenizer: None,
+            chat_format: None,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.0,
+            targets: "all-linear".into(),
+            nf4: false,
+            double_quant: false,
+            nf4_block_size: 64,
+            checkpointing: false,
+            micro_batch: 1,
+            accum: 1,
+            seq_len: 256,
+            pack: true,
+            optimizer: OptimizerKind::AdamW,
+            lr: 2e-4,
+            weight_decay: 0.0,
+            momentum: 0.9,
+            warmup_steps: 5,
+            steps: None,
+            epochs: None,
+            max_grad_norm: 1.0,
+            seed: 42,
+            dtype: "f32".into(),
+            device: "cpu".into(),
+            save_every: 50,
+            keep_checkpoints: 2,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the settings that do not need the model or the data.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |flag: &str, message: String| Err(Error::config(flag, message));
+        if self.model.as_os_str().is_empty() {
+            return bad("--model", "a model path is required".into());
+        }
+        if self.data.as_os_str().is_empty() {
+            return bad("--data", "a data file is required".into());
+        }
+        if self.out.as_os_str().is_empty() {
+            return bad("--out", "an output folder is required".into());
+        }
+        if self.micro_batch == 0 || self.accum == 0 {
+            return bad(
+                "--micro-batch/--accum",
+                format!(
+                    "both must be at least 1, found {} and {}",
+                    self.micro_batch, self.accum
+                ),
+            );
+        }
+        if self.seq_len < 2 {
+            return bad(
+                "--seq-len",
+                format!("must be at least 2, found {}", self.seq_len),
+            );
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("--lr", format!("must be positive, found {}", self.lr));
+        }
+        if self.nf4 && self.lora_r == 0 {
+            return bad(
+                "--nf4",
+                "an NF4 base is frozen: QLoRA needs LoRA adapters (--lora-r ≥ 1)".into(),
+            );
+        }
+        if self.dtype != "f32" {
+            return bad(
+                "--dtype",
+                format!(
+                    "`{}`: mixed precision is not implemented yet; napkin trains in f32 (--dtype f32)",
+                    self.dtype
+                ),
+            );
+        }
+        if self.steps == Some(0) {
+            return bad("--steps", "must be at least 1".into());
+        }
+        if let Some(e) = self.epochs
+            && !(e.is_finite() && e > 0.0)
+        {
+            return bad("--epochs", format!("must be positive, found {e}"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,361 @@
+//! The training loop. One optimizer step, one line per trick:
+//!
+//! 1. take K micro-batches of B × T tokens from the loader (packed or padded);
+//! 2. forward and backward each one, accumulating token-weighted gradients, with the decoder
+//!    blocks recomputed in the backward when checkpointing is on (`step.rs`);
+//! 3. stop on a non-finite loss, before any weight changes;
+//! 4. clip the gradients to a global norm;
+//! 5. read the learning rate off the warm-up + cosine schedule;
+//! 6. let the optimizer (AdamW, 8-bit AdamW or SGD) update the trainable weights — with LoRA
+//!    only the adapters, whose base stays frozen (and NF4-quantized with QLoRA).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::Device;
+use serde::Serialize;
+
+use super::AdamWConfig;
+use super::checkpoint::{
+    OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
+    write_checkpoint,
+};
+use super::config::TrainConfig;
+use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
+use super::schedule::LrSchedule;
+use super::step::{Accumulation, forward_backward};
+use crate::chat::ChatFormat;
+use crate::config::{LoraConfig, LoraTarget, Nf4Config};
+use crate::data::instruct::{Conversation, read_jsonl};
+use crate::data::text::text_samples;
+use crate::data::{DataLoader, Sample};
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::io::hf::hf_files;
+use crate::io::load_model;
+use crate::model::Llama;
+use crate::tokenizer::{TextTokenizer, tokenizer_for_model};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepReport {
+    /// Optimizer steps completed (this one included).
+    pub step: u64,
+    /// Mean loss over the step's label tokens.
+    pub loss: f32,
+    /// The learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Label tokens in the step.
+    pub label_tokens: usize,
+    /// Tokens processed (B × T × K, padding included).
+    pub tokens: usize,
+    /// Wall-clock seconds of the step.
+    pub seconds: f64,
+}
+
+/// A run in progress.
+#[derive(Debug)]
+pub struct Trainer {
+    /// The settings.
+    pub config: TrainConfig,
+    /// The model being trained.
+    pub model: Llama,
+    /// The optimizer and its state.
+    pub optimizer: Optimizer,
+    /// The data stream.
+    pub loader: DataLoader,
+    /// The learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// Optimizer steps completed.
+    pub step: u64,
+    lora: Option<LoraConfig>,
+    device: Device,
+}
+
+impl Trainer {
+    /// Loads the model, applies the tricks, reads the data and, when `out` already holds a
+    /// checkpoint and `resume` is set, continues from the newest intact one. Returns the
+    /// trainer and the damaged checkpoints that were skipped.
+    pub fn new(config: TrainConfig, resume: bool) -> Result<(Self, Vec<Error>)> {
+        config.validate()?;
+        let device = config.device.parse::<DeviceKind>()?.open()?.autodiff();
+        let (found, skipped) = if resume {
+            newest_intact(&config.out)
+        } else {
+            (None, Vec::new())
+        };
+        let tokenizer = match &config.tokenizer {
+            Some(file) => TextTokenizer::from_file(file)?,
+            None => tokenizer_for_model(&config.model, None)?,
+        };
+        let samples = load_samples(&config, &tokenizer)?;
+        let mut loader = DataLoader::new(
+            samples,
+            config.seq_len,
+            config.micro_batch,
+            config.pack,
+            config.seed,
+        )?;
+
+        // The model with its tricks. Resuming full fine-tuning starts from the saved weights.
+        device.seed(config.seed);
+        let full_resume = found.as_ref().filter(|_| config.lora_r == 0);
+        let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
+        let mut model = load_model(base_path, &device)?;
+        if config.nf4 {
+            model = model.quantize_nf4(&Nf4Config {
+                block_size: config.nf4_block_size,
+                double_quant: config.double_quant,
+            })?;
+        }
+        let lora = (config.lora_r > 0)
+            .then(|| -> Result<LoraConfig> {
+                Ok(LoraConfig {
+                    r: config.lora_r,
+                    alpha: config.lora_alpha,
+                    dropout: config.lora_dropout,
+                    targets: LoraTarget::parse_list(&config.targets)?,
+                    use_rslora: false,
+                })
+            })
+            .transpose()?;
+        if let Some(lora) = &lora {
+            model = match &found {
+                Some((dir, _)) => model.load_lora(dir)?.0,
+                None => model.with_lora(lora)?,
+            };
+        }
+
+        let mut optimizer = Optimizer::new(&OptimizerConfig {
+            kind: config.optimizer,
+            adamw: AdamWConfig {
+                weight_decay: config.weight_decay,
+                ..AdamWConfig::default()
+            },
+            momentum: config.momentum,
+        });
+        let mut step = 0;
+        if let Some((dir, state)) = &found {
+            check_same_run(&config, &state.config)?;
+            let ids = trainable_ids(&model);
+            let tensors = read_optimizer(&dir.join(OPTIMIZER_FILE))?;
+            optimizer.import_state(&ids, &device.clone().inner(), &tensors, state.step)?;
+            loader.resume(state.loader);
+            step = state.step;
+        }
+        let total_steps = config.steps.unwrap_or_else(|| {
+            let epochs = config.epochs.unwrap_or(1.0);
+            let per_epoch = loader.batches_per_epoch().div_ceil(config.accum) as f64;
+            (epochs * per_epoch).ceil().max(1.0) as u64
+        });
+        let schedule = LrSchedule {
+            peak: config.lr,
+            warmup_steps: config.warmup_steps.min(total_steps.saturating_sub(1)),
+            total_steps,
+        };
+        Ok((
+            Trainer {
+                config,
+                model,
+                optimizer,
+                loader,
+                schedule,
+                step,
+                lora,
+                device,
+            },
+            skipped,
+        ))
+    }
+
+    /// Optimizer steps in the whole run.
+    pub fn total_steps(&self) -> u64 {
+        self.schedule.total_steps
+    }
+
+    /// Whether the run is complete.
+    pub fn is_done(&self) -> bool {
+        self.step >= self.schedule.total_steps
+    }
+
+    /// One optimizer step (see the module documentation for the order of things).
+    pub fn train_step(&mut self) -> Result<StepReport> {
+        let start = Instant::now();
+        // Dropout draws from the device's generator: seeding it per step makes a resumed run
+        // draw the same masks as an uninterrupted one.
+        self.device.seed(
+            self.config
+                .seed
+                .wrapping_add(self.step.wrapping_mul(1_000_003)),
+        );
+        // 1. K micro-batches.
+        let micro: Vec<_> = (0..self.config.accum)
+            .map(|_| self.loader.next_batch())
+            .collect();
+        let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
+        // 2. Forward and backward, token-weighted accumulation, optional checkpointing.
+        let mut step = forward_backward(
+            &self.model,
+            &micro,
+            self.config.checkpointing,
+            Accumulation::TokenWeighted,
+        )?;
+        // 3. A non-finite loss stops the run before the weights change.
+        if !step.loss.is_finite() {
+            return Err(Error::Input(format!(
+                "the loss is {} at step {}: stopping; the last checkpoint is intact (lower --lr?)",
+                step.loss,
+                self.step + 1
+            )));
+        }
+        // 4. Clipping by global norm.
+        let grad_norm = if self.config.max_grad_norm > 0.0 {
+            step.grads.clip_global_norm(self.config.max_grad_norm)
+        } else {
+            step.grads.global_norm()
+        };
+        // 5. The learning rate of this step.
+        let lr = self.schedule.lr_at(self.step);
+        // 6. The update.
+        // (Cloning a module shares its tensors; nothing is copied.)
+        self.model = self.optimizer.step(self.model.clone(), &step.grads, lr);
+        self.step += 1;
+        Ok(StepReport {
+            step: self.step,
+            loss: step.loss,
+            lr,
+            grad_norm,
+            label_tokens: step.tokens,
+            tokens,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Saves a checkpoint of the current step and keeps only the newest ones.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let mut files = self.weight_files()?;
+        let ids = trainable_ids(&self.model);
+        files.push((
+            OPTIMIZER_FILE.to_string(),
+            optimizer_bytes(&self.optimizer.export_state(&ids))?,
+        ));
+        let state = TrainerState {
+            step: self.step,
+            loader: self.loader.state(),
+            config: self.config.clone(),
+            checksums: Default::default(),
+        };
+        let dir = write_checkpoint(&self.config.out, state, &files)?;
+        prune(&self.config.out, self.config.keep_checkpoints)?;
+        Ok(dir)
+    }
+
+    /// Writes the final result into `out`: the peft adapter (with LoRA) or the full model; with
+    /// `merge`, also the merged model in HF format under `out/merged`.
+    pub fn save_final(&self, merge: bool) -> Result<Vec<PathBuf>> {
+        let out = &self.config.out;
+        let mut written = Vec::new();
+        for (name, bytes) in self.weight_files()? {
+            let path = out.join(&name);
+            crate::io::atomic::write_atomic(&path, &bytes)?;
+            written.push(path);
+        }
+        if merge && self.lora.is_some() {
+            let (merged, _) = self.model.clone().merge_lora();
+            let dir = out.join("merged");
+            for (name, bytes) in hf_files(&merged)? {
+                let path = dir.join(&name);
+                crate::io::atomic::write_atomic(&path, &bytes)?;
+                written.push(path);
+            }
+        }
+        Ok(written)
+    }
+
+    /// The trained weights as files: the adapter, or the whole model.
+    fn weight_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        match &self.lora {
+            Some(lora) => self.model.lora_files(lora),
+            None => hf_files(&self.model),
+        }
+    }
+}
+
+/// Refuses to resume a checkpoint written with settings that change the meaning of its state.
+fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
+    let key = |c: &TrainConfig| {
+        (
+            c.model.clone(),
+            c.lora_r,
+            c.targets.clone(),
+            c.nf4,
+            c.optimizer,
+            c.micro_batch,
+            c.accum,
+            c.seq_len,
+            c.pack,
+            c.seed,
+        )
+    };
+    if key(now) != key(saved) {
+        return Err(Error::config(
+            "--resume",
+            format!(
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing or seed); use another --out or the same settings",
+                now.out.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and tokenizes the data file.
+pub fn load_samples(config: &TrainConfig, tokenizer: &TextTokenizer) -> Result<Vec<Sample>> {
+    let path = &config.data;
+    let is_jsonl = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
+    if !is_jsonl {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        return text_samples(&text, tokenizer, config.seq_len);
+    }
+    let conversations = read_jsonl(path)?;
+    let needs_format = conversations
+        .iter()
+        .any(|c| matches!(c, Conversation::Chat(_)));
+    let format = if needs_format {
+        Some(chat_format(config, tokenizer, path)?)
+    } else {
+        None
+    };
+    conversations
+        .iter()
+        .map(|c| match (&format, c) {
+            (Some(f), c) => c.render(f, tokenizer),
+            (None, Conversation::Text(t)) => Ok(Sample::causal(tokenizer.encode(t)?)),
+            (None, Conversation::Chat(_)) => unreachable!("a chat example implies a format"),
+        })
+        .collect()
+}
+
+fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> Result<ChatFormat> {
+    match config.chat_format.as_deref() {
+        Some("chatml") => Ok(ChatFormat::ChatMl {
+            default_system: None,
+        }),
+        Some("llama2") => Ok(ChatFormat::Llama2),
+        Some("zephyr") => Ok(ChatFormat::Zephyr),
+        Some(other) => Err(Error::config(
+            "--chat-format",
+            format!("unknown format `{other}`: expected chatml, llama2 or zephyr"),
+        )),
+        None => ChatFormat::detect(tokenizer.chat_template.as_deref()).map_err(|e| {
+            Error::Input(format!(
+                "{}: chat examples need a chat template: {e} (or pass --chat-format)",
+                data.display()
+            ))
+        }),
+    }
+}

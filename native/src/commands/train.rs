@@ -1,0 +1,220 @@
+//! `napkin train`: fine-tuning with progress, metrics, checkpoints and resume.
+//!
+//! Settings come from the defaults, then `--config FILE` (TOML), then the flags. The run
+//! writes into `--out`: `run_config.toml` (the settings used), `metrics.jsonl` (one line per
+//! step), `checkpoint-NNNNNN/` folders (crash-safe, see `napkin_core::train::checkpoint`), and
+//! at the end the adapter (or the full model), and with `--merge` the merged model.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use napkin_core::io::atomic::write_atomic;
+use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes};
+use napkin_core::train::{StepReport, TrainConfig, Trainer};
+use serde_json::json;
+
+use crate::cli::TrainArgs;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+pub fn run(args: &TrainArgs) -> Result<()> {
+    let config = settings(args)?;
+    fs::create_dir_all(&config.out)
+        .with_context(|| format!("creating {}", config.out.display()))?;
+    let (mut trainer, skipped) = Trainer::new(config, args.resume)?;
+    for damaged in &skipped {
+        eprintln!("warning: skipped a damaged checkpoint: {damaged}");
+    }
+    let config = trainer.config.clone();
+    let toml = toml::to_string_pretty(&config).context("writing the run settings")?;
+    write_atomic(&config.out.join("run_config.toml"), toml.as_bytes())?;
+    let metrics_path = config.out.join("metrics.jsonl");
+    keep_metrics_up_to(&metrics_path, trainer.step)?;
+    if trainer.step > 0 {
+        eprintln!(
+            "resuming after step {} of {}",
+            trainer.step,
+            trainer.total_steps()
+        );
+    }
+    eprintln!(
+        "{} samples, {} micro-batches of {}×{} per epoch; {} trainable parameters; {} steps",
+        trainer.loader.num_samples(),
+        trainer.loader.batches_per_epoch(),
+        config.micro_batch,
+        config.seq_len,
+        trainer.model.trainable_parameters(),
+        trainer.total_steps()
+    );
+
+    let bar = progress_bar(&trainer, args.plain);
+    let mut metrics = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("opening {}", metrics_path.display()))?;
+    let started = Instant::now();
+    let mut tokens_total = 0usize;
+    while !trainer.is_done() {
+        let report = match trainer.train_step() {
+            Ok(r) => r,
+            Err(e) => {
+                bar.abandon();
+                bail!("{e}");
+            }
+        };
+        tokens_total += report.tokens;
+        let line = metrics_line(&report);
+        writeln!(metrics, "{line}").context("writing metrics.jsonl")?;
+        metrics.flush().context("writing metrics.jsonl")?;
+        let message = format!(
+            "loss {:.4}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (peak {:.0})",
+            report.loss,
+            report.lr,
+            report.tokens as f64 / report.seconds.max(1e-9),
+            live_bytes() as f64 / MIB,
+            peak_bytes() as f64 / MIB
+        );
+        if args.plain {
+            eprintln!("step {}/{}  {message}", report.step, trainer.total_steps());
+        } else {
+            bar.set_position(report.step);
+            bar.set_message(message);
+        }
+        let at_end = trainer.is_done();
+        if (config.save_every > 0 && report.step % config.save_every == 0) || at_end {
+            let dir = trainer.save_checkpoint()?;
+            bar.suspend(|| eprintln!("saved {}", dir.display()));
+        }
+    }
+    bar.finish();
+    let written = trainer.save_final(args.merge)?;
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "done: {} steps in {seconds:.1} s, {:.0} tokens/s, peak heap {:.1} MiB",
+        trainer.step,
+        tokens_total as f64 / seconds.max(1e-9),
+        peak_bytes() as f64 / MIB
+    );
+    for path in written {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Defaults, then the TOML file, then the flags.
+fn settings(args: &TrainArgs) -> Result<TrainConfig> {
+    let mut c = match &args.config {
+        Some(path) => {
+            let text =
+                fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str::<TrainConfig>(&text)
+                .with_context(|| format!("{}: not a valid run configuration", path.display()))?
+        }
+        None => TrainConfig::default(),
+    };
+    macro_rules! set {
+        ($($field:ident),*) => {$(
+            if let Some(v) = &args.$field {
+                c.$field = v.clone().into();
+            }
+        )*};
+    }
+    set!(
+        model,
+        data,
+        out,
+        lora_r,
+        lora_alpha,
+        lora_dropout,
+        targets,
+        micro_batch,
+        accum
+    );
+    set!(
+        seq_len,
+        lr,
+        weight_decay,
+        warmup_steps,
+        max_grad_norm,
+        seed,
+        dtype,
+        device
+    );
+    set!(save_every);
+    if let Some(t) = &args.tokenizer {
+        c.tokenizer = Some(t.clone());
+    }
+    if let Some(f) = &args.chat_format {
+        c.chat_format = Some(f.clone());
+    }
+    if let Some(s) = args.steps {
+        c.steps = Some(s);
+    }
+    if let Some(e) = args.epochs {
+        c.epochs = Some(e);
+    }
+    if let Some(o) = &args.optimizer {
+        c.optimizer = o.parse()?;
+    }
+    c.nf4 |= args.nf4;
+    c.double_quant |= args.double_quant;
+    c.checkpointing |= args.checkpointing;
+    if args.no_pack {
+        c.pack = false;
+    }
+    Ok(c)
+}
+
+fn metrics_line(report: &StepReport) -> String {
+    json!({
+        "step": report.step,
+        "loss": report.loss,
+        "lr": report.lr,
+        "grad_norm": report.grad_norm,
+        "label_tokens": report.label_tokens,
+        "tokens": report.tokens,
+        "seconds": report.seconds,
+        "tokens_per_second": report.tokens as f64 / report.seconds.max(1e-9),
+        "heap_bytes": live_bytes(),
+        "peak_heap_bytes": peak_bytes(),
+    })
+    .to_string()
+}
+
+/// On resume, drops metric lines after the checkpoint's step (and a torn last line).
+fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
+    let Ok(text) = fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    write_atomic(path, kept.as_bytes())?;
+    Ok(())
+}
+
+fn progress_bar(trainer: &Trainer, plain: bool) -> ProgressBar {
+    if plain {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(trainer.total_steps());
+    bar.set_position(trainer.step);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps [{elapsed} < {eta}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(500));
+    bar
+}
