@@ -99,6 +99,15 @@ impl DeviceKind {
         }
     }
 
+    /// Whether the backend computes in bf16 / f16 (mixed precision). burn NdArray is f32 only.
+    pub fn supports_half_precision(self) -> bool {
+        match self {
+            DeviceKind::Cpu => !cfg!(feature = "openblas"),
+            DeviceKind::Ndarray => false,
+            DeviceKind::Flex | DeviceKind::Wgpu | DeviceKind::Cuda => true,
+        }
+    }
+
     /// Every CPU backend compiled into this build.
     pub fn cpu_backends() -> Vec<DeviceKind> {
         [DeviceKind::Ndarray, DeviceKind::Flex]

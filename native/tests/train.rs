@@ -190,7 +190,8 @@ fn a_damaged_checkpoint_is_skipped_on_resume() {
 fn bad_training_settings_are_one_line_errors() {
     let out = Scratch::new("bad");
     for (flag, value, needle) in [
-        ("--dtype", "bf16", "mixed precision is not implemented"),
+        ("--dtype", "bf16", "computes in f32 only"),
+        ("--dtype", "f8", "unknown precision"),
         ("--optimizer", "adam9", "unknown optimizer"),
         ("--lora-r", "0", "QLoRA needs LoRA adapters"),
         ("--chat-format", "alpaca", "unknown format"),

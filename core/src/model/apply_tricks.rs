@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use burn::module::{Module, Param};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor};
 
 use super::linear::{BaseWeight, Linear, Nf4Weight};
 use super::llama::Llama;
@@ -24,6 +24,23 @@ impl Llama {
     /// Freezes every base parameter (no gradients, no optimizer state).
     pub fn freeze_base(self) -> Self {
         self.no_grad()
+    }
+
+    /// Stores the frozen dense weights of the block linears in `dtype` (bf16 / f16), as a
+    /// model loaded in half precision for LoRA is: half the weight bytes, and under autocast
+    /// no cast copy per forward. Trainable weights, NF4 weights, norms and the embedding stay
+    /// as they are.
+    pub fn cast_frozen_base(mut self, dtype: FloatDType) -> Self {
+        for named in self.block_linears_mut() {
+            if let BaseWeight::Dense(w) = &named.linear.base
+                && !w.val().is_require_grad()
+            {
+                let cast = w.val().detach().cast(dtype);
+                named.linear.base =
+                    BaseWeight::Dense(Param::from_tensor(cast).set_require_grad(false));
+            }
+        }
+        self
     }
 
     /// Replaces the dense weight of every block linear by its NF4 quantization. The float

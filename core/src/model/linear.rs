@@ -10,8 +10,8 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor};
 
+use super::autocast::linear_matmul;
 use super::lora::LoraAdapter;
-use super::matmul_wt::matmul_wt;
 use super::nf4_matmul::{dequantized_weight, nf4_matmul};
 use crate::tricks::nf4::Nf4Tensor;
 
@@ -84,7 +84,7 @@ impl Linear {
         // One 2-D GEMM over all tokens is faster than a batched one on every backend.
         let x = x.reshape([b * t, d_in]); // [B·T, in]
         let mut y = match &self.base {
-            BaseWeight::Dense(w) => matmul_wt(x.clone(), w.val()),
+            BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
             BaseWeight::Nf4(w) => nf4_matmul(x.clone(), &w.quantized),
         }; // [B·T, out]
         if let Some(lora) = &self.lora {

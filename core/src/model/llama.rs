@@ -4,10 +4,10 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor, module::embedding};
 
+use super::autocast::linear_matmul;
 use super::batch::TokenBatch;
 use super::block::DecoderBlock;
 use super::linear::Linear;
-use super::matmul_wt::matmul_wt;
 use super::rms_norm::RmsNorm;
 use super::rope::{RopeTables, inverse_frequencies};
 use crate::config::LlamaConfig;
@@ -90,7 +90,7 @@ impl Llama {
             None => {
                 let [b, t, d] = x.dims();
                 let v = self.config.vocab_size;
-                let logits = matmul_wt(x.reshape([b * t, d]), self.embed_tokens.val()); // [B·T, V]
+                let logits = linear_matmul(x.reshape([b * t, d]), self.embed_tokens.val()); // [B·T, V]
                 logits.reshape([b, t, v])
             }
         }

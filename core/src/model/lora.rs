@@ -7,7 +7,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 
-use super::matmul_wt::matmul_wt;
+use super::autocast::linear_matmul;
 
 /// The low-rank pair of one adapted linear layer.
 #[derive(Module, Debug)]
@@ -57,8 +57,8 @@ impl LoraAdapter {
     /// # Shapes
     /// - `x`: `[N, in]` → `[N, out]` (through `[N, r]`)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let down = matmul_wt(self.dropout.forward(x), self.lora_a.val()); // [N, r]
-        matmul_wt(down, self.lora_b.val()) * self.scaling // [N, out]
+        let down = linear_matmul(self.dropout.forward(x), self.lora_a.val()); // [N, r]
+        linear_matmul(down, self.lora_b.val()) * self.scaling // [N, out]
     }
 
     /// s · B A: the dense `[out, in]` update that merging adds to the base weight.

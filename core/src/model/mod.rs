@@ -2,6 +2,7 @@
 
 pub mod apply_tricks;
 pub mod attention;
+pub mod autocast;
 pub mod batch;
 pub mod block;
 pub mod generate;

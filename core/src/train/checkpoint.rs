@@ -33,8 +33,18 @@ pub struct TrainerState {
     pub loader: LoaderState,
     /// The run's settings.
     pub config: TrainConfig,
+    /// The f16 loss scale and the good steps since it last changed (1 and 0 otherwise).
+    #[serde(default = "one")]
+    pub loss_scale: f64,
+    /// Steps without overflow since the loss scale last changed.
+    #[serde(default)]
+    pub good_steps: u64,
     /// FNV-1a 64 checksum of every other file in the folder, by name.
     pub checksums: BTreeMap<String, String>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// FNV-1a, 64 bits, as hex: enough to notice a torn or corrupted file.

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
@@ -64,7 +65,8 @@ pub struct TrainConfig {
     pub max_grad_norm: f64,
     /// Seeds the adapters' initialisation, the data order and dropout.
     pub seed: u64,
-    /// Compute precision: f32 (bf16 / f16 mixed precision are refused for now).
+    /// Compute precision of the linear layers: f32, or bf16 / f16 mixed precision (f32
+    /// parameters and optimizer state; f16 adds dynamic loss scaling).
     pub dtype: String,
     /// cpu, wgpu, cuda (or flex, ndarray).
     pub device: String,
@@ -112,6 +114,19 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The autocast precision `dtype` names (None: f32).
+    pub fn compute_dtype(&self) -> Result<Option<FloatDType>> {
+        match self.dtype.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Ok(None),
+            "bf16" | "bfloat16" => Ok(Some(FloatDType::BF16)),
+            "f16" | "fp16" | "float16" => Ok(Some(FloatDType::F16)),
+            other => Err(Error::config(
+                "--dtype",
+                format!("unknown precision `{other}`: expected f32, bf16 or f16"),
+            )),
+        }
+    }
+
     /// Checks the settings that do not need the model or the data.
     pub fn validate(&self) -> Result<()> {
         let bad = |flag: &str, message: String| Err(Error::config(flag, message));
@@ -148,15 +163,7 @@ impl TrainConfig {
                 "an NF4 base is frozen: QLoRA needs LoRA adapters (--lora-r ≥ 1)".into(),
             );
         }
-        if self.dtype != "f32" {
-            return bad(
-                "--dtype",
-                format!(
-                    "`{}`: mixed precision is not implemented yet; napkin trains in f32 (--dtype f32)",
-                    self.dtype
-                ),
-            );
-        }
+        self.compute_dtype()?;
         if self.steps == Some(0) {
             return bad("--steps", "must be at least 1".into());
         }

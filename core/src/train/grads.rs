@@ -84,6 +84,13 @@ impl ParamGrads {
         norm
     }
 
+    /// Multiplies every gradient by `factor` (undoing a loss scale).
+    pub fn scale(&mut self, factor: f64) {
+        for g in self.grads.values_mut() {
+            *g = g.clone() * factor;
+        }
+    }
+
     /// Bytes held (f32).
     pub fn bytes(&self) -> u64 {
         self.grads.values().map(|g| 4 * g.dims()[0] as u64).sum()

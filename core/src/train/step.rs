@@ -64,6 +64,19 @@ pub fn forward_backward(
     checkpointing: bool,
     accumulation: Accumulation,
 ) -> Result<StepGradients> {
+    forward_backward_scaled(model, micro_batches, checkpointing, accumulation, 1.0)
+}
+
+/// [`forward_backward`] with the loss multiplied by `loss_scale` before each backward (f16
+/// loss scaling: small gradients stay representable). The returned gradients are still
+/// scaled; the loss is not.
+pub fn forward_backward_scaled(
+    model: &Llama,
+    micro_batches: &[MicroBatch],
+    checkpointing: bool,
+    accumulation: Accumulation,
+    loss_scale: f64,
+) -> Result<StepGradients> {
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
         return Err(Error::Input(
@@ -75,9 +88,9 @@ pub fn forward_backward(
     for micro in micro_batches {
         // The factor that turns this micro-batch's summed loss into its share of the step's.
         let scale = match accumulation {
-            Accumulation::TokenWeighted => 1.0 / total as f64,
+            Accumulation::TokenWeighted => loss_scale / total as f64,
             Accumulation::MeanOfMeans => {
-                1.0 / (micro_batches.len() * micro.label_tokens().max(1)) as f64
+                loss_scale / (micro_batches.len() * micro.label_tokens().max(1)) as f64
             }
         };
         let (micro_grads, micro_loss_sum) = if checkpointing {

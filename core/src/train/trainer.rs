@@ -2,8 +2,10 @@
 //!
 //! 1. take K micro-batches of B × T tokens from the loader (packed or padded);
 //! 2. forward and backward each one, accumulating token-weighted gradients, with the decoder
-//!    blocks recomputed in the backward when checkpointing is on (`step.rs`);
-//! 3. stop on a non-finite loss, before any weight changes;
+//!    blocks recomputed in the backward when checkpointing is on (`step.rs`), and the linear
+//!    layers computing in bf16 / f16 under mixed precision (`model/autocast.rs`);
+//! 3. stop on a non-finite loss, before any weight changes; with f16, undo the loss scale and
+//!    skip the update (halving the scale) when a gradient overflowed;
 //! 4. clip the gradients to a global norm;
 //! 5. read the learning rate off the warm-up + cosine schedule;
 //! 6. let the optimizer (AdamW, 8-bit AdamW or SGD) update the trainable weights — with LoRA
@@ -12,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::tensor::Device;
+use burn::tensor::{Device, FloatDType};
 use serde::Serialize;
 
 use super::AdamWConfig;
@@ -23,7 +25,7 @@ use super::checkpoint::{
 use super::config::TrainConfig;
 use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
 use super::schedule::LrSchedule;
-use super::step::{Accumulation, forward_backward};
+use super::step::{Accumulation, forward_backward_scaled};
 use crate::chat::ChatFormat;
 use crate::config::{LoraConfig, LoraTarget, Nf4Config};
 use crate::data::instruct::{Conversation, read_jsonl};
@@ -34,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::io::hf::hf_files;
 use crate::io::load_model;
 use crate::model::Llama;
+use crate::model::autocast::autocast;
 use crate::tokenizer::{TextTokenizer, tokenizer_for_model};
 
 /// What one optimizer step did.
@@ -53,7 +56,15 @@ pub struct StepReport {
     pub tokens: usize,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
+    /// The f16 loss scale used (1 without f16).
+    pub loss_scale: f64,
+    /// Whether the update was skipped (an f16 gradient overflowed).
+    pub skipped: bool,
 }
+
+/// f16 dynamic loss scaling as torch's `GradScaler`: start at 2^16, halve on overflow (and
+/// skip that update), double after this many steps without one.
+const SCALE_GROWTH_INTERVAL: u64 = 2000;
 
 /// A run in progress.
 #[derive(Debug)]
@@ -72,6 +83,9 @@ pub struct Trainer {
     pub step: u64,
     lora: Option<LoraConfig>,
     device: Device,
+    compute: Option<FloatDType>,
+    loss_scale: f64,
+    good_steps: u64,
 }
 
 impl Trainer {
@@ -80,7 +94,20 @@ impl Trainer {
     /// trainer and the damaged checkpoints that were skipped.
     pub fn new(config: TrainConfig, resume: bool) -> Result<(Self, Vec<Error>)> {
         config.validate()?;
-        let device = config.device.parse::<DeviceKind>()?.open()?.autodiff();
+        let kind = config.device.parse::<DeviceKind>()?;
+        let compute = config.compute_dtype()?;
+        if compute.is_some() && !kind.supports_half_precision() {
+            return Err(Error::config(
+                "--dtype",
+                format!(
+                    "{} on `{}` ({}): that backend computes in f32 only; use --device flex (CPU), wgpu or cuda, or --dtype f32",
+                    config.dtype,
+                    config.device,
+                    kind.backend_name()
+                ),
+            ));
+        }
+        let device = kind.open()?.autodiff();
         let (found, skipped) = if resume {
             newest_intact(&config.out)
         } else {
@@ -128,6 +155,11 @@ impl Trainer {
             };
         }
 
+        // Mixed precision with LoRA: the frozen base is stored in the compute precision.
+        if let (Some(dtype), Some(_)) = (compute, &lora) {
+            model = model.cast_frozen_base(dtype);
+        }
+
         let mut optimizer = Optimizer::new(&OptimizerConfig {
             kind: config.optimizer,
             adamw: AdamWConfig {
@@ -137,7 +169,15 @@ impl Trainer {
             momentum: config.momentum,
         });
         let mut step = 0;
+        let mut loss_scale = if compute == Some(FloatDType::F16) {
+            65_536.0
+        } else {
+            1.0
+        };
+        let mut good_steps = 0;
         if let Some((dir, state)) = &found {
+            loss_scale = state.loss_scale;
+            good_steps = state.good_steps;
             check_same_run(&config, &state.config)?;
             let ids = trainable_ids(&model);
             let tensors = read_optimizer(&dir.join(OPTIMIZER_FILE))?;
@@ -165,6 +205,9 @@ impl Trainer {
                 step,
                 lora,
                 device,
+                compute,
+                loss_scale,
+                good_steps,
             },
             skipped,
         ))
@@ -195,13 +238,19 @@ impl Trainer {
             .map(|_| self.loader.next_batch())
             .collect();
         let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
-        // 2. Forward and backward, token-weighted accumulation, optional checkpointing.
-        let mut step = forward_backward(
-            &self.model,
-            &micro,
-            self.config.checkpointing,
-            Accumulation::TokenWeighted,
-        )?;
+        // 2. Forward and backward, token-weighted accumulation, optional checkpointing, linear
+        //    layers in the autocast precision.
+        let loss_scale = self.loss_scale;
+        let mut step = {
+            let _precision = autocast(self.compute);
+            forward_backward_scaled(
+                &self.model,
+                &micro,
+                self.config.checkpointing,
+                Accumulation::TokenWeighted,
+                loss_scale,
+            )?
+        };
         // 3. A non-finite loss stops the run before the weights change.
         if !step.loss.is_finite() {
             return Err(Error::Input(format!(
@@ -209,6 +258,31 @@ impl Trainer {
                 step.loss,
                 self.step + 1
             )));
+        }
+        if loss_scale != 1.0 {
+            step.grads.scale(1.0 / loss_scale);
+            if !step.grads.global_norm().is_finite() {
+                // An f16 overflow: no update, a smaller scale next time.
+                self.loss_scale = loss_scale / 2.0;
+                self.good_steps = 0;
+                self.step += 1;
+                return Ok(StepReport {
+                    step: self.step,
+                    loss: step.loss,
+                    lr: self.schedule.lr_at(self.step - 1),
+                    grad_norm: f64::INFINITY,
+                    label_tokens: step.tokens,
+                    tokens,
+                    seconds: start.elapsed().as_secs_f64(),
+                    loss_scale,
+                    skipped: true,
+                });
+            }
+            self.good_steps += 1;
+            if self.good_steps >= SCALE_GROWTH_INTERVAL {
+                self.loss_scale = loss_scale * 2.0;
+                self.good_steps = 0;
+            }
         }
         // 4. Clipping by global norm.
         let grad_norm = if self.config.max_grad_norm > 0.0 {
@@ -230,6 +304,8 @@ impl Trainer {
             label_tokens: step.tokens,
             tokens,
             seconds: start.elapsed().as_secs_f64(),
+            loss_scale,
+            skipped: false,
         })
     }
 
@@ -245,6 +321,8 @@ impl Trainer {
             step: self.step,
             loader: self.loader.state(),
             config: self.config.clone(),
+            loss_scale: self.loss_scale,
+            good_steps: self.good_steps,
             checksums: Default::default(),
         };
         let dir = write_checkpoint(&self.config.out, state, &files)?;
@@ -297,13 +375,14 @@ fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
             c.seq_len,
             c.pack,
             c.seed,
+            c.dtype.clone(),
         )
     };
     if key(now) != key(saved) {
         return Err(Error::config(
             "--resume",
             format!(
-                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing or seed); use another --out or the same settings",
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed or dtype); use another --out or the same settings",
                 now.out.display()
             ),
         ));

@@ -179,6 +179,8 @@ fn metrics_line(report: &StepReport) -> String {
         "label_tokens": report.label_tokens,
         "tokens": report.tokens,
         "seconds": report.seconds,
+        "loss_scale": report.loss_scale,
+        "skipped": report.skipped,
         "tokens_per_second": report.tokens as f64 / report.seconds.max(1e-9),
         "heap_bytes": live_bytes(),
         "peak_heap_bytes": peak_bytes(),

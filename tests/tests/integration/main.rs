@@ -4,6 +4,7 @@
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
+//! - `mixed_precision`: bf16 / f16 autocast on Flex against f32; loss scaling.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
@@ -18,6 +19,7 @@ mod data;
 mod gguf_files;
 mod llama_parity;
 mod lora_parity;
+mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
 mod quantized_checkpoint;

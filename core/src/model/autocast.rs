@@ -1,0 +1,66 @@
+//! Mixed precision, the way `torch.autocast` does it: inside an autocast region the linear
+//! layers (block projections, LoRA adapters, the LM head) cast their input and weight to a low
+//! precision (bf16 or f16), multiply there, and hand an f32 result back. Everything else —
+//! norms, softmax, the loss, the trainable parameters and the optimizer state — stays f32;
+//! NF4 matmuls keep computing in f32.
+//!
+//! What it saves, measured (tests/memory): with LoRA the frozen base is stored in the low
+//! precision (`Llama::cast_frozen_base`), half the bytes of the block linears. The step's
+//! activation peak does not fall on the CPU: the f32 tensors of norms, softmax and the loss
+//! dominate, the low-precision casts of matmul inputs are saved beside them, and burn Flex's
+//! bf16 GEMM widens to f32 internally (no speed-up either). On GPUs with native bf16/f16 GEMMs
+//! the compute gets faster; the activation bytes stay f32-dominated until the norms and
+//! attention run in half precision too.
+//!
+//! The region is a per-thread setting held by a guard, so the model code needs no extra
+//! parameter and a recomputation in the backward (gradient checkpointing) runs under the same
+//! precision as the forward it repeats.
+
+use std::cell::Cell;
+
+use burn::tensor::{FloatDType, Tensor};
+
+thread_local! {
+    static COMPUTE: Cell<Option<FloatDType>> = const { Cell::new(None) };
+}
+
+/// Restores the previous precision when dropped.
+#[derive(Debug)]
+pub struct AutocastGuard {
+    previous: Option<FloatDType>,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        COMPUTE.with(|c| c.set(self.previous));
+    }
+}
+
+/// Computes linear layers in `dtype` (None: f32) until the guard is dropped.
+pub fn autocast(dtype: Option<FloatDType>) -> AutocastGuard {
+    let previous = COMPUTE.with(|c| c.replace(dtype));
+    AutocastGuard { previous }
+}
+
+/// The precision linear layers compute in on this thread (None: f32).
+pub fn compute_dtype() -> Option<FloatDType> {
+    COMPUTE.with(Cell::get)
+}
+
+/// `x · Wᵀ` in the autocast precision, returned in f32.
+///
+/// # Shapes
+/// - `x`: `[N, in]`, `w`: `[out, in]` → `[N, out]`
+pub fn linear_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    match compute_dtype() {
+        // A half-precision base outside autocast (evaluating a model trained that way).
+        None if w.dtype() != x.dtype() => {
+            let dtype = x.dtype();
+            super::matmul_wt::matmul_wt(x, w.cast(dtype))
+        }
+        None => super::matmul_wt::matmul_wt(x, w),
+        Some(dtype) => {
+            super::matmul_wt::matmul_wt(x.cast(dtype), w.cast(dtype)).cast(FloatDType::F32)
+        }
+    }
+}
