@@ -15,6 +15,7 @@ pub mod error;
 pub mod io;
 pub mod memory;
 pub mod model;
+pub mod predict;
 pub mod tokenizer;
 pub mod train;
 pub mod tricks;

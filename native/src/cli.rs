@@ -22,6 +22,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Quantize a model's block linears to NF4 and write a napkin quantized checkpoint.
     Quantize(QuantizeArgs),
+    /// Napkin math: memory of training a model, from its configuration alone.
+    Estimate(EstimateArgs),
     /// Fine-tune a model (LoRA, QLoRA or full) on a data file, with checkpoints and resume.
     Train(Box<TrainArgs>),
     /// Micro-benchmarks (printed figures, not tests).
@@ -247,4 +249,44 @@ pub struct TrainArgs {
     /// Print one line per step instead of a progress bar.
     #[arg(long)]
     pub plain: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// A HF folder (config.json: llama or bert), a config.json file, or a .gguf file.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["preset", "params"])]
+    pub model: Option<PathBuf>,
+    /// A named configuration (smollm2-135m, tinyllama-1.1b, llama-2-7b, llama-3-8b, ...).
+    #[arg(long, conflicts_with = "params")]
+    pub preset: Option<String>,
+    /// A bare parameter count (for the rules and the ZeRO estimates).
+    #[arg(long)]
+    pub params: Option<u64>,
+    /// Parameters of the largest layer (ZeRO-3), with --params.
+    #[arg(long)]
+    pub largest_layer: Option<u64>,
+    /// Print the rows `accelerate estimate-memory` prints for this config.
+    #[arg(long)]
+    pub accelerate: bool,
+    /// adamw (default), adamw8bit or sgd.
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// f32, or bf16 / f16 mixed precision.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// GPUs per node (ZeRO estimates).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u64,
+    /// Nodes (ZeRO estimates).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    /// zero2 or zero3: DeepSpeed's model-state estimate per GPU and per node's CPU.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// What ZeRO offloads to the CPU: optimizer, or params,optimizer.
+    #[arg(long)]
+    pub offload: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -123,3 +123,43 @@ fn bad_input_is_a_one_line_error_not_a_panic() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn estimate_reproduces_accelerates_bert_table_and_deepspeeds_zero2() {
+    let dir = std::env::temp_dir().join(format!("napkin-cli-bert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // bert-base-cased's config.json (the keys that decide its size).
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"model_type": "bert", "vocab_size": 28996, "hidden_size": 768,
+            "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+            "max_position_embeddings": 512, "type_vocab_size": 2}"#,
+    )
+    .unwrap();
+    let (ok, stdout, stderr) =
+        napkin(&["estimate", "--model", dir.to_str().unwrap(), "--accelerate"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{stderr}");
+    for row in [
+        "| float32 | 84.95 MB      | 413.18 MB  | 1.61 GB             |",
+        "| float16 | 42.47 MB      | 206.59 MB  | 826.36 MB           |",
+        "| int8    | 21.24 MB      | 103.29 MB  | 413.18 MB           |",
+        "| int4    | 10.62 MB      | 51.65 MB   | 206.59 MB           |",
+    ] {
+        assert!(stdout.contains(row), "missing {row} in\n{stdout}");
+    }
+    let (ok, stdout, stderr) = napkin(&[
+        "estimate",
+        "--params",
+        "2851000000",
+        "--shard",
+        "zero2",
+        "--gpus",
+        "8",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let gpu = json["zero"]["gpu_bytes"].as_u64().unwrap() as f64 / (1u64 << 30) as f64;
+    assert_eq!(format!("{gpu:.2}"), "15.93");
+}

@@ -1,0 +1,204 @@
+//! `napkin estimate`: the napkin math of training memory from a configuration alone — the
+//! bytes-per-parameter rules, accelerate's `estimate-memory` table, and DeepSpeed's ZeRO
+//! model-state estimates. (The exact per-layer inventory of napkin's own engine joins here.)
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use napkin_core::config::LlamaConfig;
+use napkin_core::io::gguf::{GgufFile, gguf_config};
+use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
+use napkin_core::predict::bert::BertConfig;
+use napkin_core::predict::rules::{
+    OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
+    weight_bytes_per_param,
+};
+use napkin_core::predict::units::{accelerate_units, gib};
+use napkin_core::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
+use serde_json::json;
+
+use crate::cli::EstimateArgs;
+
+/// What the estimate is about.
+struct Subject {
+    name: String,
+    params: u64,
+    largest_layer: Option<u64>,
+    accelerate: Option<ModelSizes>,
+}
+
+pub fn run(args: &EstimateArgs) -> Result<()> {
+    let subject = subject(args)?;
+    let precision = match args.dtype.as_str() {
+        "f32" | "fp32" | "float32" => Precision::Fp32,
+        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => Precision::Mixed,
+        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    };
+    let optimizer = match args
+        .optimizer
+        .to_ascii_lowercase()
+        .replace(['-', '_'], "")
+        .as_str()
+    {
+        "adamw" | "adam" => OptimizerRule::AdamW,
+        "adamw8bit" => OptimizerRule::AdamW8bit,
+        "sgd" => OptimizerRule::SgdMomentum,
+        other => bail!("--optimizer `{other}`: expected adamw, adamw8bit or sgd"),
+    };
+    let p = subject.params as f64;
+    let rules = [
+        ("weights", weight_bytes_per_param(precision)),
+        ("gradients", gradient_bytes_per_param(precision)),
+        ("optimizer", optimizer_bytes_per_param(optimizer, precision)),
+    ];
+    let total_per_param: f64 = rules.iter().map(|r| r.1).sum();
+
+    let zero = match args.shard.as_deref() {
+        None => None,
+        Some(stage) => {
+            let cluster = Cluster {
+                gpus_per_node: args.gpus.max(1),
+                nodes: args.nodes.max(1),
+            };
+            let offload = args.offload.as_deref().unwrap_or("");
+            let offload_optimizer = offload.contains("optimizer");
+            let offload_params = offload.contains("param");
+            let estimate = match stage {
+                "zero2" => zero2(subject.params, cluster, offload_optimizer),
+                "zero3" => {
+                    let largest = subject.largest_layer.context(
+                        "--shard zero3 needs the largest layer: use --model/--preset, or --largest-layer",
+                    )?;
+                    let offload = match (offload_params, offload_optimizer) {
+                        (true, _) => Zero3Offload::OptimizerAndParams,
+                        (false, true) => Zero3Offload::Optimizer,
+                        (false, false) => Zero3Offload::None,
+                    };
+                    zero3(subject.params, largest, cluster, offload, true)
+                }
+                other => bail!("--shard `{other}`: expected zero2 or zero3"),
+            };
+            Some((stage.to_string(), estimate))
+        }
+    };
+
+    if args.json {
+        let out = json!({
+            "model": subject.name,
+            "parameters": subject.params,
+            "largest_layer_parameters": subject.largest_layer,
+            "full_fine_tuning_rules": {
+                "bytes_per_parameter": rules.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "total_bytes": p * total_per_param,
+            },
+            "accelerate": subject.accelerate.filter(|_| args.accelerate).map(accelerate_rows),
+            "zero": zero.as_ref().map(|(stage, e)| json!({"stage": stage, "gpu_bytes": e.gpu_bytes, "cpu_bytes_per_node": e.cpu_bytes})),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+
+    println!("{}: {} parameters", subject.name, subject.params);
+    println!(
+        "full fine-tuning, the napkin rules ({:?}, {:?}):",
+        precision, optimizer
+    );
+    for (kind, bytes) in rules {
+        println!(
+            "  {kind:<10} {bytes:>4} bytes/param  {:>12}",
+            accelerate_units(p * bytes)
+        );
+    }
+    println!(
+        "  {:<10} {total_per_param:>4} bytes/param  {:>12}   (+ activations, not in the rules)",
+        "total",
+        accelerate_units(p * total_per_param)
+    );
+    if args.accelerate {
+        let sizes = subject
+            .accelerate
+            .context("--accelerate needs a model configuration (--model or --preset)")?;
+        println!("\naccelerate estimate-memory:");
+        println!("| dtype   | Largest Layer | Total Size | Training using Adam |");
+        println!("|---------|---------------|------------|---------------------|");
+        for row in accelerate_rows(sizes) {
+            println!(
+                "| {:<7} | {:<13} | {:<10} | {:<19} |",
+                row.dtype, row.largest_layer, row.total_size, row.training_using_adam
+            );
+        }
+    }
+    if let Some((stage, e)) = zero {
+        println!(
+            "\nDeepSpeed {stage} model states, {} GPU(s) × {} node(s), offload: {}: {:.2} GB per GPU, {:.2} GB CPU per node",
+            args.gpus,
+            args.nodes,
+            args.offload.as_deref().unwrap_or("none"),
+            gib(e.gpu_bytes as f64),
+            gib(e.cpu_bytes as f64)
+        );
+    }
+    Ok(())
+}
+
+fn subject(args: &EstimateArgs) -> Result<Subject> {
+    if let Some(params) = args.params {
+        return Ok(Subject {
+            name: "--params".to_string(),
+            params,
+            largest_layer: args.largest_layer,
+            accelerate: None,
+        });
+    }
+    if let Some(name) = &args.preset {
+        return Ok(llama_subject(name.clone(), &LlamaConfig::preset(name)?));
+    }
+    let Some(path) = &args.model else {
+        bail!("give --model PATH, --preset NAME or --params N");
+    };
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        let config = gguf_config(&GgufFile::open(path)?)?;
+        return Ok(llama_subject(path.display().to_string(), &config));
+    }
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.clone()
+    };
+    config_subject(&file)
+}
+
+fn config_subject(file: &Path) -> Result<Subject> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not valid JSON", file.display()))?;
+    let source = file.display().to_string();
+    match json.get("model_type").and_then(|t| t.as_str()) {
+        Some("bert") => {
+            let bert = BertConfig::from_hf_json(&json, &source)?;
+            Ok(Subject {
+                name: source,
+                params: bert.num_parameters(),
+                largest_layer: Some(bert.largest_layer_parameters()),
+                accelerate: Some(bert_sizes(&bert)),
+            })
+        }
+        _ => Ok(llama_subject(
+            source.clone(),
+            &LlamaConfig::from_hf_json(&json, &source)?,
+        )),
+    }
+}
+
+fn llama_subject(name: String, config: &LlamaConfig) -> Subject {
+    Subject {
+        name,
+        params: config.num_parameters(),
+        largest_layer: Some(config.embedding_parameters().max(config.block_parameters())),
+        accelerate: Some(llama_sizes(config)),
+    }
+}
