@@ -286,6 +286,24 @@ pub struct EstimateArgs {
     /// What ZeRO offloads to the CPU: optimizer, or params,optimizer.
     #[arg(long)]
     pub offload: Option<String>,
+    /// LoRA rank for the inventory (0: full fine-tuning).
+    #[arg(long, default_value_t = 0)]
+    pub lora_r: usize,
+    /// NF4 base (QLoRA) for the inventory.
+    #[arg(long)]
+    pub nf4: bool,
+    /// With --nf4: double quantization.
+    #[arg(long)]
+    pub double_quant: bool,
+    /// B, for activations and logits.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: usize,
+    /// T, for activations and logits.
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// Gradient checkpointing (the seed activation formula keeps only layer inputs).
+    #[arg(long)]
+    pub checkpointing: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

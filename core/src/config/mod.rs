@@ -5,8 +5,10 @@
 mod llama;
 mod lora;
 mod nf4;
+mod optimizer;
 mod presets;
 
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};
+pub use optimizer::OptimizerKind;

@@ -2,12 +2,16 @@
 //!
 //! - `units`: bytes in the units learners meet (1024-based as accelerate prints them; 10^9 GB).
 //! - `rules`: the seed-style bytes-per-parameter rules (weights, gradients, optimizer state).
+//! - `seed`: the seed-style formulas (bytes per parameter; activations after Korthikanti et al.).
 //! - `accelerate`: the rows `accelerate estimate-memory` prints, from a config alone.
 //! - `bert`: parameter counts of BERT configs (accelerate's documented example).
+//! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
 pub mod accelerate;
 pub mod bert;
+pub mod inventory;
 pub mod rules;
+pub mod seed;
 pub mod units;
 pub mod zero;

@@ -20,8 +20,7 @@ use crate::tricks::blockwise8::Blockwise8;
 use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
 use crate::values::to_f32_vec;
 
-/// Tensors smaller than this keep 32-bit moments (bitsandbytes' default).
-pub const MIN_8BIT_SIZE: usize = 4096;
+pub use crate::tricks::blockwise8::MIN_8BIT_SIZE;
 
 /// The moments of one parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,11 +95,7 @@ impl AdamW8bit {
 
     /// Predicted state bytes for a tensor of `n` values.
     pub fn predicted_bytes(n: usize) -> u64 {
-        if n < MIN_8BIT_SIZE {
-            8 * n as u64
-        } else {
-            2 * (n as u64 + 4 * n.div_ceil(crate::tricks::blockwise8::STATE_BLOCK) as u64)
-        }
+        crate::tricks::blockwise8::adamw8bit_state_bytes(n)
     }
 
     fn load(&self, moments: Option<Moments8>, n: usize) -> (Vec<f32>, Vec<f32>) {

@@ -3,8 +3,6 @@
 //! State is keyed by the trainable parameters' order in the module tree (burn's parameter ids
 //! are fresh each time a model is loaded), with shapes checked on resume.
 
-use std::str::FromStr;
-
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -13,37 +11,10 @@ use super::adamw::{AdamW, AdamWConfig, Moments};
 use super::adamw8bit::{AdamW8bit, Moments8};
 use super::grads::ParamGrads;
 use super::sgd::Sgd;
+pub use crate::config::OptimizerKind;
 use crate::error::{Error, Result};
 use crate::tricks::blockwise8::Blockwise8;
 use crate::values::to_f32_vec;
-
-/// Which optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum OptimizerKind {
-    /// AdamW, f32 moments (8 bytes of state per trainable value).
-    #[default]
-    AdamW,
-    /// AdamW with blockwise 8-bit moments (≈ 2.03 bytes per value).
-    AdamW8bit,
-    /// SGD with momentum (4 bytes per value).
-    Sgd,
-}
-
-impl FromStr for OptimizerKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "adamw" => Ok(OptimizerKind::AdamW),
-            "adamw8bit" => Ok(OptimizerKind::AdamW8bit),
-            "sgd" => Ok(OptimizerKind::Sgd),
-            _ => Err(Error::Input(format!(
-                "unknown optimizer `{s}`: expected adamw, adamw8bit or sgd"
-            ))),
-        }
-    }
-}
 
 /// Hyper-parameters of every optimizer (each reads the ones it uses).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

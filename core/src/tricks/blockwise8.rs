@@ -9,6 +9,19 @@ use super::nf4::nearest_code;
 /// Values per absmax block of an 8-bit optimizer state (bitsandbytes' blockwise optimizers).
 pub const STATE_BLOCK: usize = 256;
 
+/// Tensors smaller than this keep 32-bit optimizer moments (bitsandbytes' `min_8bit_size`).
+pub const MIN_8BIT_SIZE: usize = 4096;
+
+/// State bytes of 8-bit AdamW for a tensor of `n` values: two quantized moments (a byte each
+/// plus an f32 absmax per block), or two f32 moments below [`MIN_8BIT_SIZE`].
+pub fn adamw8bit_state_bytes(n: usize) -> u64 {
+    if n < MIN_8BIT_SIZE {
+        8 * n as u64
+    } else {
+        2 * (n as u64 + 4 * n.div_ceil(STATE_BLOCK) as u64)
+    }
+}
+
 /// A quantized vector.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Blockwise8 {

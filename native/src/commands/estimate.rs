@@ -5,14 +5,16 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::LlamaConfig;
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
+use napkin_core::predict::inventory::{Scenario, inventory, peak, totals_by_kind, totals_by_layer};
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
 };
+use napkin_core::predict::seed::{ActivationShape, seed_estimate};
 use napkin_core::predict::units::{accelerate_units, gib};
 use napkin_core::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
 use serde_json::json;
@@ -25,6 +27,7 @@ struct Subject {
     params: u64,
     largest_layer: Option<u64>,
     accelerate: Option<ModelSizes>,
+    llama: Option<LlamaConfig>,
 }
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
@@ -82,8 +85,15 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         }
     };
 
+    let optimizer_kind: OptimizerKind = args.optimizer.parse()?;
+    let inventory = match &subject.llama {
+        Some(config) => Some(inventory_section(args, config, optimizer_kind)?),
+        None => None,
+    };
+
     if args.json {
         let out = json!({
+            "inventory": inventory,
             "model": subject.name,
             "parameters": subject.params,
             "largest_layer_parameters": subject.largest_layer,
@@ -114,6 +124,49 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         "total",
         accelerate_units(p * total_per_param)
     );
+    if let Some(inv) = &inventory {
+        println!(
+            "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
+            args.micro_batch,
+            args.seq_len,
+            args.lora_r,
+            if args.nf4 { ", NF4 base" } else { "" }
+        );
+        println!(
+            "  {:<18} {:>12}   {:>12}",
+            "kind", "inventory", "seed formula"
+        );
+        let seed = &inv["seed_formulas"];
+        let by_kind = &inv["inventory_bytes_by_kind"];
+        let b = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+        for (kind, seed_key) in [
+            ("weights", Some("weights")),
+            ("quant_codes", None),
+            ("quant_scales", None),
+            ("adapters", None),
+            ("gradients", Some("gradients")),
+            ("optimizer_state", Some("optimizer")),
+            ("logits", None),
+            ("saved_activations", Some("activations")),
+        ] {
+            let inv_bytes = by_kind.get(kind).map(b);
+            let seed_bytes = seed_key.map(|k| b(&seed[k]));
+            if inv_bytes.is_none() && seed_bytes.is_none() {
+                continue;
+            }
+            let show = |x: Option<f64>| x.map_or("—".to_string(), accelerate_units);
+            println!(
+                "  {kind:<18} {:>12}   {:>12}",
+                show(inv_bytes),
+                show(seed_bytes)
+            );
+        }
+        println!(
+            "  peak in the {} phase: {} (activations of the blocks are not in the inventory yet)",
+            inv["inventory_peak"]["phase"].as_str().unwrap_or("?"),
+            accelerate_units(b(&inv["inventory_peak"]["bytes"]))
+        );
+    }
     if args.accelerate {
         let sizes = subject
             .accelerate
@@ -148,6 +201,7 @@ fn subject(args: &EstimateArgs) -> Result<Subject> {
             params,
             largest_layer: args.largest_layer,
             accelerate: None,
+            llama: None,
         });
     }
     if let Some(name) = &args.preset {
@@ -185,6 +239,7 @@ fn config_subject(file: &Path) -> Result<Subject> {
                 params: bert.num_parameters(),
                 largest_layer: Some(bert.largest_layer_parameters()),
                 accelerate: Some(bert_sizes(&bert)),
+                llama: None,
             })
         }
         _ => Ok(llama_subject(
@@ -200,5 +255,72 @@ fn llama_subject(name: String, config: &LlamaConfig) -> Subject {
         params: config.num_parameters(),
         largest_layer: Some(config.embedding_parameters().max(config.block_parameters())),
         accelerate: Some(llama_sizes(config)),
+        llama: Some(config.clone()),
     }
+}
+
+/// The exact inventory of napkin's engine for a Llama, beside the seed formulas.
+fn inventory_section(
+    args: &EstimateArgs,
+    config: &LlamaConfig,
+    optimizer: OptimizerKind,
+) -> Result<serde_json::Value> {
+    let lora = (args.lora_r > 0).then(|| LoraConfig {
+        r: args.lora_r,
+        alpha: 2.0 * args.lora_r as f64,
+        ..LoraConfig::default()
+    });
+    if args.nf4 && lora.is_none() {
+        bail!("--nf4 freezes the base: give --lora-r too (QLoRA)");
+    }
+    let scenario = Scenario {
+        config: config.clone(),
+        lora: lora.clone(),
+        nf4: args.nf4.then_some(Nf4Config {
+            block_size: 64,
+            double_quant: args.double_quant,
+        }),
+        optimizer,
+        micro_batch: args.micro_batch,
+        seq_len: args.seq_len,
+        half_base: false,
+    };
+    let entries = inventory(&scenario);
+    let totals = totals_by_kind(&entries);
+    let by_layer = totals_by_layer(&entries);
+    let peak = peak(&entries);
+    let trainable = lora
+        .as_ref()
+        .map_or(config.num_parameters(), |l| l.trainable_parameters(config));
+    let rule = match optimizer {
+        OptimizerKind::AdamW => OptimizerRule::AdamW,
+        OptimizerKind::AdamW8bit => OptimizerRule::AdamW8bit,
+        OptimizerKind::Sgd => OptimizerRule::SgdMomentum,
+    };
+    let seed = seed_estimate(
+        config.num_parameters(),
+        trainable,
+        rule,
+        Precision::Fp32,
+        ActivationShape {
+            seq: args.seq_len as f64,
+            batch: args.micro_batch as f64,
+            hidden: config.hidden_size as f64,
+            heads: config.num_attention_heads as f64,
+            layers: config.num_hidden_layers as f64,
+        },
+        args.checkpointing,
+    );
+    Ok(json!({
+        "scenario": {
+            "lora_r": args.lora_r, "nf4": args.nf4, "double_quant": args.double_quant,
+            "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+            "checkpointing": args.checkpointing, "trainable_parameters": trainable,
+        },
+        "inventory_bytes_by_kind": totals,
+        "inventory_bytes_by_layer": by_layer.iter().map(|(l, b)| (l.map_or("outside blocks".to_string(), |l| format!("layers.{l}")), json!(b))).collect::<serde_json::Map<_, _>>(),
+        "inventory_peak": peak,
+        "seed_formulas": seed,
+        "entries": entries,
+    }))
 }

@@ -5,12 +5,13 @@
 
 use std::sync::Mutex;
 
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, RopeScaling};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind, RopeScaling};
 use napkin_core::device::DeviceKind;
 use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
 use napkin_core::memory::{CountingAllocator, weight_bytes};
 use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
+use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -83,6 +84,21 @@ fn resident_model_memory_is_within_3_percent_of_the_prediction() {
         let model = build(&config, nf4.as_ref(), false);
         let measured = (live_bytes() - before) as f64;
         let predicted = weight_bytes(&config, 4, nf4.as_ref()).total() as f64;
+        // The predictor's inventory says the same, tensor by tensor.
+        let totals = totals_by_kind(&inventory(&Scenario {
+            config: config.clone(),
+            lora: None,
+            nf4,
+            optimizer: OptimizerKind::AdamW,
+            micro_batch: 1,
+            seq_len: 1,
+            half_base: false,
+        }));
+        let resident: u64 = [Kind::Weights, Kind::QuantCodes, Kind::QuantScales]
+            .iter()
+            .filter_map(|k| totals.get(k))
+            .sum();
+        assert_eq!(resident as f64, predicted);
         let ratio = measured / predicted;
         eprintln!(
             "resident, nf4={nf4:?}: measured {} predicted {} ratio {ratio:.4}",
@@ -157,6 +173,15 @@ fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
         .max()
         .unwrap_or(0);
     let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
+    let predicted_grads = totals_by_kind(&inventory(&Scenario {
+        config: config.clone(),
+        lora: Some(lora.clone()),
+        nf4: Some(Nf4Config::default()),
+        optimizer: OptimizerKind::AdamW,
+        micro_batch: 1,
+        seq_len: 64,
+        half_base: false,
+    }))[&Kind::Gradients] as f64;
     eprintln!(
         "step extra: dense-LoRA {} QLoRA {} (all block weights in f32: {}, largest one: {}); gradients held: {} / {} (adapters: {})",
         mib(dense_peak as f64),
@@ -174,11 +199,15 @@ fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
         "QLoRA step peak {qlora_peak} vs dense-LoRA {dense_peak}: more than two transient weights"
     );
     // Gradients exist for the adapters only: no weight-shaped gradient.
+    assert_eq!(
+        predicted_grads, adapter_bytes as f64,
+        "the inventory's gradients"
+    );
     for held in [dense_held, qlora_held] {
-        let ratio = held as f64 / adapter_bytes as f64;
+        let ratio = held as f64 / predicted_grads;
         assert!(
             (ratio - 1.0).abs() <= 0.03,
-            "gradients hold {held} bytes, adapters are {adapter_bytes}"
+            "gradients hold {held} bytes, the inventory predicts {predicted_grads}"
         );
     }
 }
@@ -251,6 +280,15 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
         .unwrap();
     let mut adamw = AdamW::new(AdamWConfig::default());
     let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
+    let predicted_state = totals_by_kind(&inventory(&Scenario {
+        config: config.clone(),
+        lora: Some(lora.clone()),
+        nf4: Some(Nf4Config::default()),
+        optimizer: OptimizerKind::AdamW,
+        micro_batch: 1,
+        seq_len: 64,
+        half_base: false,
+    }))[&Kind::OptimizerState] as f64;
     for step in 0..3 {
         let before = live_bytes();
         let backward = causal_lm_loss(model.forward(&batch), &labels)
@@ -263,11 +301,7 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
         drop(grads);
         // What the step leaves behind: the first allocates the two moments, later ones nothing.
         let grown = live_bytes() as f64 - before as f64;
-        let expected = if step == 0 {
-            2.0 * adapter_bytes as f64
-        } else {
-            0.0
-        };
+        let expected = if step == 0 { predicted_state } else { 0.0 };
         eprintln!(
             "AdamW step {step}: live bytes grew by {} (expected {})",
             mib(grown),
