@@ -10,7 +10,7 @@ use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::safetensors::SafetensorsCheckpoint;
-use crate::config::LlamaConfig;
+use crate::config::{LlamaConfig, Nf4Config};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::model::attention::Attention;
@@ -32,6 +32,17 @@ pub fn llama_from_checkpoint(
     checkpoint: &SafetensorsCheckpoint,
     device: &Device,
 ) -> Result<Llama> {
+    llama_from_checkpoint_with(config, checkpoint, device, None)
+}
+
+/// As [`llama_from_checkpoint`]; with `nf4`, each block linear is quantized to NF4 as it is
+/// read.
+pub fn llama_from_checkpoint_with(
+    config: &LlamaConfig,
+    checkpoint: &SafetensorsCheckpoint,
+    device: &Device,
+    nf4: Option<&Nf4Config>,
+) -> Result<Llama> {
     let expected = config.hf_parameter_shapes();
     check_no_unexpected(config, checkpoint, &expected)?;
 
@@ -46,8 +57,14 @@ pub fn llama_from_checkpoint(
         let values = checkpoint.read_f32(name, &[dim])?;
         Ok(Tensor::from_data(TensorData::new(values, [dim]), device))
     };
-    let linear =
-        |name: &str, rows: usize, cols: usize| Ok(Linear::from_weight(tensor2(name, rows, cols)?));
+    let linear = |name: &str, rows: usize, cols: usize| match nf4 {
+        Some(nf4) => {
+            let values = checkpoint.read_f32(name, &[rows, cols])?;
+            Linear::nf4_from_values(&values, rows, cols, nf4)
+                .map_err(|e| Error::Input(format!("{name}: {e}")))
+        }
+        None => Ok(Linear::from_weight(tensor2(name, rows, cols)?)),
+    };
     build_llama(config, &tensor2, &tensor1, &linear)
 }
 

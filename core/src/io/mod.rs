@@ -15,19 +15,28 @@ use std::path::Path;
 
 use burn::tensor::Device;
 
+use crate::config::Nf4Config;
 use crate::error::Result;
 use crate::model::Llama;
 
 /// Loads a model from a `.gguf` file, a Hugging Face folder or a napkin NF4 checkpoint folder.
 pub fn load_model(path: &Path, device: &Device) -> Result<Llama> {
+    load_model_with(path, device, None)
+}
+
+/// As [`load_model`]; with `nf4`, the block linears are quantized to NF4 one by one as they
+/// are read (a napkin NF4 checkpoint is loaded as it was saved).
+pub fn load_model_with(path: &Path, device: &Device, nf4: Option<&Nf4Config>) -> Result<Llama> {
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
     {
-        gguf::load_gguf_llama(&gguf::GgufFile::open(path)?, device)
+        gguf::llama::load_gguf_llama_with(&gguf::GgufFile::open(path)?, device, nf4)
     } else if quantized::is_quantized_checkpoint(path) {
         Ok(quantized::load_quantized(path, device)?.0)
     } else {
-        load_hf_llama(path, device)
+        let config = crate::config::LlamaConfig::from_hf_file(&path.join("config.json"))?;
+        let checkpoint = SafetensorsCheckpoint::open(path)?;
+        hf::llama_from_checkpoint_with(&config, &checkpoint, device, nf4)
     }
 }

@@ -50,6 +50,23 @@ impl Linear {
         }
     }
 
+    /// A layer whose `[out, in]` weight is quantized to NF4 straight from its values, so no
+    /// float copy of it is ever made on the device (loading for QLoRA).
+    pub fn nf4_from_values(
+        values: &[f32],
+        out_features: usize,
+        in_features: usize,
+        config: &crate::config::Nf4Config,
+    ) -> crate::error::Result<Self> {
+        let quantized = Nf4Tensor::quantize(values, &[out_features, in_features], config)?;
+        Ok(Linear {
+            base: BaseWeight::Nf4(Nf4Weight {
+                quantized: Arc::new(quantized),
+            }),
+            lora: None,
+        })
+    }
+
     /// A fresh dense layer with HF's initialisation, N(0, 0.02).
     pub fn init(out_features: usize, in_features: usize, device: &Device) -> Self {
         let weight = Tensor::random(

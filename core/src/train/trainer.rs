@@ -34,7 +34,7 @@ use crate::data::{DataLoader, Sample};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf::hf_files;
-use crate::io::load_model;
+use crate::io::load_model_with;
 use crate::model::Llama;
 use crate::model::autocast::autocast;
 use crate::tokenizer::{TextTokenizer, tokenizer_for_model};
@@ -130,13 +130,13 @@ impl Trainer {
         device.seed(config.seed);
         let full_resume = found.as_ref().filter(|_| config.lora_r == 0);
         let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
-        let mut model = load_model(base_path, &device)?;
-        if config.nf4 {
-            model = model.quantize_nf4(&Nf4Config {
-                block_size: config.nf4_block_size,
-                double_quant: config.double_quant,
-            })?;
-        }
+        // With NF4 each block linear is quantized as it is read: the float base never exists
+        // whole (QLoRA's load peak stays near the NF4 size).
+        let nf4 = config.nf4.then_some(Nf4Config {
+            block_size: config.nf4_block_size,
+            double_quant: config.double_quant,
+        });
+        let mut model = load_model_with(base_path, &device, nf4.as_ref())?;
         let lora = (config.lora_r > 0)
             .then(|| -> Result<LoraConfig> {
                 Ok(LoraConfig {

@@ -56,3 +56,38 @@ fn quantized_checkpoint_round_trips_exactly() {
         }
     }
 }
+
+/// Quantizing each linear as it is read gives exactly the model that quantizing after a float
+/// load gives (the loader never holds the float base whole).
+#[test]
+fn quantizing_while_loading_equals_quantizing_after() {
+    let device = DeviceKind::Cpu.open().unwrap();
+    let batch = TokenBatch::single(&[1, 2, 3, 4, 5]).unwrap();
+    for dir in model_dirs() {
+        for nf4 in [
+            Nf4Config::default(),
+            Nf4Config {
+                block_size: 64,
+                double_quant: true,
+            },
+        ] {
+            let after = load_hf_llama(&dir, &device)
+                .unwrap()
+                .quantize_nf4(&nf4)
+                .unwrap();
+            let during = napkin_core::io::load_model_with(&dir, &device, Some(&nf4)).unwrap();
+            assert!(
+                during
+                    .block_linears()
+                    .iter()
+                    .all(|n| matches!(n.linear.base, BaseWeight::Nf4(_)))
+            );
+            assert_eq!(
+                to_f32_vec(during.forward(&batch)),
+                to_f32_vec(after.forward(&batch)),
+                "{}",
+                dir.display()
+            );
+        }
+    }
+}

@@ -9,7 +9,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::reader::GgufFile;
-use crate::config::{LlamaConfig, RopeScaling};
+use crate::config::{LlamaConfig, Nf4Config, RopeScaling};
 use crate::error::{Error, Result};
 use crate::io::hf::build_llama;
 use crate::model::Llama;
@@ -145,6 +145,16 @@ fn move_rows(values: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f3
 
 /// Loads a llama GGUF into a float [`Llama`] on `device` (quantized tensors are dequantized).
 pub fn load_gguf_llama(gguf: &GgufFile, device: &Device) -> Result<Llama> {
+    load_gguf_llama_with(gguf, device, None)
+}
+
+/// As [`load_gguf_llama`]; with `nf4`, each block linear is quantized to NF4 as it is read,
+/// so the float weights never exist all at once (QLoRA's base, at a fraction of the peak).
+pub fn load_gguf_llama_with(
+    gguf: &GgufFile,
+    device: &Device,
+    nf4: Option<&Nf4Config>,
+) -> Result<Llama> {
     let config = gguf_config(gguf)?;
     let known: std::collections::HashSet<String> = config
         .hf_parameter_shapes()
@@ -210,8 +220,11 @@ pub fn load_gguf_llama(gguf: &GgufFile, device: &Device) -> Result<Llama> {
             device,
         ))
     };
-    let linear =
-        |name: &str, rows: usize, cols: usize| Ok(Linear::from_weight(matrix(name, rows, cols)?));
+    let linear = |name: &str, rows: usize, cols: usize| match nf4 {
+        Some(nf4) => Linear::nf4_from_values(&read(name, &[rows, cols])?, rows, cols, nf4)
+            .map_err(|e| Error::Input(format!("{name}: {e}"))),
+        None => Ok(Linear::from_weight(matrix(name, rows, cols)?)),
+    };
     build_llama(&config, &matrix, &vector, &linear)
 }
 

@@ -5,5 +5,5 @@ pub mod dequant;
 pub mod llama;
 pub mod reader;
 
-pub use llama::{gguf_config, load_gguf_llama};
+pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};
 pub use reader::{GgufFile, GgufValue};
