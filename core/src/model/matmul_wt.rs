@@ -47,7 +47,7 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
-pub(crate) mod ndarray_gemm {
+pub mod ndarray_gemm {
     //! The NdArray kernels: ndarray's `general_mat_mul` on strided 2-D views, which hands
     //! row- or column-major operands to BLAS as they are.
 

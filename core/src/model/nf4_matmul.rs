@@ -45,11 +45,11 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             .try_into_primitive::<Autodiff<burn_flex::Flex, NoCheckpointing>>()
         {
             Ok(p) => {
-                return Tensor::from_primitive::<Autodiff<burn_flex::Flex>>(tracked::<
-                    burn_flex::Flex,
-                >(
-                    p, weight
-                ));
+                use burn_backend::ops::FloatTensorOps;
+                type Flex = burn_flex::Flex;
+                // Flex multiplies a transposed view without copying it.
+                let x_wt = |x, w| Flex::float_matmul(x, Flex::float_transpose(w));
+                return Tensor::from_primitive::<Autodiff<Flex>>(tracked::<Flex>(p, weight, x_wt));
             }
             Err(_) => x,
         };
@@ -59,7 +59,11 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             .try_into_primitive::<Autodiff<NdArray, NoCheckpointing>>()
         {
             Ok(p) => {
-                return Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<NdArray>(p, weight));
+                // NdArray would copy a transposed view; BLAS takes it as it is.
+                let x_wt = super::matmul_wt::ndarray_gemm::x_wt;
+                return Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<NdArray>(
+                    p, weight, x_wt,
+                ));
             }
             Err(_) => x,
         };
@@ -101,19 +105,21 @@ fn weight_data(weight: &Nf4Tensor) -> TensorData {
     TensorData::new(weight.dequantize(), [weight.shape[0], weight.shape[1]])
 }
 
-/// The forward on a concrete autodiff backend.
+/// The forward on a concrete autodiff backend; `x_wt(x, W)` multiplies by the transpose of
+/// the `[out, in]` weight in the way that is cheapest on that backend.
 fn tracked<B: Backend>(
     x: FloatTensor<Autodiff<B>>,
     weight: &Arc<Nf4Tensor>,
+    x_wt: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
 ) -> FloatTensor<Autodiff<B>> {
     let guard = x.node();
     let device = x.primitive().device();
-    let w_t = B::float_transpose(B::float_from_data(weight_data(weight), &device)); // [in, out]
+    let w = B::float_from_data(weight_data(weight), &device); // [out, in], transient
     let prep = Nf4MatmulBackward
         .prepare::<NoCheckpointing>([guard])
         .compute_bound()
         .stateful();
-    let y = B::float_matmul(x.into_primitive(), w_t); // [N, out]; the transient W is dropped here
+    let y = x_wt(x.into_primitive(), w); // [N, out]; the transient W is dropped here
     match prep {
         OpsKind::Tracked(prep) => prep.finish(weight.clone(), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
