@@ -207,3 +207,46 @@ fn bad_training_settings_are_one_line_errors() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn a_toml_config_is_read_and_flags_win() {
+    let out = Scratch::new("toml");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let f = fixtures();
+    let toml = format!(
+        "model = {:?}\ntokenizer = {:?}\nchat_format = \"chatml\"\ndata = {:?}\nout = {:?}\n\
+         lora_r = 4\nseq_len = 64\nsteps = 2\nsave_every = 0\nlr = 1e-3\noptimizer = \"sgd\"\n",
+        f.join("tiny-smol"),
+        f.join("tokenizer/tokenizer.json"),
+        repo().join("data/napkin-instruct.jsonl"),
+        out.0,
+    );
+    let config = out.0.join("run.toml");
+    std::fs::write(&config, toml).unwrap();
+    let (ok, stderr) = run(&[
+        "train".into(),
+        "--config".into(),
+        config.to_str().unwrap().into(),
+        "--lora-r".into(),
+        "6".into(),
+        "--plain".into(),
+    ]);
+    assert!(ok, "{stderr}");
+    let saved: toml::Value =
+        toml::from_str(&std::fs::read_to_string(out.0.join("run_config.toml")).unwrap()).unwrap();
+    assert_eq!(saved["lora_r"].as_integer(), Some(6), "the flag wins");
+    assert_eq!(saved["seq_len"].as_integer(), Some(64), "the file's value");
+    assert_eq!(saved["optimizer"].as_str(), Some("sgd"));
+    assert_eq!(saved["lora_alpha"].as_float(), Some(32.0), "a default");
+    assert_eq!(losses(&out.0).len(), 2);
+
+    // An unknown key is an error that names it.
+    std::fs::write(&config, "model = \"x\"\nlearning_rate = 1\n").unwrap();
+    let (ok, stderr) = run(&[
+        "train".into(),
+        "--config".into(),
+        config.to_str().unwrap().into(),
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("learning_rate"), "{stderr}");
+}
