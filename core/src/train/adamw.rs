@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::tensor::Tensor;
 
-use super::grads::ParamGrads;
+use super::grads::{ParamGrads, update_parameters};
 
 /// AdamW hyper-parameters (torch's defaults except the learning rate).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -70,12 +70,28 @@ impl AdamW {
     /// `lr`, and returns the updated module. Parameters without a gradient are untouched.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.steps += 1;
-        let mut update = Update {
-            optim: self,
-            grads,
-            lr,
-        };
-        module.map(&mut update)
+        let (c, t) = (self.config, self.steps as i32);
+        let (b1, b2) = (c.beta1, c.beta2);
+        update_parameters(module, grads, |id, p, g| {
+            let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
+                exp_avg: p.zeros_like(),
+                exp_avg_sq: p.zeros_like(),
+            });
+            let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
+            let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
+            let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
+            let step_size = lr / (1.0 - b1.powi(t));
+            let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
+            let p = p - m.clone() / denom * step_size;
+            self.moments.insert(
+                id,
+                Moments {
+                    exp_avg: m,
+                    exp_avg_sq: v,
+                },
+            );
+            p
+        })
     }
 
     /// The moments of a parameter, if it has been stepped.
@@ -94,51 +110,5 @@ impl AdamW {
             .values()
             .map(|m| 4 * (m.exp_avg.dims()[0] + m.exp_avg_sq.dims()[0]) as u64)
             .sum()
-    }
-}
-
-/// Visits every float parameter and applies one AdamW step to those with a gradient.
-struct Update<'a> {
-    optim: &'a mut AdamW,
-    grads: &'a ParamGrads,
-    lr: f64,
-}
-
-impl ModuleMapper for Update<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let id = param.id;
-        let Some(grad) = self.grads.get(id).cloned() else {
-            return param;
-        };
-        let value = param.val();
-        let dims = value.dims();
-        let n = dims.iter().product::<usize>();
-        let c = self.optim.config;
-        let t = self.optim.steps as i32;
-        let (lr, b1, b2) = (self.lr, c.beta1, c.beta2);
-
-        let p = value.inner().reshape([n]); // [numel], outside the autodiff graph
-        let g = grad; // already [numel]
-        debug_assert_eq!(g.dims()[0], n);
-        let state = self.optim.moments.remove(&id).unwrap_or_else(|| Moments {
-            exp_avg: p.zeros_like(),
-            exp_avg_sq: p.zeros_like(),
-        });
-
-        let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
-        let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
-        let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
-        let step_size = lr / (1.0 - b1.powi(t));
-        let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
-        let p = p - m.clone() / denom * step_size;
-
-        self.optim.moments.insert(
-            id,
-            Moments {
-                exp_avg: m,
-                exp_avg_sq: v,
-            },
-        );
-        param.map(|_| Tensor::from_inner(p.reshape(dims)).require_grad())
     }
 }

@@ -11,11 +11,11 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::tensor::{Tensor, TensorData};
 
 use super::adamw::AdamWConfig;
-use super::grads::ParamGrads;
+use super::grads::{ParamGrads, update_parameters};
 use crate::tricks::blockwise8::Blockwise8;
 use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
 use crate::values::to_f32_vec;
@@ -78,13 +78,31 @@ impl AdamW8bit {
         }
     }
 
-    /// One step over every parameter of `module` with a gradient.
+    /// One step over every parameter of `module` with a gradient. The update runs on the
+    /// host over the dequantized moments.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.steps += 1;
-        module.map(&mut Update8 {
-            optim: self,
-            grads,
-            lr,
+        let (c, t) = (self.config, self.steps as i32);
+        let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
+        let decay = (1.0 - lr * c.weight_decay) as f32;
+        let step_size = (lr / (1.0 - c.beta1.powi(t))) as f32;
+        let bias2 = (1.0 - c.beta2.powi(t)).sqrt() as f32;
+        let eps = c.eps as f32;
+        update_parameters(module, grads, |id, p, g| {
+            let device = p.device();
+            let mut p = to_f32_vec(p);
+            let g = to_f32_vec(g);
+            let previous = self.moments.remove(&id);
+            let (mut m, mut v) = self.load(previous, p.len());
+            for i in 0..p.len() {
+                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() / bias2 + eps);
+            }
+            let stored = self.store(m, v);
+            self.moments.insert(id, stored);
+            let n = p.len();
+            Tensor::from_data(TensorData::new(p, [n]), &device)
         })
     }
 
@@ -127,45 +145,5 @@ impl AdamW8bit {
                 exp_avg_sq: Blockwise8::quantize(&v, &self.unsigned),
             }
         }
-    }
-}
-
-struct Update8<'a> {
-    optim: &'a mut AdamW8bit,
-    grads: &'a ParamGrads,
-    lr: f64,
-}
-
-impl ModuleMapper for Update8<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let id = param.id;
-        let Some(grad) = self.grads.get(id).cloned() else {
-            return param;
-        };
-        let value = param.val().inner();
-        let device = value.device();
-        let dims = value.dims();
-        let mut p = to_f32_vec(value);
-        let g = to_f32_vec(grad);
-        let (mut m, mut v) = {
-            let previous = self.optim.moments.remove(&id);
-            self.optim.load(previous, p.len())
-        };
-        let c = self.optim.config;
-        let t = self.optim.steps as i32;
-        let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
-        let decay = (1.0 - self.lr * c.weight_decay) as f32;
-        let step_size = (self.lr / (1.0 - c.beta1.powi(t))) as f32;
-        let bias2 = (1.0 - c.beta2.powi(t)).sqrt() as f32;
-        let eps = c.eps as f32;
-        for i in 0..p.len() {
-            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
-            p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() / bias2 + eps);
-        }
-        let stored = self.optim.store(m, v);
-        self.optim.moments.insert(id, stored);
-        let p = Tensor::<D>::from_data(TensorData::new(p, dims), &device);
-        param.map(|_| Tensor::from_inner(p).require_grad())
     }
 }

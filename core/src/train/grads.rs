@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Gradients, Tensor};
 
 use crate::values::scalar;
@@ -75,13 +75,16 @@ impl ParamGrads {
     /// norm before clipping.
     pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
         let norm = self.global_norm();
+        self.clip_known_norm(max_norm, norm);
+        norm
+    }
+
+    /// [`ParamGrads::clip_global_norm`] when the global norm is already known.
+    pub fn clip_known_norm(&mut self, max_norm: f64, norm: f64) {
         let factor = max_norm / (norm + 1e-6);
         if factor < 1.0 {
-            for g in self.grads.values_mut() {
-                *g = g.clone() * factor;
-            }
+            self.scale(factor);
         }
-        norm
     }
 
     /// Multiplies every gradient by `factor` (undoing a loss scale).
@@ -108,5 +111,37 @@ impl ModuleVisitor for Collect<'_> {
             let n = g.shape().num_elements();
             self.out.grads.insert(param.id, g.reshape([n]));
         }
+    }
+}
+
+/// Replaces every parameter of `module` that has a gradient by `update(id, value, grad)`, with
+/// value and gradient flattened to `[numel]` and outside the autodiff graph; the result is
+/// reshaped back and tracked again. Parameters without a gradient are untouched. Every
+/// optimizer is one such update rule.
+pub fn update_parameters<M: Module>(
+    module: M,
+    grads: &ParamGrads,
+    update: impl FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>,
+) -> M {
+    module.map(&mut Update { grads, update })
+}
+
+struct Update<'a, F> {
+    grads: &'a ParamGrads,
+    update: F,
+}
+
+impl<F: FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>> ModuleMapper for Update<'_, F> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let id = param.id;
+        let Some(grad) = self.grads.get(id).cloned() else {
+            return param;
+        };
+        let value = param.val();
+        let dims = value.dims();
+        let n = dims.iter().product::<usize>();
+        debug_assert_eq!(grad.dims()[0], n);
+        let updated = (self.update)(id, value.inner().reshape([n]), grad);
+        param.map(|_| Tensor::from_inner(updated.reshape(dims)).require_grad())
     }
 }

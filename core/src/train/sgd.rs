@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::tensor::Tensor;
 
-use super::grads::ParamGrads;
+use super::grads::{ParamGrads, update_parameters};
 
 /// SGD and its momentum buffers.
 #[derive(Debug, Clone)]
@@ -35,50 +35,27 @@ impl Sgd {
     /// One step over every parameter of `module` with a gradient.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.steps += 1;
-        module.map(&mut SgdUpdate {
-            optim: self,
-            grads,
-            lr,
+        let (momentum, weight_decay) = (self.momentum, self.weight_decay);
+        update_parameters(module, grads, |id, p, mut g| {
+            if weight_decay != 0.0 {
+                g = g + p.clone() * weight_decay;
+            }
+            let direction = if momentum != 0.0 {
+                let buffer = match self.buffers.remove(&id) {
+                    Some(b) => b * momentum + g,
+                    None => g,
+                };
+                self.buffers.insert(id, buffer.clone());
+                buffer
+            } else {
+                g
+            };
+            p - direction * lr
         })
     }
 
     /// Bytes of state: the momentum buffers.
     pub fn state_bytes(&self) -> u64 {
         self.buffers.values().map(|b| 4 * b.dims()[0] as u64).sum()
-    }
-}
-
-struct SgdUpdate<'a> {
-    optim: &'a mut Sgd,
-    grads: &'a ParamGrads,
-    lr: f64,
-}
-
-impl ModuleMapper for SgdUpdate<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let id = param.id;
-        let Some(grad) = self.grads.get(id).cloned() else {
-            return param;
-        };
-        let value = param.val();
-        let dims = value.dims();
-        let n = dims.iter().product::<usize>();
-        let p = value.inner().reshape([n]); // [numel]
-        let mut g = grad;
-        if self.optim.weight_decay != 0.0 {
-            g = g + p.clone() * self.optim.weight_decay;
-        }
-        let direction = if self.optim.momentum != 0.0 {
-            let buffer = match self.optim.buffers.remove(&id) {
-                Some(b) => b * self.optim.momentum + g,
-                None => g,
-            };
-            self.optim.buffers.insert(id, buffer.clone());
-            buffer
-        } else {
-            g
-        };
-        let p = p - direction * self.lr;
-        param.map(|_| Tensor::from_inner(p.reshape(dims)).require_grad())
     }
 }

@@ -261,7 +261,11 @@ impl Trainer {
         }
         if loss_scale != 1.0 {
             step.grads.scale(1.0 / loss_scale);
-            if !step.grads.global_norm().is_finite() {
+        }
+        // One global norm serves the overflow check and the clipping.
+        let grad_norm = step.grads.global_norm();
+        if loss_scale != 1.0 {
+            if !grad_norm.is_finite() {
                 // An f16 overflow: no update, a smaller scale next time.
                 self.loss_scale = loss_scale / 2.0;
                 self.good_steps = 0;
@@ -285,11 +289,10 @@ impl Trainer {
             }
         }
         // 4. Clipping by global norm.
-        let grad_norm = if self.config.max_grad_norm > 0.0 {
-            step.grads.clip_global_norm(self.config.max_grad_norm)
-        } else {
-            step.grads.global_norm()
-        };
+        if self.config.max_grad_norm > 0.0 {
+            step.grads
+                .clip_known_norm(self.config.max_grad_norm, grad_norm);
+        }
         // 5. The learning rate of this step.
         let lr = self.schedule.lr_at(self.step);
         // 6. The update.

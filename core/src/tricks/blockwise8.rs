@@ -34,14 +34,20 @@ pub struct Blockwise8 {
 impl Blockwise8 {
     /// Quantizes `values` against the sorted code table `map` (values in [-1, 1]).
     pub fn quantize(values: &[f32], map: &[f32; 256]) -> Self {
+        Self::quantize_blocks(values, map, STATE_BLOCK)
+    }
+
+    /// As [`Blockwise8::quantize`] with `block` values per absmax (double quantization of NF4
+    /// scales uses it too).
+    pub fn quantize_blocks(values: &[f32], map: &[f32; 256], block: usize) -> Self {
         let mut codes = Vec::with_capacity(values.len());
-        let mut absmax = Vec::with_capacity(values.len().div_ceil(STATE_BLOCK));
-        for block in values.chunks(STATE_BLOCK) {
-            let am = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut absmax = Vec::with_capacity(values.len().div_ceil(block));
+        for chunk in values.chunks(block) {
+            let am = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             absmax.push(am);
             let inv = 1.0 / am.max(1e-38);
             codes.extend(
-                block
+                chunk
                     .iter()
                     .map(|&v| nearest_code(map, (v * inv).clamp(-1.0, 1.0))),
             );

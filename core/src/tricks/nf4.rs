@@ -12,6 +12,7 @@
 //!
 //! Pure Rust, no tensors: the NF4 linear layer (`model/nf4_linear.rs`) dequantizes from here.
 
+use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
@@ -237,19 +238,8 @@ fn double_quantize(absmax: &[f32]) -> Nf4Scales {
     let offset =
         (absmax.iter().map(|&a| a as f64).sum::<f64>() / absmax.len().max(1) as f64) as f32;
     let centred: Vec<f32> = absmax.iter().map(|&a| a - offset).collect();
-    let code8 = dynamic_map_signed();
-    let mut qabsmax = Vec::with_capacity(centred.len());
-    let mut absmax2 = Vec::with_capacity(centred.len().div_ceil(DOUBLE_QUANT_BLOCK));
-    for block in centred.chunks(DOUBLE_QUANT_BLOCK) {
-        let am = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        absmax2.push(am);
-        let inv = 1.0f32 / am.max(1e-38);
-        qabsmax.extend(
-            block
-                .iter()
-                .map(|&c| nearest_code(&code8, (c * inv).clamp(-1.0, 1.0))),
-        );
-    }
+    let q = Blockwise8::quantize_blocks(&centred, &dynamic_map_signed(), DOUBLE_QUANT_BLOCK);
+    let (qabsmax, absmax2) = (q.codes, q.absmax);
     Nf4Scales::Double {
         offset,
         qabsmax,

@@ -6,12 +6,11 @@ use burn::tensor::FloatDType;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::model::Llama;
-use napkin_core::model::TokenBatch;
 use napkin_core::model::autocast::autocast;
 use napkin_core::train::step::forward_backward_scaled;
 use napkin_core::train::{Accumulation, MicroBatch, trainable_ids};
 use napkin_core::values::to_f32_vec;
-use napkin_tests::{Reference, model_dirs};
+use napkin_tests::{Reference, input_batch, model_dirs};
 
 fn lora_model_on_flex(dir: &std::path::Path) -> Llama {
     let device = DeviceKind::Flex.open().unwrap().autodiff();
@@ -23,13 +22,8 @@ fn lora_model_on_flex(dir: &std::path::Path) -> Llama {
 }
 
 fn fixture_batch(dir: &std::path::Path) -> MicroBatch {
-    let reference = Reference::open(dir);
-    let (shape, ids) = reference.i64("input_ids");
-    let rows: Vec<Vec<u32>> = ids
-        .chunks(shape[1])
-        .map(|r| r.iter().map(|&i| i as u32).collect())
-        .collect();
-    MicroBatch::causal(TokenBatch::from_rows(&rows).unwrap())
+    let (batch, labels) = input_batch(&Reference::open(dir));
+    MicroBatch { batch, labels }
 }
 
 /// (loss, all adapter gradients concatenated) under an autocast precision and loss scale.

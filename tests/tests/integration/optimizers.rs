@@ -7,14 +7,14 @@ use burn::tensor::Tensor;
 use napkin_core::config::LoraConfig;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
-use napkin_core::model::{Llama, TokenBatch};
+use napkin_core::model::Llama;
 use napkin_core::train::adamw8bit::AdamW8bit;
 use napkin_core::train::{
     Accumulation, AdamWConfig, MicroBatch, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads,
     forward_backward, trainable_ids,
 };
 use napkin_core::values::to_f32_vec;
-use napkin_tests::{Reference, model_dirs};
+use napkin_tests::{Reference, input_batch, model_dirs};
 
 /// The tiny SmolLM2-shaped fixture with fresh LoRA adapters of rank `r` (seeded).
 fn tiny_smol_with_lora(r: usize) -> (Llama, MicroBatch) {
@@ -33,14 +33,8 @@ fn tiny_smol_with_lora(r: usize) -> (Llama, MicroBatch) {
         .unwrap()
         .with_lora(&lora)
         .unwrap();
-    let reference = Reference::open(&dir);
-    let (shape, ids) = reference.i64("input_ids");
-    let rows: Vec<Vec<u32>> = ids
-        .chunks(shape[1])
-        .map(|r| r.iter().map(|&i| i as u32).collect())
-        .collect();
-    let batch = MicroBatch::causal(TokenBatch::from_rows(&rows).unwrap());
-    (model, batch)
+    let (batch, labels) = input_batch(&Reference::open(&dir));
+    (model, MicroBatch { batch, labels })
 }
 
 fn step_grads(model: &Llama, batch: &MicroBatch) -> (ParamGrads, f32) {

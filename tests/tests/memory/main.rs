@@ -49,6 +49,23 @@ fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama
     }
 }
 
+/// The predictor's bytes by kind for `config` with these tricks and AdamW.
+fn predicted_by_kind(
+    config: &LlamaConfig,
+    lora: Option<LoraConfig>,
+    nf4: Option<Nf4Config>,
+) -> std::collections::BTreeMap<Kind, u64> {
+    totals_by_kind(&inventory(&Scenario {
+        config: config.clone(),
+        lora,
+        nf4,
+        optimizer: OptimizerKind::AdamW,
+        micro_batch: 1,
+        seq_len: 1,
+        half_base: false,
+    }))
+}
+
 fn mib(bytes: f64) -> String {
     format!("{:.3} MiB", bytes / (1024.0 * 1024.0))
 }
@@ -85,15 +102,7 @@ fn resident_model_memory_is_within_3_percent_of_the_prediction() {
         let measured = (live_bytes() - before) as f64;
         let predicted = weight_bytes(&config, 4, nf4.as_ref()).total() as f64;
         // The predictor's inventory says the same, tensor by tensor.
-        let totals = totals_by_kind(&inventory(&Scenario {
-            config: config.clone(),
-            lora: None,
-            nf4,
-            optimizer: OptimizerKind::AdamW,
-            micro_batch: 1,
-            seq_len: 1,
-            half_base: false,
-        }));
+        let totals = predicted_by_kind(&config, None, nf4);
         let resident: u64 = [Kind::Weights, Kind::QuantCodes, Kind::QuantScales]
             .iter()
             .filter_map(|k| totals.get(k))
@@ -173,15 +182,8 @@ fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
         .max()
         .unwrap_or(0);
     let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
-    let predicted_grads = totals_by_kind(&inventory(&Scenario {
-        config: config.clone(),
-        lora: Some(lora.clone()),
-        nf4: Some(Nf4Config::default()),
-        optimizer: OptimizerKind::AdamW,
-        micro_batch: 1,
-        seq_len: 64,
-        half_base: false,
-    }))[&Kind::Gradients] as f64;
+    let predicted_grads = predicted_by_kind(&config, Some(lora.clone()), Some(Nf4Config::default()))
+        [&Kind::Gradients] as f64;
     eprintln!(
         "step extra: dense-LoRA {} QLoRA {} (all block weights in f32: {}, largest one: {}); gradients held: {} / {} (adapters: {})",
         mib(dense_peak as f64),
@@ -280,15 +282,8 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
         .unwrap();
     let mut adamw = AdamW::new(AdamWConfig::default());
     let adapter_bytes = 4 * lora.trainable_parameters(&config) as usize;
-    let predicted_state = totals_by_kind(&inventory(&Scenario {
-        config: config.clone(),
-        lora: Some(lora.clone()),
-        nf4: Some(Nf4Config::default()),
-        optimizer: OptimizerKind::AdamW,
-        micro_batch: 1,
-        seq_len: 64,
-        half_base: false,
-    }))[&Kind::OptimizerState] as f64;
+    let predicted_state = predicted_by_kind(&config, Some(lora.clone()), Some(Nf4Config::default()))
+        [&Kind::OptimizerState] as f64;
     for step in 0..3 {
         let before = live_bytes();
         let backward = causal_lm_loss(model.forward(&batch), &labels)
