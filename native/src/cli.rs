@@ -304,6 +304,9 @@ pub struct EstimateArgs {
     /// Gradient checkpointing (the seed activation formula keeps only layer inputs).
     #[arg(long)]
     pub checkpointing: bool,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub accumulation: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -2,15 +2,19 @@
 //! the phases in which it is alive. The predictor sums it, the measurement attaches to the same
 //! names, the charts draw it. A new trick edits this list; it does not fork the code.
 //!
-//! Names follow the module tree (`layers.3.self_attn.q_proj.lora_A`). This first part holds
-//! the state that lives across steps — weights, NF4 codes and scales, adapters, gradients,
-//! optimizer state — exactly as napkin's engine stores it, and the logits of a step; the saved
-//! activations of the blocks join it next.
+//! Names follow the module tree (`layers.3.self_attn.q_proj.lora_A`). It holds the state that
+//! lives across steps — weights, NF4 codes and scales, adapters, gradients, optimizer state —
+//! exactly as napkin's engine stores it; the activations the forward keeps for the backward,
+//! named by the op that produced them (see `activations`); the block inputs that gradient
+//! checkpointing keeps instead; and the short-lived workspaces of the step's largest ops.
+//! When each of them is alive in one optimizer step is the business of `timeline`.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::activations::{Trainable, kept_activations};
+use super::workspace;
 use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
 use crate::memory::weights::nf4_tensor_bytes;
 use crate::tricks::blockwise8::adamw8bit_state_bytes;
@@ -31,8 +35,10 @@ pub enum Kind {
     Gradients,
     /// Optimizer moments / momentum.
     OptimizerState,
-    /// Activations kept from the forward for the backward.
+    /// Activations kept from the forward for the backward (and burn's graph that holds them).
     SavedActivations,
+    /// Block inputs kept by gradient checkpointing.
+    CheckpointInputs,
     /// Short-lived buffers inside an operation.
     Workspace,
     /// The LM head's output.
@@ -108,7 +114,48 @@ pub struct Scenario {
     pub seq_len: usize,
     /// Frozen base stored in 2-byte floats (mixed precision with LoRA).
     pub half_base: bool,
+    /// Block-level gradient checkpointing.
+    pub checkpointing: bool,
+    /// Micro-batches per optimizer step (1: none).
+    pub accumulation: usize,
+    /// Packed rows (one attention mask per row instead of one shared).
+    pub packed: bool,
 }
+
+impl Scenario {
+    /// A scenario with AdamW, f32, no checkpointing, no accumulation.
+    pub fn new(config: LlamaConfig, micro_batch: usize, seq_len: usize) -> Self {
+        Scenario {
+            config,
+            lora: None,
+            nf4: None,
+            optimizer: OptimizerKind::AdamW,
+            micro_batch,
+            seq_len,
+            half_base: false,
+            checkpointing: false,
+            accumulation: 1,
+            packed: false,
+        }
+    }
+
+    /// What the step trains.
+    pub fn trainable(&self) -> Trainable<'_> {
+        Trainable {
+            embedding_and_norms: self.lora.is_none(),
+            block_linears: self.lora.is_none() && self.nf4.is_none(),
+            lora: self.lora.as_ref(),
+        }
+    }
+
+    /// B·T.
+    pub fn tokens(&self) -> u64 {
+        (self.micro_batch * self.seq_len) as u64
+    }
+}
+
+/// Bytes of one f32 value.
+const F32: u64 = 4;
 
 /// The inventory of a scenario.
 pub fn inventory(s: &Scenario) -> Vec<Entry> {
@@ -219,13 +266,73 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             trainable(&mut out, "lm_head", None, v * d);
         }
     }
+    let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
+    out.push(Entry {
+        name: "gradients.map".into(),
+        layer: None,
+        kind: Kind::Gradients,
+        bytes: workspace::gradient_map_bytes(gradient_tensors),
+        phases: Phases::GRADIENT,
+    });
+    out.extend(activation_entries(s));
+    out
+}
+
+/// What the forward keeps, the checkpointed block inputs, the logits and the workspaces.
+fn activation_entries(s: &Scenario) -> Vec<Entry> {
+    let c = &s.config;
+    let n = s.tokens();
+    let mut out = Vec::new();
+    let keeps = kept_activations(c, s.trainable(), s.micro_batch, s.seq_len, s.packed);
+    // With checkpointing a block's kept tensors exist only while its backward recomputes it.
+    let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();
+    let kept_phases = |layer| Phases {
+        forward: !recomputed(layer),
+        ..Phases::ACTIVATION
+    };
+    for kept in keeps.tensors {
+        out.push(Entry {
+            phases: kept_phases(kept.layer),
+            name: kept.name,
+            layer: kept.layer,
+            kind: Kind::SavedActivations,
+            bytes: F32 * kept.values,
+        });
+    }
+    for (&layer, &ops) in &keeps.recorded_ops {
+        out.push(Entry {
+            name: match layer {
+                Some(l) => format!("layers.{l}.autodiff_graph"),
+                None => "autodiff_graph".into(),
+            },
+            layer,
+            kind: Kind::SavedActivations,
+            bytes: ops * workspace::GRAPH_BYTES_PER_OP,
+            phases: kept_phases(layer),
+        });
+    }
+    if s.checkpointing {
+        for layer in 0..c.num_hidden_layers {
+            out.push(Entry {
+                name: format!("layers.{layer}.checkpoint_input"),
+                layer: Some(layer),
+                kind: Kind::CheckpointInputs,
+                bytes: F32 * n * c.hidden_size as u64,
+                phases: Phases::ACTIVATION,
+            });
+        }
+    }
     out.push(Entry {
         name: "logits".into(),
         layer: None,
         kind: Kind::Logits,
-        bytes: 4 * (s.micro_batch * s.seq_len) as u64 * v,
-        phases: Phases::ACTIVATION,
+        bytes: F32 * n * c.vocab_size as u64,
+        phases: Phases {
+            forward: true,
+            ..Phases::default()
+        },
     });
+    out.extend(workspace::entries(s));
     out
 }
 
@@ -239,60 +346,6 @@ pub enum Phase {
     Backward,
     /// The optimizer update.
     Optimizer,
-}
-
-impl Phases {
-    /// Whether the tensor is alive in `phase`.
-    pub fn includes(&self, phase: Phase) -> bool {
-        self.persistent
-            || match phase {
-                Phase::Forward => self.forward,
-                Phase::Backward => self.backward,
-                Phase::Optimizer => self.optimizer,
-            }
-    }
-}
-
-/// Where the step's memory peaks.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Peak {
-    /// The phase.
-    pub phase: Phase,
-    /// Bytes alive then.
-    pub bytes: u64,
-    /// The largest tensors alive then, largest first (at most five).
-    pub largest: Vec<(String, u64)>,
-}
-
-/// Bytes alive in `phase`.
-pub fn alive_in(entries: &[Entry], phase: Phase) -> u64 {
-    entries
-        .iter()
-        .filter(|e| e.phases.includes(phase))
-        .map(|e| e.bytes)
-        .sum()
-}
-
-/// The phase with the most bytes alive, and what makes it.
-pub fn peak(entries: &[Entry]) -> Peak {
-    let phase = [Phase::Forward, Phase::Backward, Phase::Optimizer]
-        .into_iter()
-        .max_by_key(|&p| alive_in(entries, p))
-        .unwrap_or(Phase::Forward);
-    let mut alive: Vec<&Entry> = entries
-        .iter()
-        .filter(|e| e.phases.includes(phase))
-        .collect();
-    alive.sort_by(|a, b| b.bytes.cmp(&a.bytes));
-    Peak {
-        phase,
-        bytes: alive_in(entries, phase),
-        largest: alive
-            .iter()
-            .take(5)
-            .map(|e| (e.name.clone(), e.bytes))
-            .collect(),
-    }
 }
 
 /// Bytes by kind.
@@ -320,13 +373,9 @@ mod tests {
 
     fn scenario(lora: Option<LoraConfig>, nf4: Option<Nf4Config>) -> Scenario {
         Scenario {
-            config: LlamaConfig::smollm2_135m(),
             lora,
             nf4,
-            optimizer: OptimizerKind::AdamW,
-            micro_batch: 1,
-            seq_len: 256,
-            half_base: false,
+            ..Scenario::new(LlamaConfig::smollm2_135m(), 1, 256)
         }
     }
 
@@ -347,43 +396,26 @@ mod tests {
         }
         // Full fine-tuning with AdamW: gradients 4 and state 8 bytes per parameter.
         let full = totals_by_kind(&inventory(&scenario(None, None)));
-        assert_eq!(full[&Kind::Gradients], 4 * c.num_parameters());
+        let map = |s: &Scenario| {
+            inventory(s)
+                .into_iter()
+                .find(|e| e.name == "gradients.map")
+                .map_or(0, |e| e.bytes)
+        };
+        let full_map = map(&scenario(None, None));
+        assert_eq!(full[&Kind::Gradients], 4 * c.num_parameters() + full_map);
         assert_eq!(full[&Kind::OptimizerState], 8 * c.num_parameters());
         // LoRA r=16 on all linears: adapters as peft counts them, gradients and state only there.
         let lora = LoraConfig::default();
         let trainable = lora.trainable_parameters(&c);
         let totals = totals_by_kind(&inventory(&scenario(
-            Some(lora),
+            Some(lora.clone()),
             Some(Nf4Config::default()),
         )));
         assert_eq!(totals[&Kind::Adapters], 4 * trainable);
-        assert_eq!(totals[&Kind::Gradients], 4 * trainable);
+        let lora_map = map(&scenario(Some(lora.clone()), Some(Nf4Config::default())));
+        assert_eq!(totals[&Kind::Gradients], 4 * trainable + lora_map);
         assert_eq!(totals[&Kind::OptimizerState], 8 * trainable);
         assert_eq!(totals[&Kind::Logits], 4 * 256 * 49_152);
-    }
-
-    /// Gradients appear in the backward, so with full fine-tuning the backward holds the most;
-    /// the optimizer phase no longer holds the logits.
-    #[test]
-    fn the_peak_is_in_the_backward_of_full_fine_tuning() {
-        let entries = inventory(&scenario(None, None));
-        let peak = peak(&entries);
-        assert_eq!(peak.phase, Phase::Backward);
-        let totals = totals_by_kind(&entries);
-        assert_eq!(
-            peak.bytes,
-            totals[&Kind::Weights]
-                + totals[&Kind::Gradients]
-                + totals[&Kind::OptimizerState]
-                + totals[&Kind::Logits]
-        );
-        assert_eq!(
-            alive_in(&entries, Phase::Optimizer),
-            peak.bytes - totals[&Kind::Logits]
-        );
-        assert_eq!(
-            peak.largest[0].0, "embed_tokens.optimizer_state",
-            "of the 49152 × 576 embedding"
-        );
     }
 }

@@ -5,13 +5,19 @@
 //! - `seed`: the seed-style formulas (bytes per parameter; activations after Korthikanti et al.).
 //! - `accelerate`: the rows `accelerate estimate-memory` prints, from a config alone.
 //! - `bert`: parameter counts of BERT configs (accelerate's documented example).
+//! - `activations`: what the forward keeps for the backward, replayed op by op with burn's rules.
 //! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
+//! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
+//! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
 pub mod accelerate;
+pub mod activations;
 pub mod bert;
 pub mod inventory;
 pub mod rules;
 pub mod seed;
+pub mod timeline;
 pub mod units;
+pub mod workspace;
 pub mod zero;

@@ -9,12 +9,13 @@ use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{Scenario, inventory, peak, totals_by_kind, totals_by_layer};
+use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
 };
 use napkin_core::predict::seed::{ActivationShape, seed_estimate};
+use napkin_core::predict::timeline::step_timeline;
 use napkin_core::predict::units::{accelerate_units, gib};
 use napkin_core::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
 use serde_json::json;
@@ -146,8 +147,10 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
             ("adapters", None),
             ("gradients", Some("gradients")),
             ("optimizer_state", Some("optimizer")),
-            ("logits", None),
             ("saved_activations", Some("activations")),
+            ("checkpoint_inputs", None),
+            ("logits", None),
+            ("workspace", None),
         ] {
             let inv_bytes = by_kind.get(kind).map(b);
             let seed_bytes = seed_key.map(|k| b(&seed[k]));
@@ -162,10 +165,39 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
             );
         }
         println!(
-            "  peak in the {} phase: {} (activations of the blocks are not in the inventory yet)",
-            inv["inventory_peak"]["phase"].as_str().unwrap_or("?"),
-            accelerate_units(b(&inv["inventory_peak"]["bytes"]))
+            "\n  per layer (MiB)   weights  NF4 codes+scales  adapters  gradients  optimizer  activations"
         );
+        if let Some(layers) = inv["per_layer"].as_array() {
+            for row in layers {
+                let mib = |k: &str| b(&row[k]) / (1024.0 * 1024.0);
+                println!(
+                    "  {:<16} {:>8.2} {:>17.2} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
+                    row["layer"].as_str().unwrap_or("?"),
+                    mib("weights"),
+                    mib("quant"),
+                    mib("adapters"),
+                    mib("gradients"),
+                    mib("optimizer_state"),
+                    mib("activations")
+                );
+            }
+        }
+        let peak = &inv["step_peak"];
+        println!(
+            "\n  step peak: {} at `{}` ({} phase); largest tensors alive then:",
+            accelerate_units(b(&peak["bytes"])),
+            peak["label"].as_str().unwrap_or("?"),
+            peak["phase"].as_str().unwrap_or("?"),
+        );
+        if let Some(largest) = peak["largest"].as_array() {
+            for pair in largest.iter().take(5) {
+                println!(
+                    "    {:<48} {:>12}",
+                    pair[0].as_str().unwrap_or("?"),
+                    accelerate_units(b(&pair[1]))
+                );
+            }
+        }
     }
     if args.accelerate {
         let sizes = subject
@@ -270,25 +302,21 @@ fn inventory_section(
         alpha: 2.0 * args.lora_r as f64,
         ..LoraConfig::default()
     });
-    if args.nf4 && lora.is_none() {
-        bail!("--nf4 freezes the base: give --lora-r too (QLoRA)");
-    }
     let scenario = Scenario {
-        config: config.clone(),
         lora: lora.clone(),
         nf4: args.nf4.then_some(Nf4Config {
             block_size: 64,
             double_quant: args.double_quant,
         }),
         optimizer,
-        micro_batch: args.micro_batch,
-        seq_len: args.seq_len,
-        half_base: false,
+        checkpointing: args.checkpointing,
+        accumulation: args.accumulation.max(1),
+        ..Scenario::new(config.clone(), args.micro_batch, args.seq_len)
     };
     let entries = inventory(&scenario);
     let totals = totals_by_kind(&entries);
-    let by_layer = totals_by_layer(&entries);
-    let peak = peak(&entries);
+    let timeline = step_timeline(&scenario);
+    let per_layer = per_layer_rows(&entries, config.num_hidden_layers);
     let trainable = lora
         .as_ref()
         .map_or(config.num_parameters(), |l| l.trainable_parameters(config));
@@ -318,9 +346,37 @@ fn inventory_section(
             "checkpointing": args.checkpointing, "trainable_parameters": trainable,
         },
         "inventory_bytes_by_kind": totals,
-        "inventory_bytes_by_layer": by_layer.iter().map(|(l, b)| (l.map_or("outside blocks".to_string(), |l| format!("layers.{l}")), json!(b))).collect::<serde_json::Map<_, _>>(),
-        "inventory_peak": peak,
+        "per_layer": per_layer,
+        "step_peak": timeline.peak,
+        "timeline": timeline.events,
         "seed_formulas": seed,
         "entries": entries,
     }))
+}
+
+/// Bytes per decoder block (and outside the blocks) by the kinds a learner compares.
+fn per_layer_rows(
+    entries: &[napkin_core::predict::inventory::Entry],
+    layers: usize,
+) -> Vec<serde_json::Value> {
+    let rows = (0..layers).map(Some).chain([None]);
+    rows.map(|layer| {
+        let sum = |kinds: &[Kind]| -> u64 {
+            entries
+                .iter()
+                .filter(|e| e.layer == layer && kinds.contains(&e.kind))
+                .map(|e| e.bytes)
+                .sum()
+        };
+        json!({
+            "layer": layer.map_or("outside blocks".to_string(), |l| format!("layers.{l}")),
+            "weights": sum(&[Kind::Weights]),
+            "quant": sum(&[Kind::QuantCodes, Kind::QuantScales]),
+            "adapters": sum(&[Kind::Adapters]),
+            "gradients": sum(&[Kind::Gradients]),
+            "optimizer_state": sum(&[Kind::OptimizerState]),
+            "activations": sum(&[Kind::SavedActivations, Kind::CheckpointInputs]),
+        })
+    })
+    .collect()
 }

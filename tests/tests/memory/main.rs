@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind, RopeScaling};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, RopeScaling};
 use napkin_core::device::DeviceKind;
 use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
 use napkin_core::memory::{CountingAllocator, weight_bytes};
@@ -15,6 +15,8 @@ use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind}
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
+
+mod grid;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -56,13 +58,9 @@ fn predicted_by_kind(
     nf4: Option<Nf4Config>,
 ) -> std::collections::BTreeMap<Kind, u64> {
     totals_by_kind(&inventory(&Scenario {
-        config: config.clone(),
         lora,
         nf4,
-        optimizer: OptimizerKind::AdamW,
-        micro_batch: 1,
-        seq_len: 1,
-        half_base: false,
+        ..Scenario::new(config.clone(), 1, 2)
     }))
 }
 

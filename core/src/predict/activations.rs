@@ -1,0 +1,378 @@
+//! The activations a training forward keeps for its backward, named per op.
+//!
+//! The predictor replays napkin's forward (embedding, blocks, head, loss) op by op with the
+//! rules burn's autodiff uses to decide what each op saves:
+//! - `a·b`, `a/b`, `a @ b` (and napkin's `x·Wᵀ`): each operand is kept when the *other* one
+//!   needs a gradient;
+//! - `exp`, `sigmoid`, `sqrt`, `recip`, `log`: the input is kept when it needs a gradient;
+//!   `x²` is `x·x` and keeps `x`;
+//! - sums, means, adds, subtractions, scalar products, reshapes, transposes, slices,
+//!   negation, concatenation: nothing but shapes.
+//!
+//! A tensor needs a gradient ("is tracked") when a trainable parameter is among its inputs,
+//! directly or not. So under LoRA the first block's frozen input path keeps nothing, and the
+//! attention keeps `q`, `k`, `v`, the shifted scores, their exponentials and the
+//! probabilities only because gradients flow through them.
+//!
+//! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
+//! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
+//! persistent tensors are kept by reference and cost nothing here.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::{LlamaConfig, LoraConfig, LoraTarget};
+
+/// What the step trains, which decides what is tracked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Trainable<'a> {
+    /// Embedding, norms and the untied head (full fine-tuning).
+    pub embedding_and_norms: bool,
+    /// The dense base weights of the block linears (full fine-tuning without NF4).
+    pub block_linears: bool,
+    /// LoRA adapters.
+    pub lora: Option<&'a LoraConfig>,
+}
+
+/// One kept tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    /// The producing op's name in the module tree.
+    pub name: String,
+    /// The block that produced it (None: embedding, head, loss, tables).
+    pub layer: Option<usize>,
+    /// f32 values.
+    pub values: u64,
+}
+
+/// What a forward keeps: the tensors, and how many ops it records in the autodiff graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardKeeps {
+    /// The kept tensors, in production order.
+    pub tensors: Vec<Kept>,
+    /// Ops recorded in burn's graph per block (None: embedding, head, loss). Each holds a
+    /// node, its parents and its saved state until the backward frees it.
+    pub recorded_ops: BTreeMap<Option<usize>, u64>,
+}
+
+/// A value in the replay: which tensor it is (None: a parameter, kept by reference for free)
+/// and whether it needs a gradient.
+#[derive(Debug, Clone, Copy)]
+struct Value {
+    id: Option<usize>,
+    tracked: bool,
+}
+
+/// The replayed forward: every tensor produced, and which of them some op keeps.
+#[derive(Debug, Default)]
+struct Replay {
+    produced: Vec<Kept>,
+    kept: BTreeSet<usize>,
+    layer: Option<usize>,
+    prefix: String,
+    /// Ops recorded in the autodiff graph (tracked outputs), per block (None: outside).
+    recorded: BTreeMap<Option<usize>, u64>,
+}
+
+impl Replay {
+    fn produce(&mut self, name: &str, values: u64, tracked: bool) -> Value {
+        self.record(tracked, 1);
+        self.produced.push(Kept {
+            name: format!("{}{name}", self.prefix),
+            layer: self.layer,
+            values,
+        });
+        Value {
+            id: Some(self.produced.len() - 1),
+            tracked,
+        }
+    }
+
+    fn record(&mut self, tracked: bool, ops: u64) {
+        if tracked {
+            *self.recorded.entry(self.layer).or_insert(0) += ops;
+        }
+    }
+
+    /// `ops` reshapes, transposes or slices of `x`: recorded, no new buffer.
+    fn view(&mut self, x: Value, ops: u64) -> Value {
+        self.record(x.tracked, ops);
+        x
+    }
+
+    fn param(trainable: bool) -> Value {
+        Value {
+            id: None,
+            tracked: trainable,
+        }
+    }
+
+    fn keep(&mut self, v: Value) {
+        if let Some(id) = v.id {
+            self.kept.insert(id);
+        }
+    }
+
+    /// `a·b`, `a/b`, `a @ b`: each operand kept when the other needs a gradient.
+    fn binary(&mut self, name: &str, a: Value, b: Value, values: u64) -> Value {
+        if b.tracked {
+            self.keep(a);
+        }
+        if a.tracked {
+            self.keep(b);
+        }
+        self.produce(name, values, a.tracked || b.tracked)
+    }
+
+    /// `exp`, `sigmoid`, `sqrt`, `recip`, `log`: the input kept when it needs a gradient.
+    fn unary(&mut self, name: &str, x: Value, values: u64) -> Value {
+        if x.tracked {
+            self.keep(x);
+        }
+        self.produce(name, values, x.tracked)
+    }
+
+    /// Ops that keep only shapes.
+    fn stateless(&mut self, name: &str, inputs: &[Value], values: u64) -> Value {
+        let tracked = inputs.iter().any(|v| v.tracked);
+        self.produce(name, values, tracked)
+    }
+
+    fn scoped<R>(&mut self, scope: &str, f: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = self.prefix.clone();
+        self.prefix = format!("{outer}{scope}.");
+        let out = f(self);
+        self.prefix = outer;
+        out
+    }
+
+    /// RMSNorm over `n` rows of width `d`: `gain · (x · recip(sqrt(mean(x²) + ε)))`.
+    fn rms_norm(&mut self, x: Value, n: u64, d: u64, gain_trainable: bool) -> Value {
+        let _squares = self.binary("squares", x, x, n * d);
+        let mean = self.stateless("mean_square", &[x], n);
+        let shifted = self.stateless("mean_square_eps", &[mean], n);
+        let rms = self.unary("rms", shifted, n);
+        let inv = self.unary("inv_rms", rms, n);
+        let normed = self.binary("normalized", x, inv, n * d);
+        let gain = self.view(Self::param(gain_trainable), 1); // [D] → [1, 1, D]
+        self.binary("output", gain, normed, n * d)
+    }
+
+    /// A bias-free linear `x·Wᵀ` over `n` rows, with an optional LoRA adapter of rank `r`.
+    fn linear(&mut self, x: Value, n: u64, out: u64, base_trainable: bool, lora: Lora) -> Value {
+        let x = self.view(x, 1); // [B, T, in] → [B·T, in]
+        let y = self.binary("base_output", x, Self::param(base_trainable), n * out);
+        let Some((r, inp, dropout)) = lora else {
+            return self.view(y, 1); // back to [B, T, out]
+        };
+        let x = if dropout {
+            let mask = self.produce("lora_dropout.mask", n * inp, false);
+            let dropped = self.binary("lora_dropout.masked", x, mask, n * inp);
+            self.stateless("lora_dropout.output", &[dropped], n * inp)
+        } else {
+            x
+        };
+        let down = self.binary("lora_A.output", x, Self::param(true), n * r);
+        let up = self.binary("lora_B.output", down, Self::param(true), n * out);
+        let scaled = self.stateless("lora_scaled", &[up], n * out);
+        let y = self.stateless("output", &[y, scaled], n * out);
+        self.view(y, 1)
+    }
+}
+
+/// (r, in features, dropout > 0) of a linear's adapter.
+type Lora = Option<(u64, u64, bool)>;
+
+/// Everything the forward of one micro-batch of `b` rows × `t` tokens keeps for the backward
+/// (blocks, head and loss), in production order.
+pub fn kept_activations(
+    config: &LlamaConfig,
+    trainable: Trainable,
+    b: usize,
+    t: usize,
+    packed: bool,
+) -> ForwardKeeps {
+    let c = config;
+    let (b, t) = (b as u64, t as u64);
+    let n = b * t;
+    let (d, f, v) = (
+        c.hidden_size as u64,
+        c.intermediate_size as u64,
+        c.vocab_size as u64,
+    );
+    let (h, hkv, dh) = (
+        c.num_attention_heads as u64,
+        c.num_key_value_heads as u64,
+        c.head_dim as u64,
+    );
+    let mut r = Replay::default();
+    let frozen_norms = trainable.embedding_and_norms;
+    let lora_of = |target: LoraTarget, inp: usize| -> Lora {
+        trainable
+            .lora
+            .filter(|l| l.targets(target))
+            .map(|l| (l.r as u64, inp as u64, l.dropout > 0.0))
+    };
+
+    // Per-forward tables: RoPE cos/sin [B, 1, T, Dh] and the additive mask [1 or B, 1, T, T].
+    let cos = r.produce("rope.cos", n * dh, false);
+    let sin = r.produce("rope.sin", n * dh, false);
+    let _mask = r.produce("attention_mask", if packed { b } else { 1 } * t * t, false);
+
+    let mut x = r.scoped("embed_tokens", |r| {
+        r.binary(
+            "output",
+            Replay::param(trainable.embedding_and_norms),
+            Replay::param(false),
+            n * d,
+        )
+    });
+    for layer in 0..c.num_hidden_layers {
+        r.layer = Some(layer);
+        x = r.scoped(&format!("layers.{layer}"), |r| {
+            let h1 = r.scoped("input_layernorm", |r| r.rms_norm(x, n, d, frozen_norms));
+            let attn = r.scoped("self_attn", |r| {
+                let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
+                    let lora = lora_of(target, inp);
+                    r.scoped(name, |r| r.linear(x, n, out, trainable.block_linears, lora))
+                };
+                let q = linear(r, "q_proj", LoraTarget::QProj, h1, h * dh, c.hidden_size);
+                let k = linear(r, "k_proj", LoraTarget::KProj, h1, hkv * dh, c.hidden_size);
+                let v = linear(r, "v_proj", LoraTarget::VProj, h1, hkv * dh, c.hidden_size);
+                // rope(x) = x·cos + cat(−x₂, x₁)·sin
+                let rope = |r: &mut Replay, name: &str, x: Value, values| {
+                    r.scoped(name, |r| {
+                        let a = r.binary("times_cos", x, cos, values);
+                        let halves = r.view(x, 2);
+                        let negated = r.stateless("negated_half", &[halves], values / 2);
+                        let rotated = r.stateless("rotated_half", &[negated], values);
+                        let b = r.binary("rotated_times_sin", rotated, sin, values);
+                        r.stateless("output", &[a, b], values)
+                    })
+                };
+                // Split into heads: reshape + transpose.
+                let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
+                let q = rope(r, "q_rope", q, n * h * dh);
+                let k = rope(r, "k_rope", k, n * hkv * dh);
+                let (q, k) = (r.view(q, 1), r.view(k, 1)); // groups folded; Kᵀ
+                let scores = b * h * t * t;
+                let raw = r.binary("scores", q, k, scores);
+                let scaled = r.stateless("scores_scaled", &[raw], scores);
+                let scaled = r.view(scaled, 1);
+                let masked = r.stateless("scores_masked", &[scaled], scores);
+                let shifted = r.stateless("scores_shifted", &[masked], scores);
+                let exp = r.unary("scores_exp", shifted, scores);
+                let sum = r.stateless("scores_exp_sum", &[exp], b * h * t);
+                let probs = r.binary("probs", exp, sum, scores);
+                let probs = r.view(probs, 1);
+                let out = r.binary("probs_v", probs, v, n * h * dh);
+                let out = r.view(out, 2);
+                let merged = r.stateless("heads_merged", &[out], n * h * dh);
+                linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim())
+            });
+            let x2 = r.stateless("attention_residual", &[x, attn], n * d);
+            let h2 = r.scoped("post_attention_layernorm", |r| {
+                r.rms_norm(x2, n, d, frozen_norms)
+            });
+            let mlp = r.scoped("mlp", |r| {
+                let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
+                    let lora = lora_of(target, inp);
+                    r.scoped(name, |r| r.linear(x, n, out, trainable.block_linears, lora))
+                };
+                let gate = linear(r, "gate_proj", LoraTarget::GateProj, h2, f, c.hidden_size);
+                let sig = r.unary("gate_sigmoid", gate, n * f);
+                let act = r.binary("gate_silu", gate, sig, n * f);
+                let up = linear(r, "up_proj", LoraTarget::UpProj, h2, f, c.hidden_size);
+                let prod = r.binary("gate_times_up", act, up, n * f);
+                linear(
+                    r,
+                    "down_proj",
+                    LoraTarget::DownProj,
+                    prod,
+                    d,
+                    c.intermediate_size,
+                )
+            });
+            r.stateless("output", &[x2, mlp], n * d)
+        });
+    }
+    r.layer = None;
+    let normed = r.scoped("norm", |r| r.rms_norm(x, n, d, frozen_norms));
+    let head_trainable = trainable.embedding_and_norms;
+    let logits = r.scoped("lm_head", |r| {
+        let normed = r.view(normed, 1);
+        let logits = r.binary("output", normed, Replay::param(head_trainable), n * v);
+        r.view(logits, 1)
+    });
+    // Loss: log_softmax over the first T−1 positions, pick the labels, weight, sum.
+    let rows = b * (t.saturating_sub(1));
+    r.scoped("loss", |r| {
+        let first = r.view(logits, 1); // positions 0..T−1
+        let shifted = r.stateless("shifted_logits", &[first], rows * v);
+        let exp = r.unary("exp", shifted, rows * v);
+        let sum = r.stateless("exp_sum", &[exp], rows);
+        let log_sum = r.unary("log_sum_exp", sum, rows);
+        let log_probs = r.stateless("log_probs", &[shifted, log_sum], rows * v);
+        let picked = r.stateless("picked", &[log_probs], rows);
+        let weights = r.produce("label_weights", rows, false);
+        r.binary("weighted", picked, weights, rows);
+    });
+
+    let Replay {
+        produced,
+        kept,
+        recorded,
+        ..
+    } = r;
+    ForwardKeeps {
+        tensors: kept.into_iter().map(|id| produced[id].clone()).collect(),
+        recorded_ops: recorded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn total(kept: &[Kept], layer: Option<usize>) -> u64 {
+        kept.iter()
+            .filter(|k| k.layer == layer)
+            .map(|k| k.values)
+            .sum()
+    }
+
+    /// Under LoRA the first block's input path is frozen: it keeps less than the others, and
+    /// a block in the middle keeps per token 3 copies of the scores per head plus the listed
+    /// per-token tensors.
+    #[test]
+    fn a_lora_block_keeps_what_the_rules_say() {
+        let c = LlamaConfig::smollm2_135m();
+        let lora = LoraConfig::default();
+        let kept = &kept_activations(
+            &c,
+            Trainable {
+                embedding_and_norms: false,
+                block_linears: false,
+                lora: Some(&lora),
+            },
+            1,
+            64,
+            false,
+        )
+        .tensors;
+        let (d, f, h, kv, r) = (576u64, 1536u64, 9u64, 192u64, 16u64);
+        let t = 64u64;
+        let per_token = d // residual after attention (kept by the second norm)
+            + d // block output (kept by the next block's norm)
+            + 2 * 3 // each norm's mean_square+ε, rms and inv_rms
+            + 2 * d // the two norm outputs (kept by the LoRA A products)
+            + 7 * r // the LoRA A outputs
+            + d + kv + kv // q and k after RoPE, v
+            + h // the softmax sums
+            + d // merged heads (o_proj input)
+            + 4 * f // gate output, its sigmoid, silu, up output
+            + f; // gate·up (down_proj input)
+        let middle = total(kept, Some(5));
+        assert_eq!(middle, t * per_token + 3 * h * t * t);
+        assert!(total(kept, Some(0)) < middle);
+    }
+}

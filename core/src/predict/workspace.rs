@@ -1,0 +1,119 @@
+//! Short-lived buffers of the step's largest ops, and the bookkeeping of burn's autodiff graph.
+//!
+//! These are properties of the engine (burn 0.22 on the CPU backend, napkin's ops), not of
+//! the model: each constant below was measured with the counting allocator
+//! (`tests/tests/memory`) and is checked there, case by case, by the measurement grid.
+
+use super::inventory::{Entry, Kind, Phases, Scenario};
+
+/// Bytes burn's graph holds per recorded op (node, parents, boxed backward step) until the
+/// backward frees it: 455–485 measured per op over blocks of 77 and 103 recorded ops.
+pub const GRAPH_BYTES_PER_OP: u64 = 470;
+
+/// The loss backward (log-softmax, gather, slice) holds this many `[B, T−1, V]` buffers at
+/// once: the scattered gradient of the picked log-probabilities and the recomputed
+/// exponentials. Measured 2.00–2.06 over V = 4096 and 16384, T = 64…256.
+pub const LOSS_BACKWARD_COPIES: u64 = 2;
+
+/// The attention backward holds this many `[B, H, T, S]` buffers at once (the probabilities'
+/// gradient, the softmax's recomputed exponentials and their product).
+pub const ATTENTION_BACKWARD_COPIES: u64 = 2;
+
+/// The MLP backward holds this many `[B, T, F]` buffers at once (the gradient of gate·up
+/// and one of its factors' gradients).
+pub const MLP_BACKWARD_COPIES: u64 = 2;
+
+/// napkin's gradients live in a hash map from parameter to tensor: each bucket holds a tensor
+/// handle inline, each tensor a small shape allocation. Fitted on 10, 39 and 56 tensors
+/// (16, 64, 64 buckets): 5,552 / 22,120 / 22,800 bytes measured.
+pub const GRADIENT_MAP_BYTES_PER_BUCKET: u64 = 321;
+/// See [`GRADIENT_MAP_BYTES_PER_BUCKET`].
+pub const GRADIENT_BYTES_PER_TENSOR: u64 = 40;
+
+/// Buckets of a Rust `HashMap` holding `entries` (hashbrown: a power of two, at most 7/8 full).
+pub fn hash_map_buckets(entries: u64) -> u64 {
+    match entries {
+        0 => 0,
+        1..=3 => 4,
+        4..=7 => 8,
+        _ => (entries * 8).div_ceil(7).next_power_of_two(),
+    }
+}
+
+/// Bytes of the gradient map beyond the gradients' values.
+pub fn gradient_map_bytes(tensors: u64) -> u64 {
+    GRADIENT_MAP_BYTES_PER_BUCKET * hash_map_buckets(tensors) + GRADIENT_BYTES_PER_TENSOR * tensors
+}
+
+/// A graph-free block forward (checkpointing) holds this many `[B, H, T, S]` buffers at once
+/// (scores and probabilities).
+pub const ATTENTION_FORWARD_COPIES: u64 = 2;
+
+const F32: u64 = 4;
+
+/// The workspaces of one micro-batch's forward and backward.
+pub fn entries(s: &Scenario) -> Vec<Entry> {
+    let c = &s.config;
+    let (b, t) = (s.micro_batch as u64, s.seq_len as u64);
+    let n = b * t;
+    let v = c.vocab_size as u64;
+    let scores = F32 * b * c.num_attention_heads as u64 * t * t;
+    let backward = Phases {
+        backward: true,
+        ..Phases::default()
+    };
+    let forward = Phases {
+        forward: true,
+        ..Phases::default()
+    };
+    let workspace = |name: String, layer, bytes, phases| Entry {
+        name,
+        layer,
+        kind: Kind::Workspace,
+        bytes,
+        phases,
+    };
+    // An NF4 linear dequantizes its weight for the forward and again for the input gradient;
+    // the largest one of each half is alive beside that half's workspace.
+    let dequantized = |rows: usize, cols: usize| {
+        if s.nf4.is_some() {
+            F32 * (rows * cols) as u64
+        } else {
+            0
+        }
+    };
+    let mlp_weight = dequantized(c.intermediate_size, c.hidden_size);
+    let attention_weight = dequantized(c.q_dim(), c.hidden_size);
+    let mut out = vec![
+        workspace(
+            "loss.backward_workspace".into(),
+            None,
+            LOSS_BACKWARD_COPIES * F32 * b * t.saturating_sub(1) * v,
+            backward,
+        ),
+        workspace("lm_head.logits_grad".into(), None, F32 * n * v, backward),
+    ];
+    for layer in 0..c.num_hidden_layers {
+        out.push(workspace(
+            format!("layers.{layer}.mlp.backward_workspace"),
+            Some(layer),
+            MLP_BACKWARD_COPIES * F32 * n * c.intermediate_size as u64 + mlp_weight,
+            backward,
+        ));
+        out.push(workspace(
+            format!("layers.{layer}.self_attn.backward_workspace"),
+            Some(layer),
+            ATTENTION_BACKWARD_COPIES * scores + attention_weight,
+            backward,
+        ));
+        if s.checkpointing {
+            out.push(workspace(
+                format!("layers.{layer}.self_attn.forward_workspace"),
+                Some(layer),
+                ATTENTION_FORWARD_COPIES * scores + attention_weight.max(mlp_weight),
+                forward,
+            ));
+        }
+    }
+    out
+}
