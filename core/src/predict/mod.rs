@@ -8,6 +8,8 @@
 //! - `activations`: what the forward keeps for the backward, replayed op by op with burn's rules.
 //! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
+//! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
+//! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
@@ -17,6 +19,8 @@ pub mod bert;
 pub mod inventory;
 pub mod rules;
 pub mod seed;
+pub mod sharding;
+pub mod time;
 pub mod timeline;
 pub mod units;
 pub mod workspace;

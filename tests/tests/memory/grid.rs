@@ -5,20 +5,6 @@ use super::*;
 use napkin_core::predict::timeline::step_timeline;
 use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
 
-/// tiny-smol's shape (the fixture): D=144, 9 heads over 3 K/V heads, V=512, tied embeddings.
-fn tiny_smol_config() -> LlamaConfig {
-    LlamaConfig {
-        vocab_size: 512,
-        hidden_size: 144,
-        intermediate_size: 384,
-        num_attention_heads: 9,
-        num_key_value_heads: 3,
-        head_dim: 16,
-        tie_word_embeddings: true,
-        ..small_config()
-    }
-}
-
 struct Case {
     label: String,
     kind: &'static str,
@@ -36,7 +22,7 @@ fn predicted_peak_and_kinds_are_within_5_percent_of_measured_over_the_grid() {
         ..Default::default()
     };
     let mut cases = Vec::new();
-    for (config_name, config) in [("small", small_config()), ("tiny-smol", tiny_smol_config())] {
+    for (config_name, config) in [("small", small_config()), ("tiny-smol", LlamaConfig::tiny_smol())] {
         for (lora, nf4) in [(false, false), (true, false), (false, true), (true, true)] {
             let nf4 = nf4.then(Nf4Config::default);
             let lora = lora.then(|| lora_config.clone());
