@@ -8,9 +8,9 @@
 //! - FSDP NO_SHARD replicates everything (DDP without the bucket copy).
 //! - ZeRO-1 shards the optimizer state; ZeRO-2 and FSDP SHARD_GRAD_OP shard it and the
 //!   gradients; ZeRO-3, FSDP FULL_SHARD and HYBRID_SHARD shard the parameters too, and gather
-//!   one unit (a decoder block, or the embedding) whole while it computes, with the next one
-//!   prefetched: two units' parameters, plus one unit's unsharded gradient before its
-//!   reduce-scatter.
+//!   one unit (a decoder block, or what lives outside the blocks: embedding, head, final norm)
+//!   whole while it computes, with the next one prefetched: at most the two largest units'
+//!   parameters, plus the largest unit's unsharded gradient before its reduce-scatter.
 //! - CPU offload moves the (sharded) optimizer state, or the parameters, to host memory.
 //!
 //! Activations, logits and workspaces are per GPU and unchanged: each GPU runs its own
@@ -139,11 +139,11 @@ pub fn sharded_memory(
             unit.1 += e.bytes;
         }
     }
-    let (unit_params, unit_grads) = units
-        .values()
-        .copied()
-        .max_by_key(|&(p, _)| p)
-        .unwrap_or((0, 0));
+    let mut by_size: Vec<(u64, u64)> = units.values().copied().collect();
+    by_size.sort_by(|a, b| b.0.cmp(&a.0));
+    // The unit computing now and the one prefetched next: at most the two largest.
+    let two_units: u64 = by_size.iter().take(2).map(|u| u.0).sum();
+    let unit_grads = by_size.first().map_or(0, |u| u.1);
 
     let mut gpu_by_kind = BTreeMap::new();
     let mut cpu_per_gpu = 0u64;
@@ -167,10 +167,10 @@ pub fn sharded_memory(
         }
     }
     let gathered = if strategy.shards_parameters() && group > 1 {
-        2 * unit_params + unit_grads
+        two_units + unit_grads
     } else if offload.parameters {
         // Offloaded but replicated parameters still come to the GPU one unit at a time.
-        2 * unit_params
+        two_units
     } else {
         0
     };

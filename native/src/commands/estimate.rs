@@ -15,9 +15,11 @@ use napkin_core::predict::rules::{
     weight_bytes_per_param,
 };
 use napkin_core::predict::seed::{ActivationShape, seed_estimate};
+use napkin_core::predict::sharding::{Offload, Strategy, sharded_memory};
+use napkin_core::predict::time::{device_presets, roofline, step_work};
 use napkin_core::predict::timeline::step_timeline;
 use napkin_core::predict::units::{accelerate_units, gib};
-use napkin_core::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
+use napkin_core::predict::zero::{Cluster, Zero3Offload, ZeroEstimate, zero2, zero3};
 use serde_json::json;
 
 use crate::cli::EstimateArgs;
@@ -33,29 +35,12 @@ struct Subject {
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
     let subject = subject(args)?;
-    let precision = match args.dtype.as_str() {
-        "f32" | "fp32" | "float32" => Precision::Fp32,
-        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => Precision::Mixed,
-        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
-    };
-    let optimizer = match args
-        .optimizer
-        .to_ascii_lowercase()
-        .replace(['-', '_'], "")
-        .as_str()
-    {
-        "adamw" | "adam" => OptimizerRule::AdamW,
-        "adamw8bit" => OptimizerRule::AdamW8bit,
-        "sgd" => OptimizerRule::SgdMomentum,
-        other => bail!("--optimizer `{other}`: expected adamw, adamw8bit or sgd"),
-    };
-    let p = subject.params as f64;
+    let (precision, optimizer) = (precision_of(args)?, optimizer_rule_of(args)?);
     let rules = [
         ("weights", weight_bytes_per_param(precision)),
         ("gradients", gradient_bytes_per_param(precision)),
         ("optimizer", optimizer_bytes_per_param(optimizer, precision)),
     ];
-    let total_per_param: f64 = rules.iter().map(|r| r.1).sum();
 
     let zero = match args.shard.as_deref() {
         None => None,
@@ -80,11 +65,34 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
                     };
                     zero3(subject.params, largest, cluster, offload, true)
                 }
-                other => bail!("--shard `{other}`: expected zero2 or zero3"),
+                other => {
+                    if Strategy::parse(other).is_none() {
+                        bail!(
+                            "--shard `{other}`: expected ddp, none, zero1, zero2, grad-op, zero3, full or hybrid"
+                        );
+                    }
+                    if subject.llama.is_none() {
+                        bail!("--shard {other} needs a model configuration (--model or --preset)");
+                    }
+                    return run_with(args, subject, rules, None);
+                }
             };
             Some((stage.to_string(), estimate))
         }
     };
+    run_with(args, subject, rules, zero)
+}
+
+/// Prints (or writes as JSON) everything the flags asked for.
+fn run_with(
+    args: &EstimateArgs,
+    subject: Subject,
+    rules: [(&str, f64); 3],
+    zero: Option<(String, ZeroEstimate)>,
+) -> Result<()> {
+    let p = subject.params as f64;
+    let total_per_param: f64 = rules.iter().map(|r| r.1).sum();
+    let (precision, optimizer) = (precision_of(args)?, optimizer_rule_of(args)?);
 
     let optimizer_kind: OptimizerKind = args.optimizer.parse()?;
     let inventory = match &subject.llama {
@@ -198,6 +206,51 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
                 );
             }
         }
+        let work = &inv["time"]["work"];
+        println!(
+            "\n  time: {:.3} TFLOP per step (forward {:.3}, backward {:.3}, recompute {:.3}; LoRA saves {:.3}), {:.2} GB moved",
+            b(&inv["time"]["flops"]) / 1e12,
+            b(&work["forward_flops"]) / 1e12,
+            b(&work["backward_flops"]) / 1e12,
+            b(&work["recompute_flops"]) / 1e12,
+            b(&work["lora_saved_flops"]) / 1e12,
+            b(&work["bytes_moved"]) / 1e9,
+        );
+        println!(
+            "  {:<32} {:>9} {:>9} {:>8} {:>12} {:>6}",
+            "device (roofline lower bound)", "step ms", "tokens/s", "bound", "FLOP/byte", "fits"
+        );
+        if let Some(devices) = inv["time"]["devices"].as_array() {
+            for d in devices {
+                let r = &d["roofline"];
+                println!(
+                    "  {:<32} {:>9.1} {:>9.0} {:>8} {:>5.0} / {:<4.0} {:>6}",
+                    r["device"].as_str().unwrap_or("?"),
+                    1e3 * b(&r["step_seconds"]),
+                    b(&r["tokens_per_second"]),
+                    r["bound"].as_str().unwrap_or("?"),
+                    b(&r["arithmetic_intensity"]),
+                    b(&r["ridge_point"]),
+                    if d["fits"].as_bool().unwrap_or(false) {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                );
+            }
+        }
+        let sharding = &inv["sharding"];
+        if !sharding.is_null() {
+            println!(
+                "\n  {} on {} GPU(s) (shard group {}): {} per GPU at the peak ({} gathered), {} host memory per node",
+                sharding["strategy"].as_str().unwrap_or("?"),
+                sharding["gpus"],
+                sharding["shard_group"],
+                accelerate_units(b(&sharding["gpu_peak"])),
+                accelerate_units(b(&sharding["gathered"])),
+                accelerate_units(b(&sharding["cpu_per_node"])),
+            );
+        }
     }
     if args.accelerate {
         let sizes = subject
@@ -224,6 +277,30 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn precision_of(args: &EstimateArgs) -> Result<Precision> {
+    Ok(match args.dtype.as_str() {
+        "f32" | "fp32" | "float32" => Precision::Fp32,
+        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => Precision::Mixed,
+        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    })
+}
+
+fn optimizer_rule_of(args: &EstimateArgs) -> Result<OptimizerRule> {
+    Ok(
+        match args
+            .optimizer
+            .to_ascii_lowercase()
+            .replace(['-', '_'], "")
+            .as_str()
+        {
+            "adamw" | "adam" => OptimizerRule::AdamW,
+            "adamw8bit" => OptimizerRule::AdamW8bit,
+            "sgd" => OptimizerRule::SgdMomentum,
+            other => bail!("--optimizer `{other}`: expected adamw, adamw8bit or sgd"),
+        },
+    )
 }
 
 fn subject(args: &EstimateArgs) -> Result<Subject> {
@@ -339,7 +416,35 @@ fn inventory_section(
         },
         args.checkpointing,
     );
+    let work = step_work(&scenario);
+    let half = matches!(precision_of(args)?, Precision::Mixed);
+    let tokens = (args.micro_batch * args.seq_len * args.accumulation.max(1)) as f64;
+    let devices: Vec<serde_json::Value> = device_presets()
+        .iter()
+        .map(|d| {
+            let r = roofline(&work, tokens, d, half);
+            json!({"id": d.id, "memory_bytes": d.memory, "fits": (timeline.peak.bytes as f64) <= d.memory, "roofline": r})
+        })
+        .collect();
+    let sharding = match args.shard.as_deref().and_then(Strategy::parse) {
+        Some(strategy) => {
+            let offload = args.offload.as_deref().unwrap_or("");
+            Some(sharded_memory(
+                &scenario,
+                strategy,
+                args.gpus,
+                args.nodes,
+                Offload {
+                    parameters: offload.contains("param"),
+                    optimizer: offload.contains("optimizer"),
+                },
+            ))
+        }
+        None => None,
+    };
     Ok(json!({
+        "time": {"work": work, "flops": work.flops(), "devices": devices},
+        "sharding": sharding,
         "scenario": {
             "lora_r": args.lora_r, "nf4": args.nf4, "double_quant": args.double_quant,
             "micro_batch": args.micro_batch, "seq_len": args.seq_len,

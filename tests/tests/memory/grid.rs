@@ -22,7 +22,10 @@ fn predicted_peak_and_kinds_are_within_5_percent_of_measured_over_the_grid() {
         ..Default::default()
     };
     let mut cases = Vec::new();
-    for (config_name, config) in [("small", small_config()), ("tiny-smol", LlamaConfig::tiny_smol())] {
+    for (config_name, config) in [
+        ("small", small_config()),
+        ("tiny-smol", LlamaConfig::tiny_smol()),
+    ] {
         for (lora, nf4) in [(false, false), (true, false), (false, true), (true, true)] {
             let nf4 = nf4.then(Nf4Config::default);
             let lora = lora.then(|| lora_config.clone());
