@@ -24,6 +24,8 @@ pub enum Command {
     Quantize(QuantizeArgs),
     /// Napkin math: memory of training a model, from its configuration alone.
     Estimate(EstimateArgs),
+    /// Run real training steps and print predicted vs measured memory per block and per kind.
+    Measure(MeasureArgs),
     /// Fine-tune a model (LoRA, QLoRA or full) on a data file, with checkpoints and resume.
     Train(Box<TrainArgs>),
     /// Micro-benchmarks (printed figures, not tests).
@@ -310,4 +312,50 @@ pub struct EstimateArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// A model file or folder (as for `napkin train`).
+    #[arg(long, value_name = "PATH", conflicts_with = "preset")]
+    pub model: Option<PathBuf>,
+    /// A named configuration with random weights (`napkin estimate --preset` lists them).
+    #[arg(long, required_unless_present = "model")]
+    pub preset: Option<String>,
+    /// LoRA rank on all linear layers (0: full fine-tuning).
+    #[arg(long, default_value_t = 0)]
+    pub lora_r: usize,
+    /// Quantize the block linears to NF4 (QLoRA with --lora-r).
+    #[arg(long)]
+    pub nf4: bool,
+    /// NF4 double quantization of the scales.
+    #[arg(long)]
+    pub double_quant: bool,
+    /// Block-level gradient checkpointing.
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub accumulation: usize,
+    /// Rows per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: usize,
+    /// Tokens per row.
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// adamw, adamw8bit or sgd.
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// Optimizer steps to run.
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    /// Compute device: cpu, flex, ndarray, wgpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Print the report as JSON (the shape the browser app reads).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the timeline as Chrome Trace Event JSON (open in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }

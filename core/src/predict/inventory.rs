@@ -268,6 +268,13 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
     }
     let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
     out.push(Entry {
+        name: "optimizer.map".into(),
+        layer: None,
+        kind: Kind::OptimizerState,
+        bytes: workspace::optimizer_map_bytes(s.optimizer, gradient_tensors),
+        phases: Phases::ALWAYS,
+    });
+    out.push(Entry {
         name: "gradients.map".into(),
         layer: None,
         kind: Kind::Gradients,
@@ -348,6 +355,15 @@ pub enum Phase {
     Optimizer,
 }
 
+/// Activations kept for the backward (and burn's graph) by block (None: outside the blocks).
+pub fn kept_by_layer(entries: &[Entry]) -> BTreeMap<Option<usize>, u64> {
+    let mut totals = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.kind == Kind::SavedActivations) {
+        *totals.entry(e.layer).or_insert(0) += e.bytes;
+    }
+    totals
+}
+
 /// Bytes by kind.
 pub fn totals_by_kind(entries: &[Entry]) -> BTreeMap<Kind, u64> {
     let mut totals = BTreeMap::new();
@@ -404,7 +420,16 @@ mod tests {
         };
         let full_map = map(&scenario(None, None));
         assert_eq!(full[&Kind::Gradients], 4 * c.num_parameters() + full_map);
-        assert_eq!(full[&Kind::OptimizerState], 8 * c.num_parameters());
+        let optimizer_map = |s: &Scenario| {
+            inventory(s)
+                .into_iter()
+                .find(|e| e.name == "optimizer.map")
+                .map_or(0, |e| e.bytes)
+        };
+        assert_eq!(
+            full[&Kind::OptimizerState],
+            8 * c.num_parameters() + optimizer_map(&scenario(None, None))
+        );
         // LoRA r=16 on all linears: adapters as peft counts them, gradients and state only there.
         let lora = LoraConfig::default();
         let trainable = lora.trainable_parameters(&c);
@@ -415,7 +440,11 @@ mod tests {
         assert_eq!(totals[&Kind::Adapters], 4 * trainable);
         let lora_map = map(&scenario(Some(lora.clone()), Some(Nf4Config::default())));
         assert_eq!(totals[&Kind::Gradients], 4 * trainable + lora_map);
-        assert_eq!(totals[&Kind::OptimizerState], 8 * trainable);
+        assert_eq!(
+            totals[&Kind::OptimizerState],
+            8 * trainable
+                + optimizer_map(&scenario(Some(lora.clone()), Some(Nf4Config::default())))
+        );
         assert_eq!(totals[&Kind::Logits], 4 * 256 * 49_152);
     }
 }

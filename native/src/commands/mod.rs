@@ -5,5 +5,6 @@ pub mod estimate;
 pub mod eval;
 pub mod generate;
 pub mod inspect;
+pub mod measure;
 pub mod quantize;
 pub mod train;

@@ -1,0 +1,362 @@
+//! `napkin measure`'s engine: runs real training steps of a scenario and puts each measured
+//! number beside the predictor's — the resident parameters, the activations each block keeps,
+//! the gradients, the optimizer state, the step's peak and its time — with a timeline of
+//! events that exports as Chrome Trace Event JSON (open it in Perfetto or chrome://tracing).
+//!
+//! The JSON of [`MeasurementReport`] is the shape the browser app reads.
+
+use std::time::Instant;
+
+use burn::tensor::{Device, Distribution, Tensor};
+use serde::Serialize;
+
+use super::meter::{Meter, MeterMethod};
+use crate::error::{Error, Result};
+use crate::model::autocast::linear_matmul;
+use crate::model::{Llama, TokenBatch, causal_lm_loss};
+use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
+use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
+use crate::predict::timeline::step_timeline;
+use crate::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
+
+/// A predicted number beside the measured one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    /// What (a kind, a block, the peak).
+    pub name: String,
+    /// Predicted bytes.
+    pub predicted: u64,
+    /// Measured bytes.
+    pub measured: u64,
+    /// measured / predicted.
+    pub ratio: f64,
+}
+
+impl Comparison {
+    fn new(name: impl Into<String>, predicted: u64, measured: u64) -> Self {
+        Comparison {
+            name: name.into(),
+            predicted,
+            measured,
+            ratio: measured as f64 / predicted.max(1) as f64,
+        }
+    }
+}
+
+/// One Chrome Trace Event: a span (`ph: "X"`) or a counter sample (`ph: "C"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceEvent {
+    /// Span or counter name.
+    pub name: String,
+    /// `X` (complete span) or `C` (counter).
+    pub ph: &'static str,
+    /// Start, microseconds since the measurement began.
+    pub ts: f64,
+    /// Duration in microseconds (spans).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dur: Option<f64>,
+    /// Process id (always 1).
+    pub pid: u32,
+    /// Thread id (always 1).
+    pub tid: u32,
+    /// Counter values (`bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<serde_json::Value>,
+}
+
+/// Step time: the roofline bound on this machine against the measured median.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimeComparison {
+    /// The roofline on this machine's measured GEMM rate and bandwidth.
+    pub predicted: RooflineTime,
+    /// Measured step seconds, in order (the first includes one-time allocations).
+    pub measured_seconds: Vec<f64>,
+    /// The median of the measured steps after the first (or the only one).
+    pub measured_median_seconds: f64,
+    /// predicted / measured: the fraction of the roofline bound the engine reaches.
+    pub efficiency: f64,
+}
+
+/// Everything `napkin measure` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeasurementReport {
+    /// How memory was measured.
+    pub method: MeterMethod,
+    /// The method in words.
+    pub method_description: String,
+    /// Per kind: resident parameters, gradients, optimizer state, saved activations.
+    pub kinds: Vec<Comparison>,
+    /// Activations each block keeps for the backward (one plain forward with its graph).
+    pub layers: Vec<Comparison>,
+    /// The step's peak above the memory held between steps.
+    pub step_peak: Comparison,
+    /// Where the predictor puts the peak.
+    pub predicted_peak_at: String,
+    /// Step time.
+    pub time: TimeComparison,
+    /// This machine as measured for the roofline.
+    pub this_machine: DevicePreset,
+    /// The timeline (Chrome Trace Event JSON's `traceEvents`).
+    pub trace: Vec<TraceEvent>,
+}
+
+impl MeasurementReport {
+    /// The Chrome Trace Event JSON document.
+    pub fn chrome_trace(&self) -> serde_json::Value {
+        serde_json::json!({ "traceEvents": self.trace, "displayTimeUnit": "ms" })
+    }
+}
+
+/// The timeline being recorded.
+struct Recorder {
+    start: Instant,
+    events: Vec<TraceEvent>,
+}
+
+impl Recorder {
+    fn now_us(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() * 1e6
+    }
+
+    fn counter(&mut self, bytes: u64) {
+        let ts = self.now_us();
+        self.events.push(TraceEvent {
+            name: "memory".into(),
+            ph: "C",
+            ts,
+            dur: None,
+            pid: 1,
+            tid: 1,
+            args: Some(serde_json::json!({ "bytes": bytes })),
+        });
+    }
+
+    fn span(&mut self, name: String, from_us: f64) {
+        let ts = self.now_us();
+        self.events.push(TraceEvent {
+            name,
+            ph: "X",
+            ts: from_us,
+            dur: Some(ts - from_us),
+            pid: 1,
+            tid: 1,
+            args: None,
+        });
+    }
+}
+
+/// Measures this machine's attainable f32 GEMM rate (1024³, best of 3) on `device` and its
+/// memory bandwidth (a 256 MiB copy, best of 3), for the roofline.
+pub fn this_machine(device: &Device) -> DevicePreset {
+    let n = 1024;
+    let a: Tensor<2> = Tensor::random([n, n], Distribution::Default, device);
+    let b: Tensor<2> = Tensor::random([n, n], Distribution::Default, device);
+    let mut best_gemm = f64::INFINITY;
+    for _ in 0..4 {
+        let t = Instant::now();
+        let c = linear_matmul(a.clone(), b.clone());
+        let _ = c.into_data(); // waits for the result
+        best_gemm = best_gemm.min(t.elapsed().as_secs_f64());
+    }
+    let flops = 2.0 * (n * n * n) as f64 / best_gemm;
+    let src = vec![1u8; 256 << 20];
+    let mut dst = vec![0u8; 256 << 20];
+    let mut best_copy = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        best_copy = best_copy.min(t.elapsed().as_secs_f64());
+    }
+    let bandwidth = 2.0 * src.len() as f64 / best_copy; // read + write
+    DevicePreset {
+        id: "this-machine".into(),
+        name: "this machine (measured)".into(),
+        f32_flops: flops,
+        half_flops: flops,
+        bandwidth,
+        memory: f64::INFINITY,
+    }
+}
+
+/// Deterministic token rows for `micro` (ids spread over the vocabulary; memory and time do
+/// not depend on the text).
+pub fn synthetic_micro_batches(s: &Scenario) -> Result<Vec<MicroBatch>> {
+    let v = s.config.vocab_size;
+    (0..s.accumulation.max(1))
+        .map(|m| {
+            let rows: Vec<Vec<u32>> = (0..s.micro_batch)
+                .map(|r| {
+                    (0..s.seq_len)
+                        .map(|i| ((i * 31 + r * 101 + m * 7 + 1) % v) as u32)
+                        .collect()
+                })
+                .collect();
+            Ok(MicroBatch::causal(TokenBatch::from_rows(&rows)?))
+        })
+        .collect()
+}
+
+/// Builds the model with `build` (its resident bytes are measured; it opens the autodiff
+/// device itself), then runs `steps` optimizer steps of `s` on synthetic tokens and compares
+/// every number with the predictor. `device` is the plain (non-autodiff) device.
+pub fn measure(
+    s: &Scenario,
+    device: &Device,
+    steps: usize,
+    build: impl FnOnce() -> Result<Llama>,
+) -> Result<MeasurementReport> {
+    let mut meter = Meter::for_device(device)?;
+    let mut rec = Recorder {
+        start: Instant::now(),
+        events: Vec::new(),
+    };
+    let predicted = totals_by_kind(&inventory(s));
+    let kind = |k: Kind| predicted.get(&k).copied().unwrap_or(0);
+    let timeline = step_timeline(s);
+
+    // Resident parameters.
+    let before = meter.live();
+    rec.counter(before);
+    let t = rec.now_us();
+    let mut model = build()?;
+    let resident = meter.live().saturating_sub(before);
+    rec.span("load model".into(), t);
+    rec.counter(resident + before);
+    let micro = synthetic_micro_batches(s)?;
+
+    // Activations each block keeps: one plain forward with its graph, block by block.
+    let kept = kept_by_layer(&inventory(s));
+    let mut layers = Vec::new();
+    {
+        let batch = &micro[0].batch;
+        let start = meter.live();
+        let t = rec.now_us();
+        let ctx = model.context(batch);
+        let mut x = model.embed(batch);
+        let mut last = meter.live();
+        for (l, block) in model.layers.iter().enumerate() {
+            let tl = rec.now_us();
+            x = block.forward(x, &ctx.rope, &ctx.mask);
+            let now = meter.live();
+            rec.span(format!("forward.layers.{l}"), tl);
+            rec.counter(now);
+            layers.push(Comparison::new(
+                format!("layers.{l}"),
+                kept.get(&Some(l)).copied().unwrap_or(0),
+                now.saturating_sub(last),
+            ));
+            last = now;
+        }
+        let loss = causal_lm_loss(model.head(x), &micro[0].labels)?;
+        drop(ctx);
+        let all = meter.live().saturating_sub(start);
+        rec.span("forward (graph kept, measured per block)".into(), t);
+        rec.counter(all + start);
+        // Dropping the loss leaves burn's graph registered until some backward cleans it:
+        // run this one's backward so the steps below start clean.
+        drop(loss.sum.backward());
+        layers.push(Comparison::new(
+            "all (incl. head and loss)",
+            kind(Kind::SavedActivations),
+            all,
+        ));
+    }
+
+    // Training steps.
+    let mut optimizer = Optimizer::new(&OptimizerConfig {
+        kind: s.optimizer,
+        ..OptimizerConfig::default()
+    });
+    let mut step_peak = 0u64;
+    let mut grads_held = 0u64;
+    let mut optimizer_state = 0u64;
+    let mut seconds = Vec::new();
+    for step in 0..steps.max(1) {
+        let between = meter.live();
+        let t0 = rec.now_us();
+        let clock = Instant::now();
+        let start = meter.start_peak();
+        let out = forward_backward(&model, &micro, s.checkpointing, Accumulation::TokenWeighted)?;
+        if !out.loss.is_finite() {
+            return Err(Error::Input(format!(
+                "step {step}: the loss is {}",
+                out.loss
+            )));
+        }
+        step_peak = step_peak.max(meter.peak().saturating_sub(start));
+        if step == 0 {
+            grads_held = meter.live().saturating_sub(start);
+        }
+        rec.span(format!("step {step}: forward + backward"), t0);
+        rec.counter(meter.live());
+        let t1 = rec.now_us();
+        model = optimizer.step(model, &out.grads, 1e-4);
+        drop(out);
+        seconds.push(clock.elapsed().as_secs_f64());
+        rec.span(format!("step {step}: optimizer"), t1);
+        let after = meter.live();
+        rec.counter(after);
+        if step == 0 {
+            optimizer_state = after.saturating_sub(between);
+        }
+    }
+
+    let mut kinds = vec![
+        Comparison::new(
+            "parameters (weights, NF4 codes and scales, adapters)",
+            kind(Kind::Weights)
+                + kind(Kind::QuantCodes)
+                + kind(Kind::QuantScales)
+                + kind(Kind::Adapters),
+            resident,
+        ),
+        Comparison::new("gradients", kind(Kind::Gradients), grads_held),
+        Comparison::new(
+            "optimizer state",
+            kind(Kind::OptimizerState),
+            optimizer_state,
+        ),
+    ];
+    if let Some(all) = layers.last() {
+        kinds.push(Comparison::new(
+            "saved activations",
+            all.predicted,
+            all.measured,
+        ));
+    }
+    let machine = this_machine(device);
+    let predicted_time = roofline(
+        &step_work(s),
+        (s.tokens() * s.accumulation.max(1) as u64) as f64,
+        &machine,
+        false,
+    );
+    let mut sorted: Vec<f64> = seconds
+        .iter()
+        .skip(usize::from(seconds.len() > 1))
+        .copied()
+        .collect();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    Ok(MeasurementReport {
+        method: meter.method(),
+        method_description: meter.method().describe().into(),
+        kinds,
+        layers,
+        step_peak: Comparison::new(
+            "step peak (forward + backward)",
+            timeline.peak.bytes - timeline.persistent,
+            step_peak,
+        ),
+        predicted_peak_at: timeline.peak.label,
+        time: TimeComparison {
+            efficiency: predicted_time.step_seconds / median,
+            predicted: predicted_time,
+            measured_seconds: seconds,
+            measured_median_seconds: median,
+        },
+        this_machine: machine,
+        trace: rec.events,
+    })
+}

@@ -1,0 +1,105 @@
+//! Reading memory on any backend: the counting allocator on the CPU backends (heap bytes,
+//! exact, with a true peak), the memory pool of the cubecl backends (wgpu, cuda: bytes in
+//! use after a sync, peak only over the marks taken). Every number says which method made it.
+
+use burn::tensor::Device;
+use serde::Serialize;
+
+use super::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
+use crate::error::{Error, Result};
+
+/// How a number was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeterMethod {
+    /// napkin's counting global allocator: heap bytes, exact; the peak is exact.
+    CountingAllocator,
+    /// The device's memory pool after a sync: bytes in use; the peak is the largest mark.
+    DevicePool,
+}
+
+impl MeterMethod {
+    /// In words, for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MeterMethod::CountingAllocator => "counting global allocator (heap bytes; exact peak)",
+            MeterMethod::DevicePool => {
+                "device memory pool after a sync (bytes in use; peak over marks only)"
+            }
+        }
+    }
+}
+
+/// A memory reader for one device.
+#[derive(Debug)]
+pub struct Meter {
+    device: Device,
+    method: MeterMethod,
+    peak_over_marks: u64,
+}
+
+impl Meter {
+    /// The right method for `device`: its pool when it has one, else the counting allocator,
+    /// which must be the program's global allocator.
+    pub fn for_device(device: &Device) -> Result<Self> {
+        let method = if device.memory_pool_usage().is_some() {
+            MeterMethod::DevicePool
+        } else if is_installed() {
+            MeterMethod::CountingAllocator
+        } else {
+            return Err(Error::Input(
+                "this CPU device has no memory statistics and the counting allocator is not \
+                 the global allocator of this program"
+                    .into(),
+            ));
+        };
+        Ok(Meter {
+            device: device.clone(),
+            method,
+            peak_over_marks: 0,
+        })
+    }
+
+    /// The method.
+    pub fn method(&self) -> MeterMethod {
+        self.method
+    }
+
+    /// Bytes in use now (a mark).
+    pub fn live(&mut self) -> u64 {
+        let live = match self.method {
+            MeterMethod::CountingAllocator => live_bytes() as u64,
+            MeterMethod::DevicePool => {
+                // A failed sync leaves the pool as it is; the reading is still the pool's.
+                let _ = self.device.sync();
+                self.device
+                    .memory_pool_usage()
+                    .map_or(0, |u| u.bytes_in_use)
+            }
+        };
+        self.peak_over_marks = self.peak_over_marks.max(live);
+        live
+    }
+
+    /// Starts a peak window; returns the bytes in use at its start.
+    pub fn start_peak(&mut self) -> u64 {
+        match self.method {
+            MeterMethod::CountingAllocator => reset_peak() as u64,
+            MeterMethod::DevicePool => {
+                self.peak_over_marks = 0;
+                self.live()
+            }
+        }
+    }
+
+    /// The peak since [`Meter::start_peak`].
+    pub fn peak(&mut self) -> u64 {
+        match self.method {
+            MeterMethod::CountingAllocator => peak_bytes() as u64,
+            MeterMethod::DevicePool => {
+                self.live();
+                self.peak_over_marks
+            }
+        }
+    }
+}

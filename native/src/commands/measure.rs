@@ -1,0 +1,150 @@
+//! `napkin measure`: real training steps of a scenario, every measured number beside the
+//! predictor's (per block and per kind), the step time beside the roofline bound, and the
+//! timeline as a Chrome trace.
+
+use std::io::Write;
+
+use anyhow::{Context, Result, bail};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::device::DeviceKind;
+use napkin_core::io::gguf::{GgufFile, gguf_config};
+use napkin_core::io::load_model_with;
+use napkin_core::memory::measure::{Comparison, MeasurementReport, measure};
+use napkin_core::model::Llama;
+use napkin_core::predict::inventory::Scenario;
+use napkin_core::predict::units::accelerate_units;
+
+use crate::cli::MeasureArgs;
+
+pub fn run(args: &MeasureArgs) -> Result<()> {
+    let kind: DeviceKind = args.device.parse()?;
+    let device = kind.open()?;
+    let optimizer: OptimizerKind = args.optimizer.parse()?;
+    if args.micro_batch == 0 || args.seq_len < 2 {
+        bail!("--micro-batch must be at least 1 and --seq-len at least 2");
+    }
+    let lora = (args.lora_r > 0).then(|| LoraConfig {
+        r: args.lora_r,
+        alpha: 2.0 * args.lora_r as f64,
+        ..LoraConfig::default()
+    });
+    let nf4 = args.nf4.then_some(Nf4Config {
+        block_size: 64,
+        double_quant: args.double_quant,
+    });
+    let (config, path) = match (&args.preset, &args.model) {
+        (Some(name), _) => (LlamaConfig::preset(name)?, None),
+        (None, Some(path)) => (config_of(path)?, Some(path.clone())),
+        (None, None) => bail!("give --model PATH or --preset NAME"),
+    };
+    let scenario = Scenario {
+        lora: lora.clone(),
+        nf4,
+        optimizer,
+        checkpointing: args.checkpointing,
+        accumulation: args.accumulation.max(1),
+        ..Scenario::new(config.clone(), args.micro_batch, args.seq_len)
+    };
+    let train_device = device.clone().autodiff();
+    let build = || -> napkin_core::error::Result<Llama> {
+        train_device.seed(7);
+        let mut model = match &path {
+            Some(path) => load_model_with(path, &train_device, nf4.as_ref())?,
+            None => {
+                let model = Llama::init(&config, &train_device);
+                match &nf4 {
+                    Some(nf4) => model.quantize_nf4(nf4)?,
+                    None => model,
+                }
+            }
+        };
+        if let Some(lora) = &lora {
+            model = model.with_lora(lora)?;
+        }
+        Ok(model)
+    };
+    if !args.json {
+        eprintln!(
+            "measuring {} step(s) on {} …",
+            args.steps.max(1),
+            kind.backend_name()
+        );
+    }
+    let report = measure(&scenario, &device, args.steps, build)?;
+    if let Some(trace) = &args.trace {
+        write_atomically(trace, &serde_json::to_vec(&report.chrome_trace())?)
+            .with_context(|| format!("writing the trace {}", trace.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report, args);
+    }
+    Ok(())
+}
+
+/// A model's configuration without reading its weights: GGUF metadata or config.json.
+fn config_of(path: &std::path::Path) -> Result<LlamaConfig> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return Ok(gguf_config(&GgufFile::open(path)?)?);
+    }
+    let file = path.join("config.json");
+    Ok(LlamaConfig::from_hf_file(&file).with_context(|| format!("reading {}", file.display()))?)
+}
+
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
+    let row = |c: &Comparison| {
+        println!(
+            "  {:<54} {:>12} {:>12} {:>7.3}",
+            c.name,
+            accelerate_units(c.predicted as f64),
+            accelerate_units(c.measured as f64),
+            c.ratio
+        );
+    };
+    println!("memory measured with the {}", r.method_description);
+    println!(
+        "\n  {:<54} {:>12} {:>12} {:>7}",
+        "kind", "predicted", "measured", "ratio"
+    );
+    for c in &r.kinds {
+        row(c);
+    }
+    row(&r.step_peak);
+    println!("  (predicted peak at `{}`)", r.predicted_peak_at);
+    println!("\n  activations kept per block (one forward with its graph):");
+    for c in &r.layers {
+        row(c);
+    }
+    let t = &r.time;
+    println!(
+        "\n  step time: measured {:.3} s (median of {}), roofline bound on this machine {:.3} s ({}-bound; {:.0} GFLOP/s GEMM, {:.1} GB/s copy): the engine reaches {:.0} % of the bound",
+        t.measured_median_seconds,
+        t.measured_seconds.len().saturating_sub(1).max(1),
+        t.predicted.step_seconds,
+        match t.predicted.bound {
+            napkin_core::predict::time::Bound::Compute => "compute",
+            napkin_core::predict::time::Bound::Memory => "memory",
+        },
+        r.this_machine.f32_flops / 1e9,
+        r.this_machine.bandwidth / 1e9,
+        100.0 * t.efficiency
+    );
+    if let Some(trace) = &args.trace {
+        println!(
+            "  timeline written to {} (open in https://ui.perfetto.dev)",
+            trace.display()
+        );
+    }
+}
