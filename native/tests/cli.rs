@@ -163,3 +163,60 @@ fn estimate_reproduces_accelerates_bert_table_and_deepspeeds_zero2() {
     let gpu = json["zero"]["gpu_bytes"].as_u64().unwrap() as f64 / (1u64 << 30) as f64;
     assert_eq!(format!("{gpu:.2}"), "15.93");
 }
+
+/// `napkin measure` on a fixture checkpoint (QLoRA): the JSON report puts each measured kind
+/// and the step peak within 5 % of the prediction, and the trace is Chrome Trace Event JSON.
+#[test]
+fn measure_reports_prediction_beside_measurement_and_writes_a_trace() {
+    let model = fixture("tiny-smol");
+    let dir = std::env::temp_dir().join(format!("napkin-measure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("step.trace.json");
+    let (ok, stdout, stderr) = napkin(&[
+        "measure",
+        "--model",
+        model.to_str().unwrap(),
+        "--lora-r",
+        "8",
+        "--nf4",
+        "--seq-len",
+        "64",
+        "--steps",
+        "2",
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["method"], "counting_allocator");
+    let mut ratios = vec![&report["step_peak"]];
+    ratios.extend(report["kinds"].as_array().unwrap().iter().skip(1)); // parameters: see below
+    for c in ratios {
+        let ratio = c["ratio"].as_f64().unwrap();
+        assert!((ratio - 1.0).abs() <= 0.05, "{c}");
+    }
+    // A toy model's parameters are small beside the allocator's bookkeeping of loading it.
+    let parameters = report["kinds"][0]["ratio"].as_f64().unwrap();
+    assert!((0.95..1.15).contains(&parameters), "{}", report["kinds"][0]);
+    assert_eq!(report["layers"].as_array().unwrap().len(), 4 + 1);
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "X" && e["name"] == "forward.layers.3")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "C" && e["args"]["bytes"].as_u64().is_some())
+    );
+    std::fs::remove_dir_all(&dir).ok();
+
+    // Bad settings are one clear line.
+    let (ok, _, stderr) = napkin(&["measure", "--preset", "tiny-smol", "--seq-len", "1"]);
+    assert!(!ok);
+    assert!(stderr.contains("--seq-len"), "{stderr}");
+}
