@@ -12,6 +12,7 @@ pub mod config;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod exercises;
 pub mod io;
 pub mod memory;
 pub mod model;
