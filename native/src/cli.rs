@@ -24,6 +24,8 @@ pub enum Command {
     Quantize(QuantizeArgs),
     /// Napkin math: memory of training a model, from its configuration alone.
     Estimate(EstimateArgs),
+    /// Course exercises: list them, show one, check an answer.
+    Exercise(ExerciseArgs),
     /// Run real training steps and print predicted vs measured memory per block and per kind.
     Measure(MeasureArgs),
     /// Fine-tune a model (LoRA, QLoRA or full) on a data file, with checkpoints and resume.
@@ -358,4 +360,48 @@ pub struct MeasureArgs {
     /// Also write the timeline as Chrome Trace Event JSON (open in Perfetto).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExerciseArgs {
+    #[command(subcommand)]
+    pub action: ExerciseAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExerciseAction {
+    /// Every exercise, in teaching order.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One exercise's question (the seed draws its numbers).
+    Show {
+        /// The exercise id (`napkin exercise list`).
+        id: String,
+        /// Which variant.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also print the hint.
+        #[arg(long)]
+        hint: bool,
+        /// Print JSON (question, hint, sandbox settings; not the answer).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check an answer ("56 GB", "52.2 GiB", "5.6e10 bytes", "compute", ...).
+    Check {
+        /// The exercise id.
+        id: String,
+        /// The answer, with its unit.
+        #[arg(long)]
+        answer: String,
+        /// The variant the question was drawn with.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }

@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         cli::Command::Generate(args) => commands::generate::run(&args),
         cli::Command::Quantize(args) => commands::quantize::run(&args),
         cli::Command::Estimate(args) => commands::estimate::run(&args),
+        cli::Command::Exercise(args) => commands::exercise::run(&args),
         cli::Command::Measure(args) => commands::measure::run(&args),
         cli::Command::Train(args) => commands::train::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),

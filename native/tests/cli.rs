@@ -220,3 +220,56 @@ fn measure_reports_prediction_beside_measurement_and_writes_a_trace() {
     assert!(!ok);
     assert!(stderr.contains("--seq-len"), "{stderr}");
 }
+
+/// `napkin exercise`: the list, a question without its answer, a right answer accepted with its
+/// explanation, a wrong one rejected (exit status 1) with a hint, malformed input explained.
+#[test]
+fn exercise_list_show_and_check() {
+    let (ok, stdout, stderr) = napkin(&["exercise", "list", "--json"]);
+    assert!(ok, "{stderr}");
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(list.as_array().unwrap().len() >= 24);
+    let (ok, stdout, _) = napkin(&["exercise", "show", "gb-vs-gib", "--seed", "1", "--json"]);
+    assert!(ok);
+    let shown: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let question = shown["question"].as_str().unwrap();
+    assert!(!stdout.contains("\"expected\""), "the answer is not shown");
+    let gb: f64 = question
+        .split(" GB")
+        .next()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let right = format!("{} GiB", gb * 1e9 / (1u64 << 30) as f64);
+    let (ok, stdout, _) = napkin(&[
+        "exercise",
+        "check",
+        "gb-vs-gib",
+        "--seed",
+        "1",
+        "--answer",
+        &right,
+        "--json",
+    ]);
+    assert!(ok);
+    let verdict: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(verdict["correct"], true, "{verdict}");
+    let (ok, stdout, _) = napkin(&[
+        "exercise",
+        "check",
+        "gb-vs-gib",
+        "--seed",
+        "1",
+        "--answer",
+        &format!("{gb} GiB"),
+    ]);
+    assert!(!ok);
+    assert!(stdout.contains("Hint"), "{stdout}");
+    let (ok, _, stderr) = napkin(&["exercise", "check", "gb-vs-gib", "--answer", "lots"]);
+    assert!(!ok && stderr.contains("not a number"), "{stderr}");
+    let (ok, _, stderr) = napkin(&["exercise", "show", "no-such-id"]);
+    assert!(!ok && stderr.contains("no exercise"), "{stderr}");
+}

@@ -862,7 +862,7 @@ pub fn catalog() -> Vec<Exercise> {
             id: "zero2-gpu",
             title: "ZeRO-2 per GPU",
             make: |d| {
-                let (_, name, c) = model(d, &PRESETS);
+                let (id, name, c) = model(d, &PRESETS);
                 let gpus = d.pick(&[2u64, 4, 8, 16]);
                 let n = c.num_parameters();
                 let e = zero2(
@@ -888,7 +888,10 @@ pub fn catalog() -> Vec<Exercise> {
                     ),
                     hint: "4·N + 16·N / GPUs.".into(),
                     explanation: format!("4 × {n} + 16 × {n} / {gpus} = {}.", gb(bytes)),
-                    sandbox: None,
+                    sandbox: Some(SandboxSettings {
+                        gpus,
+                        ..sandbox(id, 0, false, 512)
+                    }),
                 }
             },
         },

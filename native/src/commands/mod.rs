@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod estimate;
 pub mod eval;
+pub mod exercise;
 pub mod generate;
 pub mod inspect;
 pub mod measure;
