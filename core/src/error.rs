@@ -117,6 +117,19 @@ pub enum Error {
     #[error("invalid input: {0}")]
     Input(String),
 
+    /// The predicted peak memory of a run is more than the memory available to it.
+    #[error(
+        "napkin predicts a peak of {predicted_mib:.0} MiB for this training step (at `{at}`), but only {available_mib:.0} MiB available; try --checkpointing, --nf4 with --lora-r, a smaller --seq-len or --micro-batch, or --force to run anyway"
+    )]
+    NotEnoughMemory {
+        /// Predicted peak, MiB.
+        predicted_mib: f64,
+        /// Available, MiB.
+        available_mib: f64,
+        /// Where the peak happens.
+        at: String,
+    },
+
     /// A device that is not compiled into this build or cannot be opened.
     #[error("device `{name}`: {message}")]
     Device {

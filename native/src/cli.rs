@@ -253,6 +253,13 @@ pub struct TrainArgs {
     /// Print one line per step instead of a progress bar.
     #[arg(long)]
     pub plain: bool,
+    /// Start even when the predicted peak memory is more than what is available.
+    #[arg(long)]
+    pub force: bool,
+    /// The memory the run may use (e.g. `8GiB`; default on CPU devices: the machine's
+    /// available memory; on GPU devices no check unless given).
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -250,3 +250,26 @@ fn a_toml_config_is_read_and_flags_win() {
     assert!(!ok);
     assert!(stderr.contains("learning_rate"), "{stderr}");
 }
+
+/// The pre-flight check: a run whose predicted peak is above `--memory-limit` is refused with
+/// both numbers before anything is written; `--force` runs it anyway.
+#[test]
+fn a_run_that_cannot_fit_is_refused_up_front() {
+    let out = Scratch::new("preflight");
+    let mut args = train_args(&out.0, 1);
+    args.extend(["--memory-limit".into(), "2 MiB".into()]);
+    let (ok, stderr) = run(&args);
+    assert!(!ok);
+    assert!(
+        stderr.contains("napkin predicts a peak of") && stderr.contains("2 MiB available"),
+        "{stderr}"
+    );
+    assert!(!out.0.exists(), "nothing written before the refusal");
+    args.push("--force".into());
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let mut bad = train_args(&out.0, 1);
+    bad.extend(["--memory-limit".into(), "lots".into()]);
+    let (ok, stderr) = run(&bad);
+    assert!(!ok && stderr.contains("--memory-limit"), "{stderr}");
+}

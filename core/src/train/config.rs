@@ -7,7 +7,9 @@ use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
+use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::error::{Error, Result};
+use crate::predict::inventory::Scenario;
 
 /// A training run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,6 +116,34 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The predictor's scenario of this run for a model of `config`.
+    pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
+        let lora = (self.lora_r > 0)
+            .then(|| -> Result<LoraConfig> {
+                Ok(LoraConfig {
+                    r: self.lora_r,
+                    alpha: self.lora_alpha,
+                    dropout: self.lora_dropout,
+                    targets: LoraTarget::parse_list(&self.targets)?,
+                    use_rslora: false,
+                })
+            })
+            .transpose()?;
+        Ok(Scenario {
+            half_base: lora.is_some() && self.compute_dtype()?.is_some(),
+            lora,
+            nf4: self.nf4.then_some(Nf4Config {
+                block_size: self.nf4_block_size,
+                double_quant: self.double_quant,
+            }),
+            optimizer: self.optimizer,
+            checkpointing: self.checkpointing,
+            accumulation: self.accum.max(1),
+            packed: self.pack,
+            ..Scenario::new(config, self.micro_batch, self.seq_len)
+        })
+    }
+
     /// The autocast precision `dtype` names (None: f32).
     pub fn compute_dtype(&self) -> Result<Option<FloatDType>> {
         match self.dtype.to_ascii_lowercase().as_str() {

@@ -7,7 +7,6 @@ use std::io::Write;
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
 use napkin_core::device::DeviceKind;
-use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::io::load_model_with;
 use napkin_core::memory::measure::{Comparison, MeasurementReport, measure};
 use napkin_core::model::Llama;
@@ -34,7 +33,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     });
     let (config, path) = match (&args.preset, &args.model) {
         (Some(name), _) => (LlamaConfig::preset(name)?, None),
-        (None, Some(path)) => (config_of(path)?, Some(path.clone())),
+        (None, Some(path)) => (super::model_config(path)?, Some(path.clone())),
         (None, None) => bail!("give --model PATH or --preset NAME"),
     };
     let scenario = Scenario {
@@ -81,18 +80,6 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         print_report(&report, args);
     }
     Ok(())
-}
-
-/// A model's configuration without reading its weights: GGUF metadata or config.json.
-fn config_of(path: &std::path::Path) -> Result<LlamaConfig> {
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
-        return Ok(gguf_config(&GgufFile::open(path)?)?);
-    }
-    let file = path.join("config.json");
-    Ok(LlamaConfig::from_hf_file(&file).with_context(|| format!("reading {}", file.display()))?)
 }
 
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use napkin_core::device::DeviceKind;
+use napkin_core::exercises::{Dimension, answer::parse_quantity};
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes};
+use napkin_core::memory::preflight::{available_memory, check_fits};
 use napkin_core::train::{StepReport, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -23,6 +26,8 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 pub fn run(args: &TrainArgs) -> Result<()> {
     let config = settings(args)?;
+    config.validate()?;
+    preflight(args, &config)?;
     fs::create_dir_all(&config.out)
         .with_context(|| format!("creating {}", config.out.display()))?;
     let (mut trainer, skipped) = Trainer::new(config, args.resume)?;
@@ -107,6 +112,30 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 }
 
 /// Defaults, then the TOML file, then the flags.
+/// Refuses a run whose predicted peak is more than the memory it may use (unless --force).
+fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
+    if args.force {
+        return Ok(());
+    }
+    let limit = match &args.memory_limit {
+        Some(text) => Some(
+            parse_quantity(text, Dimension::Bytes)
+                .map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?
+                .value as u64,
+        ),
+        None => match config.device.parse::<DeviceKind>()? {
+            DeviceKind::Wgpu | DeviceKind::Cuda => None,
+            _ => available_memory(),
+        },
+    };
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let model = super::model_config(&config.model)?;
+    check_fits(&config.scenario(model)?, limit)?;
+    Ok(())
+}
+
 fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     let mut c = match &args.config {
         Some(path) => {
