@@ -28,10 +28,26 @@ pub struct TextTokenizer {
     pub chat_template: Option<String>,
 }
 
+/// Parses a `tokenizer.json`. The `tokenizers` crate panics on some malformed sections (a
+/// `decoder` of the wrong shape, found by `tests/integration/hostile_input.rs`): the panic is
+/// caught, kept off the terminal, and returned as an error like any other parse failure.
+fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes));
+    std::panic::set_hook(previous);
+    match parsed {
+        Ok(Ok(tokenizer)) => Ok(tokenizer),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("a section has the wrong shape (the tokenizers crate gave up)".into()),
+    }
+}
+
 impl TextTokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let inner = Tokenizer::from_file(path)
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let inner = parse_tokenizer_json(&bytes)
             .map_err(|e| Error::checkpoint(path, format!("not a usable tokenizer.json: {e}")))?;
         // A `tokenizer_config.json` beside it may hold the chat template and EOS token.
         let config: Option<serde_json::Value> = path

@@ -12,7 +12,7 @@ use napkin_core::values::to_f32_vec;
 use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
 
 /// The fixture model as llama.cpp's converter would write it (F32).
-fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
+pub(crate) fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
     let config = LlamaConfig::from_hf_file(&dir.join("config.json")).unwrap();
     let ckpt = SafetensorsCheckpoint::open(dir).unwrap();
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = config

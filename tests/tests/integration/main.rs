@@ -3,6 +3,8 @@
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
+//! - `hostile_input`: thousands of mutated model, config, tokenizer, adapter, data files and
+//!   answers: typed errors, never a panic.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
 //! - `mixed_precision`: bf16 / f16 autocast on Flex against f32; loss scaling.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
@@ -17,6 +19,7 @@
 mod checkpoints;
 mod data;
 mod gguf_files;
+mod hostile_input;
 mod llama_parity;
 mod lora_parity;
 mod mixed_precision;
