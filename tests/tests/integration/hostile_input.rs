@@ -38,7 +38,7 @@ impl Rng {
 fn mutate(good: &[u8], hot: usize, rng: &mut Rng) -> Vec<u8> {
     let mut out = good.to_vec();
     let len = out.len().max(1);
-    let mut pos = |rng: &mut Rng| {
+    let pos = |rng: &mut Rng| {
         if rng.below(5) < 4 {
             rng.below(hot.min(len))
         } else {
