@@ -297,27 +297,8 @@ pub struct EstimateArgs {
     /// What ZeRO offloads to the CPU: optimizer, or params,optimizer.
     #[arg(long)]
     pub offload: Option<String>,
-    /// LoRA rank for the inventory (0: full fine-tuning).
-    #[arg(long, default_value_t = 0)]
-    pub lora_r: usize,
-    /// NF4 base (QLoRA) for the inventory.
-    #[arg(long)]
-    pub nf4: bool,
-    /// With --nf4: double quantization.
-    #[arg(long)]
-    pub double_quant: bool,
-    /// B, for activations and logits.
-    #[arg(long, default_value_t = 1)]
-    pub micro_batch: usize,
-    /// T, for activations and logits.
-    #[arg(long, default_value_t = 256)]
-    pub seq_len: usize,
-    /// Gradient checkpointing (the seed activation formula keeps only layer inputs).
-    #[arg(long)]
-    pub checkpointing: bool,
-    /// Micro-batches per optimizer step (gradient accumulation).
-    #[arg(long, default_value_t = 1)]
-    pub accumulation: usize,
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -331,27 +312,8 @@ pub struct MeasureArgs {
     /// A named configuration with random weights (`napkin estimate --preset` lists them).
     #[arg(long, required_unless_present = "model")]
     pub preset: Option<String>,
-    /// LoRA rank on all linear layers (0: full fine-tuning).
-    #[arg(long, default_value_t = 0)]
-    pub lora_r: usize,
-    /// Quantize the block linears to NF4 (QLoRA with --lora-r).
-    #[arg(long)]
-    pub nf4: bool,
-    /// NF4 double quantization of the scales.
-    #[arg(long)]
-    pub double_quant: bool,
-    /// Block-level gradient checkpointing.
-    #[arg(long)]
-    pub checkpointing: bool,
-    /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1)]
-    pub accumulation: usize,
-    /// Rows per micro-batch.
-    #[arg(long, default_value_t = 1)]
-    pub micro_batch: usize,
-    /// Tokens per row.
-    #[arg(long, default_value_t = 256)]
-    pub seq_len: usize,
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
     /// adamw, adamw8bit or sgd.
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
@@ -411,4 +373,30 @@ pub enum ExerciseAction {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The training scenario `estimate` predicts and `measure` runs.
+#[derive(Debug, Args)]
+pub struct ScenarioArgs {
+    /// LoRA rank on all linear layers (0: full fine-tuning).
+    #[arg(long, default_value_t = 0)]
+    pub lora_r: usize,
+    /// Quantize the block linears to NF4 (QLoRA with --lora-r).
+    #[arg(long)]
+    pub nf4: bool,
+    /// With --nf4: double quantization of the scales.
+    #[arg(long)]
+    pub double_quant: bool,
+    /// B: rows per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: usize,
+    /// T: tokens per row.
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// Block-level gradient checkpointing.
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub accumulation: usize,
 }

@@ -116,9 +116,9 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The predictor's scenario of this run for a model of `config`.
-    pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
-        let lora = (self.lora_r > 0)
+    /// The LoRA adapters this run trains (None: full fine-tuning).
+    pub fn lora_config(&self) -> Result<Option<LoraConfig>> {
+        (self.lora_r > 0)
             .then(|| -> Result<LoraConfig> {
                 Ok(LoraConfig {
                     r: self.lora_r,
@@ -128,14 +128,24 @@ impl TrainConfig {
                     use_rslora: false,
                 })
             })
-            .transpose()?;
+            .transpose()
+    }
+
+    /// The NF4 quantization of the base, if asked for.
+    pub fn nf4_config(&self) -> Option<Nf4Config> {
+        self.nf4.then_some(Nf4Config {
+            block_size: self.nf4_block_size,
+            double_quant: self.double_quant,
+        })
+    }
+
+    /// The predictor's scenario of this run for a model of `config`.
+    pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
+        let lora = self.lora_config()?;
         Ok(Scenario {
             half_base: lora.is_some() && self.compute_dtype()?.is_some(),
             lora,
-            nf4: self.nf4.then_some(Nf4Config {
-                block_size: self.nf4_block_size,
-                double_quant: self.double_quant,
-            }),
+            nf4: self.nf4_config(),
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
             accumulation: self.accum.max(1),

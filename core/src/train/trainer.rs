@@ -27,7 +27,7 @@ use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
 use super::schedule::LrSchedule;
 use super::step::{Accumulation, forward_backward_scaled};
 use crate::chat::ChatFormat;
-use crate::config::{LoraConfig, LoraTarget, Nf4Config};
+use crate::config::LoraConfig;
 use crate::data::instruct::{Conversation, read_jsonl};
 use crate::data::text::text_samples;
 use crate::data::{DataLoader, Sample};
@@ -132,22 +132,9 @@ impl Trainer {
         let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
         // With NF4 each block linear is quantized as it is read: the float base never exists
         // whole (QLoRA's load peak stays near the NF4 size).
-        let nf4 = config.nf4.then_some(Nf4Config {
-            block_size: config.nf4_block_size,
-            double_quant: config.double_quant,
-        });
+        let nf4 = config.nf4_config();
         let mut model = load_model_with(base_path, &device, nf4.as_ref())?;
-        let lora = (config.lora_r > 0)
-            .then(|| -> Result<LoraConfig> {
-                Ok(LoraConfig {
-                    r: config.lora_r,
-                    alpha: config.lora_alpha,
-                    dropout: config.lora_dropout,
-                    targets: LoraTarget::parse_list(&config.targets)?,
-                    use_rslora: false,
-                })
-            })
-            .transpose()?;
+        let lora = config.lora_config()?;
         if let Some(lora) = &lora {
             model = match &found {
                 Some((dir, _)) => model.load_lora(dir)?.0,

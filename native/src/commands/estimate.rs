@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
+use napkin_core::predict::inventory::{Kind, inventory, totals_by_kind};
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
@@ -136,10 +136,10 @@ fn run_with(
     if let Some(inv) = &inventory {
         println!(
             "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
-            args.micro_batch,
-            args.seq_len,
-            args.lora_r,
-            if args.nf4 { ", NF4 base" } else { "" }
+            args.scenario.micro_batch,
+            args.scenario.seq_len,
+            args.scenario.lora_r,
+            if args.scenario.nf4 { ", NF4 base" } else { "" }
         );
         println!(
             "  {:<18} {:>12}   {:>12}",
@@ -374,22 +374,8 @@ fn inventory_section(
     config: &LlamaConfig,
     optimizer: OptimizerKind,
 ) -> Result<serde_json::Value> {
-    let lora = (args.lora_r > 0).then(|| LoraConfig {
-        r: args.lora_r,
-        alpha: 2.0 * args.lora_r as f64,
-        ..LoraConfig::default()
-    });
-    let scenario = Scenario {
-        lora: lora.clone(),
-        nf4: args.nf4.then_some(Nf4Config {
-            block_size: 64,
-            double_quant: args.double_quant,
-        }),
-        optimizer,
-        checkpointing: args.checkpointing,
-        accumulation: args.accumulation.max(1),
-        ..Scenario::new(config.clone(), args.micro_batch, args.seq_len)
-    };
+    let scenario = args.scenario.scenario(config.clone(), optimizer)?;
+    let lora = scenario.lora.clone();
     let entries = inventory(&scenario);
     let totals = totals_by_kind(&entries);
     let timeline = step_timeline(&scenario);
@@ -408,17 +394,19 @@ fn inventory_section(
         rule,
         Precision::Fp32,
         ActivationShape {
-            seq: args.seq_len as f64,
-            batch: args.micro_batch as f64,
+            seq: args.scenario.seq_len as f64,
+            batch: args.scenario.micro_batch as f64,
             hidden: config.hidden_size as f64,
             heads: config.num_attention_heads as f64,
             layers: config.num_hidden_layers as f64,
         },
-        args.checkpointing,
+        args.scenario.checkpointing,
     );
     let work = step_work(&scenario);
     let half = matches!(precision_of(args)?, Precision::Mixed);
-    let tokens = (args.micro_batch * args.seq_len * args.accumulation.max(1)) as f64;
+    let tokens = (args.scenario.micro_batch
+        * args.scenario.seq_len
+        * args.scenario.accumulation.max(1)) as f64;
     let devices: Vec<serde_json::Value> = device_presets()
         .iter()
         .map(|d| {
@@ -446,9 +434,9 @@ fn inventory_section(
         "time": {"work": work, "flops": work.flops(), "devices": devices},
         "sharding": sharding,
         "scenario": {
-            "lora_r": args.lora_r, "nf4": args.nf4, "double_quant": args.double_quant,
-            "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-            "checkpointing": args.checkpointing, "trainable_parameters": trainable,
+            "lora_r": args.scenario.lora_r, "nf4": args.scenario.nf4, "double_quant": args.scenario.double_quant,
+            "micro_batch": args.scenario.micro_batch, "seq_len": args.scenario.seq_len,
+            "checkpointing": args.scenario.checkpointing, "trainable_parameters": trainable,
         },
         "inventory_bytes_by_kind": totals,
         "per_layer": per_layer,

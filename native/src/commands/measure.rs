@@ -5,12 +5,11 @@
 use std::io::Write;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_model_with;
 use napkin_core::memory::measure::{Comparison, MeasurementReport, measure};
 use napkin_core::model::Llama;
-use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::units::accelerate_units;
 
 use crate::cli::MeasureArgs;
@@ -19,31 +18,14 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     let kind: DeviceKind = args.device.parse()?;
     let device = kind.open()?;
     let optimizer: OptimizerKind = args.optimizer.parse()?;
-    if args.micro_batch == 0 || args.seq_len < 2 {
-        bail!("--micro-batch must be at least 1 and --seq-len at least 2");
-    }
-    let lora = (args.lora_r > 0).then(|| LoraConfig {
-        r: args.lora_r,
-        alpha: 2.0 * args.lora_r as f64,
-        ..LoraConfig::default()
-    });
-    let nf4 = args.nf4.then_some(Nf4Config {
-        block_size: 64,
-        double_quant: args.double_quant,
-    });
+    let lora = args.scenario.lora();
+    let nf4 = args.scenario.nf4();
     let (config, path) = match (&args.preset, &args.model) {
         (Some(name), _) => (LlamaConfig::preset(name)?, None),
         (None, Some(path)) => (super::model_config(path)?, Some(path.clone())),
         (None, None) => bail!("give --model PATH or --preset NAME"),
     };
-    let scenario = Scenario {
-        lora: lora.clone(),
-        nf4,
-        optimizer,
-        checkpointing: args.checkpointing,
-        accumulation: args.accumulation.max(1),
-        ..Scenario::new(config.clone(), args.micro_batch, args.seq_len)
-    };
+    let scenario = args.scenario.scenario(config.clone(), optimizer)?;
     let train_device = device.clone().autodiff();
     let build = || -> napkin_core::error::Result<Llama> {
         train_device.seed(7);

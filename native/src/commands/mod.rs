@@ -12,8 +12,11 @@ pub mod train;
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use napkin_core::config::LlamaConfig;
+use anyhow::{Context, Result, bail};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::predict::inventory::Scenario;
+
+use crate::cli::ScenarioArgs;
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 
 /// A model's configuration without reading its weights: GGUF metadata or config.json.
@@ -26,4 +29,38 @@ pub fn model_config(path: &Path) -> Result<LlamaConfig> {
     }
     let file = path.join("config.json");
     LlamaConfig::from_hf_file(&file).with_context(|| format!("reading {}", file.display()))
+}
+
+impl ScenarioArgs {
+    /// LoRA on all linears with α = 2r, as the flags ask (None: full fine-tuning).
+    pub fn lora(&self) -> Option<LoraConfig> {
+        (self.lora_r > 0).then(|| LoraConfig {
+            r: self.lora_r,
+            alpha: 2.0 * self.lora_r as f64,
+            ..LoraConfig::default()
+        })
+    }
+
+    /// NF4 with blocks of 64, as the flags ask.
+    pub fn nf4(&self) -> Option<Nf4Config> {
+        self.nf4.then_some(Nf4Config {
+            block_size: 64,
+            double_quant: self.double_quant,
+        })
+    }
+
+    /// The predictor's scenario for a model of `config`.
+    pub fn scenario(&self, config: LlamaConfig, optimizer: OptimizerKind) -> Result<Scenario> {
+        if self.micro_batch == 0 || self.seq_len < 2 {
+            bail!("--micro-batch must be at least 1 and --seq-len at least 2");
+        }
+        Ok(Scenario {
+            lora: self.lora(),
+            nf4: self.nf4(),
+            optimizer,
+            checkpointing: self.checkpointing,
+            accumulation: self.accumulation.max(1),
+            ..Scenario::new(config, self.micro_batch, self.seq_len)
+        })
+    }
 }
