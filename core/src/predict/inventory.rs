@@ -355,6 +355,51 @@ pub enum Phase {
     Optimizer,
 }
 
+/// One block's bytes (or those outside the blocks) by the kinds a learner compares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerBytes {
+    /// `layers.3`, or `outside blocks`.
+    pub layer: String,
+    /// Float weights.
+    pub weights: u64,
+    /// NF4 codes and scales.
+    pub quant: u64,
+    /// LoRA adapters.
+    pub adapters: u64,
+    /// Gradients.
+    pub gradients: u64,
+    /// Optimizer state.
+    pub optimizer_state: u64,
+    /// Activations kept for the backward (and checkpointed block inputs).
+    pub activations: u64,
+}
+
+/// Bytes per decoder block, then outside the blocks.
+pub fn per_layer(entries: &[Entry], layers: usize) -> Vec<LayerBytes> {
+    (0..layers)
+        .map(Some)
+        .chain([None])
+        .map(|layer| {
+            let sum = |kinds: &[Kind]| -> u64 {
+                entries
+                    .iter()
+                    .filter(|e| e.layer == layer && kinds.contains(&e.kind))
+                    .map(|e| e.bytes)
+                    .sum()
+            };
+            LayerBytes {
+                layer: layer.map_or("outside blocks".to_string(), |l| format!("layers.{l}")),
+                weights: sum(&[Kind::Weights]),
+                quant: sum(&[Kind::QuantCodes, Kind::QuantScales]),
+                adapters: sum(&[Kind::Adapters]),
+                gradients: sum(&[Kind::Gradients]),
+                optimizer_state: sum(&[Kind::OptimizerState]),
+                activations: sum(&[Kind::SavedActivations, Kind::CheckpointInputs]),
+            }
+        })
+        .collect()
+}
+
 /// Activations kept for the backward (and burn's graph) by block (None: outside the blocks).
 pub fn kept_by_layer(entries: &[Entry]) -> BTreeMap<Option<usize>, u64> {
     let mut totals = BTreeMap::new();

@@ -9,7 +9,7 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{Kind, inventory, totals_by_kind};
+use napkin_core::predict::inventory::{inventory, per_layer, totals_by_kind};
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
@@ -379,7 +379,7 @@ fn inventory_section(
     let entries = inventory(&scenario);
     let totals = totals_by_kind(&entries);
     let timeline = step_timeline(&scenario);
-    let per_layer = per_layer_rows(&entries, config.num_hidden_layers);
+    let per_layer = per_layer(&entries, config.num_hidden_layers);
     let trainable = lora
         .as_ref()
         .map_or(config.num_parameters(), |l| l.trainable_parameters(config));
@@ -445,31 +445,4 @@ fn inventory_section(
         "seed_formulas": seed,
         "entries": entries,
     }))
-}
-
-/// Bytes per decoder block (and outside the blocks) by the kinds a learner compares.
-fn per_layer_rows(
-    entries: &[napkin_core::predict::inventory::Entry],
-    layers: usize,
-) -> Vec<serde_json::Value> {
-    let rows = (0..layers).map(Some).chain([None]);
-    rows.map(|layer| {
-        let sum = |kinds: &[Kind]| -> u64 {
-            entries
-                .iter()
-                .filter(|e| e.layer == layer && kinds.contains(&e.kind))
-                .map(|e| e.bytes)
-                .sum()
-        };
-        json!({
-            "layer": layer.map_or("outside blocks".to_string(), |l| format!("layers.{l}")),
-            "weights": sum(&[Kind::Weights]),
-            "quant": sum(&[Kind::QuantCodes, Kind::QuantScales]),
-            "adapters": sum(&[Kind::Adapters]),
-            "gradients": sum(&[Kind::Gradients]),
-            "optimizer_state": sum(&[Kind::OptimizerState]),
-            "activations": sum(&[Kind::SavedActivations, Kind::CheckpointInputs]),
-        })
-    })
-    .collect()
 }

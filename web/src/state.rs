@@ -1,0 +1,323 @@
+//! The sandbox's state as plain data, the actions a learner can take, a reducer, and the view
+//! model the charts draw — all computed by napkin-core's predictor, none of it copied. The
+//! components (to come) only render a `View` and dispatch `Action`s; this file compiles and is
+//! tested natively.
+
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::exercises::SandboxSettings;
+use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
+use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
+use napkin_core::predict::time::{RooflineTime, device_preset, roofline, step_work};
+use napkin_core::predict::timeline::{Event, StepPeak, step_timeline};
+use serde::Serialize;
+
+/// Largest LoRA rank the controls offer.
+pub const MAX_RANK: usize = 256;
+
+/// Everything the controls set.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxState {
+    /// Model preset name (`napkin_core::config::LlamaConfig::presets`).
+    pub preset: String,
+    /// LoRA on/off and its rank.
+    pub lora: bool,
+    /// LoRA rank.
+    pub rank: usize,
+    /// NF4 base.
+    pub nf4: bool,
+    /// NF4 double quantization.
+    pub double_quant: bool,
+    /// Gradient checkpointing.
+    pub checkpointing: bool,
+    /// Micro-batches per optimizer step.
+    pub accumulation: usize,
+    /// B.
+    pub micro_batch: usize,
+    /// T.
+    pub seq_len: usize,
+    /// The optimizer.
+    pub optimizer: OptimizerKind,
+    /// GPUs (1: no data parallelism).
+    pub gpus: u64,
+    /// How state is spread over the GPUs.
+    pub strategy: Strategy,
+    /// Offload the optimizer state to the CPU.
+    pub offload_optimizer: bool,
+    /// The target device preset id.
+    pub device: String,
+}
+
+impl Default for SandboxState {
+    fn default() -> Self {
+        SandboxState {
+            preset: "smollm2-135m".into(),
+            lora: true,
+            rank: 16,
+            nf4: false,
+            double_quant: false,
+            checkpointing: false,
+            accumulation: 1,
+            micro_batch: 1,
+            seq_len: 256,
+            optimizer: OptimizerKind::AdamW,
+            gpus: 1,
+            strategy: Strategy::Ddp,
+            offload_optimizer: false,
+            device: "t4".into(),
+        }
+    }
+}
+
+/// What a learner can do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Pick a model preset (unknown names are ignored).
+    SelectPreset(String),
+    /// LoRA on or off.
+    SetLora(bool),
+    /// LoRA rank (clamped to 1..=MAX_RANK).
+    SetRank(usize),
+    /// NF4 on or off (off also turns double quantization off).
+    SetNf4(bool),
+    /// Double quantization (turns NF4 on).
+    SetDoubleQuant(bool),
+    /// Gradient checkpointing.
+    SetCheckpointing(bool),
+    /// Accumulation steps (at least 1).
+    SetAccumulation(usize),
+    /// Micro-batch (at least 1).
+    SetMicroBatch(usize),
+    /// Sequence length (2 … the model's maximum).
+    SetSeqLen(usize),
+    /// Optimizer.
+    SetOptimizer(OptimizerKind),
+    /// GPUs (at least 1).
+    SetGpus(u64),
+    /// Sharding strategy.
+    SetStrategy(Strategy),
+    /// Offload the optimizer state.
+    SetOffloadOptimizer(bool),
+    /// Target device preset (unknown ids are ignored).
+    SelectDevice(String),
+    /// An exercise's scenario, after a correct answer.
+    LoadExercise(SandboxSettings),
+}
+
+/// The next state.
+pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
+    let mut s = state.clone();
+    match action {
+        Action::SelectPreset(name) => {
+            if let Ok(config) = LlamaConfig::preset(&name) {
+                s.preset = name.to_ascii_lowercase();
+                s.seq_len = s.seq_len.min(config.max_position_embeddings);
+            }
+        }
+        Action::SetLora(on) => s.lora = on,
+        Action::SetRank(r) => s.rank = r.clamp(1, MAX_RANK),
+        Action::SetNf4(on) => {
+            s.nf4 = on;
+            s.double_quant &= on;
+        }
+        Action::SetDoubleQuant(on) => {
+            s.double_quant = on;
+            s.nf4 |= on;
+        }
+        Action::SetCheckpointing(on) => s.checkpointing = on,
+        Action::SetAccumulation(k) => s.accumulation = k.max(1),
+        Action::SetMicroBatch(b) => s.micro_batch = b.max(1),
+        Action::SetSeqLen(t) => {
+            let max = LlamaConfig::preset(&s.preset).map_or(t, |c| c.max_position_embeddings);
+            s.seq_len = t.clamp(2, max.max(2));
+        }
+        Action::SetOptimizer(o) => s.optimizer = o,
+        Action::SetGpus(n) => s.gpus = n.max(1),
+        Action::SetStrategy(st) => s.strategy = st,
+        Action::SetOffloadOptimizer(on) => s.offload_optimizer = on,
+        Action::SelectDevice(id) => {
+            if device_preset(&id).is_some() {
+                s.device = id;
+            }
+        }
+        Action::LoadExercise(x) => {
+            let mut next = SandboxState::default();
+            for action in [
+                Action::SelectPreset(x.preset),
+                Action::SetLora(x.lora_r > 0),
+                Action::SetRank(x.lora_r.max(1)),
+                Action::SetNf4(x.nf4),
+                Action::SetDoubleQuant(x.double_quant),
+                Action::SetCheckpointing(x.checkpointing),
+                Action::SetMicroBatch(x.micro_batch),
+                Action::SetSeqLen(x.seq_len),
+                Action::SetAccumulation(x.accumulation),
+                Action::SetGpus(x.gpus),
+            ] {
+                next = reduce(&next, action);
+            }
+            if let Some(device) = x.device {
+                next = reduce(&next, Action::SelectDevice(device));
+            }
+            s = next;
+        }
+    }
+    s
+}
+
+/// What the page draws for a state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct View {
+    /// Per-layer stacked bytes (the last row: outside the blocks).
+    pub per_layer: Vec<LayerBytes>,
+    /// One step, event by event.
+    pub timeline: Vec<Event>,
+    /// The peak and what makes it.
+    pub peak: StepPeak,
+    /// The step on the target device.
+    pub time: RooflineTime,
+    /// Whether the peak fits the target device's memory (per GPU when sharded).
+    pub fits: bool,
+    /// Per-GPU memory when more than one GPU.
+    pub sharded: Option<ShardedMemory>,
+}
+
+impl SandboxState {
+    /// The predictor's scenario.
+    pub fn scenario(&self) -> Scenario {
+        let config =
+            LlamaConfig::preset(&self.preset).unwrap_or_else(|_| LlamaConfig::smollm2_135m());
+        Scenario {
+            lora: self.lora.then(|| LoraConfig {
+                r: self.rank,
+                alpha: 2.0 * self.rank as f64,
+                ..LoraConfig::default()
+            }),
+            nf4: self.nf4.then_some(Nf4Config {
+                block_size: 64,
+                double_quant: self.double_quant,
+            }),
+            optimizer: self.optimizer,
+            checkpointing: self.checkpointing,
+            accumulation: self.accumulation,
+            ..Scenario::new(config, self.micro_batch, self.seq_len)
+        }
+    }
+
+    /// Everything the charts need.
+    pub fn view(&self) -> View {
+        let scenario = self.scenario();
+        let entries = inventory(&scenario);
+        let timeline = step_timeline(&scenario);
+        let device = device_preset(&self.device)
+            .unwrap_or_else(|| napkin_core::predict::time::device_presets().remove(0));
+        let tokens = scenario.tokens() as f64 * scenario.accumulation as f64;
+        let time = roofline(&step_work(&scenario), tokens, &device, false);
+        let sharded = (self.gpus > 1).then(|| {
+            sharded_memory(
+                &scenario,
+                self.strategy,
+                self.gpus,
+                1,
+                Offload {
+                    parameters: false,
+                    optimizer: self.offload_optimizer,
+                },
+            )
+        });
+        let per_gpu = sharded.as_ref().map_or(timeline.peak.bytes, |m| m.gpu_peak);
+        View {
+            per_layer: per_layer(&entries, scenario.config.num_hidden_layers),
+            fits: per_gpu as f64 <= device.memory,
+            timeline: timeline.events,
+            peak: timeline.peak,
+            time,
+            sharded,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn total_weights(v: &View) -> u64 {
+        v.per_layer.iter().map(|l| l.weights + l.quant).sum()
+    }
+
+    #[test]
+    fn nf4_lowers_the_weights_and_checkpointing_the_peak() {
+        let s = SandboxState::default();
+        let plain = s.view();
+        let nf4 = reduce(&s, Action::SetNf4(true)).view();
+        assert!(total_weights(&nf4) * 2 < total_weights(&plain));
+        let ckpt = reduce(&s, Action::SetCheckpointing(true)).view();
+        // SmolLM2, T = 256: the step's own bytes fall from ~690 to ~160 MiB above the state.
+        assert!(ckpt.peak.bytes + (400 << 20) < plain.peak.bytes);
+        // Turning NF4 off also turns double quantization off; DQ turns NF4 on.
+        let dq = reduce(&s, Action::SetDoubleQuant(true));
+        assert!(dq.nf4);
+        assert!(!reduce(&dq, Action::SetNf4(false)).double_quant);
+    }
+
+    #[test]
+    fn controls_are_clamped_and_unknown_names_ignored() {
+        let s = SandboxState::default();
+        assert_eq!(reduce(&s, Action::SetRank(0)).rank, 1);
+        assert_eq!(reduce(&s, Action::SetRank(100_000)).rank, MAX_RANK);
+        assert_eq!(reduce(&s, Action::SetSeqLen(1)).seq_len, 2);
+        assert_eq!(reduce(&s, Action::SetSeqLen(1 << 30)).seq_len, 8192);
+        assert_eq!(reduce(&s, Action::SelectPreset("gpt-9".into())), s);
+        assert_eq!(reduce(&s, Action::SelectDevice("abacus".into())), s);
+        assert_eq!(reduce(&s, Action::SetAccumulation(0)).accumulation, 1);
+    }
+
+    /// Full fine-tuning of Llama-2-7B does not fit a T4; QLoRA with checkpointing does.
+    #[test]
+    fn the_fit_verdict_follows_the_tricks() {
+        let mut s = reduce(
+            &SandboxState::default(),
+            Action::SelectPreset("llama-2-7b".into()),
+        );
+        s = reduce(&s, Action::SetLora(false));
+        assert!(!s.view().fits);
+        for a in [
+            Action::SetLora(true),
+            Action::SetDoubleQuant(true),
+            Action::SetCheckpointing(true),
+        ] {
+            s = reduce(&s, a);
+        }
+        let v = s.view();
+        assert!(v.fits, "peak {}", v.peak.bytes);
+    }
+
+    /// An exercise's scenario lands in the controls.
+    #[test]
+    fn an_exercise_presets_the_sandbox() {
+        let inst = napkin_core::exercises::instance("will-it-fit", 3).unwrap();
+        let settings = inst.sandbox.clone().unwrap();
+        let s = reduce(
+            &SandboxState::default(),
+            Action::LoadExercise(settings.clone()),
+        );
+        assert_eq!(s.preset, settings.preset);
+        assert_eq!(s.lora, settings.lora_r > 0);
+        assert_eq!(s.nf4, settings.nf4);
+        assert_eq!(s.seq_len, settings.seq_len);
+        assert_eq!(Some(s.device.clone()), settings.device);
+        // The verdict the exercise expects is the one the sandbox shows.
+        let expected_fits = inst.expected.value == 0.0;
+        assert_eq!(s.view().fits, expected_fits);
+    }
+
+    #[test]
+    fn many_gpus_shard_the_state() {
+        let mut s = reduce(&SandboxState::default(), Action::SetLora(false));
+        let one = s.view();
+        s = reduce(&s, Action::SetGpus(8));
+        s = reduce(&s, Action::SetStrategy(Strategy::FullShard));
+        let eight = s.view();
+        let sharded = eight.sharded.expect("sharded");
+        assert!(sharded.gpu_peak < one.peak.bytes);
+    }
+}
