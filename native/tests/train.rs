@@ -119,47 +119,97 @@ fn a_killed_run_resumes_to_the_same_losses() {
         assert!(whole.0.join(file).is_file(), "{file} written");
     }
 
-    // The same run, killed with SIGKILL after a few steps, then resumed.
-    let killed = Scratch::new("killed");
+    // The same run killed with SIGKILL, then resumed: after 8, 2 and 13 steps, and in the
+    // middle of writing the 1st and the 3rd checkpoint (their temporary folder exists).
+    let mut during_write = 0;
+    for (tag, kill) in [
+        ("after-8", Kill::AfterSteps(8)),
+        ("after-2", Kill::AfterSteps(2)), // before the first checkpoint: starts over
+        ("after-13", Kill::AfterSteps(13)),
+        ("writing-1", Kill::DuringCheckpoint(1)),
+        ("writing-3", Kill::DuringCheckpoint(3)),
+    ] {
+        during_write += usize::from(kill_and_resume(tag, kill, STEPS, &reference));
+    }
+    assert!(
+        during_write >= 1,
+        "no kill landed inside a checkpoint write"
+    );
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// Once this many steps are in metrics.jsonl.
+    AfterSteps(u64),
+    /// As soon as the n-th checkpoint's temporary folder appears.
+    DuringCheckpoint(usize),
+}
+
+/// Runs, kills with SIGKILL at `kill`, checks every final-named checkpoint, resumes, and
+/// compares the losses with `reference`. Returns whether the kill hit a checkpoint write.
+fn kill_and_resume(tag: &str, kill: Kill, steps: u64, reference: &[(u64, f64)]) -> bool {
+    let killed = Scratch::new(&format!("killed-{tag}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_napkin"))
-        .args(train_args(&killed.0, STEPS))
+        .args(train_args(&killed.0, steps))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start napkin");
     let start = Instant::now();
-    while losses(&killed.0).len() < 8 {
-        assert!(start.elapsed() < Duration::from_secs(300), "no progress");
+    let mut seen_writes = std::collections::BTreeSet::new();
+    let mut hit_write = false;
+    loop {
         assert!(
-            child.try_wait().unwrap().is_none(),
-            "finished before the kill"
+            start.elapsed() < Duration::from_secs(300),
+            "{tag}: no progress"
         );
-        std::thread::sleep(Duration::from_millis(5));
+        if child.try_wait().unwrap().is_some() {
+            break; // finished before the kill point: resume must then be a no-op
+        }
+        let writing: Vec<String> = std::fs::read_dir(&killed.0)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".tmp"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        seen_writes.extend(writing.iter().cloned());
+        let now = match kill {
+            Kill::AfterSteps(n) => losses(&killed.0).len() as u64 >= n,
+            Kill::DuringCheckpoint(n) => !writing.is_empty() && seen_writes.len() >= n,
+        };
+        if now {
+            child.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix
+            hit_write = !writing.is_empty();
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
-    child.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix
     child.wait().unwrap();
-    let before_resume = losses(&killed.0);
-    assert!(before_resume.len() < STEPS as usize, "killed mid-run");
-    // Every checkpoint folder under its final name is complete and matches its checksums.
-    let checkpoints = list_checkpoints(&killed.0);
-    assert!(
-        !checkpoints.is_empty(),
-        "a checkpoint was saved before the kill"
+    eprintln!(
+        "{tag}: killed after {} steps, {}",
+        losses(&killed.0).len(),
+        if hit_write {
+            "inside a checkpoint write"
+        } else {
+            "between checkpoint writes"
+        }
     );
-    for (_, dir) in &checkpoints {
-        read_checkpoint(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    // Every checkpoint folder under its final name is complete and matches its checksums.
+    for (_, dir) in &list_checkpoints(&killed.0) {
+        read_checkpoint(dir).unwrap_or_else(|e| panic!("{tag}: {}: {e}", dir.display()));
     }
-
-    let mut args = train_args(&killed.0, STEPS);
+    let mut args = train_args(&killed.0, steps);
     args.push("--resume".into());
     let (ok, stderr) = run(&args);
-    assert!(ok, "{stderr}");
-    assert!(stderr.contains("resuming after step"), "{stderr}");
-    let resumed = losses(&killed.0);
+    assert!(ok, "{tag}: {stderr}");
     assert_eq!(
-        resumed, reference,
-        "the resumed run repeats the uninterrupted one"
+        losses(&killed.0),
+        reference,
+        "{tag}: the resumed run repeats the uninterrupted one"
     );
+    hit_write
 }
 
 #[test]
