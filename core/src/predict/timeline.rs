@@ -216,41 +216,44 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
                     alive.add(e);
                 }
             }
-            // The MLP half's backward runs first, beginning with its output projection (whose
-            // gradient appears while the half's kept tensors and workspace are alive); the other
-            // gradients appear as those are freed. Then the attention half, the same way.
-            let layer_grads = grads_of(Some(layer));
-            let output_projection =
-                |e: &&&Entry| e.name.contains(".down_proj.") || e.name.contains(".o_proj.");
-            let (attention_grads, mlp_grads): (Vec<&Entry>, Vec<&Entry>) =
-                layer_grads.into_iter().partition(|e| attention_half(e));
-            for e in mlp_grads.iter().filter(output_projection) {
-                alive.add_as(grad_name(e), e);
-            }
-            transient(
-                &mut alive,
-                &format!("layers.{layer}.mlp.backward_workspace"),
-                &format!("backward.layers.{layer}.mlp"),
-            );
-            for e in kept.iter().filter(|e| !attention_half(e)) {
-                alive.remove(&e.name);
-            }
-            for e in &mlp_grads {
-                alive.add_as(grad_name(e), e);
-            }
-            for e in attention_grads.iter().filter(output_projection) {
-                alive.add_as(grad_name(e), e);
-            }
-            transient(
-                &mut alive,
-                &format!("layers.{layer}.self_attn.backward_workspace"),
-                &format!("backward.layers.{layer}.self_attn"),
-            );
-            for e in &kept {
-                alive.remove(&e.name);
-            }
-            for e in &attention_grads {
-                alive.add_as(grad_name(e), e);
+            // The MLP half's backward runs first, then the attention half's. Each begins with
+            // its output projection, whose gradient appears while the half's kept tensors and
+            // workspace are alive; the half's other gradients appear as those are freed.
+            let (attention_grads, mlp_grads): (Vec<&Entry>, Vec<&Entry>) = grads_of(Some(layer))
+                .into_iter()
+                .partition(|e| attention_half(e));
+            let halves: [(&str, Vec<&Entry>, Vec<&Entry>); 2] = [
+                (
+                    "mlp",
+                    mlp_grads,
+                    kept.iter()
+                        .copied()
+                        .filter(|e| !attention_half(e))
+                        .collect(),
+                ),
+                (
+                    "self_attn",
+                    attention_grads,
+                    kept.iter().copied().filter(|e| attention_half(e)).collect(),
+                ),
+            ];
+            for (half, grads, half_kept) in halves {
+                let output_projection =
+                    |e: &&&Entry| e.name.contains(".down_proj.") || e.name.contains(".o_proj.");
+                for e in grads.iter().filter(output_projection) {
+                    alive.add_as(grad_name(e), e);
+                }
+                transient(
+                    &mut alive,
+                    &format!("layers.{layer}.{half}.backward_workspace"),
+                    &format!("backward.layers.{layer}.{half}"),
+                );
+                for e in half_kept {
+                    alive.remove(&e.name);
+                }
+                for e in &grads {
+                    alive.add_as(grad_name(e), e);
+                }
             }
             if let Some(input) = named(&format!("layers.{layer}.checkpoint_input")) {
                 alive.remove(&input.name);

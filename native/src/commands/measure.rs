@@ -2,11 +2,10 @@
 //! predictor's (per block and per kind), the step time beside the roofline bound, and the
 //! timeline as a Chrome trace.
 
-use std::io::Write;
-
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::device::DeviceKind;
+use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
 use napkin_core::memory::measure::{Comparison, MeasurementReport, measure};
 use napkin_core::model::Llama;
@@ -53,7 +52,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     }
     let report = measure(&scenario, &device, args.steps, build)?;
     if let Some(trace) = &args.trace {
-        write_atomically(trace, &serde_json::to_vec(&report.chrome_trace())?)
+        write_atomic(trace, &serde_json::to_vec(&report.chrome_trace())?)
             .with_context(|| format!("writing the trace {}", trace.display()))?;
     }
     if args.json {
@@ -62,14 +61,6 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         print_report(&report, args);
     }
     Ok(())
-}
-
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
