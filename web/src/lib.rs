@@ -1,6 +1,20 @@
-//! napkin-web: the browser sandbox. So far its state: plain data, an action enum, a reducer and
-//! the view model the charts will draw, all from napkin-core's predictor (`state.rs`). The yew
-//! components, the training Web Worker and the build script come next (see the web sandbox
-//! issue).
+//! napkin-web: the browser sandbox. The state (`state.rs`: plain data, an action enum, a
+//! reducer, the view model from napkin-core's predictor), the training job the page runs in a
+//! Web Worker (`training.rs`), the import of `napkin measure` JSON (`import.rs`) and the chart
+//! geometry (`chart.rs`) are plain Rust, tested natively; the yew components (`app/`) and the
+//! worker's entry point (`worker.rs`) exist only in the WebAssembly build.
 
+pub mod chart;
+pub mod import;
 pub mod state;
+pub mod training;
+
+#[cfg(target_arch = "wasm32")]
+mod app;
+#[cfg(target_arch = "wasm32")]
+mod worker;
+
+/// Memory is measured by counting every allocation, in the browser as in the native tests.
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: napkin_core::memory::CountingAllocator = napkin_core::memory::CountingAllocator;

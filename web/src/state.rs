@@ -9,20 +9,25 @@ use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer
 use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
 use napkin_core::predict::time::{RooflineTime, device_preset, roofline, step_work};
 use napkin_core::predict::timeline::{Event, StepPeak, step_timeline};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest LoRA rank the controls offer.
 pub const MAX_RANK: usize = 256;
 
 /// Everything the controls set.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxState {
-    /// Model preset name (`napkin_core::config::LlamaConfig::presets`).
+    /// Model preset name (`napkin_core::config::LlamaConfig::presets`), or the name of a
+    /// dropped-in `config.json` held in `custom`.
     pub preset: String,
+    /// A model from a dropped-in Hugging Face `config.json`: its name and config.
+    pub custom: Option<(String, LlamaConfig)>,
     /// LoRA on/off and its rank.
     pub lora: bool,
     /// LoRA rank.
     pub rank: usize,
+    /// LoRA α (the adapter output is scaled by α/r; no effect on memory).
+    pub alpha: f64,
     /// NF4 base.
     pub nf4: bool,
     /// NF4 double quantization.
@@ -51,8 +56,10 @@ impl Default for SandboxState {
     fn default() -> Self {
         SandboxState {
             preset: "smollm2-135m".into(),
+            custom: None,
             lora: true,
             rank: 16,
+            alpha: 32.0,
             nf4: false,
             double_quant: false,
             checkpointing: false,
@@ -77,6 +84,10 @@ pub enum Action {
     SetLora(bool),
     /// LoRA rank (clamped to 1..=MAX_RANK).
     SetRank(usize),
+    /// LoRA α (finite and positive; others ignored).
+    SetAlpha(f64),
+    /// A dropped-in `config.json`: its file name and config; becomes the selected model.
+    UseConfig(String, Box<LlamaConfig>),
     /// NF4 on or off (off also turns double quantization off).
     SetNf4(bool),
     /// Double quantization (turns NF4 on).
@@ -108,9 +119,26 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
     let mut s = state.clone();
     match action {
         Action::SelectPreset(name) => {
-            if let Ok(config) = LlamaConfig::preset(&name) {
-                s.preset = name.to_ascii_lowercase();
+            let custom = s.custom.as_ref().filter(|(n, _)| *n == name);
+            if let Some(config) = custom
+                .map(|(_, c)| c.clone())
+                .or_else(|| LlamaConfig::preset(&name).ok())
+            {
+                s.preset = if custom.is_some() {
+                    name
+                } else {
+                    name.to_ascii_lowercase()
+                };
                 s.seq_len = s.seq_len.min(config.max_position_embeddings);
+            }
+        }
+        Action::UseConfig(name, config) => {
+            s.custom = Some((name.clone(), *config));
+            return reduce(&s, Action::SelectPreset(name));
+        }
+        Action::SetAlpha(a) => {
+            if a.is_finite() && a > 0.0 {
+                s.alpha = a;
             }
         }
         Action::SetLora(on) => s.lora = on,
@@ -127,7 +155,7 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
         Action::SetAccumulation(k) => s.accumulation = k.max(1),
         Action::SetMicroBatch(b) => s.micro_batch = b.max(1),
         Action::SetSeqLen(t) => {
-            let max = LlamaConfig::preset(&s.preset).map_or(t, |c| c.max_position_embeddings);
+            let max = s.config().max_position_embeddings;
             s.seq_len = t.clamp(2, max.max(2));
         }
         Action::SetOptimizer(o) => s.optimizer = o,
@@ -182,14 +210,21 @@ pub struct View {
 }
 
 impl SandboxState {
+    /// The selected model: the dropped-in config or a preset (SmolLM2-135M if neither).
+    pub fn config(&self) -> LlamaConfig {
+        match &self.custom {
+            Some((name, config)) if *name == self.preset => config.clone(),
+            _ => LlamaConfig::preset(&self.preset).unwrap_or_else(|_| LlamaConfig::smollm2_135m()),
+        }
+    }
+
     /// The predictor's scenario.
     pub fn scenario(&self) -> Scenario {
-        let config =
-            LlamaConfig::preset(&self.preset).unwrap_or_else(|_| LlamaConfig::smollm2_135m());
+        let config = self.config();
         Scenario {
             lora: self.lora.then(|| LoraConfig {
                 r: self.rank,
-                alpha: 2.0 * self.rank as f64,
+                alpha: self.alpha,
                 ..LoraConfig::default()
             }),
             nf4: self.nf4.then_some(Nf4Config {
@@ -308,6 +343,24 @@ mod tests {
         // The verdict the exercise expects is the one the sandbox shows.
         let expected_fits = inst.expected.value == 0.0;
         assert_eq!(s.view().fits, expected_fits);
+    }
+
+    /// A dropped-in config becomes the model; picking a preset and coming back works.
+    #[test]
+    fn a_dropped_config_is_selectable() {
+        let mut c = LlamaConfig::smollm2_135m();
+        c.num_hidden_layers = 2;
+        let s = reduce(
+            &SandboxState::default(),
+            Action::UseConfig("My-Model/config.json".into(), Box::new(c.clone())),
+        );
+        assert_eq!(s.preset, "My-Model/config.json");
+        assert_eq!(s.view().per_layer.len(), 3);
+        let s = reduce(&s, Action::SelectPreset("tiny-smol".into()));
+        assert_eq!(s.config(), LlamaConfig::tiny_smol());
+        let s = reduce(&s, Action::SelectPreset("My-Model/config.json".into()));
+        assert_eq!(s.config(), c);
+        assert_eq!(reduce(&s, Action::SetAlpha(f64::NAN)).alpha, s.alpha);
     }
 
     #[test]

@@ -5,10 +5,10 @@
 //!
 //! The JSON of [`MeasurementReport`] is the shape the browser app reads.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::meter::{Meter, MeterMethod};
 use crate::error::{Error, Result};
@@ -20,7 +20,7 @@ use crate::predict::timeline::step_timeline;
 use crate::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
 
 /// A predicted number beside the measured one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     /// What (a kind, a block, the peak).
     pub name: String,
@@ -44,28 +44,28 @@ impl Comparison {
 }
 
 /// One Chrome Trace Event: a span (`ph: "X"`) or a counter sample (`ph: "C"`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
     /// Span or counter name.
     pub name: String,
     /// `X` (complete span) or `C` (counter).
-    pub ph: &'static str,
+    pub ph: String,
     /// Start, microseconds since the measurement began.
     pub ts: f64,
     /// Duration in microseconds (spans).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dur: Option<f64>,
     /// Process id (always 1).
     pub pid: u32,
     /// Thread id (always 1).
     pub tid: u32,
     /// Counter values (`bytes`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<serde_json::Value>,
 }
 
 /// Step time: the roofline bound on this machine against the measured median.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimeComparison {
     /// The roofline on this machine's measured GEMM rate and bandwidth.
     pub predicted: RooflineTime,
@@ -78,7 +78,7 @@ pub struct TimeComparison {
 }
 
 /// Everything `napkin measure` reports.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasurementReport {
     /// How memory was measured.
     pub method: MeterMethod,
@@ -122,7 +122,7 @@ impl Recorder {
         let ts = self.now_us();
         self.events.push(TraceEvent {
             name: "memory".into(),
-            ph: "C",
+            ph: "C".into(),
             ts,
             dur: None,
             pid: 1,
@@ -135,7 +135,7 @@ impl Recorder {
         let ts = self.now_us();
         self.events.push(TraceEvent {
             name,
-            ph: "X",
+            ph: "X".into(),
             ts: from_us,
             dur: Some(ts - from_us),
             pid: 1,
@@ -145,10 +145,32 @@ impl Recorder {
     }
 }
 
-/// Measures this machine's attainable f32 GEMM rate (1024³, best of 3) on `device` and its
-/// memory bandwidth (a 256 MiB copy, best of 3), for the roofline.
-pub fn this_machine(device: &Device) -> DevicePreset {
-    let n = 1024;
+/// How hard to probe this machine for the roofline: the GEMM's size and the copy's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineProbe {
+    /// n of the n×n×n f32 GEMM.
+    pub gemm_n: usize,
+    /// Bytes copied to measure the memory bandwidth.
+    pub copy_bytes: usize,
+}
+
+impl MachineProbe {
+    /// A native machine: 1024³ GEMM, 256 MiB copy.
+    pub const NATIVE: MachineProbe = MachineProbe {
+        gemm_n: 1024,
+        copy_bytes: 256 << 20,
+    };
+    /// A browser tab (one thread, a 32-bit address space): 256³ GEMM, 16 MiB copy.
+    pub const BROWSER: MachineProbe = MachineProbe {
+        gemm_n: 256,
+        copy_bytes: 16 << 20,
+    };
+}
+
+/// Measures this machine's attainable f32 GEMM rate (best of 4) on `device` and its memory
+/// bandwidth (a copy, best of 3), for the roofline.
+pub fn this_machine(device: &Device, probe: MachineProbe) -> DevicePreset {
+    let n = probe.gemm_n;
     let a: Tensor<2> = Tensor::random([n, n], Distribution::Default, device);
     let b: Tensor<2> = Tensor::random([n, n], Distribution::Default, device);
     let mut best_gemm = f64::INFINITY;
@@ -159,8 +181,8 @@ pub fn this_machine(device: &Device) -> DevicePreset {
         best_gemm = best_gemm.min(t.elapsed().as_secs_f64());
     }
     let flops = 2.0 * (n * n * n) as f64 / best_gemm;
-    let src = vec![1u8; 256 << 20];
-    let mut dst = vec![0u8; 256 << 20];
+    let src = vec![1u8; probe.copy_bytes];
+    let mut dst = vec![0u8; probe.copy_bytes];
     let mut best_copy = f64::INFINITY;
     for _ in 0..3 {
         let t = Instant::now();
@@ -177,6 +199,20 @@ pub fn this_machine(device: &Device) -> DevicePreset {
         bandwidth,
         memory: f64::INFINITY,
     }
+}
+
+/// A randomly initialised model of `s` with its tricks applied as training sees them (the NF4
+/// base, then the LoRA adapters), on the autodiff `device`: what the sandbox trains and what
+/// `napkin measure --preset` measures.
+pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
+    let mut model = Llama::init(&s.config, device);
+    if let Some(nf4) = &s.nf4 {
+        model = model.quantize_nf4(nf4)?;
+    }
+    if let Some(lora) = &s.lora {
+        model = model.with_lora(lora)?;
+    }
+    Ok(model)
 }
 
 /// Deterministic token rows for `micro` (ids spread over the vocabulary; memory and time do
@@ -199,11 +235,13 @@ pub fn synthetic_micro_batches(s: &Scenario) -> Result<Vec<MicroBatch>> {
 
 /// Builds the model with `build` (its resident bytes are measured; it opens the autodiff
 /// device itself), then runs `steps` optimizer steps of `s` on synthetic tokens and compares
-/// every number with the predictor. `device` is the plain (non-autodiff) device.
+/// every number with the predictor. `device` is the plain (non-autodiff) device; `probe` sizes
+/// the machine measurement behind the roofline.
 pub fn measure(
     s: &Scenario,
     device: &Device,
     steps: usize,
+    probe: MachineProbe,
     build: impl FnOnce() -> Result<Llama>,
 ) -> Result<MeasurementReport> {
     let mut meter = Meter::for_device(device)?;
@@ -224,6 +262,15 @@ pub fn measure(
     rec.span("load model".into(), t);
     rec.counter(resident + before);
     let micro = synthetic_micro_batches(s)?;
+
+    // One unmeasured forward and backward first: the backends' one-time buffers (GEMM packing
+    // workspaces, thread pools) are allocated then and held for good, not per block.
+    drop(forward_backward(
+        &model,
+        &micro[..1],
+        false,
+        Accumulation::TokenWeighted,
+    )?);
 
     // Activations each block keeps: one plain forward with its graph, block by block.
     let kept = kept_by_layer(&inventory(s));
@@ -325,7 +372,7 @@ pub fn measure(
             all.measured,
         ));
     }
-    let machine = this_machine(device);
+    let machine = this_machine(device, probe);
     let predicted_time = roofline(
         &step_work(s),
         (s.tokens() * s.accumulation.max(1) as u64) as f64,

@@ -3,13 +3,13 @@
 //! use after a sync, peak only over the marks taken). Every number says which method made it.
 
 use burn::tensor::Device;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
 use crate::error::{Error, Result};
 
 /// How a number was measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MeterMethod {
     /// napkin's counting global allocator: heap bytes, exact; the peak is exact.

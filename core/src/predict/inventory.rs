@@ -148,6 +148,15 @@ impl Scenario {
         }
     }
 
+    /// Parameters the optimizer updates: every one, or the LoRA adapters'.
+    pub fn trainable_parameters(&self) -> u64 {
+        self.lora
+            .as_ref()
+            .map_or(self.config.num_parameters(), |l| {
+                l.trainable_parameters(&self.config)
+            })
+    }
+
     /// B·T.
     pub fn tokens(&self) -> u64 {
         (self.micro_batch * self.seq_len) as u64

@@ -24,6 +24,16 @@ pub enum OptimizerRule {
     SgdMomentum,
 }
 
+impl From<crate::config::OptimizerKind> for OptimizerRule {
+    fn from(kind: crate::config::OptimizerKind) -> Self {
+        match kind {
+            crate::config::OptimizerKind::AdamW => OptimizerRule::AdamW,
+            crate::config::OptimizerKind::AdamW8bit => OptimizerRule::AdamW8bit,
+            crate::config::OptimizerKind::Sgd => OptimizerRule::SgdMomentum,
+        }
+    }
+}
+
 /// Bytes per parameter of the model weights: 4 in f32, 2 in half precision.
 pub fn weight_bytes_per_param(precision: Precision) -> f64 {
     match precision {

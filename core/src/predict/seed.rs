@@ -7,6 +7,8 @@
 
 use serde::Serialize;
 
+use super::inventory::Scenario;
+
 use super::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
@@ -85,6 +87,26 @@ pub fn seed_estimate(
         optimizer: trainable as f64 * optimizer_bytes_per_param(optimizer, precision),
         activations: activation_bytes(shape, precision, recompute),
     }
+}
+
+/// The seed formulas for a scenario: what they say knowing only the parameter counts, the
+/// optimizer, the precision and the activation shape (not NF4, not the engine).
+pub fn scenario_seed_estimate(s: &Scenario, precision: Precision) -> SeedEstimate {
+    let config = &s.config;
+    seed_estimate(
+        config.num_parameters(),
+        s.trainable_parameters(),
+        s.optimizer.into(),
+        precision,
+        ActivationShape {
+            seq: s.seq_len as f64,
+            batch: s.micro_batch as f64,
+            hidden: config.hidden_size as f64,
+            heads: config.num_attention_heads as f64,
+            layers: config.num_hidden_layers as f64,
+        },
+        s.checkpointing,
+    )
 }
 
 #[cfg(test)]

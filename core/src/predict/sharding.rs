@@ -24,7 +24,7 @@ use super::inventory::{Kind, Scenario, inventory};
 use super::timeline::step_timeline;
 
 /// A data-parallel strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// PyTorch DistributedDataParallel.

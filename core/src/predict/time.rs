@@ -14,7 +14,7 @@
 //! logits four times (written, log-softmax read and write, backward), and the optimizer's
 //! read-modify-write of parameters, gradients and state.
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::inventory::{Kind, Scenario, inventory, totals_by_kind};
 use crate::config::{LoraTarget, OptimizerKind};
@@ -130,7 +130,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
 
 /// A device's peak rates and memory, from its vendor's data sheet (dense, no sparsity), or
 /// measured on this machine.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DevicePreset {
     /// Short name (`t4`, `rtx4090`, `this-machine`).
     pub id: String,
@@ -142,8 +142,15 @@ pub struct DevicePreset {
     pub half_flops: f64,
     /// Memory bandwidth, bytes/s.
     pub bandwidth: f64,
-    /// Device memory, bytes (10⁹-based as vendors state it).
+    /// Device memory, bytes (10⁹-based as vendors state it; unbounded for "this machine",
+    /// which JSON writes as `null`).
+    #[serde(deserialize_with = "null_as_unbounded")]
     pub memory: f64,
+}
+
+/// JSON has no infinity: serde_json writes it as `null`; read `null` back as unbounded.
+fn null_as_unbounded<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// The GPU presets.
@@ -195,7 +202,7 @@ pub fn device_preset(id: &str) -> Option<DevicePreset> {
 }
 
 /// Which roof limits the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Bound {
     /// FLOPs / peak FLOP/s is the larger time.
@@ -205,7 +212,7 @@ pub enum Bound {
 }
 
 /// The roofline's answer for a step on a device.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RooflineTime {
     /// The device.
     pub device: String,

@@ -12,7 +12,7 @@
 //!    only the adapters, whose base stays frozen (and NF4-quantized with QLoRA).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use web_time::Instant;
 
 use burn::tensor::{Device, FloatDType};
 use serde::Serialize;

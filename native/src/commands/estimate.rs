@@ -14,7 +14,7 @@ use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
 };
-use napkin_core::predict::seed::{ActivationShape, seed_estimate};
+use napkin_core::predict::seed::scenario_seed_estimate;
 use napkin_core::predict::sharding::{Offload, Strategy, sharded_memory};
 use napkin_core::predict::time::{device_presets, roofline, step_work};
 use napkin_core::predict::timeline::step_timeline;
@@ -375,33 +375,11 @@ fn inventory_section(
     optimizer: OptimizerKind,
 ) -> Result<serde_json::Value> {
     let scenario = args.scenario.scenario(config.clone(), optimizer)?;
-    let lora = scenario.lora.clone();
     let entries = inventory(&scenario);
     let totals = totals_by_kind(&entries);
     let timeline = step_timeline(&scenario);
     let per_layer = per_layer(&entries, config.num_hidden_layers);
-    let trainable = lora
-        .as_ref()
-        .map_or(config.num_parameters(), |l| l.trainable_parameters(config));
-    let rule = match optimizer {
-        OptimizerKind::AdamW => OptimizerRule::AdamW,
-        OptimizerKind::AdamW8bit => OptimizerRule::AdamW8bit,
-        OptimizerKind::Sgd => OptimizerRule::SgdMomentum,
-    };
-    let seed = seed_estimate(
-        config.num_parameters(),
-        trainable,
-        rule,
-        Precision::Fp32,
-        ActivationShape {
-            seq: args.scenario.seq_len as f64,
-            batch: args.scenario.micro_batch as f64,
-            hidden: config.hidden_size as f64,
-            heads: config.num_attention_heads as f64,
-            layers: config.num_hidden_layers as f64,
-        },
-        args.scenario.checkpointing,
-    );
+    let seed = scenario_seed_estimate(&scenario, Precision::Fp32);
     let work = step_work(&scenario);
     let half = matches!(precision_of(args)?, Precision::Mixed);
     let tokens = (args.scenario.micro_batch
@@ -436,7 +414,7 @@ fn inventory_section(
         "scenario": {
             "lora_r": args.scenario.lora_r, "nf4": args.scenario.nf4, "double_quant": args.scenario.double_quant,
             "micro_batch": args.scenario.micro_batch, "seq_len": args.scenario.seq_len,
-            "checkpointing": args.scenario.checkpointing, "trainable_parameters": trainable,
+            "checkpointing": args.scenario.checkpointing, "trainable_parameters": scenario.trainable_parameters(),
         },
         "inventory_bytes_by_kind": totals,
         "per_layer": per_layer,

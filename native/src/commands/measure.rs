@@ -7,7 +7,9 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
-use napkin_core::memory::measure::{Comparison, MeasurementReport, measure};
+use napkin_core::memory::measure::{
+    Comparison, MachineProbe, MeasurementReport, measure, random_model,
+};
 use napkin_core::model::Llama;
 use napkin_core::predict::units::accelerate_units;
 
@@ -28,16 +30,10 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     let train_device = device.clone().autodiff();
     let build = || -> napkin_core::error::Result<Llama> {
         train_device.seed(7);
-        let mut model = match &path {
-            Some(path) => load_model_with(path, &train_device, nf4.as_ref())?,
-            None => {
-                let model = Llama::init(&config, &train_device);
-                match &nf4 {
-                    Some(nf4) => model.quantize_nf4(nf4)?,
-                    None => model,
-                }
-            }
+        let Some(path) = &path else {
+            return random_model(&scenario, &train_device);
         };
+        let mut model = load_model_with(path, &train_device, nf4.as_ref())?;
         if let Some(lora) = &lora {
             model = model.with_lora(lora)?;
         }
@@ -50,7 +46,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
             kind.backend_name()
         );
     }
-    let report = measure(&scenario, &device, args.steps, build)?;
+    let report = measure(&scenario, &device, args.steps, MachineProbe::NATIVE, build)?;
     if let Some(trace) = &args.trace {
         write_atomic(trace, &serde_json::to_vec(&report.chrome_trace())?)
             .with_context(|| format!("writing the trace {}", trace.display()))?;
