@@ -25,11 +25,5 @@ cargo fmt --all -- --check
 step "tests (workspace, dev profile: dependencies optimised)"
 cargo test --workspace --locked
 
-step "the core builds for the browser (wasm32, Flex backend)"
-# The browser app (issue: web sandbox) compiles napkin-core to WebAssembly; keep that true.
-if rustup target add wasm32-unknown-unknown >/dev/null 2>&1; then
-    cargo check -p napkin-core --locked --target wasm32-unknown-unknown \
-        --no-default-features --features flex
-else
-    echo "warning: the wasm32-unknown-unknown target could not be installed; wasm check skipped" >&2
-fi
+step "the browser sandbox (wasm32 build, bundle budget, headless Chromium end to end)"
+bash scripts/test-web.sh

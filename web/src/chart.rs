@@ -65,7 +65,8 @@ fn kinds_of(row: &LayerBytes) -> [u64; 6] {
 }
 
 /// Bars for `rows` in a `width` × `height` box. `measured` are the per-block comparisons of a
-/// measurement (named `layers.N`); their measured bytes are drawn beside the matching bar.
+/// measurement (named `layers.N`, activations kept for the backward); each is drawn beside
+/// the matching bar's activations segment, on the same base.
 pub fn stacked_bars(
     rows: &[LayerBytes],
     measured: &[Comparison],
@@ -76,8 +77,10 @@ pub fn stacked_bars(
     let max_bytes = rows
         .iter()
         .map(|r| {
-            let stack: u64 = kinds_of(r).iter().sum();
-            stack.max(measured_of(&r.layer).map_or(0, |c| c.measured))
+            let kinds = kinds_of(r);
+            let stack: u64 = kinds.iter().sum();
+            let others: u64 = kinds[..5].iter().sum();
+            stack.max(others + measured_of(&r.layer).map_or(0, |c| c.measured))
         })
         .max()
         .unwrap_or(0)
@@ -108,11 +111,14 @@ pub fn stacked_bars(
                     }
                 })
                 .collect();
+            // The measured activations stand beside the predicted activations segment: on
+            // the same base (the stack of the other kinds), so the two heights compare.
+            let base = height - (kinds_of(row)[..5].iter().sum::<u64>() as f64 * scale);
             let measured = measured_of(&row.layer).map(|c| {
                 let h = c.measured as f64 * scale;
                 Rect {
                     x: x + bar_width + slot * 0.02,
-                    y: height - h,
+                    y: base - h,
                     width: slot * 0.28,
                     height: h,
                     class: "k-measured",
@@ -186,6 +192,7 @@ mod tests {
     #[test]
     fn bars_stack_in_proportion_and_measured_sits_beside() {
         let rows = [row("layers.0", 300, 100), row("outside blocks", 100, 100)];
+        // layers.0: 300 weights + 100 activations predicted, 120 activations measured.
         let measured = [Comparison {
             name: "layers.0".into(),
             predicted: 100,
@@ -193,13 +200,17 @@ mod tests {
             ratio: 1.2,
         }];
         let chart = stacked_bars(&rows, &measured, 200.0, 400.0);
-        assert_eq!(chart.max_bytes, 400);
+        assert_eq!(chart.max_bytes, 420);
         let first = &chart.bars[0];
         assert_eq!(first.segments.len(), 2);
-        assert_eq!(first.segments[0].height, 300.0);
-        assert_eq!(first.segments[1].y, 0.0); // the tallest stack reaches the top
+        let scale = 400.0 / 420.0;
+        assert!((first.segments[0].height - 300.0 * scale).abs() < 1e-9);
         let m = first.measured.as_ref().unwrap();
-        assert_eq!(m.height, 120.0);
+        assert!((m.height - 120.0 * scale).abs() < 1e-9);
+        // Same base as the activations segment; the taller measured bar reaches the top.
+        let acts = &first.segments[1];
+        assert!((m.y + m.height - (acts.y + acts.height)).abs() < 1e-9);
+        assert!(m.y.abs() < 1e-9);
         assert!(m.x >= first.segments[0].x + first.segments[0].width);
         assert!(chart.bars[1].measured.is_none());
     }

@@ -49,7 +49,8 @@ pub fn config_from_json(file: &str, text: &str) -> Result<LlamaConfig, ImportErr
         expected: "a Hugging Face Llama config.json",
         message,
     };
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
     LlamaConfig::from_hf_json(&value, file).map_err(|e| invalid(e.to_string()))
 }
 
@@ -79,7 +80,10 @@ mod tests {
         let err = config_from_json("config.json", &zero_heads.to_string()).unwrap_err();
         assert!(err.to_string().contains("num_attention_heads"), "{err}");
         let err = config_from_json("c.json", "not json").unwrap_err();
-        assert!(err.to_string().starts_with("c.json: not a Hugging Face"), "{err}");
+        assert!(
+            err.to_string().starts_with("c.json: not a Hugging Face"),
+            "{err}"
+        );
         let huge = " ".repeat(MAX_IMPORT_BYTES + 1);
         assert!(matches!(
             config_from_json("c.json", &huge),

@@ -6,6 +6,7 @@
 
 pub mod chart;
 pub mod import;
+pub mod page;
 pub mod state;
 pub mod training;
 

@@ -6,8 +6,12 @@
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
+use napkin_core::predict::rules::Precision;
+use napkin_core::predict::seed::{SeedEstimate, scenario_seed_estimate};
 use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
-use napkin_core::predict::time::{RooflineTime, device_preset, roofline, step_work};
+use napkin_core::predict::time::{
+    DevicePreset, RooflineTime, StepWork, device_preset, roofline, step_work,
+};
 use napkin_core::predict::timeline::{Event, StepPeak, step_timeline};
 use serde::{Deserialize, Serialize};
 
@@ -207,6 +211,12 @@ pub struct View {
     pub fits: bool,
     /// Per-GPU memory when more than one GPU.
     pub sharded: Option<ShardedMemory>,
+    /// What the seed formulas say (f32; they know neither NF4 nor the engine).
+    pub seed: SeedEstimate,
+    /// FLOPs and bytes of the step.
+    pub work: StepWork,
+    /// The target device.
+    pub device: DevicePreset,
 }
 
 impl SandboxState {
@@ -246,7 +256,8 @@ impl SandboxState {
         let device = device_preset(&self.device)
             .unwrap_or_else(|| napkin_core::predict::time::device_presets().remove(0));
         let tokens = scenario.tokens() as f64 * scenario.accumulation as f64;
-        let time = roofline(&step_work(&scenario), tokens, &device, false);
+        let work = step_work(&scenario);
+        let time = roofline(&work, tokens, &device, false);
         let sharded = (self.gpus > 1).then(|| {
             sharded_memory(
                 &scenario,
@@ -267,6 +278,9 @@ impl SandboxState {
             peak: timeline.peak,
             time,
             sharded,
+            seed: scenario_seed_estimate(&scenario, Precision::Fp32),
+            work,
+            device,
         }
     }
 }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The sandbox, from nothing: builds the browser app (scripts/web-build.sh installs what it
+# needs) and serves it on 127.0.0.1. Open the printed URL.
+# Usage: scripts/sandbox.sh [port]   (default 8080)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/scripts/web-build.sh"
+if ! command -v node >/dev/null; then
+    echo "error: Node.js is needed to serve the page (Debian: apt-get install nodejs)" >&2
+    exit 1
+fi
+exec node "$root/web/serve.mjs" "${1:-8080}"

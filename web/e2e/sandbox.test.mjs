@@ -1,0 +1,161 @@
+// End-to-end test of the sandbox in real headless Chromium (Debian's /usr/bin/chromium,
+// driven by playwright-core; no browser download). Serves web/dist, then checks: the page
+// renders; turning NF4 on lowers a block's predicted weight bytes by the ratio napkin math
+// gives; a run in the page trains a tiny Llama with falling losses and shows measured
+// per-layer numbers beside the predictions; a dropped config.json and a `napkin measure`
+// report load; the exercise mode checks an answer; no request leaves 127.0.0.1 and the CSP
+// blocks one that tries. Writes artifacts/sandbox.png and artifacts/e2e-report.json.
+//
+// Usage: node sandbox.test.mjs   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_CONFIG_JSON)
+import assert from 'node:assert/strict';
+import { mkdtemp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+import { serve } from '../serve.mjs';
+
+const here = fileURLToPath(new URL('.', import.meta.url));
+const artifacts = join(here, 'artifacts');
+await mkdir(artifacts, { recursive: true });
+
+const server = await serve(0);
+const origin = `http://127.0.0.1:${server.address().port}`;
+const profile = await mkdtemp(join(tmpdir(), 'napkin-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  headless: true,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const report = {};
+const step = (name) => console.log(`e2e: ${name}`);
+
+try {
+  const requests = [];
+  context.on('request', (r) => requests.push(r.url()));
+  const page = context.pages()[0] ?? await context.newPage();
+  const consoleErrors = [];
+  page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+
+  step('the page loads and renders');
+  const t0 = Date.now();
+  await page.goto(`${origin}/`);
+  await page.waitForSelector('body[data-ready="true"]', { timeout: 60_000 });
+  await page.waitForSelector('#controls');
+  report.first_render_ms = await page.evaluate(() => window.napkinFirstRenderMs);
+  report.load_wall_ms = Date.now() - t0;
+  assert.match(await page.textContent('#peak'), /Step peak/);
+
+  step('NF4 lowers a block\'s weights by napkin math\'s ratio');
+  const block = async () => page.$eval('g.layer[data-layer="layers.0"]',
+    (g) => Number(g.dataset.weights) + Number(g.dataset.quant));
+  const before = await block();
+  await page.check('#nf4');
+  await page.waitForFunction((b) => {
+    const g = document.querySelector('g.layer[data-layer="layers.0"]');
+    return Number(g.dataset.weights) + Number(g.dataset.quant) !== b;
+  }, before);
+  const after = await block();
+  // SmolLM2-135M block: 3,538,944 linear weights (q, k, v, o, gate, up, down) and 2 × 576 norm
+  // weights. f32: 4 B each. NF4: 4 bits per weight plus one f32 absmax per 64 weights; the
+  // norms stay f32.
+  const linear = 576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536;
+  const norms = 2 * 576;
+  const expected = (linear * (0.5 + 4 / 64) + 4 * norms) / (4 * (linear + norms));
+  report.nf4_block_ratio = after / before;
+  report.nf4_block_ratio_expected = expected;
+  assert.ok(Math.abs(after / before - expected) < 0.01 * expected,
+    `NF4 ratio ${after / before} vs ${expected}`);
+  await page.uncheck('#nf4');
+
+  step('a training run in the page: QLoRA + checkpointing on tiny-smol, T = 64');
+  await page.selectOption('#preset', 'tiny-smol');
+  await page.fill('#seq', '64');
+  await page.press('#seq', 'Enter');
+  await page.dispatchEvent('#seq', 'change');
+  await page.check('#dq');
+  await page.check('#ckpt');
+  const trainStart = Date.now();
+  await page.click('#train-button');
+  await page.waitForSelector('#train-status[data-status="finished"], #train-status[data-status="failed"]',
+    { timeout: 300_000 });
+  report.train_wall_s = (Date.now() - trainStart) / 1000;
+  const status = await page.textContent('#train-status');
+  assert.doesNotMatch(status, /failed/, status);
+  assert.match(await page.textContent('#backend'), /WebAssembly/);
+  const losses = (await page.getAttribute('#losses', 'data-losses')).split(',').map(Number);
+  report.losses = losses;
+  assert.equal(losses.length, 20);
+  assert.ok(losses.at(-1) < 0.8 * losses[0], `losses ${losses}`);
+  report.tokens_per_second = Number(await page.getAttribute('#tokens-per-second', 'data-value'));
+  assert.ok(report.tokens_per_second > 0);
+  const rows = await page.$$eval('#train ~ * .measured-row, .panel .measured-row', (trs) =>
+    trs.map((tr) => [tr.dataset.name, Number(tr.querySelector('.ratio').textContent)]));
+  const blocks = rows.filter(([name]) => name.startsWith('layers.'));
+  report.measured_blocks = Object.fromEntries(blocks);
+  assert.equal(blocks.length, 4, `measured rows ${JSON.stringify(rows)}`);
+  for (const [name, ratio] of blocks) {
+    assert.ok(ratio > 0.9 && ratio < 1.1, `${name}: measured/predicted ${ratio}`);
+  }
+  assert.equal(await page.$$eval('rect.k-measured', (r) => r.length) >= 4, true);
+  await page.screenshot({ path: join(artifacts, 'sandbox.png'), fullPage: true });
+
+  step('files: a config.json becomes the model; a napkin measure report loads; junk is named');
+  if (process.env.NAPKIN_CONFIG_JSON) {
+    await page.setInputFiles('#config-file', process.env.NAPKIN_CONFIG_JSON);
+    await page.waitForFunction(() => document.querySelector('#preset').value === 'config.json');
+  }
+  if (process.env.NAPKIN_MEASURE_JSON) {
+    await page.setInputFiles('#measurement-file', process.env.NAPKIN_MEASURE_JSON);
+    await page.waitForSelector('#files .measured-row');
+  }
+  await page.setInputFiles('#measurement-file',
+    { name: 'junk.json', mimeType: 'application/json', buffer: Buffer.from('{"kinds": 1}') });
+  await page.waitForSelector('#import-error');
+  assert.match(await page.textContent('#import-error'), /^junk\.json: not the JSON of `napkin measure --json`/);
+
+  step('the exercise mode checks an answer');
+  await page.click('#open-exercises');
+  await page.fill('#answer', '12 parsecs');
+  await page.click('#check');
+  await page.waitForSelector('#verdict');
+  assert.equal(await page.getAttribute('#verdict', 'data-correct'), 'false');
+  await page.click('#hint-button');
+  await page.waitForSelector('#hint');
+
+  step('nothing leaves the page');
+  const blocked = await page.evaluate(async () => {
+    const violations = [];
+    document.addEventListener('securitypolicyviolation', (e) => violations.push(e.blockedURI));
+    let fetched = true;
+    try { await fetch('http://example.invalid/ping'); } catch { fetched = false; }
+    await new Promise((r) => setTimeout(r, 100));
+    return { fetched, violations };
+  });
+  assert.equal(blocked.fetched, false);
+  assert.ok(blocked.violations.some((u) => u.includes('example.invalid')), JSON.stringify(blocked));
+  const csp = await page.getAttribute('meta[http-equiv="Content-Security-Policy"]', 'content');
+  assert.match(csp, /default-src 'self'/);
+  const foreign = requests.filter((u) => !u.startsWith(origin) && !u.startsWith('data:'));
+  assert.deepEqual(foreign.filter((u) => !u.includes('example.invalid')), [],
+    'requests outside the page\'s origin');
+  report.requests = requests.length;
+  assert.deepEqual(consoleErrors.filter((e) => !e.includes('example.invalid') &&
+    !e.includes('Content Security Policy')), [], 'console errors');
+
+  await writeFile(join(artifacts, 'e2e-report.json'), JSON.stringify(report, null, 2));
+  console.log(`e2e: passed ${JSON.stringify({
+    first_render_ms: Math.round(report.first_render_ms),
+    tokens_per_second: Math.round(report.tokens_per_second),
+    train_wall_s: report.train_wall_s,
+    nf4_block_ratio: report.nf4_block_ratio.toFixed(4),
+    first_loss: losses[0].toFixed(3),
+    last_loss: losses.at(-1).toFixed(3),
+  })}`);
+} finally {
+  await context.close();
+  server.close();
+  await rm(profile, { recursive: true, force: true });
+}

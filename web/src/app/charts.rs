@@ -1,0 +1,144 @@
+//! SVG charts: predicted memory per layer (stacked by kind) with the measured activations
+//! beside each bar, the step timeline with its peak, and the loss curve. Geometry comes from
+//! `crate::chart`.
+
+use std::rc::Rc;
+
+use napkin_core::memory::measure::MeasurementReport;
+use yew::prelude::*;
+
+use super::format::bytes;
+use crate::chart::{STACK_KINDS, polyline, stacked_bars, timeline};
+use crate::state::View;
+
+const W: f64 = 640.0;
+const H: f64 = 220.0;
+
+#[derive(Properties, PartialEq)]
+pub struct LayerChartProps {
+    pub view: Rc<View>,
+    pub run: Option<Rc<MeasurementReport>>,
+}
+
+#[function_component(LayerChart)]
+pub fn layer_chart(props: &LayerChartProps) -> Html {
+    let measured = props.run.as_ref().map_or(&[][..], |r| &r.layers[..]);
+    let chart = stacked_bars(&props.view.per_layer, measured, W, H);
+    html! {
+        <section class="panel">
+            <h2>{ "Memory per layer" }</h2>
+            <svg id="layer-chart" viewBox={format!("0 -10 {W} {}", H + 40.0)} role="img"
+                 aria-label="predicted bytes per layer, stacked by kind">
+                { for chart.bars.iter().zip(&props.view.per_layer).map(|(bar, row)| html! {
+                    <g class="layer" data-layer={row.layer.clone()} data-weights={row.weights.to_string()}
+                       data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}>
+                        { for bar.segments.iter().map(|r| html! {
+                            <rect class={r.class} x={r.x.to_string()} y={r.y.to_string()}
+                                  width={r.width.to_string()} height={r.height.to_string()}>
+                                <title>{ format!("{}: {}", bar.label, bytes(r.bytes as f64)) }</title>
+                            </rect>
+                        }) }
+                        if let Some(m) = &bar.measured {
+                            <rect class="k-measured" x={m.x.to_string()} y={m.y.to_string()}
+                                  width={m.width.to_string()} height={m.height.to_string()}>
+                                <title>{ format!("{} measured activations: {}", bar.label, bytes(m.bytes as f64)) }</title>
+                            </rect>
+                        }
+                    </g>
+                }) }
+                <text x="0" y={(H + 16.0).to_string()} class="axis">{ "layers.0" }</text>
+                <text x={W.to_string()} y={(H + 16.0).to_string()} class="axis end">{ "outside blocks (embeddings, head, logits)" }</text>
+                <text x="0" y="0" class="axis">{ format!("top: {}", bytes(chart.max_bytes as f64)) }</text>
+            </svg>
+            <ul class="legend">
+                { for STACK_KINDS.iter().map(|(name, class)| html! { <li><span class={format!("swatch {class}")}></span>{ *name }</li> }) }
+                <li><span class="swatch k-measured"></span>{ "measured activations (after a run)" }</li>
+            </ul>
+            if let Some(report) = &props.run {
+                <MeasuredTable report={report.clone()} />
+            }
+        </section>
+    }
+}
+
+#[derive(Properties, PartialEq)]
+pub struct MeasuredTableProps {
+    pub report: Rc<MeasurementReport>,
+}
+
+/// Predicted beside measured, per kind and per block.
+#[function_component(MeasuredTable)]
+pub fn measured_table(props: &MeasuredTableProps) -> Html {
+    let r = &props.report;
+    let rows = r.kinds.iter().chain(&r.layers).chain([&r.step_peak]);
+    html! {
+        <table class="measured">
+            <caption>{ format!("Predicted vs measured ({})", r.method_description) }</caption>
+            <thead><tr><th>{ "" }</th><th>{ "predicted" }</th><th>{ "measured" }</th><th>{ "ratio" }</th></tr></thead>
+            <tbody>
+                { for rows.map(|c| html! {
+                    <tr class="measured-row" data-name={c.name.clone()}>
+                        <td>{ &c.name }</td>
+                        <td>{ bytes(c.predicted as f64) }</td>
+                        <td>{ bytes(c.measured as f64) }</td>
+                        <td class="ratio">{ format!("{:.3}", c.ratio) }</td>
+                    </tr>
+                }) }
+            </tbody>
+        </table>
+    }
+}
+
+#[derive(Properties, PartialEq)]
+pub struct TimelineProps {
+    pub view: Rc<View>,
+}
+
+#[function_component(TimelineChart)]
+pub fn timeline_chart(props: &TimelineProps) -> Html {
+    let v = &props.view;
+    let line = timeline(&v.timeline, W, H);
+    let peak = line.peak.map(|(x, y, i)| {
+        let label = v
+            .timeline
+            .get(i)
+            .map_or("", |e| e.label.as_str())
+            .to_string();
+        html! {
+            <g>
+                <circle class="peak" cx={x.to_string()} cy={y.to_string()} r="4" />
+                <text class="axis" x={x.min(W - 200.0).to_string()} y={(y + 16.0).to_string()}>
+                    { format!("peak {} at {label}", bytes(line.max)) }
+                </text>
+            </g>
+        }
+    });
+    html! {
+        <section class="panel">
+            <h2>{ "One step, event by event" }</h2>
+            <svg id="timeline-chart" viewBox={format!("0 -10 {W} {}", H + 20.0)} role="img"
+                 aria-label="bytes alive through one optimizer step">
+                <polyline class="timeline" points={line.points} />
+                { for peak }
+            </svg>
+            <p class="note">{ "Forward keeps activations block by block, the backward frees them as gradients appear, then the optimizer updates." }</p>
+        </section>
+    }
+}
+
+#[derive(Properties, PartialEq)]
+pub struct LossProps {
+    pub losses: Vec<f32>,
+}
+
+#[function_component(LossChart)]
+pub fn loss_chart(props: &LossProps) -> Html {
+    let values: Vec<f64> = props.losses.iter().map(|&l| l as f64).collect();
+    let line = polyline(&values, W, 120.0);
+    html! {
+        <svg id="loss-chart" viewBox={format!("0 -10 {W} 140")} role="img" aria-label="loss per step">
+            <polyline class="loss" points={line.points} />
+            <text class="axis" x="0" y="0">{ format!("max {:.2}", line.max) }</text>
+        </svg>
+    }
+}

@@ -1,0 +1,157 @@
+//! A control for every trick: model, LoRA (r, α), NF4 and double quantization, gradient
+//! checkpointing, accumulation, micro-batch, sequence length, optimizer, GPUs and sharding,
+//! optimizer offload, and the target device.
+
+use napkin_core::config::{LlamaConfig, OptimizerKind};
+use napkin_core::predict::sharding::Strategy;
+use napkin_core::predict::time::device_presets;
+use web_sys::{HtmlInputElement, HtmlSelectElement};
+use yew::prelude::*;
+
+use crate::page::PageAction;
+use crate::state::{Action, SandboxState};
+use crate::training::TRAINABLE_PRESETS;
+
+#[derive(Properties, PartialEq)]
+pub struct ControlsProps {
+    pub state: SandboxState,
+    pub dispatch: Callback<PageAction>,
+}
+
+fn on_check(dispatch: &Callback<PageAction>, make: fn(bool) -> Action) -> Callback<Event> {
+    let dispatch = dispatch.clone();
+    Callback::from(move |e: Event| {
+        let input: HtmlInputElement = e.target_unchecked_into();
+        dispatch.emit(PageAction::Sandbox(make(input.checked())));
+    })
+}
+
+fn on_number(dispatch: &Callback<PageAction>, make: fn(f64) -> Action) -> Callback<Event> {
+    let dispatch = dispatch.clone();
+    Callback::from(move |e: Event| {
+        let input: HtmlInputElement = e.target_unchecked_into();
+        if let Ok(v) = input.value().trim().parse::<f64>() {
+            dispatch.emit(PageAction::Sandbox(make(v)));
+        }
+    })
+}
+
+fn on_select(
+    dispatch: &Callback<PageAction>,
+    make: fn(String) -> Option<Action>,
+) -> Callback<Event> {
+    let dispatch = dispatch.clone();
+    Callback::from(move |e: Event| {
+        let select: HtmlSelectElement = e.target_unchecked_into();
+        if let Some(action) = make(select.value()) {
+            dispatch.emit(PageAction::Sandbox(action));
+        }
+    })
+}
+
+fn checkbox(id: &str, label: &str, checked: bool, onchange: Callback<Event>) -> Html {
+    html! {
+        <label class="check" for={id.to_string()}>
+            <input type="checkbox" id={id.to_string()} {checked} {onchange} />
+            { label }
+        </label>
+    }
+}
+
+fn number(id: &str, label: &str, value: String, min: &str, onchange: Callback<Event>) -> Html {
+    html! {
+        <label class="number" for={id.to_string()}>
+            { label }
+            <input type="number" id={id.to_string()} min={min.to_string()} {value} {onchange} />
+        </label>
+    }
+}
+
+fn option(value: &str, label: &str, selected: bool) -> Html {
+    html! { <option value={value.to_string()} {selected}>{ label }</option> }
+}
+
+const STRATEGIES: [(Strategy, &str, &str); 8] = [
+    (Strategy::Ddp, "ddp", "DDP (full replica)"),
+    (Strategy::NoShard, "none", "FSDP NO_SHARD"),
+    (Strategy::Zero1, "zero1", "ZeRO-1 (optimizer)"),
+    (Strategy::Zero2, "zero2", "ZeRO-2 (+ gradients)"),
+    (Strategy::ShardGradOp, "grad-op", "FSDP SHARD_GRAD_OP"),
+    (Strategy::Zero3, "zero3", "ZeRO-3 (+ parameters)"),
+    (Strategy::FullShard, "full", "FSDP FULL_SHARD"),
+    (Strategy::HybridShard, "hybrid", "FSDP HYBRID_SHARD"),
+];
+
+const OPTIMIZERS: [(OptimizerKind, &str, &str); 3] = [
+    (OptimizerKind::AdamW, "adamw", "AdamW (8 B/param of state)"),
+    (
+        OptimizerKind::AdamW8bit,
+        "adamw8bit",
+        "8-bit AdamW (2 B/param)",
+    ),
+    (OptimizerKind::Sgd, "sgd", "SGD + momentum (4 B/param)"),
+];
+
+#[function_component(Controls)]
+pub fn controls(props: &ControlsProps) -> Html {
+    let s = &props.state;
+    let d = &props.dispatch;
+    let presets: Vec<String> = LlamaConfig::presets()
+        .into_iter()
+        .map(|(n, _)| n.to_string())
+        .chain(s.custom.as_ref().map(|(n, _)| n.clone()))
+        .collect();
+    html! {
+        <section id="controls" class="panel controls">
+            <h2>{ "Setup" }</h2>
+            <label for="preset">{ "Model" }
+                <select id="preset" onchange={on_select(d, |v| Some(Action::SelectPreset(v)))}>
+                    { for presets.iter().map(|n| {
+                        let tag = if TRAINABLE_PRESETS.contains(&n.as_str()) { " (trains here)" } else { "" };
+                        option(n, &format!("{n}{tag}"), *n == s.preset)
+                    }) }
+                </select>
+            </label>
+            <fieldset>
+                <legend>{ "LoRA" }</legend>
+                { checkbox("lora", "LoRA adapters (freeze the base)", s.lora, on_check(d, Action::SetLora)) }
+                { number("rank", "rank r", s.rank.to_string(), "1", on_number(d, |v| Action::SetRank(v as usize))) }
+                { number("alpha", "α", s.alpha.to_string(), "0", on_number(d, Action::SetAlpha)) }
+            </fieldset>
+            <fieldset>
+                <legend>{ "Quantization" }</legend>
+                { checkbox("nf4", "NF4 4-bit base (QLoRA), blocks of 64", s.nf4, on_check(d, Action::SetNf4)) }
+                { checkbox("dq", "double quantization of the scales", s.double_quant, on_check(d, Action::SetDoubleQuant)) }
+            </fieldset>
+            <fieldset>
+                <legend>{ "Activations and batch" }</legend>
+                { checkbox("ckpt", "gradient checkpointing (per block)", s.checkpointing, on_check(d, Action::SetCheckpointing)) }
+                { number("micro", "micro-batch B", s.micro_batch.to_string(), "1", on_number(d, |v| Action::SetMicroBatch(v as usize))) }
+                { number("seq", "sequence length T", s.seq_len.to_string(), "2", on_number(d, |v| Action::SetSeqLen(v as usize))) }
+                { number("accum", "gradient accumulation steps", s.accumulation.to_string(), "1", on_number(d, |v| Action::SetAccumulation(v as usize))) }
+            </fieldset>
+            <fieldset>
+                <legend>{ "Optimizer" }</legend>
+                <select id="optimizer" onchange={on_select(d, |v| OPTIMIZERS.iter().find(|o| o.1 == v).map(|o| Action::SetOptimizer(o.0)))}>
+                    { for OPTIMIZERS.iter().map(|(k, v, l)| option(v, l, *k == s.optimizer)) }
+                </select>
+                { checkbox("offload", "offload optimizer state to CPU", s.offload_optimizer, on_check(d, Action::SetOffloadOptimizer)) }
+            </fieldset>
+            <fieldset>
+                <legend>{ "Hardware" }</legend>
+                <label for="device">{ "target GPU" }
+                    <select id="device" onchange={on_select(d, |v| Some(Action::SelectDevice(v)))}>
+                        { for device_presets().iter().map(|p| option(&p.id, &p.name, p.id == s.device)) }
+                    </select>
+                </label>
+                { number("gpus", "GPUs", s.gpus.to_string(), "1", on_number(d, |v| Action::SetGpus(v as u64))) }
+                <label for="strategy">{ "sharding" }
+                    <select id="strategy" onchange={on_select(d, |v| STRATEGIES.iter().find(|st| st.1 == v).map(|st| Action::SetStrategy(st.0)))}>
+                        { for STRATEGIES.iter().map(|(k, v, l)| option(v, l, *k == s.strategy)) }
+                    </select>
+                </label>
+            </fieldset>
+            <p class="note">{ "Precision: f32 (mixed precision and FP8 recipes are on the roadmap of the predictor)." }</p>
+        </section>
+    }
+}

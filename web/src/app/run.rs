@@ -1,0 +1,122 @@
+//! "Train in this tab": starts the training run in a Web Worker (the page never freezes),
+//! shows its backend, losses, tokens per second and memory; the measured per-layer numbers
+//! go to the memory chart.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use wasm_bindgen::JsCast;
+use wasm_bindgen::prelude::*;
+use web_sys::{MessageEvent, Worker, WorkerOptions, WorkerType};
+use yew::prelude::*;
+
+use super::charts::LossChart;
+use super::format::bytes;
+use crate::page::{PageAction, Run, RunStatus};
+use crate::state::SandboxState;
+use crate::training::{TRAINABLE_PRESETS, TrainEvent, TrainRequest};
+
+#[derive(Properties, PartialEq)]
+pub struct TrainPanelProps {
+    pub state: SandboxState,
+    pub run: Rc<Run>,
+    pub dispatch: Callback<PageAction>,
+}
+
+/// The worker and the closure that receives its messages (kept alive together).
+struct WorkerHandle {
+    worker: Worker,
+    _on_message: Closure<dyn FnMut(MessageEvent)>,
+}
+
+fn spawn_worker(dispatch: Callback<PageAction>) -> Result<WorkerHandle, String> {
+    let options = WorkerOptions::new();
+    options.set_type(WorkerType::Module);
+    let worker = Worker::new_with_options("./worker.js", &options)
+        .map_err(|e| format!("could not start the training worker: {e:?}"))?;
+    let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
+        let action = match e.data().as_string() {
+            Some(json) => match serde_json::from_str::<TrainEvent>(&json) {
+                Ok(event) => PageAction::Train(event),
+                Err(err) => PageAction::WorkerError(format!("unreadable worker message: {err}")),
+            },
+            None => PageAction::WorkerError("the worker sent a non-text message".into()),
+        };
+        dispatch.emit(action);
+    });
+    worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    Ok(WorkerHandle {
+        worker,
+        _on_message: on_message,
+    })
+}
+
+#[function_component(TrainPanel)]
+pub fn train_panel(props: &TrainPanelProps) -> Html {
+    let handle: Rc<RefCell<Option<WorkerHandle>>> = use_mut_ref(|| None);
+    let trainable = TRAINABLE_PRESETS.contains(&props.state.preset.as_str());
+    let running = props.run.status == RunStatus::Running;
+    let onclick = {
+        let handle = handle.clone();
+        let dispatch = props.dispatch.clone();
+        let state = props.state.clone();
+        Callback::from(move |_| {
+            let mut slot = handle.borrow_mut();
+            if slot.is_none() {
+                match spawn_worker(dispatch.clone()) {
+                    Ok(h) => *slot = Some(h),
+                    Err(message) => {
+                        dispatch.emit(PageAction::WorkerError(message));
+                        return;
+                    }
+                }
+            }
+            let Some(h) = slot.as_ref() else { return };
+            let request = TrainRequest::new(state.clone());
+            match serde_json::to_string(&request) {
+                Ok(json) => {
+                    dispatch.emit(PageAction::TrainStarted);
+                    if let Err(e) = h.worker.post_message(&JsValue::from_str(&json)) {
+                        dispatch.emit(PageAction::WorkerError(format!("{e:?}")));
+                    }
+                }
+                Err(e) => dispatch.emit(PageAction::WorkerError(e.to_string())),
+            }
+        })
+    };
+    let run = &props.run;
+    let status = match &run.status {
+        RunStatus::Idle => "not started".to_string(),
+        RunStatus::Running if run.report.is_none() => "measuring one step…".to_string(),
+        RunStatus::Running => format!("training: step {}", run.losses.len()),
+        RunStatus::Finished => format!("finished: {} steps", run.losses.len()),
+        RunStatus::Failed(m) => format!("failed: {m}"),
+    };
+    html! {
+        <section class="panel" id="train">
+            <h2>{ "Train in this tab" }</h2>
+            if trainable {
+                <p class="note">{ format!("Measures one step with these settings (T capped at {}), then trains 20 steps on a repeating token cycle, in a Web Worker.", crate::training::MAX_TRAIN_SEQ_LEN) }</p>
+            } else {
+                <p class="note">{ format!("{} is predict-only here; pick {} to train in the page.", props.state.preset, TRAINABLE_PRESETS.join(", ")) }</p>
+            }
+            <button id="train-button" disabled={!trainable || running} onclick={onclick}>{ "Measure and train" }</button>
+            <p id="train-status" data-status={format!("{:?}", run.status).split('(').next().unwrap_or("").to_lowercase()}>{ status }</p>
+            if let Some(backend) = &run.backend {
+                <p id="backend">{ format!("Backend: {backend}") }</p>
+            }
+            if !run.losses.is_empty() {
+                <LossChart losses={run.losses.clone()} />
+                <p id="losses" data-losses={run.losses.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>().join(",")}>
+                    { format!("loss {:.3} → {:.3}", run.losses[0], run.losses[run.losses.len() - 1]) }
+                </p>
+            }
+            if let Some(tps) = run.tokens_per_second {
+                <p id="tokens-per-second" data-value={format!("{tps:.1}")}>{ format!("{tps:.0} tokens/s") }</p>
+            }
+            if let Some(live) = run.live_bytes {
+                <p class="note">{ format!("Worker heap after the last step: {}", bytes(live as f64)) }</p>
+            }
+        </section>
+    }
+}

@@ -1,0 +1,84 @@
+//! The headline: the step's predicted peak and what makes it, the fit verdict on the target
+//! GPU (per GPU when sharded), the roofline time with its verdict, and the seed formulas
+//! beside the exact inventory.
+
+use std::rc::Rc;
+
+use napkin_core::predict::time::Bound;
+use yew::prelude::*;
+
+use super::format::{bytes, flops, seconds};
+use crate::state::{SandboxState, View};
+
+#[derive(Properties, PartialEq)]
+pub struct SummaryProps {
+    pub state: SandboxState,
+    pub view: Rc<View>,
+}
+
+#[function_component(Summary)]
+pub fn summary(props: &SummaryProps) -> Html {
+    let v = &props.view;
+    let s = &props.state;
+    let per_gpu = v.sharded.as_ref().map_or(v.peak.bytes, |m| m.gpu_peak);
+    let (verdict, class) = if v.fits {
+        ("fits", "fits yes")
+    } else {
+        ("does not fit", "fits no")
+    };
+    let bound = match v.time.bound {
+        Bound::Compute => "compute-bound",
+        Bound::Memory => "memory-bound",
+    };
+    let sum = |f: fn(&napkin_core::predict::inventory::LayerBytes) -> u64| -> f64 {
+        v.per_layer.iter().map(f).sum::<u64>() as f64
+    };
+    let rows = [
+        (
+            "weights",
+            v.seed.weights,
+            sum(|l| l.weights + l.quant + l.adapters),
+        ),
+        ("gradients", v.seed.gradients, sum(|l| l.gradients)),
+        (
+            "optimizer state",
+            v.seed.optimizer,
+            sum(|l| l.optimizer_state),
+        ),
+        ("activations", v.seed.activations, sum(|l| l.activations)),
+    ];
+    html! {
+        <section class="panel summary">
+            <h2>{ "Prediction" }</h2>
+            <p id="peak" class="big">
+                { "Step peak " }<strong>{ bytes(v.peak.bytes as f64) }</strong>
+                { format!(" at {} ({:?})", v.peak.label, v.peak.phase) }
+            </p>
+            <p id="fits" class={class}>
+                { format!("{} per GPU on the {}: {verdict} ({} available)", bytes(per_gpu as f64), v.device.name, bytes(v.device.memory)) }
+            </p>
+            if let Some(m) = &v.sharded {
+                <p class="note">{ format!("{} GPUs, {:?}: {} per GPU, {} per node in CPU memory", m.gpus, m.strategy, bytes(m.gpu_peak as f64), bytes(m.cpu_per_node as f64)) }</p>
+            }
+            <p id="time">
+                { format!("Step time on the {}: at least {} ({bound}: {} at {:.1} TFLOP/s, {} moved); {:.0} tokens/s at best",
+                    v.device.name, seconds(v.time.step_seconds), flops(v.work.flops()), v.time.peak_flops / 1e12,
+                    bytes(v.work.bytes_moved), v.time.tokens_per_second) }
+            </p>
+            <p class="note">{ format!("Largest at the peak: {}", v.peak.largest.iter().take(3).map(|(n, b)| format!("{n} {}", bytes(*b as f64))).collect::<Vec<_>>().join(", ")) }</p>
+            <table id="seed-vs-inventory">
+                <thead><tr><th>{ "" }</th><th>{ "seed formula" }</th><th>{ "napkin inventory" }</th></tr></thead>
+                <tbody>
+                    { for rows.iter().map(|(name, seed, exact)| html! {
+                        <tr><td>{ *name }</td><td>{ bytes(*seed) }</td><td>{ bytes(*exact) }</td></tr>
+                    }) }
+                </tbody>
+            </table>
+            <p class="note">
+                { format!("Seed formulas: weights 4 B/param, gradients and optimizer state per trainable parameter, activations L·s·b·h·(34 + 5·a·s/h)·2 (Korthikanti, f32){}. The inventory counts every tensor the engine keeps{}.",
+                    if s.checkpointing { ", block inputs only when recomputing" } else { "" },
+                    if s.nf4 { ", with the NF4 base at ~0.5 B/param" } else { "" }) }
+            </p>
+        </section>
+    }
+}

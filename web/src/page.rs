@@ -1,0 +1,254 @@
+//! The whole page as plain data: the sandbox controls (`state.rs`), the training run in the
+//! worker, a measurement loaded from a file, and the exercise mode — with one action enum and
+//! one reducer, tested natively. The components render a `Page` and dispatch `PageAction`s.
+
+use napkin_core::exercises::{Instance, catalog, check, instance};
+use napkin_core::memory::measure::MeasurementReport;
+
+use crate::state::{Action, SandboxState, reduce};
+use crate::training::TrainEvent;
+
+/// Where the training run is.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum RunStatus {
+    /// Nothing started.
+    #[default]
+    Idle,
+    /// The worker is measuring or training.
+    Running,
+    /// The run finished.
+    Finished,
+    /// The run stopped with this message.
+    Failed(String),
+}
+
+/// The training run as the page shows it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Run {
+    /// Status.
+    pub status: RunStatus,
+    /// The backend the worker used, in words.
+    pub backend: Option<String>,
+    /// Loss per optimizer step.
+    pub losses: Vec<f32>,
+    /// Tokens per second of the last step, then of the whole run.
+    pub tokens_per_second: Option<f64>,
+    /// Bytes allocated in the worker after the last step.
+    pub live_bytes: Option<u64>,
+    /// Predicted beside measured.
+    pub report: Option<MeasurementReport>,
+}
+
+/// The exercise mode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExerciseMode {
+    /// The exercise on screen (id and seed).
+    pub instance: Instance,
+    /// The learner's answer as typed.
+    pub answer: String,
+    /// The checker's verdict on the last answer: (correct, message).
+    pub verdict: Option<(bool, String)>,
+    /// Whether the hint is shown.
+    pub hint: bool,
+}
+
+/// Everything on the page.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Page {
+    /// The controls.
+    pub sandbox: SandboxState,
+    /// The training run.
+    pub run: Run,
+    /// A `napkin measure --json` report loaded from a file, with its file name.
+    pub imported: Option<(String, MeasurementReport)>,
+    /// The last refused file, in words.
+    pub import_error: Option<String>,
+    /// The exercise mode, when open.
+    pub exercise: Option<ExerciseMode>,
+}
+
+/// What happens on the page.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PageAction {
+    /// A control changed.
+    Sandbox(Action),
+    /// The learner pressed "train".
+    TrainStarted,
+    /// The worker reported.
+    Train(TrainEvent),
+    /// The worker could not be reached or its message was not understood.
+    WorkerError(String),
+    /// A measurement file was read and parsed.
+    Imported(String, Box<MeasurementReport>),
+    /// A dropped file was refused.
+    ImportFailed(String),
+    /// Open an exercise (unknown ids are ignored).
+    OpenExercise(String, u64),
+    /// Close the exercise mode.
+    CloseExercise,
+    /// The answer box changed.
+    SetAnswer(String),
+    /// Check the answer; a correct one presets the sandbox to the exercise's scenario.
+    CheckAnswer,
+    /// Show the hint.
+    ShowHint,
+}
+
+/// The first exercise's id (the exercise mode opens on it).
+pub fn first_exercise() -> &'static str {
+    catalog().first().map_or("", |e| e.id)
+}
+
+/// The next page.
+pub fn reduce_page(page: &Page, action: PageAction) -> Page {
+    let mut p = page.clone();
+    match action {
+        PageAction::Sandbox(a) => p.sandbox = reduce(&p.sandbox, a),
+        PageAction::TrainStarted => {
+            p.run = Run {
+                status: RunStatus::Running,
+                ..Run::default()
+            };
+        }
+        PageAction::Train(event) => match event {
+            TrainEvent::Started { backend, .. } => p.run.backend = Some(backend),
+            TrainEvent::Measured { report } => p.run.report = Some(*report),
+            TrainEvent::Step {
+                loss,
+                tokens_per_second,
+                live_bytes,
+                ..
+            } => {
+                p.run.losses.push(loss);
+                p.run.tokens_per_second = Some(tokens_per_second);
+                p.run.live_bytes = Some(live_bytes);
+            }
+            TrainEvent::Finished { tokens_per_second } => {
+                p.run.tokens_per_second = Some(tokens_per_second);
+                p.run.status = RunStatus::Finished;
+            }
+            TrainEvent::Failed { message } => p.run.status = RunStatus::Failed(message),
+        },
+        PageAction::WorkerError(message) => p.run.status = RunStatus::Failed(message),
+        PageAction::Imported(name, report) => {
+            p.imported = Some((name, *report));
+            p.import_error = None;
+        }
+        PageAction::ImportFailed(message) => p.import_error = Some(message),
+        PageAction::OpenExercise(id, seed) => {
+            if let Some(instance) = instance(&id, seed) {
+                p.exercise = Some(ExerciseMode {
+                    instance,
+                    answer: String::new(),
+                    verdict: None,
+                    hint: false,
+                });
+            }
+        }
+        PageAction::CloseExercise => p.exercise = None,
+        PageAction::SetAnswer(text) => {
+            if let Some(x) = &mut p.exercise {
+                x.answer = text;
+            }
+        }
+        PageAction::CheckAnswer => {
+            if let Some(x) = &mut p.exercise {
+                let verdict = match check(&x.answer, &x.instance.expected) {
+                    Ok(v) => (v.correct, v.message),
+                    Err(e) => (false, e.to_string()),
+                };
+                if verdict.0
+                    && let Some(settings) = x.instance.sandbox.clone()
+                {
+                    p.sandbox = reduce(&p.sandbox, Action::LoadExercise(settings));
+                }
+                x.verdict = Some(verdict);
+            }
+        }
+        PageAction::ShowHint => {
+            if let Some(x) = &mut p.exercise {
+                x.hint = true;
+            }
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_correct_answer_presets_the_sandbox_and_a_wrong_one_does_not() {
+        let mut p = reduce_page(
+            &Page::default(),
+            PageAction::OpenExercise("will-it-fit".into(), 3),
+        );
+        let x = p.exercise.clone().expect("exercise open");
+        let settings = x.instance.sandbox.clone().expect("a scenario");
+
+        p = reduce_page(&p, PageAction::SetAnswer("12 parsecs".into()));
+        p = reduce_page(&p, PageAction::CheckAnswer);
+        let (correct, message) = p.exercise.clone().unwrap().verdict.unwrap();
+        assert!(!correct);
+        assert!(!message.is_empty());
+        assert_eq!(p.sandbox, SandboxState::default());
+
+        // "will it fit" is a choice: the reference is the chosen word.
+        let e = &x.instance.expected;
+        let reference = e.choices[e.value as usize].clone();
+        p = reduce_page(&p, PageAction::SetAnswer(reference));
+        p = reduce_page(&p, PageAction::CheckAnswer);
+        assert!(p.exercise.clone().unwrap().verdict.unwrap().0);
+        assert_eq!(p.sandbox.preset, settings.preset);
+        assert_eq!(p.sandbox.seq_len, settings.seq_len);
+
+        assert!(!p.exercise.as_ref().unwrap().hint);
+        p = reduce_page(&p, PageAction::ShowHint);
+        assert!(p.exercise.as_ref().unwrap().hint);
+        assert!(
+            reduce_page(&p, PageAction::CloseExercise)
+                .exercise
+                .is_none()
+        );
+        assert_eq!(
+            reduce_page(&p, PageAction::OpenExercise("no-such".into(), 1)),
+            p
+        );
+    }
+
+    #[test]
+    fn worker_events_build_the_run() {
+        let mut p = reduce_page(&Page::default(), PageAction::TrainStarted);
+        assert_eq!(p.run.status, RunStatus::Running);
+        for (i, loss) in [6.0, 5.0].into_iter().enumerate() {
+            p = reduce_page(
+                &p,
+                PageAction::Train(TrainEvent::Step {
+                    step: i + 1,
+                    loss,
+                    tokens_per_second: 100.0,
+                    live_bytes: 1 << 20,
+                }),
+            );
+        }
+        p = reduce_page(
+            &p,
+            PageAction::Train(TrainEvent::Finished {
+                tokens_per_second: 90.0,
+            }),
+        );
+        assert_eq!(p.run.losses, vec![6.0, 5.0]);
+        assert_eq!(p.run.status, RunStatus::Finished);
+        assert_eq!(p.run.tokens_per_second, Some(90.0));
+        let failed = reduce_page(&p, PageAction::WorkerError("no worker".into()));
+        assert_eq!(failed.run.status, RunStatus::Failed("no worker".into()));
+        // A new run starts clean.
+        assert!(
+            reduce_page(&p, PageAction::TrainStarted)
+                .run
+                .losses
+                .is_empty()
+        );
+    }
+}
