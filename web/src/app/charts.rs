@@ -50,6 +50,7 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                 <text x={W.to_string()} y={(H + 16.0).to_string()} class="axis end">{ "outside blocks (embeddings, head, logits)" }</text>
                 <text x="0" y="0" class="axis">{ format!("top: {}", bytes(chart.max_bytes as f64)) }</text>
             </svg>
+            <p class="note">{ "Activations: what each block's forward keeps for its backward. With checkpointing a block keeps only its input between forward and backward and holds these bytes one block at a time, while it is recomputed: the step timeline and the peak show that." }</p>
             <ul class="legend">
                 { for STACK_KINDS.iter().map(|(name, class)| html! { <li><span class={format!("swatch {class}")}></span>{ *name }</li> }) }
                 <li><span class="swatch k-measured"></span>{ "measured activations (after a run)" }</li>
