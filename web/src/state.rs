@@ -3,10 +3,10 @@
 //! components (to come) only render a `View` and dispatch `Action`s; this file compiles and is
 //! tested natively.
 
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
-use napkin_core::predict::rules::Precision;
+use napkin_core::predict::rules;
 use napkin_core::predict::seed::{SeedEstimate, scenario_seed_estimate};
 use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
 use napkin_core::predict::time::{
@@ -17,6 +17,21 @@ use serde::{Deserialize, Serialize};
 
 /// Largest LoRA rank the controls offer.
 pub const MAX_RANK: usize = 256;
+
+/// NF4 block sizes the controls offer (bitsandbytes' choices; 64 is QLoRA's).
+pub const NF4_BLOCK_SIZES: [usize; 4] = [32, 64, 128, 256];
+
+/// How the step computes and stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Everything f32.
+    #[default]
+    F32,
+    /// bf16 autocast of the linear layers with f32 master weights; with LoRA the frozen base
+    /// is stored in bf16 (`napkin train --dtype bf16`).
+    Bf16Autocast,
+}
 
 /// Everything the controls set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +47,12 @@ pub struct SandboxState {
     pub rank: usize,
     /// LoRA α (the adapter output is scaled by α/r; no effect on memory).
     pub alpha: f64,
+    /// The adapted linear layers.
+    pub lora_targets: Vec<LoraTarget>,
+    /// NF4 block size (weights per absmax scale).
+    pub nf4_block: usize,
+    /// f32 or bf16 autocast.
+    pub precision: Precision,
     /// NF4 base.
     pub nf4: bool,
     /// NF4 double quantization.
@@ -64,6 +85,9 @@ impl Default for SandboxState {
             lora: true,
             rank: 16,
             alpha: 32.0,
+            lora_targets: LoraTarget::ALL.to_vec(),
+            nf4_block: 64,
+            precision: Precision::F32,
             nf4: false,
             double_quant: false,
             checkpointing: false,
@@ -90,6 +114,12 @@ pub enum Action {
     SetRank(usize),
     /// LoRA α (finite and positive; others ignored).
     SetAlpha(f64),
+    /// Adapt one linear layer or not (at least one stays adapted).
+    SetLoraTarget(LoraTarget, bool),
+    /// NF4 block size (one of [`NF4_BLOCK_SIZES`]; others ignored).
+    SetNf4Block(usize),
+    /// f32 or bf16 autocast.
+    SetPrecision(Precision),
     /// A dropped-in `config.json`: its file name and config; becomes the selected model.
     UseConfig(String, Box<LlamaConfig>),
     /// NF4 on or off (off also turns double quantization off).
@@ -140,6 +170,28 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
             s.custom = Some((name.clone(), *config));
             return reduce(&s, Action::SelectPreset(name));
         }
+        Action::SetLoraTarget(target, on) => {
+            let mut targets: Vec<LoraTarget> = LoraTarget::ALL
+                .into_iter()
+                .filter(|t| {
+                    if *t == target {
+                        on
+                    } else {
+                        s.lora_targets.contains(t)
+                    }
+                })
+                .collect();
+            if targets.is_empty() {
+                targets.push(target);
+            }
+            s.lora_targets = targets;
+        }
+        Action::SetNf4Block(b) => {
+            if NF4_BLOCK_SIZES.contains(&b) {
+                s.nf4_block = b;
+            }
+        }
+        Action::SetPrecision(p) => s.precision = p,
         Action::SetAlpha(a) => {
             if a.is_finite() && a > 0.0 {
                 s.alpha = a;
@@ -235,15 +287,18 @@ impl SandboxState {
             lora: self.lora.then(|| LoraConfig {
                 r: self.rank,
                 alpha: self.alpha,
+                targets: self.lora_targets.clone(),
                 ..LoraConfig::default()
             }),
             nf4: self.nf4.then_some(Nf4Config {
-                block_size: 64,
+                block_size: self.nf4_block,
                 double_quant: self.double_quant,
             }),
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
             accumulation: self.accumulation,
+            // bf16 autocast stores a frozen float base in bf16 (an NF4 base is already 4-bit).
+            half_base: self.precision == Precision::Bf16Autocast && self.lora && !self.nf4,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         }
     }
@@ -257,7 +312,8 @@ impl SandboxState {
             .unwrap_or_else(|| napkin_core::predict::time::device_presets().remove(0));
         let tokens = scenario.tokens() as f64 * scenario.accumulation as f64;
         let work = step_work(&scenario);
-        let time = roofline(&work, tokens, &device, false);
+        let half = self.precision == Precision::Bf16Autocast;
+        let time = roofline(&work, tokens, &device, half);
         let sharded = (self.gpus > 1).then(|| {
             sharded_memory(
                 &scenario,
@@ -278,7 +334,7 @@ impl SandboxState {
             peak: timeline.peak,
             time,
             sharded,
-            seed: scenario_seed_estimate(&scenario, Precision::Fp32),
+            seed: scenario_seed_estimate(&scenario, rules::Precision::Fp32),
             work,
             device,
         }
@@ -375,6 +431,47 @@ mod tests {
         let s = reduce(&s, Action::SelectPreset("My-Model/config.json".into()));
         assert_eq!(s.config(), c);
         assert_eq!(reduce(&s, Action::SetAlpha(f64::NAN)).alpha, s.alpha);
+    }
+
+    /// Fewer LoRA targets, bigger NF4 blocks and a bf16 base each lower what they should.
+    #[test]
+    fn targets_block_size_and_precision_reach_the_prediction() {
+        let adapters = |v: &View| v.per_layer.iter().map(|l| l.adapters).sum::<u64>();
+        let quant = |v: &View| v.per_layer.iter().map(|l| l.quant).sum::<u64>();
+        let weights = |v: &View| v.per_layer.iter().map(|l| l.weights).sum::<u64>();
+        let s = SandboxState::default();
+        let all = s.view();
+        let mut qv = s.clone();
+        for t in [
+            LoraTarget::OProj,
+            LoraTarget::GateProj,
+            LoraTarget::UpProj,
+            LoraTarget::DownProj,
+            LoraTarget::KProj,
+        ] {
+            qv = reduce(&qv, Action::SetLoraTarget(t, false));
+        }
+        assert_eq!(qv.lora_targets, vec![LoraTarget::QProj, LoraTarget::VProj]);
+        assert!(adapters(&qv.view()) * 3 < adapters(&all));
+        // The last target cannot be removed.
+        let q = reduce(&qv, Action::SetLoraTarget(LoraTarget::VProj, false));
+        assert_eq!(
+            reduce(&q, Action::SetLoraTarget(LoraTarget::QProj, false)).lora_targets,
+            vec![LoraTarget::QProj]
+        );
+
+        let nf4 = reduce(&s, Action::SetNf4(true));
+        let big = reduce(&nf4, Action::SetNf4Block(256));
+        // One f32 scale per block: 4× fewer scales with blocks of 256 than of 64.
+        assert!(quant(&big.view()) < quant(&nf4.view()));
+        assert_eq!(reduce(&nf4, Action::SetNf4Block(100)).nf4_block, 64);
+
+        let bf16 = reduce(&s, Action::SetPrecision(Precision::Bf16Autocast)).view();
+        // A block's frozen linears in 2 bytes instead of 4 (its norms stay f32).
+        let ratio = bf16.per_layer[0].weights as f64 / all.per_layer[0].weights as f64;
+        assert!((0.49..0.51).contains(&ratio), "{ratio}");
+        assert!(weights(&bf16) < weights(&all));
+        assert!(bf16.time.step_seconds < all.time.step_seconds);
     }
 
     #[test]

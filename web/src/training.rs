@@ -112,7 +112,7 @@ pub enum TrainError {
     },
 }
 
-/// The scenario a request trains (T capped at [`MAX_TRAIN_SEQ_LEN`]).
+/// The scenario a request trains (T capped at [`MAX_TRAIN_SEQ_LEN`], f32).
 pub fn training_scenario(request: &TrainRequest) -> Result<Scenario, TrainError> {
     let preset = request.settings.preset.as_str();
     if !TRAINABLE_PRESETS.contains(&preset) {
@@ -120,6 +120,9 @@ pub fn training_scenario(request: &TrainRequest) -> Result<Scenario, TrainError>
     }
     let config = LlamaConfig::preset(preset)?;
     let mut scenario = request.settings.scenario();
+    // The page trains in f32: burn Flex's bf16 GEMM widens to f32 on the CPU (README), so a
+    // bf16 run here would measure nothing the prediction says.
+    scenario.half_base = false;
     scenario.seq_len = scenario
         .seq_len
         .min(MAX_TRAIN_SEQ_LEN)

@@ -2,14 +2,14 @@
 //! checkpointing, accumulation, micro-batch, sequence length, optimizer, GPUs and sharding,
 //! optimizer offload, and the target device.
 
-use napkin_core::config::{LlamaConfig, OptimizerKind};
+use napkin_core::config::{LlamaConfig, LoraTarget, OptimizerKind};
 use napkin_core::predict::sharding::Strategy;
 use napkin_core::predict::time::device_presets;
 use web_sys::{HtmlInputElement, HtmlSelectElement};
 use yew::prelude::*;
 
 use crate::page::PageAction;
-use crate::state::{Action, SandboxState};
+use crate::state::{Action, NF4_BLOCK_SIZES, Precision, SandboxState};
 use crate::training::TRAINABLE_PRESETS;
 
 #[derive(Properties, PartialEq)]
@@ -117,10 +117,26 @@ pub fn controls(props: &ControlsProps) -> Html {
                 { checkbox("lora", "LoRA adapters (freeze the base)", s.lora, on_check(d, Action::SetLora)) }
                 { number("rank", "rank r", s.rank.to_string(), "1", on_number(d, |v| Action::SetRank(v as usize))) }
                 { number("alpha", "α", s.alpha.to_string(), "0", on_number(d, Action::SetAlpha)) }
+                <div class="targets">
+                    { for LoraTarget::ALL.into_iter().map(|t| {
+                        let d = d.clone();
+                        let onchange = Callback::from(move |e: Event| {
+                            let input: HtmlInputElement = e.target_unchecked_into();
+                            d.emit(PageAction::Sandbox(Action::SetLoraTarget(t, input.checked())));
+                        });
+                        let id = format!("target-{}", t.module_name());
+                        checkbox(&id, t.module_name(), s.lora_targets.contains(&t), onchange)
+                    }) }
+                </div>
             </fieldset>
             <fieldset>
                 <legend>{ "Quantization" }</legend>
-                { checkbox("nf4", "NF4 4-bit base (QLoRA), blocks of 64", s.nf4, on_check(d, Action::SetNf4)) }
+                { checkbox("nf4", "NF4 4-bit base (QLoRA)", s.nf4, on_check(d, Action::SetNf4)) }
+                <label for="nf4-block">{ "block size " }
+                    <select id="nf4-block" onchange={on_select(d, |v| v.parse().ok().map(Action::SetNf4Block))}>
+                        { for NF4_BLOCK_SIZES.iter().map(|b| option(&b.to_string(), &b.to_string(), *b == s.nf4_block)) }
+                    </select>
+                </label>
                 { checkbox("dq", "double quantization of the scales", s.double_quant, on_check(d, Action::SetDoubleQuant)) }
             </fieldset>
             <fieldset>
@@ -151,7 +167,18 @@ pub fn controls(props: &ControlsProps) -> Html {
                     </select>
                 </label>
             </fieldset>
-            <p class="note">{ "Precision: f32 (mixed precision and FP8 recipes are on the roadmap of the predictor)." }</p>
+            <fieldset>
+                <legend>{ "Precision" }</legend>
+                <select id="precision" onchange={on_select(d, |v| match v.as_str() {
+                    "f32" => Some(Action::SetPrecision(Precision::F32)),
+                    "bf16" => Some(Action::SetPrecision(Precision::Bf16Autocast)),
+                    _ => None,
+                })}>
+                    { option("f32", "f32", s.precision == Precision::F32) }
+                    { option("bf16", "bf16 autocast (f32 master; a LoRA base stored in bf16)", s.precision == Precision::Bf16Autocast) }
+                </select>
+                <p class="note">{ "Training in the page runs in f32." }</p>
+            </fieldset>
         </section>
     }
 }
