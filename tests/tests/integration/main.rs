@@ -22,6 +22,7 @@ mod gguf_files;
 mod hostile_input;
 mod llama_parity;
 mod lora_parity;
+mod malformed_corpus;
 mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
