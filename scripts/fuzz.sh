@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs napkin's fuzz targets (fuzz/, cargo fuzz + libFuzzer with AddressSanitizer) on the
+# stable toolchain (RUSTC_BOOTSTRAP allows the sanitizer flags), each for RUNS executions
+# (default 1,000,000), seeded from the fixtures and the malformed corpus. Installs cargo-fuzz
+# when missing. Not part of scripts/test.sh (docs/reliability.md records the long runs).
+# Usage: scripts/fuzz.sh [target ...]   (env: RUNS, NAPKIN_FIXTURES)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+runs="${RUNS:-1000000}"
+fixtures="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
+export RUSTC_BOOTSTRAP=1
+command -v cargo-fuzz >/dev/null || cargo install --quiet cargo-fuzz
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    targets=(gguf safetensors_folder config_json tokenizer_json adapter_config instruct_jsonl
+        run_config_toml answer browser_imports)
+fi
+
+seed() { # target → seed folder with a few valid and malformed inputs
+    local dir="fuzz/corpus/$1"
+    mkdir -p "$dir"
+    case "$1" in
+    gguf) cp tests/corpus/malformed/gguf/*.gguf "$dir/" ;;
+    config_json) cp "$fixtures"/tiny-*/config.json "$dir/" 2>/dev/null || true
+        for d in tests/corpus/malformed/hf/*/; do cp "$d/config.json" "$dir/$(basename "$d").json"; done ;;
+    tokenizer_json) cp "$fixtures"/tokenizer/tokenizer.json "$dir/" 2>/dev/null || true ;;
+    adapter_config) cp "$fixtures"/tiny-smol/lora/adapter_config.json "$dir/" 2>/dev/null || true ;;
+    instruct_jsonl) head -c 4000 data/napkin-instruct.jsonl > "$dir/instruct.jsonl"
+        cp tests/corpus/malformed/data/*.jsonl "$dir/" ;;
+    answer) printf '128.48 GB' > "$dir/a"; printf '5.6e10 bytes' > "$dir/b"; printf 'yes' > "$dir/c" ;;
+    *) ;;
+    esac
+    echo "$dir"
+}
+
+for t in "${targets[@]}"; do
+    echo "== fuzz $t: $runs executions"
+    start=$(date +%s)
+    cargo fuzz run --fuzz-dir fuzz "$t" "$(seed "$t")" -- -runs="$runs" -max_len=65536 \
+        -rss_limit_mb=2048 -timeout=10 2>&1 | tail -3
+    echo "   $t: $(( $(date +%s) - start )) s"
+done
