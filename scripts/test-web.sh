@@ -38,8 +38,13 @@ echo "bundle within budget: $wasm_bytes â‰¤ $max_wasm_bytes bytes, $gzip_bytes â
 (cd web/e2e && npm ci --silent --no-audit --no-fund)
 mkdir -p web/e2e/artifacts
 # A report written by the CLI, for the page's import (the same JSON a real GPU run writes).
-cargo run --quiet --locked -p napkin -- measure --preset tiny-smol --seq-len 64 --steps 1 \
-    --json > web/e2e/artifacts/measure.json
+# After `cargo test --workspace` the CLI is already built with the workspace's features; a
+# `cargo run -p napkin` would rebuild burn with napkin's own feature set (minutes).
+napkin=target/debug/napkin
+if [ ! -x "$napkin" ]; then
+    cargo build --quiet --locked -p napkin
+fi
+"$napkin" measure --preset tiny-smol --seq-len 64 --steps 1 --json > web/e2e/artifacts/measure.json
 CHROMIUM="$chromium" \
     NAPKIN_MEASURE_JSON="$root/web/e2e/artifacts/measure.json" \
     NAPKIN_CONFIG_JSON="$fixtures/tiny-smol/config.json" \
