@@ -7,9 +7,10 @@
 
 use burn::tensor::Device;
 use napkin_core::config::LlamaConfig;
-use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::memory::measure::{
+    MachineProbe, MeasurementReport, measure, micro_batches_of, random_model,
+};
 use napkin_core::memory::meter::Meter;
-use napkin_core::model::TokenBatch;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
 use serde::{Deserialize, Serialize};
@@ -136,18 +137,9 @@ fn learnable_micro_batches(s: &Scenario) -> Result<Vec<MicroBatch>, TrainError> 
     const CYCLE: usize = 24;
     let v = s.config.vocab_size;
     let cycle: Vec<u32> = (0..CYCLE).map(|i| ((i * 37 + 11) % v) as u32).collect();
-    (0..s.accumulation.max(1))
-        .map(|m| {
-            let rows: Vec<Vec<u32>> = (0..s.micro_batch)
-                .map(|r| {
-                    (0..s.seq_len)
-                        .map(|i| cycle[(i + 5 * r + 3 * m) % CYCLE])
-                        .collect()
-                })
-                .collect();
-            Ok(MicroBatch::causal(TokenBatch::from_rows(&rows)?))
-        })
-        .collect()
+    Ok(micro_batches_of(s, |m, r, i| {
+        cycle[(i + 5 * r + 3 * m) % CYCLE]
+    })?)
 }
 
 /// Runs a request on `device` (the plain, non-autodiff device), calling `emit` with each

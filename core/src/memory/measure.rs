@@ -219,14 +219,18 @@ pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
 /// not depend on the text).
 pub fn synthetic_micro_batches(s: &Scenario) -> Result<Vec<MicroBatch>> {
     let v = s.config.vocab_size;
+    micro_batches_of(s, |m, r, i| ((i * 31 + r * 101 + m * 7 + 1) % v) as u32)
+}
+
+/// The scenario's micro-batches (accumulation × B × T) with `token(micro, row, position)`.
+pub fn micro_batches_of(
+    s: &Scenario,
+    token: impl Fn(usize, usize, usize) -> u32,
+) -> Result<Vec<MicroBatch>> {
     (0..s.accumulation.max(1))
         .map(|m| {
             let rows: Vec<Vec<u32>> = (0..s.micro_batch)
-                .map(|r| {
-                    (0..s.seq_len)
-                        .map(|i| ((i * 31 + r * 101 + m * 7 + 1) % v) as u32)
-                        .collect()
-                })
+                .map(|r| (0..s.seq_len).map(|i| token(m, r, i)).collect())
                 .collect();
             Ok(MicroBatch::causal(TokenBatch::from_rows(&rows)?))
         })
