@@ -96,6 +96,27 @@ pub struct BenchArgs {
     /// New tokens per `generate` run (greedy, no early stop).
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
+    /// `suite`: a Python with torch, transformers, peft and bitsandbytes (scripts/bench.sh
+    /// makes one in .venv); its runs alternate with napkin's.
+    #[arg(long, value_name = "PYTHON")]
+    pub reference: Option<PathBuf>,
+    /// `suite`: the reference driver script.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "scripts/bench_reference.py"
+    )]
+    pub reference_script: PathBuf,
+    /// `suite`: the napkin device (cpu, flex, ndarray, or wgpu/cuda when built with them);
+    /// the reference always runs torch on the CPU.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// `suite`: only the cases whose name contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub only: Option<String>,
+    /// `suite`: also write every figure as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -104,6 +125,9 @@ pub enum BenchCase {
     Matmul,
     /// Generation speed (prompt and KV-cached decoding, tokens/s) on the default CPU device.
     Generate,
+    /// The performance suite (train steps, forward, generation, NF4), beside PyTorch with
+    /// `--reference`.
+    Suite,
 }
 
 #[derive(Debug, Args)]

@@ -1,0 +1,56 @@
+//! `napkin bench matmul`: f32 GEMM throughput on the shapes that dominate training a
+//! SmolLM2-sized model (256 tokens × 576 → 1536 for the MLP, × 49152 for the LM head) and a
+//! square 1024³ one, on every CPU backend compiled in.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use burn::tensor::{Device, Distribution, Tensor};
+use napkin_core::device::DeviceKind;
+
+use crate::cli::BenchArgs;
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let shapes = [
+        (256usize, 576usize, 1536usize),
+        (256, 576, 49_152),
+        (1024, 1024, 1024),
+    ];
+    let backends = DeviceKind::cpu_backends();
+    println!(
+        "f32 matmul, GFLOP/s (median of {} runs after a warm-up; threads: rayon default)",
+        args.runs
+    );
+    print!("{:<34}", "backend");
+    for (m, k, n) in shapes {
+        print!("{:>18}", format!("{m}x{k}x{n}"));
+    }
+    println!();
+    for kind in backends {
+        let device = kind.open()?;
+        print!("{:<34}", kind.backend_name());
+        for (m, k, n) in shapes {
+            print!("{:>18.1}", matmul_gflops(&device, m, k, n, args.runs));
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// Median GFLOP/s of `[m, k] × [k, n]`.
+pub fn matmul_gflops(device: &Device, m: usize, k: usize, n: usize, runs: usize) -> f64 {
+    let a: Tensor<2> = Tensor::random([m, k], Distribution::Normal(0.0, 1.0), device);
+    let b: Tensor<2> = Tensor::random([k, n], Distribution::Normal(0.0, 1.0), device);
+    let flops = 2.0 * (m * k * n) as f64;
+    let once = || {
+        let start = Instant::now();
+        let c = a.clone().matmul(b.clone());
+        let _ = device.sync();
+        drop(c);
+        start.elapsed().as_secs_f64()
+    };
+    once(); // warm-up: thread pool start, first-touch of buffers
+    let mut times: Vec<f64> = (0..runs.max(1)).map(|_| once()).collect();
+    times.sort_by(f64::total_cmp);
+    flops / times[times.len() / 2] / 1e9
+}

@@ -1,0 +1,111 @@
+//! The PyTorch reference as a child process (`scripts/bench_reference.py`), driven one run at
+//! a time over its stdin/stdout so napkin's runs and its runs interleave.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value, json};
+
+/// A running reference process.
+pub struct Reference {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// What the reference says after building a case.
+#[derive(Debug, Clone)]
+pub struct ReferenceSetup {
+    /// Its resident bytes before building (the interpreter and torch, nothing of the case).
+    pub idle_resident_bytes: u64,
+    /// torch's version string.
+    pub torch: String,
+}
+
+/// One timed run.
+#[derive(Debug, Clone, Copy)]
+pub struct ReferenceRun {
+    pub seconds: f64,
+    pub peak_resident_bytes: u64,
+}
+
+impl Reference {
+    /// Starts `python script` with `threads` torch threads.
+    pub fn start(python: &Path, script: &Path, threads: usize) -> Result<Self> {
+        if !script.is_file() {
+            bail!(
+                "the reference script {} does not exist (run from the repository root or give --reference-script)",
+                script.display()
+            );
+        }
+        let mut child = Command::new(python)
+            .arg(script)
+            .env("NAPKIN_BENCH_THREADS", threads.to_string())
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .env("HF_HUB_OFFLINE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the reference {}", python.display()))?;
+        let stdin = child.stdin.take().context("the reference's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the reference's stdout")?);
+        Ok(Reference {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Builds the case (the reference runs one warm-up itself).
+    pub fn setup(&mut self, request: &Value) -> Result<ReferenceSetup> {
+        let answer = self.ask(&json!({ "op": "setup", "case": request }))?;
+        Ok(ReferenceSetup {
+            idle_resident_bytes: answer["idle_rss_bytes"].as_u64().unwrap_or(0),
+            torch: answer["torch"].as_str().unwrap_or("?").to_string(),
+        })
+    }
+
+    /// One timed run of the current case.
+    pub fn run(&mut self) -> Result<ReferenceRun> {
+        let answer = self.ask(&json!({ "op": "run" }))?;
+        Ok(ReferenceRun {
+            seconds: answer["seconds"]
+                .as_f64()
+                .ok_or_else(|| anyhow!("the reference answered no `seconds`: {answer}"))?,
+            peak_resident_bytes: answer["peak_rss_bytes"].as_u64().unwrap_or(0),
+        })
+    }
+
+    fn ask(&mut self, request: &Value) -> Result<Value> {
+        writeln!(self.stdin, "{request}").context("writing to the reference process")?;
+        self.stdin
+            .flush()
+            .context("writing to the reference process")?;
+        let mut line = String::new();
+        let read = self
+            .stdout
+            .read_line(&mut line)
+            .context("reading from the reference process")?;
+        if read == 0 {
+            bail!("the reference process exited (its error is printed above)");
+        }
+        let answer: Value = serde_json::from_str(&line).with_context(|| {
+            format!("the reference answered something that is not JSON: {line}")
+        })?;
+        if let Some(error) = answer.get("error") {
+            bail!("the reference failed: {}", error.as_str().unwrap_or("?"));
+        }
+        Ok(answer)
+    }
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({ "op": "quit" }));
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,326 @@
+//! `napkin bench suite`: every case of `cases.rs` on napkin's CPU backend and, with
+//! `--reference PYTHON`, on PyTorch in the same run. Each case is built once per side and
+//! warmed up; then napkin's run i and PyTorch's run i alternate, so drift of the machine (clock,
+//! other load) lands on both. Reported: median, min and max speed, the speed ratio, the peak
+//! resident memory of a run above the process's idle size (same kernel counter on both sides),
+//! and the fraction of the machine's attainable GEMM FLOP/s (the first case).
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use napkin_core::device::DeviceKind;
+use napkin_core::io::atomic::write_atomic;
+use napkin_core::memory::counting_alloc;
+use serde::Serialize;
+
+use super::cases::{Case, Work, suite};
+use super::process_memory::{peak_resident_bytes, resident_bytes, restart_peak};
+use super::reference::Reference;
+use super::runner::prepare;
+use super::spread;
+use crate::cli::BenchArgs;
+
+/// One side's figures for a case.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideFigures {
+    /// Speed in the case's unit: median, min, max over the timed runs.
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Peak resident bytes of a run above the process's idle size (largest over the runs).
+    pub peak_resident_bytes: Option<u64>,
+    /// Median FLOP/s as a fraction of the attainable GEMM FLOP/s.
+    pub fraction_of_gemm: Option<f64>,
+}
+
+/// A case's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub unit: &'static str,
+    pub napkin: SideFigures,
+    /// napkin's counted heap peak of a run above its idle heap (the counting allocator).
+    pub napkin_heap_peak_bytes: u64,
+    pub pytorch: Option<SideFigures>,
+    /// Why there is no PyTorch figure, when there is none.
+    pub pytorch_error: Option<String>,
+    /// napkin speed / PyTorch speed (> 1: napkin is faster).
+    pub speed_ratio: Option<f64>,
+    /// napkin peak / PyTorch peak (< 1: napkin needs less).
+    pub memory_ratio: Option<f64>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SuiteReport {
+    pub backend: String,
+    pub threads: usize,
+    pub torch: Option<String>,
+    pub runs: usize,
+    pub attainable_gemm_gflops: Option<f64>,
+    pub cases: Vec<CaseResult>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let kind: DeviceKind = args.device.parse()?;
+    let device = kind.open()?;
+    // burn's CPU backends use rayon's pool: RAYON_NUM_THREADS when set, else every core.
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runs = args.runs.max(1);
+    let mut reference = match &args.reference {
+        Some(python) => Some(Reference::start(python, &args.reference_script, threads)?),
+        None => None,
+    };
+    let cases: Vec<Case> = suite()
+        .into_iter()
+        .filter(|c| {
+            args.only
+                .as_ref()
+                .is_none_or(|o| c.name.contains(o.as_str()))
+        })
+        .collect();
+    println!(
+        "napkin bench suite: {} on {threads} threads{}; {runs} timed runs per case after a warm-up{}",
+        kind.backend_name(),
+        if reference.is_some() {
+            ", beside PyTorch (same threads)"
+        } else {
+            " (no --reference: napkin only)"
+        },
+        if reference.is_some() {
+            ", interleaved"
+        } else {
+            ""
+        },
+    );
+    print_header();
+    let mut report = SuiteReport {
+        backend: kind.backend_name().to_string(),
+        threads,
+        torch: None,
+        runs,
+        attainable_gemm_gflops: None,
+        cases: Vec::new(),
+    };
+    for case in &cases {
+        let terminal = std::io::stderr().is_terminal();
+        if terminal {
+            eprint!("  … {}\r", case.name);
+        }
+        let result = run_case(case, &device, reference.as_mut(), runs, &mut report)
+            .with_context(|| format!("case `{}`", case.name))?;
+        if terminal {
+            eprint!("\r\x1b[2K"); // clear the progress line
+        }
+        print_row(&result);
+        report.cases.push(result);
+    }
+    print_summary(&report);
+    if let Some(path) = &args.json {
+        write_atomic(path, &serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn run_case(
+    case: &Case,
+    device: &burn::tensor::Device,
+    reference: Option<&mut Reference>,
+    runs: usize,
+    report: &mut SuiteReport,
+) -> Result<CaseResult> {
+    restart_peak();
+    let idle_resident = resident_bytes();
+    let idle_heap = counting_alloc::live_bytes() as u64;
+    let mut napkin_run = prepare(case, device)?;
+    napkin_run()?; // warm-up
+
+    let mut pytorch_error = None;
+    let mut reference = match reference {
+        Some(r) => match r.setup(&case.reference_request()) {
+            Ok(setup) => {
+                report.torch = Some(setup.torch.clone());
+                Some((r, setup))
+            }
+            Err(e) => {
+                pytorch_error = Some(format!("{e:#}"));
+                None
+            }
+        },
+        None => None,
+    };
+
+    let mut napkin_seconds = Vec::new();
+    let mut napkin_peak: Option<u64> = None;
+    let mut heap_peak = 0u64;
+    let mut torch_seconds = Vec::new();
+    let mut torch_peak: Option<u64> = None;
+    for _ in 0..runs {
+        settle();
+        restart_peak();
+        counting_alloc::reset_peak();
+        let start = Instant::now();
+        napkin_run()?;
+        napkin_seconds.push(start.elapsed().as_secs_f64());
+        heap_peak = heap_peak.max((counting_alloc::peak_bytes() as u64).saturating_sub(idle_heap));
+        if let (Some(peak), Some(idle)) = (peak_resident_bytes(), idle_resident) {
+            napkin_peak = Some(napkin_peak.unwrap_or(0).max(peak.saturating_sub(idle)));
+        }
+        if let Some((r, setup)) = reference.as_mut() {
+            settle();
+            match r.run() {
+                Ok(run) => {
+                    torch_seconds.push(run.seconds);
+                    let above = run
+                        .peak_resident_bytes
+                        .saturating_sub(setup.idle_resident_bytes);
+                    torch_peak = Some(torch_peak.unwrap_or(0).max(above));
+                }
+                Err(e) => {
+                    pytorch_error = Some(format!("{e:#}"));
+                    reference = None;
+                }
+            }
+        }
+    }
+    drop(napkin_run);
+
+    let figures = |seconds: &[f64], peak: Option<u64>, attainable: Option<f64>| {
+        let (median_s, min_s, max_s) = spread(seconds)?;
+        let amount = case.amount();
+        let flops = case.flops();
+        Some(SideFigures {
+            median: amount / median_s,
+            min: amount / max_s,
+            max: amount / min_s,
+            peak_resident_bytes: peak,
+            fraction_of_gemm: attainable
+                .filter(|_| flops > 0.0)
+                .map(|g| flops / median_s / 1e9 / g),
+        })
+    };
+    // The GEMM case defines "attainable": the better of the two stacks on this machine.
+    if let Work::Matmul { .. } = case.work {
+        let best = [spread(&napkin_seconds), spread(&torch_seconds)]
+            .into_iter()
+            .flatten()
+            .map(|(median, _, _)| case.amount() / median)
+            .fold(0.0f64, f64::max);
+        report.attainable_gemm_gflops = Some(best);
+    }
+    let attainable = report.attainable_gemm_gflops;
+    let napkin =
+        figures(&napkin_seconds, napkin_peak, attainable).context("no timed napkin run")?;
+    let pytorch = figures(&torch_seconds, torch_peak, attainable);
+    let speed_ratio = pytorch.as_ref().map(|p| napkin.median / p.median);
+    let memory_ratio = match (napkin.peak_resident_bytes, pytorch.as_ref()) {
+        (Some(n), Some(p)) => p
+            .peak_resident_bytes
+            .filter(|&p| p > 0)
+            .map(|p| n as f64 / p as f64),
+        _ => None,
+    };
+    Ok(CaseResult {
+        name: case.name.clone(),
+        unit: case.unit().label(),
+        napkin,
+        napkin_heap_peak_bytes: heap_peak,
+        pytorch,
+        pytorch_error,
+        speed_ratio,
+        memory_ratio,
+    })
+}
+
+/// A pause between the two sides' runs: BLAS and OpenMP worker threads spin (yielding) for a
+/// while after each call, and would otherwise take cores from the other process's next run.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(250));
+}
+
+fn print_header() {
+    println!(
+        "{:<40} {:>9} {:>21} {:>21} {:>7} {:>13} {:>13} {:>6}",
+        "case",
+        "unit",
+        "napkin med [min-max]",
+        "PyTorch med [min-max]",
+        "speed×",
+        "peak MB n/pt",
+        "%GEMM n/pt",
+        "mem×"
+    );
+}
+
+fn print_row(r: &CaseResult) {
+    let side = |s: Option<&SideFigures>| {
+        s.map_or("-".to_string(), |s| {
+            format!("{} [{}-{}]", short(s.median), short(s.min), short(s.max))
+        })
+    };
+    let mb = |s: Option<&SideFigures>| {
+        s.and_then(|s| s.peak_resident_bytes)
+            .map_or("-".to_string(), |b| format!("{:.0}", b as f64 / 1e6))
+    };
+    let pct = |s: Option<&SideFigures>| {
+        s.and_then(|s| s.fraction_of_gemm)
+            .map_or("-".to_string(), |f| format!("{:.0}", f * 100.0))
+    };
+    let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}"));
+    println!(
+        "{:<40} {:>9} {:>21} {:>21} {:>7} {:>13} {:>13} {:>6}",
+        r.name,
+        r.unit,
+        side(Some(&r.napkin)),
+        side(r.pytorch.as_ref()),
+        ratio(r.speed_ratio),
+        format!("{}/{}", mb(Some(&r.napkin)), mb(r.pytorch.as_ref())),
+        format!("{}/{}", pct(Some(&r.napkin)), pct(r.pytorch.as_ref())),
+        ratio(r.memory_ratio),
+    );
+    if let Some(e) = &r.pytorch_error {
+        println!("    PyTorch: {e}");
+    }
+}
+
+/// Three significant figures, no exponent.
+fn short(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn print_summary(report: &SuiteReport) {
+    let compared: Vec<&CaseResult> = report
+        .cases
+        .iter()
+        .filter(|c| c.speed_ratio.is_some())
+        .collect();
+    if compared.is_empty() {
+        return;
+    }
+    let faster = compared
+        .iter()
+        .filter(|c| c.speed_ratio.is_some_and(|r| r >= 1.0))
+        .count();
+    let leaner = compared
+        .iter()
+        .filter(|c| c.memory_ratio.is_some_and(|r| r <= 1.0))
+        .count();
+    println!(
+        "napkin at least as fast in {faster} of {} cases, at most PyTorch's peak memory in {leaner} of {} (torch {})",
+        compared.len(),
+        compared.iter().filter(|c| c.memory_ratio.is_some()).count(),
+        report.torch.as_deref().unwrap_or("?")
+    );
+}

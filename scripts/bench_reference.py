@@ -1,0 +1,251 @@
+"""The PyTorch side of `napkin bench suite`: the same cases on torch + transformers + peft +
+bitsandbytes (CPU, eager mode, f32), driven one run at a time so the two stacks interleave.
+
+Protocol (one JSON object per line on stdin, one answer per line on stdout):
+  {"op": "setup", "case": {...}}  builds the case and runs one warm-up   -> {"ok": true, ...}
+  {"op": "run"}                   one timed run of the current case      -> {"seconds": s, "peak_rss_bytes": b}
+  {"op": "quit"}
+A failure answers {"error": "..."}; the driver prints it and goes on with the next case.
+
+Cases ("kind"): train, forward, generate, nf4_quantize, nf4_dequantize, nf4_matmul, matmul. Each names its
+HF Llama config, shapes and method exactly as napkin builds them (see native/src/commands/bench/cases.rs).
+Set up by scripts/bench.sh (a virtual environment with pinned versions); not used by the tests.
+"""
+
+import ctypes
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("NAPKIN_BENCH_THREADS", "2")))
+torch.manual_seed(0)
+
+LIBC = ctypes.CDLL("libc.so.6")
+
+
+def rss_bytes(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss():
+    """Returns freed heap to the OS and restarts the kernel's peak-RSS counter (VmHWM)."""
+    gc.collect()
+    LIBC.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def tokens(batch, seq, vocab):
+    """The same synthetic rows napkin uses: ((i*31 + r*101 + 1) mod V)."""
+    rows = [[(i * 31 + r * 101 + 1) % vocab for i in range(seq)] for r in range(batch)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def llama(config_json, quantized):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**config_json)
+    if not quantized:
+        model = LlamaForCausalLM(config)
+        return model.float()
+    # QLoRA as users write it: save, then load with a BitsAndBytesConfig (NF4, double quant).
+    from transformers import BitsAndBytesConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        LlamaForCausalLM(config).save_pretrained(folder)
+        q = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.float32,
+            bnb_4bit_quant_storage=torch.uint8,
+        )
+        return LlamaForCausalLM.from_pretrained(
+            folder, quantization_config=q, device_map="cpu", torch_dtype=torch.float32
+        )
+
+
+class Train:
+    def __init__(self, case):
+        method = case["method"]
+        model = llama(case["config"], quantized=method == "qlora")
+        if method in ("lora", "qlora"):
+            from peft import LoraConfig, get_peft_model
+
+            if method == "qlora":
+                from peft import prepare_model_for_kbit_training
+
+                model = prepare_model_for_kbit_training(
+                    model, use_gradient_checkpointing=False
+                )
+            lora = LoraConfig(
+                r=case["lora_r"],
+                lora_alpha=case["lora_alpha"],
+                lora_dropout=0.0,
+                target_modules=[
+                    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+                ],
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lora)
+        if case["checkpointing"]:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.config.use_cache = False
+        model.train()
+        self.model = model
+        self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+    def run(self):
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.model(input_ids=self.ids, labels=self.ids).loss
+        loss.backward()
+        self.optimizer.step()
+
+
+class Forward:
+    def __init__(self, case):
+        self.model = llama(case["config"], quantized=False).eval()
+        self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
+
+    def run(self):
+        with torch.no_grad():
+            self.model(input_ids=self.ids, use_cache=False)
+
+
+class Generate:
+    def __init__(self, case):
+        self.model = llama(case["config"], quantized=False).eval()
+        self.ids = tokens(1, case["prompt"], case["config"]["vocab_size"])
+        self.new = case["new_tokens"]
+
+    def run(self):
+        with torch.no_grad():
+            self.model.generate(
+                self.ids,
+                max_new_tokens=self.new,
+                min_new_tokens=self.new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
+
+def weight(case):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(case["rows"], case["cols"], generator=g) * 0.02
+
+
+class Nf4Quantize:
+    def __init__(self, case):
+        import bitsandbytes.functional as F
+
+        self.F = F
+        self.w = weight(case)
+        self.block = case["block_size"]
+        self.double = case["double_quant"]
+
+    def run(self):
+        self.F.quantize_4bit(
+            self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
+        )
+
+
+class Nf4Dequantize(Nf4Quantize):
+    def __init__(self, case):
+        super().__init__(case)
+        self.q, self.state = self.F.quantize_4bit(
+            self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
+        )
+
+    def run(self):
+        self.F.dequantize_4bit(self.q, self.state)
+
+
+class Nf4Matmul(Nf4Dequantize):
+    def __init__(self, case):
+        super().__init__(case)
+        import bitsandbytes as bnb
+
+        self.bnb = bnb
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(case["tokens"], case["cols"], generator=g)
+
+    def run(self):
+        with torch.no_grad():
+            self.bnb.matmul_4bit(self.x, self.q.t(), quant_state=self.state)
+
+
+class Matmul:
+    def __init__(self, case):
+        g = torch.Generator().manual_seed(0)
+        n = case["n"]
+        self.a = torch.randn(n, n, generator=g)
+        self.b = torch.randn(n, n, generator=g)
+
+    def run(self):
+        self.a @ self.b
+
+
+KINDS = {
+    "matmul": Matmul,
+    "train": Train,
+    "forward": Forward,
+    "generate": Generate,
+    "nf4_quantize": Nf4Quantize,
+    "nf4_dequantize": Nf4Dequantize,
+    "nf4_matmul": Nf4Matmul,
+}
+
+
+def answer(value):
+    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    current = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.get("op")
+        try:
+            if op == "setup":
+                current = None
+                reset_peak_rss()
+                idle = rss_bytes("VmRSS")
+                current = KINDS[request["case"]["kind"]](request["case"])
+                current.run()  # warm-up
+                answer({"ok": True, "idle_rss_bytes": idle, "torch": torch.__version__})
+            elif op == "run":
+                reset_peak_rss()
+                start = time.perf_counter()
+                current.run()
+                seconds = time.perf_counter() - start
+                answer({"seconds": seconds, "peak_rss_bytes": rss_bytes("VmHWM")})
+            elif op == "quit":
+                return
+            else:
+                answer({"error": f"unknown op {op!r}"})
+        except Exception as error:  # reported to the driver, which goes on
+            answer({"error": f"{type(error).__name__}: {error}"})
+
+
+if __name__ == "__main__":
+    main()
