@@ -174,6 +174,11 @@ fn malformed_corpus_gives_the_exact_errors() {
             "FILE: malformed checkpoint: tensors `output_norm.weight` and `token_embd.weight` overlap",
         ),
         (
+            // Found by `scripts/fuzz.sh gguf` (kept as the fuzzer wrote it).
+            "gguf/fuzz-data-past-end.gguf",
+            "FILE: malformed checkpoint: the tensor data would start at byte 512, past the end of the 494-byte file",
+        ),
+        (
             "gguf/nan-weight.gguf",
             "FILE: malformed checkpoint: tensor `output_norm.weight` holds a non-finite value at 7",
         ),

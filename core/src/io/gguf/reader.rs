@@ -260,6 +260,17 @@ impl GgufFile {
             None => 32,
         } as usize;
         let data_start = c.pos.div_ceil(alignment) * alignment;
+        if data_start > map.len() && !infos.is_empty() {
+            // Found by the fuzzer: zero-byte tensors of an unsupported type would otherwise
+            // point past the end of the file.
+            return Err(Error::checkpoint(
+                path,
+                format!(
+                    "the tensor data would start at byte {data_start}, past the end of the {}-byte file",
+                    map.len()
+                ),
+            ));
+        }
         let data_len = (map.len().saturating_sub(data_start)) as u64;
 
         let mut tensors = BTreeMap::new();
