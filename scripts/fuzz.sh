@@ -4,16 +4,22 @@
 # seeded from the fixtures and the malformed corpus. Installs cargo-fuzz when missing.
 # SANITIZER: none (default: the parsers are safe Rust, libFuzzer still catches panics, hangs
 # and memory blow-ups; builds in ~15 min) or address (AddressSanitizer; far slower to build).
-# Not part of scripts/test.sh (docs/reliability.md records the long runs).
-# Usage: scripts/fuzz.sh [target ...]   (env: RUNS, SANITIZER, NAPKIN_FIXTURES)
+# PROFILE: release (default, for long runs) or dev (builds faster: scripts/test.sh uses it for a
+# short run of every target). SEED: libFuzzer's seed, for a repeatable short run.
+# docs/reliability.md records the long runs.
+# Usage: scripts/fuzz.sh [target ...]   (env: RUNS, SANITIZER, PROFILE, SEED, NAPKIN_FIXTURES)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 runs="${RUNS:-1000000}"
 sanitizer="${SANITIZER:-none}"
+build=(--sanitizer "$sanitizer")
+[ "${PROFILE:-release}" = dev ] && build+=(--dev)
+extra=()
+[ -n "${SEED:-}" ] && extra+=("-seed=$SEED")
 fixtures="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 export RUSTC_BOOTSTRAP=1
-command -v cargo-fuzz >/dev/null || cargo install --quiet cargo-fuzz
+command -v cargo-fuzz >/dev/null || cargo install --quiet --locked cargo-fuzz --version 0.13.2
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
@@ -43,8 +49,9 @@ for t in "${targets[@]}"; do
     echo "== fuzz $t: $runs executions (log: fuzz/artifacts/$t.log)"
     start=$(date +%s)
     status=0
-    cargo fuzz run --fuzz-dir fuzz --sanitizer "$sanitizer" "$t" "$(seed "$t")" -- -runs="$runs" \
-        -max_len=65536 -rss_limit_mb=2048 -timeout=10 > "fuzz/artifacts/$t.log" 2>&1 || status=$?
+    cargo fuzz run --fuzz-dir fuzz "${build[@]}" "$t" "$(seed "$t")" -- -runs="$runs" \
+        -max_len=65536 -rss_limit_mb=2048 -timeout=10 "${extra[@]}" > "fuzz/artifacts/$t.log" 2>&1 ||
+        status=$?
     # The final coverage line, libFuzzer's summary, and any crash, hang or OOM report.
     grep -E "DONE|^Done|ERROR|panicked|Test unit written" "fuzz/artifacts/$t.log" | tail -4
     echo "   $t: $(( $(date +%s) - start )) s, exit $status"

@@ -25,5 +25,8 @@ cargo fmt --all -- --check
 step "tests (workspace, dev profile: dependencies optimised)"
 cargo test --workspace --locked
 
+step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
+RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
+
 step "the browser sandbox (wasm32 build, bundle budget, headless Chromium end to end)"
 bash scripts/test-web.sh
