@@ -112,6 +112,27 @@ impl LlamaConfig {
         }
     }
 
+    /// A small Llama where weights dominate bookkeeping: 4 blocks, D=256, F=688, 8 heads / 4 KV
+    /// heads, V=4096, untied (the memory tests' and the performance suite's small model).
+    pub fn small() -> Self {
+        LlamaConfig {
+            vocab_size: 4096,
+            hidden_size: 256,
+            intermediate_size: 688,
+            num_hidden_layers: 4,
+            num_attention_heads: 8,
+            num_key_value_heads: 4,
+            head_dim: 32,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::Default,
+            max_position_embeddings: 512,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+        }
+    }
+
     /// The fixture `tiny-mha`: 2 blocks, 4 heads / 4 kv heads, untied.
     pub fn tiny_mha() -> Self {
         Self::tiny(256, 64, 176, 2, 4, 4, 10_000.0, 1e-6, false, 256)

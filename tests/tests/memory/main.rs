@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, RopeScaling};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::DeviceKind;
 use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
 use napkin_core::memory::{CountingAllocator, weight_bytes};
@@ -22,22 +22,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Big enough that weights dominate bookkeeping: 4 blocks, D=256, F=688, V=4096, untied.
 fn small_config() -> LlamaConfig {
-    LlamaConfig {
-        vocab_size: 4096,
-        hidden_size: 256,
-        intermediate_size: 688,
-        num_hidden_layers: 4,
-        num_attention_heads: 8,
-        num_key_value_heads: 4,
-        head_dim: 32,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10_000.0,
-        rope_scaling: RopeScaling::Default,
-        max_position_embeddings: 512,
-        tie_word_embeddings: false,
-        bos_token_id: None,
-        eos_token_ids: vec![],
-    }
+    LlamaConfig::small()
 }
 
 fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama {

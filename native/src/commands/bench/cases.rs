@@ -164,28 +164,12 @@ fn nf4_request(kind: &str, rows: usize, cols: usize, tokens: usize) -> Value {
     })
 }
 
-/// The small config: hidden 256, 4 layers, 8 heads / 4 KV heads, intermediate 688,
-/// vocabulary 4096.
-pub fn small_config() -> LlamaConfig {
-    LlamaConfig {
-        vocab_size: 4096,
-        hidden_size: 256,
-        intermediate_size: 688,
-        num_hidden_layers: 4,
-        num_attention_heads: 8,
-        num_key_value_heads: 4,
-        head_dim: 32,
-        max_position_embeddings: 2048,
-        ..LlamaConfig::smollm2_135m()
-    }
-}
-
 /// Every case of the suite, the attainable-GEMM case first.
 pub fn suite() -> Vec<Case> {
     let mut cases = vec![Case::new("f32 GEMM 2048³", Work::Matmul { n: 2048 })];
     let models = [
         ("SmolLM2-135M 1×256", LlamaConfig::smollm2_135m(), 1, 256),
-        ("small 4×128", small_config(), 4, 128),
+        ("small 4×128", LlamaConfig::small(), 4, 128),
     ];
     for (model, config, batch, seq) in &models {
         for method in ["full FT", "LoRA r16", "QLoRA r16"] {
