@@ -23,7 +23,7 @@ fn predicted_peak_and_kinds_are_within_5_percent_of_measured_over_the_grid() {
     };
     let mut cases = Vec::new();
     for (config_name, config) in [
-        ("small", small_config()),
+        ("small", LlamaConfig::small()),
         ("tiny-smol", LlamaConfig::tiny_smol()),
     ] {
         for (lora, nf4) in [(false, false), (true, false), (false, true), (true, true)] {

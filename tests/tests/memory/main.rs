@@ -20,11 +20,6 @@ mod grid;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Big enough that weights dominate bookkeeping: 4 blocks, D=256, F=688, V=4096, untied.
-fn small_config() -> LlamaConfig {
-    LlamaConfig::small()
-}
-
 fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama {
     let device = DeviceKind::Cpu.open().unwrap();
     let device = if autodiff { device.autodiff() } else { device };
@@ -70,7 +65,7 @@ fn counting_allocator_is_installed() {
 #[test]
 fn resident_model_memory_is_within_3_percent_of_the_prediction() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let config = small_config();
+    let config = LlamaConfig::small();
     drop(build(&config, None, false)); // warm up the backend's one-time allocations
     for nf4 in [
         None,
@@ -122,7 +117,7 @@ fn step_bytes(model: &Llama, batch: &TokenBatch, labels: &[i64]) -> (usize, usiz
 #[test]
 fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let config = small_config();
+    let config = LlamaConfig::small();
     // A large rank, so that adapter gradients dwarf the bookkeeping of the step.
     let lora = LoraConfig {
         r: 64,
@@ -256,7 +251,7 @@ fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps()
 fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
     use napkin_core::train::{AdamW, AdamWConfig};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let config = small_config();
+    let config = LlamaConfig::small();
     let lora = LoraConfig {
         r: 64,
         ..Default::default()
@@ -380,7 +375,7 @@ fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
 fn block_checkpointing_cuts_the_step_peak() {
     use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let config = small_config();
+    let config = LlamaConfig::small();
     let lora = LoraConfig {
         r: 8,
         ..Default::default()
@@ -423,7 +418,7 @@ fn half_precision_halves_the_frozen_base() {
     use napkin_core::model::autocast::autocast;
     use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let config = small_config();
+    let config = LlamaConfig::small();
     let device = DeviceKind::Flex.open().unwrap().autodiff();
     device.seed(7);
     let lora = LoraConfig {

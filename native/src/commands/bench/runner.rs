@@ -8,6 +8,7 @@ use napkin_core::memory::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::Llama;
 use napkin_core::model::generate::{KvCache, Sampling, SplitMix64, choose};
 use napkin_core::model::nf4_matmul::nf4_matmul;
+use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
 
@@ -59,10 +60,11 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
         } => {
             device.seed(7);
             let model = Llama::init(config, device);
-            let vocab = config.vocab_size;
-            let prompt: Vec<u32> = (0..*prompt)
-                .map(|i| ((i * 31 + 1) % vocab) as u32)
-                .collect();
+            // The first synthetic row of a 1 × prompt scenario (the reference uses the same).
+            let prompt = synthetic_micro_batches(&Scenario::new(config.clone(), 1, *prompt))?
+                .swap_remove(0)
+                .batch
+                .input_ids;
             let new_tokens = *new_tokens;
             Ok(Box::new(move || {
                 let mut cache = KvCache::default();
@@ -85,8 +87,7 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             }))
         }
         Work::Nf4Dequantize { rows, cols } => {
-            let q =
-                Nf4Tensor::quantize(&normal_values(*rows, *cols, device)?, &[*rows, *cols], &NF4)?;
+            let q = quantized_weight(*rows, *cols, device)?;
             let mut out = vec![0.0f32; rows * cols];
             Ok(Box::new(move || {
                 q.dequantize_into(&mut out);
@@ -94,11 +95,7 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             }))
         }
         Work::Nf4Matmul { tokens, rows, cols } => {
-            let w = Arc::new(Nf4Tensor::quantize(
-                &normal_values(*rows, *cols, device)?,
-                &[*rows, *cols],
-                &NF4,
-            )?);
+            let w = Arc::new(quantized_weight(*rows, *cols, device)?);
             let x: Tensor<2> =
                 Tensor::random([*tokens, *cols], Distribution::Normal(0.0, 1.0), device);
             Ok(Box::new(move || {
@@ -117,6 +114,15 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             }))
         }
     }
+}
+
+/// A `[rows, cols]` weight of [`normal_values`], NF4-quantized with the suite's settings.
+fn quantized_weight(rows: usize, cols: usize, device: &Device) -> Result<Nf4Tensor> {
+    Ok(Nf4Tensor::quantize(
+        &normal_values(rows, cols, device)?,
+        &[rows, cols],
+        &NF4,
+    )?)
 }
 
 /// `rows × cols` weights drawn like an initialised linear layer's (N(0, 0.02²)).
