@@ -2,12 +2,14 @@
 //!
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
+mod attention;
 mod llama;
 mod lora;
 mod nf4;
 mod optimizer;
 mod presets;
 
+pub use attention::AttentionKind;
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};

@@ -121,6 +121,7 @@ pub fn build_llama(
         norm: norm("model.norm.weight")?,
         lm_head,
         config: config.clone(),
+        attention: Default::default(),
     })
 }
 

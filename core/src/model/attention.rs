@@ -3,13 +3,26 @@
 //! Grouped-query attention is computed without repeating K and V: the H query heads are
 //! viewed as Hkv groups of H/Hkv heads, so each group's queries meet their one shared K/V
 //! head in a single batched matmul. No `[B, H, T, Dh]` copy of K or V is ever made.
+//!
+//! With a [`AttentionMask::Tiled`] mask the softmax runs tile by tile instead
+//! (`efficient_attention.rs`) and the `[B, H, T, T]` scores never exist.
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, activation::softmax};
 
+use super::efficient_attention::{TiledMask, efficient_attention};
 use super::linear::Linear;
 use super::rope::RopeTables;
 use crate::config::LlamaConfig;
+
+/// Which keys each query sees, in the form the chosen attention consumes.
+#[derive(Debug, Clone)]
+pub enum AttentionMask {
+    /// Additive, `[1 or B, 1, T, S]`: the eager attention.
+    Dense(Tensor<4>),
+    /// Causal within segments, built tile by tile: the memory-efficient attention.
+    Tiled(TiledMask),
+}
 
 /// The attention half of a decoder block.
 #[derive(Module, Debug)]
@@ -48,10 +61,43 @@ impl Attention {
     /// # Shapes
     /// - `x`: `[B, T, D]`
     /// - `rope`: tables `[B, 1, T, Dh]`
-    /// - `mask`: additive, `[1 or B, 1, T, T]`
+    /// - `mask`: dense `[1 or B, 1, T, T]`, or tiled
     /// - returns `[B, T, D]`
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
-        self.forward_cached(x, rope, mask, None)
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &AttentionMask) -> Tensor<3> {
+        match mask {
+            AttentionMask::Dense(mask) => self.forward_cached(x, rope, mask, None),
+            AttentionMask::Tiled(mask) => {
+                let [b, t, _] = x.dims();
+                let (q, k, v) = self.project(x, rope);
+                let out = efficient_attention(q, k, v, mask); // [B, H, T, Dh]
+                self.merge_heads(out, b, t)
+            }
+        }
+    }
+
+    /// Queries, keys and values split into heads, RoPE applied to the first two.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`
+    fn project(&self, x: Tensor<3>, rope: &RopeTables) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, t, _] = x.dims();
+        let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
+        let q = rope.apply(heads(self.q_proj.forward(x.clone()), h));
+        let k = rope.apply(heads(self.k_proj.forward(x.clone()), hkv));
+        let v = heads(self.v_proj.forward(x), hkv);
+        (q, k, v)
+    }
+
+    /// The heads side by side again, through the output projection.
+    ///
+    /// # Shapes
+    /// - `out`: `[B, H, T, Dh]` → `[B, T, D]`
+    fn merge_heads(&self, out: Tensor<4>, b: usize, t: usize) -> Tensor<3> {
+        let merged = out
+            .swap_dims(1, 2)
+            .reshape([b, t, self.num_heads * self.head_dim]); // [B, T, H·Dh]
+        self.o_proj.forward(merged)
     }
 
     /// The forward pass with an optional key/value cache: the new keys and values are appended
@@ -72,10 +118,7 @@ impl Attention {
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let group = h / hkv; // query heads per K/V head
 
-        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
-        let q = rope.apply(heads(self.q_proj.forward(x.clone()), h)); // [B, H, T, Dh]
-        let k = rope.apply(heads(self.k_proj.forward(x.clone()), hkv)); // [B, Hkv, T, Dh]
-        let v = heads(self.v_proj.forward(x), hkv); // [B, Hkv, T, Dh]
+        let (q, k, v) = self.project(x, rope); // [B, H, T, Dh], [B, Hkv, T, Dh] ×2
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, S, Dh]
             None => (k, v),
@@ -89,12 +132,7 @@ impl Attention {
         let scores = scores.reshape([b, h, t, s]) + mask.clone(); // [B, H, T, S]
         let probs = softmax(scores, 3).reshape([b, hkv, group * t, s]);
         let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
-
-        let out = out
-            .reshape([b, h, t, dh])
-            .swap_dims(1, 2)
-            .reshape([b, t, h * dh]); // [B, T, H·Dh]
-        self.o_proj.forward(out)
+        self.merge_heads(out.reshape([b, h, t, dh]), b, t)
     }
 }
 

@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::attention::{Attention, LayerKvCache};
+use super::attention::{Attention, AttentionMask, LayerKvCache};
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
 use super::rope::RopeTables;
@@ -39,8 +39,11 @@ impl DecoderBlock {
 
     /// # Shapes
     /// - `x`: `[B, T, D]` → `[B, T, D]`
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &Tensor<4>) -> Tensor<3> {
-        self.forward_cached(x, rope, mask, None)
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, mask: &AttentionMask) -> Tensor<3> {
+        let attn = self
+            .self_attn
+            .forward(self.input_layernorm.forward(x.clone()), rope, mask);
+        self.add_mlp(x + attn)
     }
 
     /// The forward pass with an optional key/value cache (generation).
@@ -57,7 +60,11 @@ impl DecoderBlock {
             mask,
             cache,
         );
-        let x = x + attn;
+        self.add_mlp(x + attn)
+    }
+
+    /// `x + mlp(norm₂(x))`.
+    fn add_mlp(&self, x: Tensor<3>) -> Tensor<3> {
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }

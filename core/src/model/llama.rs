@@ -4,13 +4,15 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor, module::embedding};
 
+use super::attention::AttentionMask;
 use super::autocast::linear_matmul;
 use super::batch::TokenBatch;
 use super::block::DecoderBlock;
+use super::efficient_attention::TiledMask;
 use super::linear::Linear;
 use super::rms_norm::RmsNorm;
 use super::rope::{RopeTables, inverse_frequencies};
-use crate::config::LlamaConfig;
+use crate::config::{AttentionKind, LlamaConfig};
 
 /// A decoder-only Llama.
 #[derive(Module, Debug)]
@@ -26,6 +28,9 @@ pub struct Llama {
     /// The hyper-parameters the model was built from.
     #[module(skip)]
     pub config: LlamaConfig,
+    /// How the blocks compute attention (a run setting, not part of the checkpoint).
+    #[module(skip)]
+    pub attention: AttentionKind,
 }
 
 /// What a forward pass needs besides the residual stream: RoPE tables and the mask.
@@ -33,8 +38,9 @@ pub struct Llama {
 pub struct ForwardContext {
     /// cos/sin tables for the batch's positions.
     pub rope: RopeTables,
-    /// Additive causal (and segment) mask, `[1 or B, 1, T, T]`.
-    pub mask: Tensor<4>,
+    /// Causal (and segment) visibility: a dense additive `[1 or B, 1, T, T]` mask for the eager
+    /// attention, segment ids for the tiled one.
+    pub mask: AttentionMask,
 }
 
 impl Llama {
@@ -55,6 +61,7 @@ impl Llama {
             lm_head: (!config.tie_word_embeddings)
                 .then(|| Linear::init(config.vocab_size, config.hidden_size, device)),
             config: config.clone(),
+            attention: AttentionKind::default(),
         }
     }
 
@@ -69,7 +76,10 @@ impl Llama {
         let inv_freq = inverse_frequencies(&self.config);
         ForwardContext {
             rope: RopeTables::new(&inv_freq, &batch.positions, batch.batch, batch.seq, &device),
-            mask: batch.attention_mask(&device),
+            mask: match self.attention {
+                AttentionKind::Eager => AttentionMask::Dense(batch.attention_mask(&device)),
+                AttentionKind::Efficient => AttentionMask::Tiled(TiledMask::new(batch)),
+            },
         }
     }
 

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod autocast;
 pub mod batch;
 pub mod block;
+pub mod efficient_attention;
 pub mod generate;
 pub mod linear;
 pub mod llama;

@@ -1,0 +1,60 @@
+//! Which attention the model runs: a plain name, shared by the trainer, the predictor and the
+//! browser app.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How the attention softmax is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// HF "eager": the `[B, H, T, T]` scores and probabilities are materialised and kept for
+    /// the backward.
+    #[default]
+    Eager,
+    /// Memory-efficient ("flash-style"): tiled over queries and keys with an online softmax;
+    /// only the output and one log-sum-exp per query row are kept, the tiles are recomputed
+    /// in the backward.
+    Efficient,
+}
+
+impl FromStr for AttentionKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "eager" => Ok(AttentionKind::Eager),
+            "efficient" | "flash" => Ok(AttentionKind::Efficient),
+            _ => Err(Error::Input(format!(
+                "unknown attention `{s}`: expected eager or efficient"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for AttentionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AttentionKind::Eager => "eager",
+            AttentionKind::Efficient => "efficient",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_bad_names_are_refused() {
+        for kind in [AttentionKind::Eager, AttentionKind::Efficient] {
+            assert_eq!(kind.to_string().parse::<AttentionKind>().unwrap(), kind);
+        }
+        let err = "sdpa".parse::<AttentionKind>().unwrap_err().to_string();
+        assert!(err.contains("expected eager or efficient"), "{err}");
+    }
+}
