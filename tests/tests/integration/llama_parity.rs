@@ -2,9 +2,10 @@
 //! logits, loss, every hidden state and layer-0 intermediate, and the full gradients.
 //!
 //! Tolerances are those of `shared/fixtures/README.md` (f32: ~1e-5 on logits, 1e-5 on the
-//! loss, gradients 1e-5 abs or 1e-4 relative).
+//! loss, gradients 1e-5 abs or 1e-4 relative). Both attentions (eager and the tiled,
+//! memory-efficient one) must reach them.
 
-use napkin_core::config::LlamaConfig;
+use napkin_core::config::{AttentionKind, LlamaConfig};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::model::rope::{inverse_frequencies, tables};
@@ -38,21 +39,34 @@ fn rope_tables_match_transformers() {
     }
 }
 
-/// Every (fixture model, CPU backend) pair: each backend must reach HF parity on its own.
-fn cases() -> Vec<(std::path::PathBuf, DeviceKind)> {
+/// Every (fixture model, CPU backend, attention): each backend must reach HF parity on its
+/// own, with either attention.
+fn cases() -> Vec<(std::path::PathBuf, DeviceKind, AttentionKind)> {
     let backends = DeviceKind::cpu_backends();
     assert!(!backends.is_empty(), "no CPU backend compiled in");
-    model_dirs()
-        .into_iter()
-        .flat_map(|dir| backends.iter().map(move |&kind| (dir.clone(), kind)))
-        .collect()
+    let mut cases = Vec::new();
+    for dir in model_dirs() {
+        for &kind in &backends {
+            for attention in [AttentionKind::Eager, AttentionKind::Efficient] {
+                cases.push((dir.clone(), kind, attention));
+            }
+        }
+    }
+    cases
+}
+
+/// A fixture model on a device, with the given attention.
+fn load(dir: &std::path::Path, device: &burn::tensor::Device, attention: AttentionKind) -> Llama {
+    let mut model = load_hf_llama(dir, device).unwrap();
+    model.attention = attention;
+    model
 }
 
 #[test]
 fn logits_and_loss_match_transformers() {
-    for (dir, kind) in cases() {
+    for (dir, kind, attention) in cases() {
         let reference = Reference::open(&dir);
-        let model = load_hf_llama(&dir, &kind.open().unwrap()).unwrap();
+        let model = load(&dir, &kind.open().unwrap(), attention);
         let (batch, labels) = input_batch(&reference);
         let logits = model.forward(&batch);
         let loss = scalar(causal_lm_loss(logits.clone(), &labels).unwrap().mean());
@@ -85,7 +99,7 @@ fn logits_and_loss_match_transformers() {
             reference.name
         );
         eprintln!(
-            "{} on {kind}: max |logits − HF| = {worst:.2e} (f64 oracle {worst_f64:.2e}), loss {loss} vs {want_loss}",
+            "{} on {kind}, {attention} attention: max |logits − HF| = {worst:.2e} (f64 oracle {worst_f64:.2e}), loss {loss} vs {want_loss}",
             reference.name
         );
     }
@@ -93,12 +107,17 @@ fn logits_and_loss_match_transformers() {
 
 #[test]
 fn hidden_states_and_layer0_intermediates_match_transformers() {
-    for (dir, kind) in cases() {
+    for (dir, kind, attention) in cases() {
         let reference = Reference::open(&dir);
-        let model = load_hf_llama(&dir, &kind.open().unwrap()).unwrap();
+        let model = load(&dir, &kind.open().unwrap(), attention);
         let (batch, _) = input_batch(&reference);
         let ctx = model.context(&batch);
-        let name = |what: &str| format!("{} on {kind}: {what}", reference.name);
+        let name = |what: &str| {
+            format!(
+                "{} on {kind}, {attention} attention: {what}",
+                reference.name
+            )
+        };
         let check = |what: &str, got: Vec<f32>| {
             assert_close(&name(what), &got, &reference.f32(what).1, 2e-5, 1e-4);
         };
@@ -142,9 +161,9 @@ fn hidden_states_and_layer0_intermediates_match_transformers() {
 
 #[test]
 fn full_gradients_match_transformers() {
-    for (dir, kind) in cases() {
+    for (dir, kind, attention) in cases() {
         let reference = Reference::open(&dir);
-        let model: Llama = load_hf_llama(&dir, &kind.open().unwrap().autodiff()).unwrap();
+        let model = load(&dir, &kind.open().unwrap().autodiff(), attention);
         let (batch, labels) = input_batch(&reference);
         let loss = causal_lm_loss(model.forward(&batch), &labels)
             .unwrap()
@@ -166,12 +185,15 @@ fn full_gradients_match_transformers() {
                 .unwrap_or_else(|| panic!("{}: no gradient for {hf_name}", reference.name))
                 .to_vec();
             let (_, want) = reference.f32(&format!("full.grad.{hf_name}"));
-            let what = format!("{} on {kind}: grad {hf_name}", reference.name);
+            let what = format!(
+                "{} on {kind}, {attention} attention: grad {hf_name}",
+                reference.name
+            );
             worst = worst.max(assert_close(&what, &grad, &want, 1e-5, 1e-4));
         }
         let n = params.len();
         eprintln!(
-            "{} on {kind}: {n} gradients, max |grad − HF| = {worst:.2e}",
+            "{} on {kind}, {attention} attention: {n} gradients, max |grad − HF| = {worst:.2e}",
             reference.name
         );
     }
