@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Query and key positions per tile of the memory-efficient attention.
+pub const ATTENTION_TILE: usize = 128;
+
 /// How the attention softmax is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

@@ -9,7 +9,7 @@ mod nf4;
 mod optimizer;
 mod presets;
 
-pub use attention::AttentionKind;
+pub use attention::{ATTENTION_TILE, AttentionKind};
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};

@@ -35,7 +35,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use super::batch::{MASKED, TokenBatch};
 
 /// Query and key positions per tile.
-pub const TILE: usize = 128;
+pub use crate::config::ATTENTION_TILE as TILE;
 
 /// The causal (and, for packed rows, same-segment) visibility of a batch, kept as segment ids
 /// so that a tile's additive mask is built only when that tile needs one.

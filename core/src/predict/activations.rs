@@ -14,13 +14,16 @@
 //! attention keeps `q`, `k`, `v`, the shifted scores, their exponentials and the
 //! probabilities only because gradients flow through them.
 //!
+//! The memory-efficient attention is one custom op: it keeps `q`, `k`, `v`, its output and
+//! one log-sum-exp per query row, and no `T × T` tensor (nor a dense mask) at all.
+//!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
 //! persistent tensors are kept by reference and cost nothing here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::{LlamaConfig, LoraConfig, LoraTarget};
+use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget};
 
 /// What the step trains, which decides what is tracked.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -190,6 +193,7 @@ pub fn kept_activations(
     b: usize,
     t: usize,
     packed: bool,
+    attention: AttentionKind,
 ) -> ForwardKeeps {
     let c = config;
     let (b, t) = (b as u64, t as u64);
@@ -213,10 +217,13 @@ pub fn kept_activations(
             .map(|l| (l.r as u64, inp as u64, l.dropout > 0.0))
     };
 
-    // Per-forward tables: RoPE cos/sin [B, 1, T, Dh] and the additive mask [1 or B, 1, T, T].
+    // Per-forward tables: RoPE cos/sin [B, 1, T, Dh] and, for the eager attention, the
+    // additive mask [1 or B, 1, T, T].
     let cos = r.produce("rope.cos", n * dh, false);
     let sin = r.produce("rope.sin", n * dh, false);
-    let _mask = r.produce("attention_mask", if packed { b } else { 1 } * t * t, false);
+    if attention == AttentionKind::Eager {
+        r.produce("attention_mask", if packed { b } else { 1 } * t * t, false);
+    }
 
     let mut x = r.scoped("embed_tokens", |r| {
         r.binary(
@@ -253,6 +260,20 @@ pub fn kept_activations(
                 let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
                 let q = rope(r, "q_rope", q, n * h * dh);
                 let k = rope(r, "k_rope", k, n * hkv * dh);
+                if attention == AttentionKind::Efficient {
+                    // One op: keeps its three inputs, its output and the row log-sum-exps.
+                    let tracked = q.tracked || k.tracked || v.tracked;
+                    let out = r.produce("attention_output", n * h * dh, tracked);
+                    let lse = r.produce("attention_lse", b * h * t, false);
+                    if tracked {
+                        for kept in [q, k, v, out, lse] {
+                            r.keep(kept);
+                        }
+                    }
+                    let out = r.view(out, 1); // [B, T, H, Dh]
+                    let merged = r.stateless("heads_merged", &[out], n * h * dh);
+                    return linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim());
+                }
                 let (q, k) = (r.view(q, 1), r.view(k, 1)); // groups folded; Kᵀ
                 let scores = b * h * t * t;
                 let raw = r.binary("scores", q, k, scores);
@@ -357,6 +378,7 @@ mod tests {
             1,
             64,
             false,
+            AttentionKind::Eager,
         )
         .tensors;
         let (d, f, h, kv, r) = (576u64, 1536u64, 9u64, 192u64, 16u64);
@@ -374,5 +396,45 @@ mod tests {
         let middle = total(kept, Some(5));
         assert_eq!(middle, t * per_token + 3 * h * t * t);
         assert!(total(kept, Some(0)) < middle);
+    }
+}
+
+#[cfg(test)]
+mod efficient_attention_tests {
+    use super::*;
+
+    /// The efficient attention keeps no `T × T` tensor: the difference from eager is exactly
+    /// the three score-sized copies and the mask, less its output and log-sum-exps.
+    #[test]
+    fn the_t_squared_term_vanishes_with_the_efficient_attention() {
+        let c = LlamaConfig::smollm2_135m();
+        let lora = LoraConfig::default();
+        let trainable = Trainable {
+            embedding_and_norms: false,
+            block_linears: false,
+            lora: Some(&lora),
+        };
+        let t = 1024u64;
+        let values = |attention| -> u64 {
+            kept_activations(&c, trainable, 1, t as usize, false, attention)
+                .tensors
+                .iter()
+                .map(|k| k.values)
+                .sum()
+        };
+        let (h, dh, layers) = (9u64, 64u64, 30u64);
+        let eager = values(AttentionKind::Eager);
+        let efficient = values(AttentionKind::Efficient);
+        // Block 0 is frozen up to its LoRA adapters, but its attention still carries gradients
+        // (q, k and v have adapters), so every block keeps the same attention tensors.
+        let eager_attention = t * t + layers * (3 * h * t * t + h * t);
+        let efficient_attention = layers * (t * h * dh + h * t);
+        assert_eq!(eager - efficient, eager_attention - efficient_attention);
+        assert!(
+            !kept_activations(&c, trainable, 1, 64, false, AttentionKind::Efficient)
+                .tensors
+                .iter()
+                .any(|k| k.name.contains("scores") || k.name == "attention_mask")
+        );
     }
 }

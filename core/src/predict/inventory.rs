@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::activations::{Trainable, kept_activations};
 use super::workspace;
-use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
+use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
 use crate::memory::weights::nf4_tensor_bytes;
 use crate::tricks::blockwise8::adamw8bit_state_bytes;
 
@@ -120,6 +120,8 @@ pub struct Scenario {
     pub accumulation: usize,
     /// Packed rows (one attention mask per row instead of one shared).
     pub packed: bool,
+    /// Eager attention (keeps `[B, H, T, T]` tensors) or the tiled, memory-efficient one.
+    pub attention: AttentionKind,
 }
 
 impl Scenario {
@@ -136,6 +138,7 @@ impl Scenario {
             checkpointing: false,
             accumulation: 1,
             packed: false,
+            attention: AttentionKind::Eager,
         }
     }
 
@@ -299,7 +302,14 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
     let c = &s.config;
     let n = s.tokens();
     let mut out = Vec::new();
-    let keeps = kept_activations(c, s.trainable(), s.micro_batch, s.seq_len, s.packed);
+    let keeps = kept_activations(
+        c,
+        s.trainable(),
+        s.micro_batch,
+        s.seq_len,
+        s.packed,
+        s.attention,
+    );
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.
     let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();
     let kept_phases = |layer| Phases {

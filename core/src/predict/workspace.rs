@@ -5,6 +5,7 @@
 //! (`tests/tests/memory`) and is checked there, case by case, by the measurement grid.
 
 use super::inventory::{Entry, Kind, Phases, Scenario};
+use crate::config::{ATTENTION_TILE, AttentionKind};
 
 /// Bytes burn's graph holds per recorded op (node, parents, boxed backward step) until the
 /// backward frees it: 455–485 measured per op over blocks of 77 and 103 recorded ops.
@@ -71,6 +72,44 @@ pub fn gradient_map_bytes(tensors: u64) -> u64 {
 /// (scores and probabilities).
 pub const ATTENTION_FORWARD_COPIES: u64 = 2;
 
+/// The memory-efficient attention's backward holds this many `[B, H, tile, tile]` blocks at
+/// once (scores, probabilities, their gradient and its product), and its input gradients
+/// twice (the per-tile parts and their concatenation).
+pub const EFFICIENT_BACKWARD_BLOCKS: u64 = 4;
+/// The memory-efficient attention's forward holds this many `[B, H, tile, tile]` blocks (the
+/// scores and their exponentials) and its output twice (tiles and concatenation).
+pub const EFFICIENT_FORWARD_BLOCKS: u64 = 2;
+
+/// Bytes of the attention's short-lived buffers in the backward and in a graph-free forward.
+fn attention_workspaces(s: &Scenario) -> (u64, u64) {
+    let c = &s.config;
+    let (b, t) = (s.micro_batch as u64, s.seq_len as u64);
+    let (h, hkv, dh) = (
+        c.num_attention_heads as u64,
+        c.num_key_value_heads as u64,
+        c.head_dim as u64,
+    );
+    match s.attention {
+        AttentionKind::Eager => {
+            let scores = F32 * b * h * t * t;
+            (
+                ATTENTION_BACKWARD_COPIES * scores,
+                ATTENTION_FORWARD_COPIES * scores,
+            )
+        }
+        AttentionKind::Efficient => {
+            let tile = t.min(ATTENTION_TILE as u64);
+            let block = F32 * b * h * tile * tile;
+            let inputs = F32 * b * t * (h + 2 * hkv) * dh;
+            let output = F32 * b * t * h * dh;
+            (
+                EFFICIENT_BACKWARD_BLOCKS * block + 2 * inputs,
+                EFFICIENT_FORWARD_BLOCKS * block + 2 * output,
+            )
+        }
+    }
+}
+
 const F32: u64 = 4;
 
 /// The workspaces of one micro-batch's forward and backward.
@@ -79,7 +118,7 @@ pub fn entries(s: &Scenario) -> Vec<Entry> {
     let (b, t) = (s.micro_batch as u64, s.seq_len as u64);
     let n = b * t;
     let v = c.vocab_size as u64;
-    let scores = F32 * b * c.num_attention_heads as u64 * t * t;
+    let (attention_backward, attention_forward) = attention_workspaces(s);
     let backward = Phases {
         backward: true,
         ..Phases::default()
@@ -125,14 +164,14 @@ pub fn entries(s: &Scenario) -> Vec<Entry> {
         out.push(workspace(
             format!("layers.{layer}.self_attn.backward_workspace"),
             Some(layer),
-            ATTENTION_BACKWARD_COPIES * scores + attention_weight,
+            attention_backward + attention_weight,
             backward,
         ));
         if s.checkpointing {
             out.push(workspace(
                 format!("layers.{layer}.self_attn.forward_workspace"),
                 Some(layer),
-                ATTENTION_FORWARD_COPIES * scores + attention_weight.max(mlp_weight),
+                attention_forward + attention_weight.max(mlp_weight),
                 forward,
             ));
         }

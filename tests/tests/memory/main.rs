@@ -16,6 +16,7 @@ use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind}
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
 
+mod attention;
 mod grid;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
