@@ -229,6 +229,10 @@ pub struct TrainArgs {
     /// Recompute decoder blocks in the backward (gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
+    /// eager (default; keeps the T×T attention probabilities) or efficient (tiled online
+    /// softmax: keeps none, recomputes them in the backward).
+    #[arg(long, value_name = "KIND")]
+    pub attention: Option<String>,
     /// Rows per micro-batch. Default 1.
     #[arg(long)]
     pub micro_batch: Option<usize>,
@@ -423,4 +427,7 @@ pub struct ScenarioArgs {
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulation: usize,
+    /// eager (keeps the T×T attention probabilities) or efficient (tiled: keeps none).
+    #[arg(long, value_name = "KIND", default_value = "eager")]
+    pub attention: String,
 }

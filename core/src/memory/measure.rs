@@ -206,6 +206,7 @@ pub fn this_machine(device: &Device, probe: MachineProbe) -> DevicePreset {
 /// `napkin measure --preset` measures.
 pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
     let mut model = Llama::init(&s.config, device);
+    model.attention = s.attention;
     if let Some(nf4) = &s.nf4 {
         model = model.quantize_nf4(nf4)?;
     }

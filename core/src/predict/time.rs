@@ -4,8 +4,11 @@
 //! FLOPs count the matrix products only (2 per multiply-add), as napkin's engine runs them:
 //! - a linear `x·Wᵀ` over n tokens costs `2·n·in·out` forward; its backward costs the same
 //!   again for the input gradient and again for the weight gradient when W trains;
-//! - attention computes the full `T × T` scores (no causal skipping): `4·B·H·T²·Dh` forward
-//!   (QKᵀ and PV), twice that backward;
+//! - the eager attention computes the full `T × T` scores (no causal skipping):
+//!   `4·B·H·T²·Dh` forward (QKᵀ and PV), twice that backward; the memory-efficient one
+//!   visits only the key tiles up to the diagonal (a fraction `f` of the `T × T` pairs,
+//!   about ½ at long context) and recomputes QKᵀ in the backward: `4·f·B·H·T²·Dh` forward,
+//!   2.5 times that backward;
 //! - LoRA adds `2·n·r·(in + out)` per adapted linear forward, twice that backward;
 //! - gradient checkpointing recomputes every block's forward once in the backward.
 //!
@@ -17,7 +20,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::inventory::{Kind, Scenario, inventory, totals_by_kind};
-use crate::config::{LoraTarget, OptimizerKind};
+use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget, OptimizerKind};
 
 /// FLOPs and bytes of one optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -66,14 +69,35 @@ fn micro_batch_flops(s: &Scenario, weights_train: bool) -> (f64, f64, f64) {
             .map(|(&(_, out, inp), _)| (l.r * (out + inp)) as f64)
             .sum()
     });
-    let attention = 4.0 * b * c.num_attention_heads as f64 * t * t * c.head_dim as f64;
+    let full_scores = 4.0 * b * c.num_attention_heads as f64 * t * t * c.head_dim as f64;
+    let (attention, attention_backward) = match s.attention {
+        AttentionKind::Eager => (full_scores, 2.0 * full_scores),
+        AttentionKind::Efficient => {
+            let visited = full_scores * visited_fraction(s.seq_len);
+            (visited, 2.5 * visited)
+        }
+    };
     let block_forward = layers * (2.0 * n * (linears + lora) + attention);
     let head_forward = 2.0 * n * (c.vocab_size * c.hidden_size) as f64;
     let weight_grads = if weights_train { 1.0 } else { 0.0 };
     let backward = layers
-        * (2.0 * n * linears * (1.0 + weight_grads) + 2.0 * 2.0 * n * lora + 2.0 * attention)
+        * (2.0 * n * linears * (1.0 + weight_grads) + 2.0 * 2.0 * n * lora + attention_backward)
         + head_forward * (1.0 + weight_grads);
     (block_forward, head_forward, backward)
+}
+
+/// The fraction of the `T × T` (query, key) pairs the memory-efficient attention computes:
+/// each query tile meets the key tiles up to and including its diagonal one.
+pub fn visited_fraction(t: usize) -> f64 {
+    let tile = ATTENTION_TILE;
+    let pairs: usize = (0..t)
+        .step_by(tile)
+        .map(|start| {
+            let end = (start + tile).min(t);
+            (end - start) * end
+        })
+        .sum();
+    pairs as f64 / (t * t).max(1) as f64
 }
 
 /// The work of one optimizer step of `s`.
@@ -269,6 +293,26 @@ mod tests {
 
     fn smollm2() -> Scenario {
         Scenario::new(LlamaConfig::smollm2_135m(), 1, 256)
+    }
+
+    /// Tile pairs up to the diagonal: 1 of 1 at T = 128, 3 of 4 at 256, 36 of 64 at 1024.
+    #[test]
+    fn the_efficient_attention_visits_the_tiles_up_to_the_diagonal() {
+        assert_eq!(visited_fraction(100), 1.0);
+        assert_eq!(visited_fraction(256), 0.75);
+        assert_eq!(visited_fraction(1024), 36.0 / 64.0);
+        let eager = Scenario::new(LlamaConfig::smollm2_135m(), 1, 1024);
+        let efficient = Scenario {
+            attention: AttentionKind::Efficient,
+            ..eager.clone()
+        };
+        let (e, f) = (step_work(&eager), step_work(&efficient));
+        let c = &eager.config;
+        let scores = 4.0 * 9.0 * 1024.0 * 1024.0 * 64.0 * c.num_hidden_layers as f64;
+        let fraction = 36.0 / 64.0;
+        assert!((e.forward_flops - f.forward_flops - scores * (1.0 - fraction)).abs() < 1.0);
+        let backward_change = 2.0 * scores - 2.5 * scores * fraction;
+        assert!((e.backward_flops - f.backward_flops - backward_change).abs() < 1.0);
     }
 
     /// Full fine-tuning costs the textbook 6·N·tokens for the matmul weights plus attention,

@@ -7,7 +7,7 @@ use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
-use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::error::{Error, Result};
 use crate::predict::inventory::Scenario;
 
@@ -41,6 +41,8 @@ pub struct TrainConfig {
     pub nf4_block_size: usize,
     /// Recompute each decoder block in the backward instead of keeping its activations.
     pub checkpointing: bool,
+    /// `eager` (keeps the `[B, H, T, T]` probabilities) or `efficient` (tiled, keeps none).
+    pub attention: AttentionKind,
     /// B: rows per micro-batch.
     pub micro_batch: usize,
     /// K: micro-batches per optimizer step.
@@ -94,6 +96,7 @@ impl Default for TrainConfig {
             double_quant: false,
             nf4_block_size: 64,
             checkpointing: false,
+            attention: AttentionKind::Eager,
             micro_batch: 1,
             accum: 1,
             seq_len: 256,
@@ -150,6 +153,7 @@ impl TrainConfig {
             checkpointing: self.checkpointing,
             accumulation: self.accum.max(1),
             packed: self.pack,
+            attention: self.attention,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

@@ -134,6 +134,7 @@ impl Trainer {
         // whole (QLoRA's load peak stays near the NF4 size).
         let nf4 = config.nf4_config();
         let mut model = load_model_with(base_path, &device, nf4.as_ref())?;
+        model.attention = config.attention;
         let lora = config.lora_config()?;
         if let Some(lora) = &lora {
             model = match &found {

@@ -34,6 +34,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
             return random_model(&scenario, &train_device);
         };
         let mut model = load_model_with(path, &train_device, nf4.as_ref())?;
+        model.attention = scenario.attention;
         if let Some(lora) = &lora {
             model = model.with_lora(lora)?;
         }

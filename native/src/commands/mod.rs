@@ -60,6 +60,7 @@ impl ScenarioArgs {
             optimizer,
             checkpointing: self.checkpointing,
             accumulation: self.accumulation.max(1),
+            attention: self.attention.parse().context("--attention")?,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

@@ -193,6 +193,9 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     c.nf4 |= args.nf4;
     c.double_quant |= args.double_quant;
     c.checkpointing |= args.checkpointing;
+    if let Some(a) = &args.attention {
+        c.attention = a.parse().context("--attention")?;
+    }
     if args.no_pack {
         c.pack = false;
     }
