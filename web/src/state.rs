@@ -3,7 +3,9 @@
 //! components (to come) only render a `View` and dispatch `Action`s; this file compiles and is
 //! tested natively.
 
-use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
+use napkin_core::config::{
+    AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+};
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
 use napkin_core::predict::rules;
@@ -59,6 +61,8 @@ pub struct SandboxState {
     pub double_quant: bool,
     /// Gradient checkpointing.
     pub checkpointing: bool,
+    /// Eager or memory-efficient (tiled) attention.
+    pub attention: AttentionKind,
     /// Micro-batches per optimizer step.
     pub accumulation: usize,
     /// B.
@@ -91,6 +95,7 @@ impl Default for SandboxState {
             nf4: false,
             double_quant: false,
             checkpointing: false,
+            attention: AttentionKind::Eager,
             accumulation: 1,
             micro_batch: 1,
             seq_len: 256,
@@ -128,6 +133,8 @@ pub enum Action {
     SetDoubleQuant(bool),
     /// Gradient checkpointing.
     SetCheckpointing(bool),
+    /// Eager or memory-efficient attention.
+    SetAttention(AttentionKind),
     /// Accumulation steps (at least 1).
     SetAccumulation(usize),
     /// Micro-batch (at least 1).
@@ -208,6 +215,7 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
             s.nf4 |= on;
         }
         Action::SetCheckpointing(on) => s.checkpointing = on,
+        Action::SetAttention(kind) => s.attention = kind,
         Action::SetAccumulation(k) => s.accumulation = k.max(1),
         Action::SetMicroBatch(b) => s.micro_batch = b.max(1),
         Action::SetSeqLen(t) => {
@@ -297,6 +305,7 @@ impl SandboxState {
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
             accumulation: self.accumulation,
+            attention: self.attention,
             // bf16 autocast stores a frozen float base in bf16 (an NF4 base is already 4-bit).
             half_base: self.precision == Precision::Bf16Autocast && self.lora && !self.nf4,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
@@ -362,6 +371,23 @@ mod tests {
         let dq = reduce(&s, Action::SetDoubleQuant(true));
         assert!(dq.nf4);
         assert!(!reduce(&dq, Action::SetNf4(false)).double_quant);
+    }
+
+    /// At T = 2048 the eager attention's kept probabilities dominate SmolLM2's activations;
+    /// the efficient attention removes them (3 score-sized copies per block, 30 blocks).
+    #[test]
+    fn efficient_attention_removes_the_t_squared_activations() {
+        let s = reduce(&SandboxState::default(), Action::SetSeqLen(2048));
+        let activations = |v: &View| v.per_layer.iter().map(|l| l.activations).sum::<u64>();
+        let eager = s.view();
+        let efficient = reduce(&s, Action::SetAttention(AttentionKind::Efficient)).view();
+        let t = 2048u64;
+        let probabilities = 30 * 3 * 9 * t * t * 4;
+        // Less the efficient op's own output and log-sum-exps (about 1 % here).
+        let removed = activations(&eager) - activations(&efficient);
+        assert!(removed > probabilities * 98 / 100 && removed < probabilities, "{removed} vs {probabilities}");
+        let peak_drop = eager.peak.bytes - efficient.peak.bytes;
+        assert!(peak_drop > probabilities * 95 / 100, "{peak_drop} vs {probabilities}");
     }
 
     #[test]

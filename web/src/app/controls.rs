@@ -2,7 +2,7 @@
 //! checkpointing, accumulation, micro-batch, sequence length, optimizer, GPUs and sharding,
 //! optimizer offload, and the target device.
 
-use napkin_core::config::{LlamaConfig, LoraTarget, OptimizerKind};
+use napkin_core::config::{AttentionKind, LlamaConfig, LoraTarget, OptimizerKind};
 use napkin_core::predict::sharding::Strategy;
 use napkin_core::predict::time::device_presets;
 use web_sys::{HtmlInputElement, HtmlSelectElement};
@@ -142,6 +142,7 @@ pub fn controls(props: &ControlsProps) -> Html {
             <fieldset>
                 <legend>{ "Activations and batch" }</legend>
                 { checkbox("ckpt", "gradient checkpointing (per block)", s.checkpointing, on_check(d, Action::SetCheckpointing)) }
+                { checkbox("efficient-attention", "memory-efficient attention (tiled, no T×T probabilities)", s.attention == AttentionKind::Efficient, on_check(d, |on| Action::SetAttention(if on { AttentionKind::Efficient } else { AttentionKind::Eager }))) }
                 { number("micro", "micro-batch B", s.micro_batch.to_string(), "1", on_number(d, |v| Action::SetMicroBatch(v as usize))) }
                 { number("seq", "sequence length T", s.seq_len.to_string(), "2", on_number(d, |v| Action::SetSeqLen(v as usize))) }
                 { number("accum", "gradient accumulation steps", s.accumulation.to_string(), "1", on_number(d, |v| Action::SetAccumulation(v as usize))) }
