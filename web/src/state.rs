@@ -240,6 +240,7 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
                 Action::SetNf4(x.nf4),
                 Action::SetDoubleQuant(x.double_quant),
                 Action::SetCheckpointing(x.checkpointing),
+                Action::SetAttention(x.attention),
                 Action::SetMicroBatch(x.micro_batch),
                 Action::SetSeqLen(x.seq_len),
                 Action::SetAccumulation(x.accumulation),
@@ -385,9 +386,15 @@ mod tests {
         let probabilities = 30 * 3 * 9 * t * t * 4;
         // Less the efficient op's own output and log-sum-exps (about 1 % here).
         let removed = activations(&eager) - activations(&efficient);
-        assert!(removed > probabilities * 98 / 100 && removed < probabilities, "{removed} vs {probabilities}");
+        assert!(
+            removed > probabilities * 98 / 100 && removed < probabilities,
+            "{removed} vs {probabilities}"
+        );
         let peak_drop = eager.peak.bytes - efficient.peak.bytes;
-        assert!(peak_drop > probabilities * 95 / 100, "{peak_drop} vs {probabilities}");
+        assert!(
+            peak_drop > probabilities * 95 / 100,
+            "{peak_drop} vs {probabilities}"
+        );
     }
 
     #[test]

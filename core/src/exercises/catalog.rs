@@ -7,9 +7,9 @@
 use serde::Serialize;
 
 use super::answer::{Dimension, Expected};
-use crate::config::{LlamaConfig, LoraConfig, Nf4Config};
+use crate::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use crate::memory::weights::{nf4_tensor_bytes, weight_bytes};
-use crate::predict::inventory::Scenario;
+use crate::predict::inventory::{Scenario, inventory, per_layer};
 use crate::predict::rules::{
     OptimizerRule, Precision, full_training_bytes, optimizer_bytes_per_param,
 };
@@ -32,6 +32,8 @@ pub struct SandboxSettings {
     pub double_quant: bool,
     /// Gradient checkpointing.
     pub checkpointing: bool,
+    /// Eager or memory-efficient attention.
+    pub attention: AttentionKind,
     /// Micro-batch.
     pub micro_batch: usize,
     /// Sequence length.
@@ -581,6 +583,53 @@ pub fn catalog() -> Vec<Exercise> {
                     sandbox: Some(SandboxSettings {
                         checkpointing: true,
                         ..sandbox(id, 16, false, s as usize)
+                    }),
+                }
+            },
+        },
+        Exercise {
+            id: "efficient-attention",
+            title: "Attention memory at long context",
+            make: |d| {
+                let (id, name, c) = model(d, &PRESETS);
+                let t = d.pick(&[1024usize, 2048, 4096]);
+                let block_activations = |attention| {
+                    let s = Scenario {
+                        lora: Some(lora(16)),
+                        attention,
+                        ..Scenario::new(c.clone(), 1, t)
+                    };
+                    // A middle block (the first one's frozen input path keeps less).
+                    per_layer(&inventory(&s), c.num_hidden_layers)[1].activations as f64
+                };
+                let eager = block_activations(AttentionKind::Eager);
+                let efficient = block_activations(AttentionKind::Efficient);
+                let saved = eager - efficient;
+                let (h, dh) = (c.num_attention_heads as f64, c.head_dim as f64);
+                let tf = t as f64;
+                let one_copy = 4.0 * h * tf * tf;
+                Drawn {
+                    question: format!(
+                        "{name} with LoRA, B = 1, T = {t}, f32. napkin's eager attention keeps three [B, H, T, T] tensors per block for the backward (the exponentials, the probabilities and the softmax input the exponentials need) and one softmax sum per query row; the memory-efficient attention keeps none of them, but keeps its output [B, H, T, Dh] and one log-sum-exp per query row. How many bytes does switching to it save in one block (H = {h}, Dh = {dh})?"
+                    ),
+                    expected: with_mistakes(
+                        expected(Dimension::Bytes, saved, mb(saved)),
+                        &[
+                            ("counted one T×T copy instead of three", one_copy),
+                            ("counted 2-byte values", saved / 2.0),
+                            ("gave the block's activations with eager attention", eager),
+                        ],
+                    ),
+                    hint: "3 · 4 · H · T² bytes go; 4 · H · T · Dh (the output) comes; the per-row sums and log-sum-exps cancel.".into(),
+                    explanation: format!(
+                        "3·4·{h}·{t}² − 4·{t}·{h}·{dh} = {} per block (eager block {}, efficient {}); the T² term is gone, the activations grow only linearly in T.",
+                        mb(saved),
+                        mb(eager),
+                        mb(efficient)
+                    ),
+                    sandbox: Some(SandboxSettings {
+                        attention: AttentionKind::Efficient,
+                        ..sandbox(id, 16, false, t)
                     }),
                 }
             },
