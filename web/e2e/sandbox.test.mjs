@@ -70,6 +70,23 @@ try {
     `NF4 ratio ${after / before} vs ${expected}`);
   await page.uncheck('#nf4');
 
+  step('the memory-efficient attention removes the T × T activations of a block');
+  const activations = async () => page.$eval('g.layer[data-layer="layers.1"]',
+    (g) => Number(g.dataset.activations));
+  const eagerActivations = await activations();
+  await page.check('#efficient-attention');
+  await page.waitForFunction((b) => Number(document.querySelector(
+    'g.layer[data-layer="layers.1"]').dataset.activations) !== b, eagerActivations);
+  // SmolLM2-135M, T = 256, f32: three [H, T, T] tensors go (H = 9), the op's [T, H·Dh] output
+  // comes; the per-row sums and log-sum-exps cancel; a few bytes of graph nodes differ.
+  const removed = 3 * 4 * 9 * 256 * 256 - 4 * 256 * 576;
+  report.efficient_attention_removed = eagerActivations - await activations();
+  assert.ok(Math.abs(report.efficient_attention_removed - removed) < 0.01 * removed,
+    `efficient attention removed ${report.efficient_attention_removed} vs ${removed}`);
+  await page.uncheck('#efficient-attention');
+  const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
+  assert.equal(recipes, 9, 'one precision-table row per recipe');
+
   step('a training run in the page: QLoRA + checkpointing on tiny-smol, T = 64');
   await page.selectOption('#preset', 'tiny-smol');
   await page.fill('#seq', '64');

@@ -8,6 +8,7 @@ use napkin_core::config::{
 };
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
+use napkin_core::predict::precision::{PrecisionRow, precision_table};
 use napkin_core::predict::rules;
 use napkin_core::predict::seed::{SeedEstimate, scenario_seed_estimate};
 use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
@@ -278,6 +279,8 @@ pub struct View {
     pub work: StepWork,
     /// The target device.
     pub device: DevicePreset,
+    /// Model state of full fine-tuning under each mixed-precision recipe (per GPU).
+    pub precision_table: Vec<PrecisionRow>,
 }
 
 impl SandboxState {
@@ -339,6 +342,7 @@ impl SandboxState {
         let per_gpu = sharded.as_ref().map_or(timeline.peak.bytes, |m| m.gpu_peak);
         View {
             per_layer: per_layer(&entries, scenario.config.num_hidden_layers),
+            precision_table: precision_table(scenario.config.num_parameters(), self.gpus),
             fits: per_gpu as f64 <= device.memory,
             timeline: timeline.events,
             peak: timeline.peak,

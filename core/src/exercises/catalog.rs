@@ -10,6 +10,7 @@ use super::answer::{Dimension, Expected};
 use crate::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use crate::memory::weights::{nf4_tensor_bytes, weight_bytes};
 use crate::predict::inventory::{Scenario, inventory, per_layer};
+use crate::predict::precision::{PrecisionRecipe, precision_table};
 use crate::predict::rules::{
     OptimizerRule, Precision, full_training_bytes, optimizer_bytes_per_param,
 };
@@ -705,6 +706,47 @@ pub fn catalog() -> Vec<Exercise> {
                         "2 × {n:.0} = {} (float32 AdamW: {}).",
                         gb(bytes),
                         gb(4.0 * bytes)
+                    ),
+                    sandbox: Some(sandbox(id, 0, false, 256)),
+                }
+            },
+        },
+        Exercise {
+            id: "fp8-bytes",
+            title: "FP8 bytes per parameter",
+            make: |d| {
+                let (id, name, c) = model(d, &PRESETS);
+                let n = c.num_parameters() as f64;
+                let row = |recipe| {
+                    precision_table(c.num_parameters(), 1)
+                        .into_iter()
+                        .find(|r| r.recipe == recipe)
+                        .map_or(0.0, |r| r.model_state_bytes)
+                };
+                let o2 = row(PrecisionRecipe::MsAmpO2);
+                Drawn {
+                    question: format!(
+                        "MS-AMP O2 trains with FP8 (1-byte) weights and weight gradients, FP16 master weights, an FP8 first moment and an FP16 second moment. How much model state does full fine-tuning of {name} ({n:.0} parameters) with AdamW need on one GPU, scaling factors aside? (Predicted only: FP8 needs Hopper- or Ada-class tensor cores.)"
+                    ),
+                    expected: with_mistakes(
+                        expected(Dimension::Bytes, o2, gb(o2)),
+                        &[
+                            (
+                                "used bf16 mixed precision's 16 bytes a parameter",
+                                row(PrecisionRecipe::Bf16Master),
+                            ),
+                            (
+                                "kept O1's f32 moments (12 bytes a parameter)",
+                                row(PrecisionRecipe::MsAmpO1),
+                            ),
+                            ("left out the master weights", o2 - 2.0 * n),
+                        ],
+                    ),
+                    hint: "1 + 1 + 2 + 1 + 2 bytes for every parameter.".into(),
+                    explanation: format!(
+                        "(1 + 1 + 2 + 1 + 2) × {n:.0} = {} — against {} with bf16 and an f32 master copy (2 + 2 + 4 + 4 + 4).",
+                        gb(o2),
+                        gb(row(PrecisionRecipe::Bf16Master))
                     ),
                     sandbox: Some(sandbox(id, 0, false, 256)),
                 }

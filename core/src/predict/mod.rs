@@ -10,6 +10,7 @@
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
 //! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
+//! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
@@ -17,6 +18,7 @@ pub mod accelerate;
 pub mod activations;
 pub mod bert;
 pub mod inventory;
+pub mod precision;
 pub mod rules;
 pub mod seed;
 pub mod sharding;

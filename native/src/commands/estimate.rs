@@ -10,6 +10,7 @@ use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
 use napkin_core::predict::inventory::{inventory, per_layer, totals_by_kind};
+use napkin_core::predict::precision::precision_table;
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
@@ -112,6 +113,7 @@ fn run_with(
             },
             "accelerate": subject.accelerate.filter(|_| args.accelerate).map(accelerate_rows),
             "zero": zero.as_ref().map(|(stage, e)| json!({"stage": stage, "gpu_bytes": e.gpu_bytes, "cpu_bytes_per_node": e.cpu_bytes})),
+            "precision_table": precision_table(subject.params, args.gpus),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -133,6 +135,7 @@ fn run_with(
         "total",
         accelerate_units(p * total_per_param)
     );
+    print_precision_table(subject.params, args.gpus);
     if let Some(inv) = &inventory {
         println!(
             "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
@@ -277,6 +280,39 @@ fn run_with(
         );
     }
     Ok(())
+}
+
+/// Full fine-tuning model state under each mixed-precision recipe, per GPU.
+fn print_precision_table(params: u64, gpus: u64) {
+    println!(
+        "\nmodel state per GPU by precision recipe (AdamW, full fine-tuning{}; bytes/param: weights + copy + grads + master + moments):",
+        if gpus > 1 {
+            format!(", MS-AMP O3 sharded over {gpus} GPUs")
+        } else {
+            String::new()
+        }
+    );
+    for row in precision_table(params, gpus) {
+        let b = row.per_parameter;
+        println!(
+            "  {:<22} {} + {} + {} + {} + {}+{} = {:>4}  {:>12}  activations {} B/value{}",
+            row.name,
+            b.weights,
+            b.weight_copy,
+            b.gradients,
+            b.master,
+            b.first_moment,
+            b.second_moment,
+            b.total(),
+            accelerate_units(row.model_state_bytes),
+            b.activation,
+            if row.predicted_only {
+                "  (predicted only)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 fn precision_of(args: &EstimateArgs) -> Result<Precision> {

@@ -79,6 +79,20 @@ pub fn summary(props: &SummaryProps) -> Html {
                     if s.checkpointing { ", block inputs only when recomputing" } else { "" },
                     if s.nf4 { ", with the NF4 base at ~0.5 B/param" } else { "" }) }
             </p>
+            <table id="precision-table">
+                <caption>{ format!("Full fine-tuning model state per GPU by precision recipe (AdamW{})", if s.gpus > 1 { ", MS-AMP O3 sharded" } else { "" }) }</caption>
+                <thead><tr><th>{ "recipe" }</th><th>{ "bytes/param" }</th><th>{ "model state" }</th><th>{ "" }</th></tr></thead>
+                <tbody>
+                    { for v.precision_table.iter().map(|row| html! {
+                        <tr>
+                            <td>{ row.name }</td>
+                            <td>{ format!("{}", row.per_parameter.total()) }</td>
+                            <td>{ bytes(row.model_state_bytes) }</td>
+                            <td>{ if row.predicted_only { "predicted only" } else { "runs in napkin" } }</td>
+                        </tr>
+                    }) }
+                </tbody>
+            </table>
         </section>
     }
 }
