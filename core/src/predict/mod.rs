@@ -9,6 +9,7 @@
 //! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
 //! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
+//! - `offload`: bytes offload keeps on the host and moves over PCIe / NVLink-C2C each step.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
@@ -18,6 +19,7 @@ pub mod accelerate;
 pub mod activations;
 pub mod bert;
 pub mod inventory;
+pub mod offload;
 pub mod precision;
 pub mod rules;
 pub mod seed;
