@@ -8,6 +8,7 @@ use napkin_core::config::{
 };
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
+use napkin_core::predict::offload::{HostTransfer, host_links, host_transfer};
 use napkin_core::predict::precision::{PrecisionRow, precision_table};
 use napkin_core::predict::rules;
 use napkin_core::predict::seed::{SeedEstimate, scenario_seed_estimate};
@@ -281,6 +282,9 @@ pub struct View {
     pub device: DevicePreset,
     /// Model state of full fine-tuning under each mixed-precision recipe (per GPU).
     pub precision_table: Vec<PrecisionRow>,
+    /// With optimizer offload: the bytes kept on the host, the traffic of one optimizer step
+    /// and its time on each host link (name, seconds).
+    pub offload: Option<(HostTransfer, Vec<(&'static str, f64)>)>,
 }
 
 impl SandboxState {
@@ -327,22 +331,31 @@ impl SandboxState {
         let work = step_work(&scenario);
         let half = self.precision == Precision::Bf16Autocast;
         let time = roofline(&work, tokens, &device, half);
-        let sharded = (self.gpus > 1).then(|| {
-            sharded_memory(
-                &scenario,
-                self.strategy,
-                self.gpus,
-                1,
-                Offload {
-                    parameters: false,
-                    optimizer: self.offload_optimizer,
-                },
-            )
+        let offload = Offload {
+            parameters: false,
+            optimizer: self.offload_optimizer,
+        };
+        // One GPU with offload: nothing to shard, but the state leaves the device.
+        let strategy = if self.gpus > 1 {
+            self.strategy
+        } else {
+            Strategy::NoShard
+        };
+        let sharded = (self.gpus > 1 || self.offload_optimizer)
+            .then(|| sharded_memory(&scenario, strategy, self.gpus, 1, offload));
+        let offload = self.offload_optimizer.then(|| {
+            let transfer = host_transfer(&scenario, offload);
+            let links = host_links()
+                .iter()
+                .map(|l| (l.name, transfer.seconds(l)))
+                .collect();
+            (transfer, links)
         });
         let per_gpu = sharded.as_ref().map_or(timeline.peak.bytes, |m| m.gpu_peak);
         View {
             per_layer: per_layer(&entries, scenario.config.num_hidden_layers),
             precision_table: precision_table(scenario.config.num_parameters(), self.gpus),
+            offload,
             fits: per_gpu as f64 <= device.memory,
             timeline: timeline.events,
             peak: timeline.peak,
@@ -399,6 +412,27 @@ mod tests {
             peak_drop > probabilities * 95 / 100,
             "{peak_drop} vs {probabilities}"
         );
+    }
+
+    /// Optimizer offload on one GPU takes the AdamW state off the device and costs two copies
+    /// of the trainable parameters over the host link per step.
+    #[test]
+    fn optimizer_offload_moves_the_state_to_the_host() {
+        let s = reduce(&SandboxState::default(), Action::SetLora(false));
+        let plain = s.view();
+        let offloaded = reduce(&s, Action::SetOffloadOptimizer(true)).view();
+        let state: u64 = plain.per_layer.iter().map(|l| l.optimizer_state).sum();
+        let on_device = offloaded
+            .sharded
+            .as_ref()
+            .expect("offload on one GPU")
+            .gpu_peak;
+        assert_eq!(plain.peak.bytes - on_device, state);
+        let (transfer, links) = offloaded.offload.expect("the offload traffic");
+        let p = 4 * s.scenario().trainable_parameters();
+        assert_eq!((transfer.to_host, transfer.to_device), (p, p));
+        assert_eq!(links.len(), 5);
+        assert!(plain.offload.is_none());
     }
 
     #[test]

@@ -10,11 +10,13 @@ use super::answer::{Dimension, Expected};
 use crate::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use crate::memory::weights::{nf4_tensor_bytes, weight_bytes};
 use crate::predict::inventory::{Scenario, inventory, per_layer};
+use crate::predict::offload::{host_links, host_transfer};
 use crate::predict::precision::{PrecisionRecipe, precision_table};
 use crate::predict::rules::{
     OptimizerRule, Precision, full_training_bytes, optimizer_bytes_per_param,
 };
 use crate::predict::seed::{ActivationShape, activation_bytes};
+use crate::predict::sharding::Offload;
 use crate::predict::time::{Bound, device_preset, device_presets, roofline, step_work};
 use crate::predict::timeline::step_timeline;
 use crate::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
@@ -1081,6 +1083,53 @@ pub fn catalog() -> Vec<Exercise> {
                         gb(e.cpu_bytes as f64)
                     ),
                     sandbox: None,
+                }
+            },
+        },
+        Exercise {
+            id: "offload-link-time",
+            title: "Offload: slower, but it fits",
+            make: |d| {
+                let (id, name, c) = model(d, &PRESETS[..3]);
+                let link = d.pick(&host_links()[..3]);
+                let s = Scenario::new(c.clone(), 1, 256);
+                let n = s.trainable_parameters();
+                let transfer = host_transfer(
+                    &s,
+                    Offload {
+                        optimizer: true,
+                        parameters: false,
+                    },
+                );
+                let seconds = transfer.seconds(&link);
+                let rate = link.bytes_per_second.unwrap_or(f64::INFINITY);
+                Drawn {
+                    question: format!(
+                        "Full fine-tuning of {name} ({n} parameters) on one GPU with the AdamW state offloaded to the CPU: each step sends the f32 gradients to the host, the CPU updates, and the f32 weights come back. Over {} ({:.2} GB/s each way, full duplex), how long do the transfers take per step, if nothing overlaps them?",
+                        link.name,
+                        rate / 1e9
+                    ),
+                    expected: with_mistakes(
+                        expected(Dimension::Seconds, seconds, format!("{:.1} ms", 1e3 * seconds)),
+                        &[
+                            ("added both directions on a full-duplex link", 2.0 * seconds),
+                            ("moved 2-byte values", seconds / 2.0),
+                        ],
+                    ),
+                    hint: "4 bytes × parameters, each way at the same time; divide by the link's rate."
+                        .into(),
+                    explanation: format!(
+                        "4 × {n} = {} each way; {} / {:.2} GB/s = {:.1} ms per step, and {} of state stays off the GPU.",
+                        gb(transfer.to_host as f64),
+                        gb(transfer.to_host as f64),
+                        rate / 1e9,
+                        1e3 * seconds,
+                        gb(transfer.host_bytes as f64)
+                    ),
+                    sandbox: Some(SandboxSettings {
+                        device: None,
+                        ..sandbox(id, 0, false, 256)
+                    }),
                 }
             },
         },

@@ -177,6 +177,9 @@ mod tests {
         assert_eq!(plain.to_device, 2 * 4 * plain.host_bytes);
         assert_eq!(ckpt.to_device, 3 * 4 * ckpt.host_bytes);
         assert_eq!(plain.to_host, 4 * base.trainable_parameters());
-        assert_eq!(host_transfer(&base, Offload::default()), HostTransfer::default());
+        assert_eq!(
+            host_transfer(&base, Offload::default()),
+            HostTransfer::default()
+        );
     }
 }

@@ -9,7 +9,8 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{inventory, per_layer, totals_by_kind};
+use napkin_core::predict::inventory::{Scenario, inventory, per_layer, totals_by_kind};
+use napkin_core::predict::offload::{host_links, host_transfer};
 use napkin_core::predict::precision::precision_table;
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
@@ -242,6 +243,24 @@ fn run_with(
                 );
             }
         }
+        let offload = &inv["offload"];
+        if !offload.is_null() {
+            println!(
+                "\n  offload on one GPU: {} on the device at the peak (without offload {}), {} in host memory;\n  per optimizer step {} to the host and {} to the device:",
+                accelerate_units(b(&offload["device_peak_bytes"])),
+                accelerate_units(b(&offload["device_peak_bytes_without_offload"])),
+                accelerate_units(b(&offload["host_bytes"])),
+                accelerate_units(b(&offload["to_host_bytes_per_step"])),
+                accelerate_units(b(&offload["to_device_bytes_per_step"])),
+            );
+            for link in offload["links"].as_array().into_iter().flatten() {
+                println!(
+                    "    {:<32} {:>9.1} ms per step",
+                    link["name"].as_str().unwrap_or("?"),
+                    1e3 * b(&link["seconds_per_step"])
+                );
+            }
+        }
         let sharding = &inv["sharding"];
         if !sharding.is_null() {
             println!(
@@ -404,6 +423,29 @@ fn llama_subject(name: String, config: &LlamaConfig) -> Subject {
     }
 }
 
+/// One GPU with `offload` (`optimizer`, `params` or both): device and host bytes, and the
+/// link traffic of each optimizer step with its time on each host link.
+fn offload_section(scenario: &Scenario, offload: &str, peak: u64) -> serde_json::Value {
+    let offload = Offload {
+        parameters: offload.contains("param"),
+        optimizer: offload.contains("optimizer"),
+    };
+    let one_gpu = sharded_memory(scenario, Strategy::NoShard, 1, 1, offload);
+    let transfer = host_transfer(scenario, offload);
+    let links: Vec<serde_json::Value> = host_links()
+        .iter()
+        .map(|l| json!({"id": l.id, "name": l.name, "seconds_per_step": transfer.seconds(l)}))
+        .collect();
+    json!({
+        "device_peak_bytes": one_gpu.gpu_peak,
+        "device_peak_bytes_without_offload": peak,
+        "host_bytes": transfer.host_bytes,
+        "to_host_bytes_per_step": transfer.to_host,
+        "to_device_bytes_per_step": transfer.to_device,
+        "links": links,
+    })
+}
+
 /// The exact inventory of napkin's engine for a Llama, beside the seed formulas.
 fn inventory_section(
     args: &EstimateArgs,
@@ -444,9 +486,14 @@ fn inventory_section(
         }
         None => None,
     };
+    let offload = args
+        .offload
+        .as_deref()
+        .map(|o| offload_section(&scenario, o, timeline.peak.bytes));
     Ok(json!({
         "time": {"work": work, "flops": work.flops(), "devices": devices},
         "sharding": sharding,
+        "offload": offload,
         "scenario": {
             "lora_r": args.scenario.lora_r, "nf4": args.scenario.nf4, "double_quant": args.scenario.double_quant,
             "micro_batch": args.scenario.micro_batch, "seq_len": args.scenario.seq_len,

@@ -60,6 +60,11 @@ pub fn summary(props: &SummaryProps) -> Html {
             if let Some(m) = &v.sharded {
                 <p class="note">{ format!("{} GPUs, {:?}: {} per GPU, {} per node in CPU memory", m.gpus, m.strategy, bytes(m.gpu_peak as f64), bytes(m.cpu_per_node as f64)) }</p>
             }
+            if let Some((transfer, links)) = &v.offload {
+                <p id="offload" class="note">{ format!("Optimizer offload: {} of state in host memory; each step sends {} of gradients to the host and {} of updated weights back: {}.",
+                    bytes(transfer.host_bytes as f64), bytes(transfer.to_host as f64), bytes(transfer.to_device as f64),
+                    links.iter().map(|(name, s)| format!("{name} {}", seconds(*s))).collect::<Vec<_>>().join(", ")) }</p>
+            }
             <p id="time">
                 { format!("Step time on the {}: at least {} ({bound}: {} at {:.1} TFLOP/s, {} moved); {:.0} tokens/s at best",
                     v.device.name, seconds(v.time.step_seconds), flops(v.work.flops()), v.time.peak_flops / 1e12,
