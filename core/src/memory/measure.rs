@@ -390,7 +390,12 @@ pub fn measure(
         .copied()
         .collect();
     sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    let mid = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 0 {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    };
     Ok(MeasurementReport {
         method: meter.method(),
         method_description: meter.method().describe().into(),

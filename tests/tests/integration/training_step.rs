@@ -1,7 +1,8 @@
 //! The step's tricks against the fixtures: token-weighted gradient accumulation equals the
 //! big-batch gradient (and the naive mean of means does not), and block-level gradient
-//! checkpointing leaves every gradient unchanged.
+//! checkpointing and the memory-efficient attention leave every gradient unchanged.
 
+use napkin_core::config::AttentionKind;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::io::peft::PEFT_PREFIX;
@@ -128,6 +129,8 @@ fn token_weighted_accumulation_equals_the_big_batch_and_naive_does_not() {
     }
 }
 
+/// Checkpointing, the efficient attention, and both together, each against the plain step
+/// with the eager attention.
 #[test]
 fn block_checkpointing_leaves_every_gradient_unchanged() {
     for dir in model_dirs() {
@@ -135,10 +138,24 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
         let (micro, _) = masked_micro_batches(&reference);
         // LoRA (frozen base) and full fine-tuning (every parameter, tied embeddings included).
         let full = load_hf_llama(&dir, &DeviceKind::Cpu.open().unwrap().autodiff()).unwrap();
-        for (what, model) in [("lora", lora_model(&dir)), ("full", full)] {
+        let variants = [
+            (AttentionKind::Eager, true),
+            (AttentionKind::Efficient, false),
+            (AttentionKind::Efficient, true),
+        ];
+        for ((what, model), (attention, checkpointing)) in
+            [("lora", lora_model(&dir)), ("full", full)]
+                .into_iter()
+                .flat_map(|m| variants.map(|v| (m.clone(), v)))
+        {
+            let what = format!("{what}, {attention} attention, checkpointing {checkpointing}");
             let plain =
                 forward_backward(&model, &micro, false, Accumulation::TokenWeighted).unwrap();
-            let ckpt = forward_backward(&model, &micro, true, Accumulation::TokenWeighted).unwrap();
+            let mut variant = model.clone();
+            variant.attention = attention;
+            let ckpt =
+                forward_backward(&variant, &micro, checkpointing, Accumulation::TokenWeighted)
+                    .unwrap();
             assert_eq!(
                 plain.grads.len(),
                 ckpt.grads.len(),
@@ -162,7 +179,7 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
                 ));
             }
             eprintln!(
-                "{} {what}: checkpointed vs plain gradients, max diff {worst:.2e}",
+                "{} {what}: vs the plain eager step, max gradient diff {worst:.2e}",
                 reference.name
             );
         }
