@@ -56,9 +56,12 @@ def tokens(batch, seq, vocab):
 def llama(config_json, quantized):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**config_json)
+    # SDPA: transformers' default attention, fused and memory-efficient on the CPU (napkin's
+    # side runs its efficient attention); said explicitly so a changed default cannot slip in.
+    config = LlamaConfig(**config_json, attn_implementation="sdpa")
     if not quantized:
         model = LlamaForCausalLM(config)
+        assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
         return model.float()
     # QLoRA as users write it: save, then load with a BitsAndBytesConfig (NF4, double quant).
     from transformers import BitsAndBytesConfig
@@ -73,7 +76,11 @@ def llama(config_json, quantized):
             bnb_4bit_quant_storage=torch.uint8,
         )
         return LlamaForCausalLM.from_pretrained(
-            folder, quantization_config=q, device_map="cpu", torch_dtype=torch.float32
+            folder,
+            quantization_config=q,
+            device_map="cpu",
+            torch_dtype=torch.float32,
+            attn_implementation="sdpa",
         )
 
 

@@ -1,7 +1,7 @@
 //! The suite's cases: what each one runs, how its speed is counted, and how the PyTorch
 //! reference (`scripts/bench_reference.py`) is told to run the same thing.
 
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
+use napkin_core::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::time::step_work;
 use serde_json::{Value, json};
@@ -164,6 +164,11 @@ fn nf4_request(kind: &str, rows: usize, cols: usize, tokens: usize) -> Value {
     })
 }
 
+/// The attention of the model cases. The reference runs transformers' SDPA attention (its
+/// default, a fused memory-efficient kernel on the CPU), so napkin runs its own
+/// memory-efficient one: the like-for-like choice.
+const ATTENTION: AttentionKind = AttentionKind::Efficient;
+
 /// Every case of the suite, the attainable-GEMM case first.
 pub fn suite() -> Vec<Case> {
     let mut cases = vec![Case::new("f32 GEMM 2048³", Work::Matmul { n: 2048 })];
@@ -182,6 +187,7 @@ pub fn suite() -> Vec<Case> {
                     s.nf4 = Some(NF4);
                 }
                 s.checkpointing = checkpointing;
+                s.attention = ATTENTION;
                 let ckpt = if checkpointing { " +ckpt" } else { "" };
                 cases.push(Case::new(
                     format!("train {model} {method}{ckpt}"),
@@ -191,7 +197,10 @@ pub fn suite() -> Vec<Case> {
         }
         cases.push(Case::new(
             format!("forward {model}"),
-            Work::Forward(Scenario::new(config.clone(), *batch, *seq)),
+            Work::Forward(Scenario {
+                attention: ATTENTION,
+                ..Scenario::new(config.clone(), *batch, *seq)
+            }),
         ));
     }
     cases.push(Case::new(
