@@ -418,7 +418,7 @@ mod tests {
 
     use super::*;
     use crate::device::DeviceKind;
-    use crate::values::to_f32_vec;
+    use crate::values::max_abs_diff;
 
     /// B = 2, H = 4 query heads over Hkv = 2 K/V heads, Dh = 8; T = 300 spans two full tiles
     /// and a partial one.
@@ -463,14 +463,6 @@ mod tests {
             Tensor::random([b, hkv, t, dh], normal, device),
             Tensor::random([b, hkv, t, dh], normal, device),
         ]
-    }
-
-    fn max_abs_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
-        to_f32_vec(a)
-            .iter()
-            .zip(to_f32_vec(b))
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
     }
 
     /// Values within 1e-5 of the eager formula, causal and packed, on every CPU backend.

@@ -168,15 +168,7 @@ mod tests {
 
     use super::matmul_wt;
     use crate::device::DeviceKind;
-    use crate::values::to_f32_vec;
-
-    fn max_abs_diff(a: Tensor<2>, b: Tensor<2>) -> f32 {
-        to_f32_vec(a)
-            .iter()
-            .zip(to_f32_vec(b))
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
+    use crate::values::max_abs_diff;
 
     /// Against burn's matmul on the transposed view, for one row (the matrix-vector path) and
     /// many, on every CPU backend compiled in.
