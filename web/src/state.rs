@@ -344,7 +344,7 @@ impl SandboxState {
         let sharded = (self.gpus > 1 || self.offload_optimizer)
             .then(|| sharded_memory(&scenario, strategy, self.gpus, 1, offload));
         let offload = self.offload_optimizer.then(|| {
-            let transfer = host_transfer(&scenario, offload);
+            let transfer = host_transfer(&scenario, &entries, offload);
             let links = host_links()
                 .iter()
                 .map(|l| (l.name, transfer.seconds(l)))

@@ -1094,13 +1094,7 @@ pub fn catalog() -> Vec<Exercise> {
                 let link = d.pick(&host_links()[..3]);
                 let s = Scenario::new(c.clone(), 1, 256);
                 let n = s.trainable_parameters();
-                let transfer = host_transfer(
-                    &s,
-                    Offload {
-                        optimizer: true,
-                        parameters: false,
-                    },
-                );
+                let transfer = host_transfer(&s, &inventory(&s), Offload::OPTIMIZER);
                 let seconds = transfer.seconds(&link);
                 let rate = link.bytes_per_second.unwrap_or(f64::INFINITY);
                 Drawn {

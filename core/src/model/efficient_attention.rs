@@ -322,17 +322,6 @@ where
 #[derive(Debug)]
 struct EfficientAttentionBackward;
 
-/// The kept tensors as inner-backend primitives, and the mask.
-#[derive(Debug, Clone)]
-struct Kept<B: Backend> {
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    out: FloatTensor<B>,
-    lse: FloatTensor<B>,
-    mask: TiledMask,
-}
-
 fn wrap<B: Backend>(x: FloatTensor<B>) -> Tensor<4>
 where
     DispatchTensor: DispatchKindConversion<B>,
@@ -352,19 +341,13 @@ impl<B: Backend> Backward<B, 3> for EfficientAttentionBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    type State = Kept<B>;
+    /// What the forward kept (inner-backend tensors), and the mask.
+    type State = (SavedTensors, TiledMask);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let kept = ops.state;
+        let (saved, mask) = ops.state;
         let grad_out = wrap::<B>(grads.consume::<B>(&ops.node));
-        let saved = SavedTensors {
-            q: wrap::<B>(kept.q),
-            k: wrap::<B>(kept.k),
-            v: wrap::<B>(kept.v),
-            out: wrap::<B>(kept.out),
-            lse: wrap::<B>(kept.lse),
-        };
-        let (grad_q, grad_k, grad_v) = backward_tiled(&saved, grad_out, &kept.mask);
+        let (grad_q, grad_k, grad_v) = backward_tiled(&saved, grad_out, &mask);
         drop(saved);
         let [pq, pk, pv] = ops.parents;
         for (parent, grad) in [(pq, grad_q), (pk, grad_k), (pv, grad_v)] {
@@ -388,27 +371,15 @@ where
         .prepare::<NoCheckpointing>([q.node(), k.node(), v.node()])
         .compute_bound()
         .stateful();
-    let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-    let (out, lse) = forward_tiled(
-        wrap::<B>(q.clone()),
-        wrap::<B>(k.clone()),
-        wrap::<B>(v.clone()),
-        mask,
-    );
-    let out = unwrap::<B>(out);
+    let [q, k, v] = [q, k, v].map(|x| wrap::<B>(x.into_primitive()));
+    let (out, lse) = forward_tiled(q.clone(), k.clone(), v.clone(), mask);
+    let output = unwrap::<B>(out.clone());
     match prep {
         OpsKind::Tracked(prep) => {
-            let kept = Kept {
-                q,
-                k,
-                v,
-                out: out.clone(),
-                lse: unwrap::<B>(lse),
-                mask: mask.clone(),
-            };
-            prep.finish(kept, out)
+            let saved = SavedTensors { q, k, v, out, lse };
+            prep.finish((saved, mask.clone()), output)
         }
-        OpsKind::UnTracked(prep) => prep.finish(out),
+        OpsKind::UnTracked(prep) => prep.finish(output),
     }
 }
 

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use super::inventory::{Kind, Scenario, inventory};
+use super::inventory::{Entry, Kind, Scenario};
 use super::sharding::Offload;
 
 /// A host ↔ device link.
@@ -82,9 +82,9 @@ impl HostTransfer {
 
 const F32: u64 = 4;
 
-/// The bytes `offload` moves to host memory and across the link each optimizer step of `s`.
-pub fn host_transfer(s: &Scenario, offload: Offload) -> HostTransfer {
-    let entries = inventory(s);
+/// The bytes `offload` moves to host memory and across the link each optimizer step of `s`,
+/// whose inventory is `entries`.
+pub fn host_transfer(s: &Scenario, entries: &[Entry], offload: Offload) -> HostTransfer {
     let total = |kinds: &[Kind]| -> u64 {
         entries
             .iter()
@@ -122,6 +122,7 @@ pub fn host_transfer(s: &Scenario, offload: Offload) -> HostTransfer {
 mod tests {
     use super::*;
     use crate::config::{LlamaConfig, LoraConfig};
+    use crate::predict::inventory::inventory;
 
     fn link(id: &str) -> HostLink {
         host_links()
@@ -136,13 +137,7 @@ mod tests {
     fn optimizer_offload_moves_the_state_and_two_copies_per_step() {
         let s = Scenario::new(LlamaConfig::tiny_llama_1_1b(), 1, 512);
         let p = s.trainable_parameters();
-        let t = host_transfer(
-            &s,
-            Offload {
-                optimizer: true,
-                parameters: false,
-            },
-        );
+        let t = host_transfer(&s, &inventory(&s), Offload::OPTIMIZER);
         let state = 8 * p;
         assert!(t.host_bytes >= state && t.host_bytes < state + state / 1000);
         assert_eq!((t.to_host, t.to_device), (4 * p, 4 * p));
@@ -166,19 +161,17 @@ mod tests {
             optimizer: false,
             parameters: true,
         };
-        let plain = host_transfer(&base, params_only);
-        let ckpt = host_transfer(
-            &Scenario {
-                checkpointing: true,
-                ..base.clone()
-            },
-            params_only,
-        );
+        let checkpointed = Scenario {
+            checkpointing: true,
+            ..base.clone()
+        };
+        let plain = host_transfer(&base, &inventory(&base), params_only);
+        let ckpt = host_transfer(&checkpointed, &inventory(&checkpointed), params_only);
         assert_eq!(plain.to_device, 2 * 4 * plain.host_bytes);
         assert_eq!(ckpt.to_device, 3 * 4 * ckpt.host_bytes);
         assert_eq!(plain.to_host, 4 * base.trainable_parameters());
         assert_eq!(
-            host_transfer(&base, Offload::default()),
+            host_transfer(&base, &inventory(&base), Offload::default()),
             HostTransfer::default()
         );
     }

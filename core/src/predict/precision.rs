@@ -127,17 +127,6 @@ impl PrecisionRecipe {
         )
     }
 
-    /// Whether it needs FP8 tensor cores (Hopper, Ada or newer).
-    pub fn needs_fp8_hardware(self) -> bool {
-        matches!(
-            self,
-            PrecisionRecipe::Fp8TransformerEngine
-                | PrecisionRecipe::MsAmpO1
-                | PrecisionRecipe::MsAmpO2
-                | PrecisionRecipe::MsAmpO3
-        )
-    }
-
     /// Bytes per trainable parameter of each copy (AdamW), and per saved activation value.
     pub fn bytes(self) -> BytesPerParameter {
         let (weights, weight_copy, gradients, master, first_moment, second_moment, activation) =

@@ -86,6 +86,23 @@ pub struct Offload {
     pub optimizer: bool,
 }
 
+impl Offload {
+    /// The optimizer state only (ZeRO-Offload, paged optimizer state).
+    pub const OPTIMIZER: Offload = Offload {
+        parameters: false,
+        optimizer: true,
+    };
+
+    /// From a flag value naming what goes to the host: `optimizer`, `params`, or both
+    /// (`params,optimizer`).
+    pub fn from_flag(value: &str) -> Offload {
+        Offload {
+            parameters: value.contains("param"),
+            optimizer: value.contains("optimizer"),
+        }
+    }
+}
+
 /// Memory of one GPU and of each node's host for a strategy.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShardedMemory {

@@ -9,7 +9,7 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{Scenario, inventory, per_layer, totals_by_kind};
+use napkin_core::predict::inventory::{Entry, Scenario, inventory, per_layer, totals_by_kind};
 use napkin_core::predict::offload::{host_links, host_transfer};
 use napkin_core::predict::precision::precision_table;
 use napkin_core::predict::rules::{
@@ -425,13 +425,14 @@ fn llama_subject(name: String, config: &LlamaConfig) -> Subject {
 
 /// One GPU with `offload` (`optimizer`, `params` or both): device and host bytes, and the
 /// link traffic of each optimizer step with its time on each host link.
-fn offload_section(scenario: &Scenario, offload: &str, peak: u64) -> serde_json::Value {
-    let offload = Offload {
-        parameters: offload.contains("param"),
-        optimizer: offload.contains("optimizer"),
-    };
+fn offload_section(
+    scenario: &Scenario,
+    entries: &[Entry],
+    offload: Offload,
+    peak: u64,
+) -> serde_json::Value {
     let one_gpu = sharded_memory(scenario, Strategy::NoShard, 1, 1, offload);
-    let transfer = host_transfer(scenario, offload);
+    let transfer = host_transfer(scenario, entries, offload);
     let links: Vec<serde_json::Value> = host_links()
         .iter()
         .map(|l| json!({"id": l.id, "name": l.name, "seconds_per_step": transfer.seconds(l)}))
@@ -471,25 +472,23 @@ fn inventory_section(
         })
         .collect();
     let sharding = match args.shard.as_deref().and_then(Strategy::parse) {
-        Some(strategy) => {
-            let offload = args.offload.as_deref().unwrap_or("");
-            Some(sharded_memory(
-                &scenario,
-                strategy,
-                args.gpus,
-                args.nodes,
-                Offload {
-                    parameters: offload.contains("param"),
-                    optimizer: offload.contains("optimizer"),
-                },
-            ))
-        }
+        Some(strategy) => Some(sharded_memory(
+            &scenario,
+            strategy,
+            args.gpus,
+            args.nodes,
+            Offload::from_flag(args.offload.as_deref().unwrap_or("")),
+        )),
         None => None,
     };
-    let offload = args
-        .offload
-        .as_deref()
-        .map(|o| offload_section(&scenario, o, timeline.peak.bytes));
+    let offload = args.offload.as_deref().map(|o| {
+        offload_section(
+            &scenario,
+            &entries,
+            Offload::from_flag(o),
+            timeline.peak.bytes,
+        )
+    });
     Ok(json!({
         "time": {"work": work, "flops": work.flops(), "devices": devices},
         "sharding": sharding,
