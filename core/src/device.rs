@@ -108,6 +108,14 @@ impl DeviceKind {
         }
     }
 
+    /// Whether the backend computes in host memory (nothing to offload to).
+    pub fn is_cpu(self) -> bool {
+        matches!(
+            self,
+            DeviceKind::Cpu | DeviceKind::Flex | DeviceKind::Ndarray
+        )
+    }
+
     /// Every CPU backend compiled into this build.
     pub fn cpu_backends() -> Vec<DeviceKind> {
         [DeviceKind::Ndarray, DeviceKind::Flex]

@@ -275,6 +275,10 @@ pub struct TrainArgs {
     /// cpu (default), wgpu, cuda.
     #[arg(long)]
     pub device: Option<String>,
+    /// `optimizer`: keep the optimizer state and f32 master weights in host memory and
+    /// update there (wgpu / cuda only); `none` (default).
+    #[arg(long, value_name = "WHAT")]
+    pub offload: Option<String>,
     /// Checkpoint every N steps (0: only at the end). Default 50.
     #[arg(long)]
     pub save_every: Option<u64>,
@@ -351,6 +355,10 @@ pub struct MeasureArgs {
     /// Compute device: cpu, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// `optimizer`: run the optimizer offloaded (state and f32 master weights in host memory;
+    /// wgpu / cuda only) and report device and host bytes apart; `none` (default).
+    #[arg(long, value_name = "WHAT", default_value = "none")]
+    pub offload: String,
     /// Print the report as JSON (the shape the browser app reads).
     #[arg(long)]
     pub json: bool,

@@ -157,7 +157,7 @@ pub fn run_training(
         trainable_parameters: scenario.trainable_parameters(),
     });
     let train_device = device.clone().autodiff();
-    let report = measure(&scenario, device, 2, MachineProbe::BROWSER, || {
+    let report = measure(&scenario, device, 2, MachineProbe::BROWSER, None, || {
         train_device.seed(7);
         random_model(&scenario, &train_device)
     })?;

@@ -1113,7 +1113,7 @@ pub fn catalog() -> Vec<Exercise> {
                     hint: "4 bytes × parameters, each way at the same time; divide by the link's rate."
                         .into(),
                     explanation: format!(
-                        "4 × {n} = {} each way; {} / {:.2} GB/s = {:.1} ms per step, and {} of state stays off the GPU.",
+                        "4 × {n} = {} each way; {} / {:.2} GB/s = {:.1} ms per step, and {} (the AdamW state and an f32 master copy) stays off the GPU.",
                         gb(transfer.to_host as f64),
                         gb(transfer.to_host as f64),
                         rate / 1e9,

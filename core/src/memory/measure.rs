@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::model::autocast::linear_matmul;
 use crate::model::{Llama, TokenBatch, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
+use crate::predict::offload::host_transfer;
+use crate::predict::sharding::Offload;
 use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
 use crate::predict::timeline::step_timeline;
 use crate::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
@@ -98,6 +100,24 @@ pub struct MeasurementReport {
     pub this_machine: DevicePreset,
     /// The timeline (Chrome Trace Event JSON's `traceEvents`).
     pub trace: Vec<TraceEvent>,
+    /// With the optimizer offloaded: host memory and link traffic, predicted and measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadMeasurement>,
+}
+
+/// Optimizer offload as measured: the host's bytes (counting allocator) and the bytes copied
+/// across the link (counted at each copy), beside the predictor's
+/// ([`crate::predict::offload::host_transfer`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OffloadMeasurement {
+    /// How the host bytes were measured.
+    pub host_method: MeterMethod,
+    /// Optimizer state and f32 master weights, held in host memory between steps.
+    pub host: Comparison,
+    /// Device → host bytes per optimizer step (gradients).
+    pub to_host: Comparison,
+    /// Host → device bytes per optimizer step (updated parameters).
+    pub to_device: Comparison,
 }
 
 impl MeasurementReport {
@@ -241,15 +261,29 @@ pub fn micro_batches_of(
 /// Builds the model with `build` (its resident bytes are measured; it opens the autodiff
 /// device itself), then runs `steps` optimizer steps of `s` on synthetic tokens and compares
 /// every number with the predictor. `device` is the plain (non-autodiff) device; `probe` sizes
-/// the machine measurement behind the roofline.
+/// the machine measurement behind the roofline. With `offload_to`, the optimizer keeps its
+/// state and master weights on that host device, whose bytes the counting allocator measures
+/// (it must be the global allocator, and `device` must not be a CPU backend).
 pub fn measure(
     s: &Scenario,
     device: &Device,
     steps: usize,
     probe: MachineProbe,
+    offload_to: Option<Device>,
     build: impl FnOnce() -> Result<Llama>,
 ) -> Result<MeasurementReport> {
     let mut meter = Meter::for_device(device)?;
+    if offload_to.is_some() && meter.method() != MeterMethod::DevicePool {
+        return Err(Error::Input(
+            "offload needs a device with its own memory (wgpu or cuda): on a CPU backend the \
+             optimizer state is in host memory already"
+                .into(),
+        ));
+    }
+    let mut host_meter = match offload_to {
+        Some(_) => Some(Meter::host()?),
+        None => None,
+    };
     let mut rec = Recorder {
         start: Instant::now(),
         events: Vec::new(),
@@ -316,16 +350,23 @@ pub fn measure(
     }
 
     // Training steps.
-    let mut optimizer = Optimizer::new(&OptimizerConfig {
+    let optimizer_config = OptimizerConfig {
         kind: s.optimizer,
         ..OptimizerConfig::default()
-    });
+    };
+    let mut optimizer = match offload_to {
+        Some(host) => Optimizer::offloaded(&optimizer_config, host),
+        None => Optimizer::new(&optimizer_config),
+    };
+    let mut host_held = 0u64;
+    let mut traffic_after_first = Default::default();
     let mut step_peak = 0u64;
     let mut grads_held = 0u64;
     let mut optimizer_state = 0u64;
     let mut seconds = Vec::new();
     for step in 0..steps.max(1) {
         let between = meter.live();
+        let host_between = host_meter.as_mut().map_or(0, Meter::live);
         let t0 = rec.now_us();
         let clock = Instant::now();
         let start = meter.start_peak();
@@ -351,8 +392,45 @@ pub fn measure(
         rec.counter(after);
         if step == 0 {
             optimizer_state = after.saturating_sub(between);
+            if let (Some(host), Some(offload)) = (host_meter.as_mut(), optimizer.offload()) {
+                host_held = host.live().saturating_sub(host_between);
+                traffic_after_first = offload.traffic();
+            }
         }
     }
+    let offload = optimizer.offload().map(|o| {
+        let predicted = host_transfer(s, &inventory(s), Offload::OPTIMIZER);
+        let total = o.traffic();
+        // Per step: the steps after the first (which also copied each parameter to the host
+        // once to start its master copy); with one step, that step less the master copies.
+        let later = seconds.len().saturating_sub(1) as u64;
+        let (to_host, to_device) = if later > 0 {
+            (
+                (total.to_host - traffic_after_first.to_host) / later,
+                (total.to_device - traffic_after_first.to_device) / later,
+            )
+        } else {
+            (total.to_host - o.master_bytes(), total.to_device)
+        };
+        OffloadMeasurement {
+            host_method: MeterMethod::CountingAllocator,
+            host: Comparison::new(
+                "host: optimizer state + f32 master weights",
+                predicted.host_bytes,
+                host_held,
+            ),
+            to_host: Comparison::new(
+                "link per step, device → host (gradients)",
+                predicted.to_host,
+                to_host,
+            ),
+            to_device: Comparison::new(
+                "link per step, host → device (updated weights)",
+                predicted.to_device,
+                to_device,
+            ),
+        }
+    });
 
     let mut kinds = vec![
         Comparison::new(
@@ -364,11 +442,19 @@ pub fn measure(
             resident,
         ),
         Comparison::new("gradients", kind(Kind::Gradients), grads_held),
-        Comparison::new(
-            "optimizer state",
-            kind(Kind::OptimizerState),
-            optimizer_state,
-        ),
+        if offload.is_some() {
+            Comparison::new(
+                "optimizer state on the device (offloaded)",
+                0,
+                optimizer_state,
+            )
+        } else {
+            Comparison::new(
+                "optimizer state",
+                kind(Kind::OptimizerState),
+                optimizer_state,
+            )
+        },
     ];
     if let Some(all) = layers.last() {
         kinds.push(Comparison::new(
@@ -415,5 +501,6 @@ pub fn measure(
         },
         this_machine: machine,
         trace: rec.events,
+        offload,
     })
 }

@@ -60,6 +60,23 @@ impl Meter {
         })
     }
 
+    /// Host memory, with the counting allocator (which must be the global allocator): the
+    /// other side of an offloaded optimizer.
+    pub fn host() -> Result<Self> {
+        if !is_installed() {
+            return Err(Error::Input(
+                "measuring host memory needs the counting allocator as the global allocator of \
+                 this program"
+                    .into(),
+            ));
+        }
+        Ok(Meter {
+            device: crate::device::cpu(),
+            method: MeterMethod::CountingAllocator,
+            peak_over_marks: 0,
+        })
+    }
+
     /// The method.
     pub fn method(&self) -> MeterMethod {
         self.method

@@ -69,29 +69,38 @@ impl AdamW {
     /// Updates every parameter of `module` that has a gradient in `grads`, with learning rate
     /// `lr`, and returns the updated module. Parameters without a gradient are untouched.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
+        self.begin_step();
+        update_parameters(module, grads, |id, p, g| self.update(id, p, g, lr))
+    }
+
+    /// Counts one more step (the bias corrections use it); [`AdamW::update`] then updates
+    /// each parameter of that step.
+    pub fn begin_step(&mut self) {
         self.steps += 1;
+    }
+
+    /// One parameter's update: `p` and `g` are `[numel]` on the device its moments live on.
+    pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
         let (c, t) = (self.config, self.steps as i32);
         let (b1, b2) = (c.beta1, c.beta2);
-        update_parameters(module, grads, |id, p, g| {
-            let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
-                exp_avg: p.zeros_like(),
-                exp_avg_sq: p.zeros_like(),
-            });
-            let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
-            let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
-            let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
-            let step_size = lr / (1.0 - b1.powi(t));
-            let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
-            let p = p - m.clone() / denom * step_size;
-            self.moments.insert(
-                id,
-                Moments {
-                    exp_avg: m,
-                    exp_avg_sq: v,
-                },
-            );
-            p
-        })
+        let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
+            exp_avg: p.zeros_like(),
+            exp_avg_sq: p.zeros_like(),
+        });
+        let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
+        let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
+        let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
+        let step_size = lr / (1.0 - b1.powi(t));
+        let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
+        let p = p - m.clone() / denom * step_size;
+        self.moments.insert(
+            id,
+            Moments {
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        );
+        p
     }
 
     /// The moments of a parameter, if it has been stepped.

@@ -81,29 +81,37 @@ impl AdamW8bit {
     /// One step over every parameter of `module` with a gradient. The update runs on the
     /// host over the dequantized moments.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
+        self.begin_step();
+        update_parameters(module, grads, |id, p, g| self.update(id, p, g, lr))
+    }
+
+    /// Counts one more step (the bias corrections use it).
+    pub fn begin_step(&mut self) {
         self.steps += 1;
+    }
+
+    /// One parameter's update: `p` and `g` are `[numel]`; the result is on `p`'s device.
+    pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
         let (c, t) = (self.config, self.steps as i32);
         let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
         let decay = (1.0 - lr * c.weight_decay) as f32;
         let step_size = (lr / (1.0 - c.beta1.powi(t))) as f32;
         let bias2 = (1.0 - c.beta2.powi(t)).sqrt() as f32;
         let eps = c.eps as f32;
-        update_parameters(module, grads, |id, p, g| {
-            let device = p.device();
-            let mut p = to_f32_vec(p);
-            let g = to_f32_vec(g);
-            let previous = self.moments.remove(&id);
-            let (mut m, mut v) = self.load(previous, p.len());
-            for i in 0..p.len() {
-                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
-                p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() / bias2 + eps);
-            }
-            let stored = self.store(m, v);
-            self.moments.insert(id, stored);
-            let n = p.len();
-            Tensor::from_data(TensorData::new(p, [n]), &device)
-        })
+        let device = p.device();
+        let mut p = to_f32_vec(p);
+        let g = to_f32_vec(g);
+        let previous = self.moments.remove(&id);
+        let (mut m, mut v) = self.load(previous, p.len());
+        for i in 0..p.len() {
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            p[i] = p[i] * decay - step_size * m[i] / (v[i].sqrt() / bias2 + eps);
+        }
+        let stored = self.store(m, v);
+        self.moments.insert(id, stored);
+        let n = p.len();
+        Tensor::from_data(TensorData::new(p, [n]), &device)
     }
 
     /// Bytes of state held.

@@ -74,6 +74,9 @@ pub struct TrainConfig {
     pub dtype: String,
     /// cpu, wgpu, cuda (or flex, ndarray).
     pub device: String,
+    /// Keep the optimizer state and an f32 master copy of the trainable weights in host
+    /// memory, updating there (GPU devices only: on the CPU it is already host memory).
+    pub offload_optimizer: bool,
     /// Save a checkpoint every N optimizer steps (0: only at the end).
     pub save_every: u64,
     /// How many checkpoints to keep (the newest).
@@ -112,6 +115,7 @@ impl Default for TrainConfig {
             seed: 42,
             dtype: "f32".into(),
             device: "cpu".into(),
+            offload_optimizer: false,
             save_every: 50,
             keep_checkpoints: 2,
         }

@@ -4,12 +4,13 @@
 //! are fresh each time a model is loaded), with shapes checked on resume.
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::adamw::{AdamW, AdamWConfig, Moments};
 use super::adamw8bit::{AdamW8bit, Moments8};
-use super::grads::ParamGrads;
+use super::grads::{ParamGrads, update_parameters};
+use super::offload::HostOffload;
 use super::sgd::Sgd;
 pub use crate::config::OptimizerKind;
 use crate::error::{Error, Result};
@@ -37,9 +38,17 @@ impl Default for OptimizerConfig {
     }
 }
 
-/// A running optimizer.
+/// A running optimizer: its update rule, and where its state lives (beside the parameters,
+/// or in host memory with [`HostOffload`]).
 #[derive(Debug, Clone)]
-pub enum Optimizer {
+pub struct Optimizer {
+    rule: UpdateRule,
+    offload: Option<HostOffload>,
+}
+
+/// The update rule and its state.
+#[derive(Debug, Clone)]
+pub enum UpdateRule {
     /// f32 AdamW.
     AdamW(AdamW),
     /// 8-bit AdamW.
@@ -66,42 +75,94 @@ pub enum StateData {
     U8(Vec<u8>),
 }
 
-impl Optimizer {
-    /// A fresh optimizer.
-    pub fn new(config: &OptimizerConfig) -> Self {
-        match config.kind {
-            OptimizerKind::AdamW => Optimizer::AdamW(AdamW::new(config.adamw)),
-            OptimizerKind::AdamW8bit => Optimizer::AdamW8bit(AdamW8bit::new(config.adamw)),
-            OptimizerKind::Sgd => {
-                Optimizer::Sgd(Sgd::new(config.momentum, config.adamw.weight_decay))
-            }
+impl UpdateRule {
+    fn begin_step(&mut self) {
+        match self {
+            UpdateRule::AdamW(o) => o.begin_step(),
+            UpdateRule::AdamW8bit(o) => o.begin_step(),
+            UpdateRule::Sgd(o) => o.begin_step(),
         }
+    }
+
+    fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
+        match self {
+            UpdateRule::AdamW(o) => o.update(id, p, g, lr),
+            UpdateRule::AdamW8bit(o) => o.update(id, p, g, lr),
+            UpdateRule::Sgd(o) => o.update(id, p, g, lr),
+        }
+    }
+}
+
+impl Optimizer {
+    /// A fresh optimizer whose state lives beside the parameters.
+    pub fn new(config: &OptimizerConfig) -> Self {
+        let rule = match config.kind {
+            OptimizerKind::AdamW => UpdateRule::AdamW(AdamW::new(config.adamw)),
+            OptimizerKind::AdamW8bit => UpdateRule::AdamW8bit(AdamW8bit::new(config.adamw)),
+            OptimizerKind::Sgd => {
+                UpdateRule::Sgd(Sgd::new(config.momentum, config.adamw.weight_decay))
+            }
+        };
+        Optimizer {
+            rule,
+            offload: None,
+        }
+    }
+
+    /// A fresh optimizer whose state, and an f32 master copy of every trainable parameter,
+    /// live on `host`: each step sends the gradients there, updates there, and sends the new
+    /// values back (ZeRO-Offload on one device).
+    pub fn offloaded(config: &OptimizerConfig, host: Device) -> Self {
+        Optimizer {
+            offload: Some(HostOffload::new(host)),
+            ..Optimizer::new(config)
+        }
+    }
+
+    /// The update rule and its state.
+    pub fn rule(&self) -> &UpdateRule {
+        &self.rule
+    }
+
+    /// The host half of an offloaded optimizer.
+    pub fn offload(&self) -> Option<&HostOffload> {
+        self.offload.as_ref()
+    }
+
+    /// The device the state lives on, for a model on `model_device` (its host when offloaded).
+    pub fn state_device(&self, model_device: &Device) -> Device {
+        self.offload
+            .as_ref()
+            .map_or_else(|| model_device.clone(), |o| o.host().clone())
     }
 
     /// One update of every parameter with a gradient.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
-        match self {
-            Optimizer::AdamW(o) => o.step(module, grads, lr),
-            Optimizer::AdamW8bit(o) => o.step(module, grads, lr),
-            Optimizer::Sgd(o) => o.step(module, grads, lr),
+        self.rule.begin_step();
+        let rule = &mut self.rule;
+        match &mut self.offload {
+            None => update_parameters(module, grads, |id, p, g| rule.update(id, p, g, lr)),
+            Some(host) => update_parameters(module, grads, |id, p, g| {
+                host.update(id, p, g, |p, g| rule.update(id, p, g, lr))
+            }),
         }
     }
 
     /// Steps taken.
     pub fn steps(&self) -> u64 {
-        match self {
-            Optimizer::AdamW(o) => o.steps,
-            Optimizer::AdamW8bit(o) => o.steps,
-            Optimizer::Sgd(o) => o.steps,
+        match &self.rule {
+            UpdateRule::AdamW(o) => o.steps,
+            UpdateRule::AdamW8bit(o) => o.steps,
+            UpdateRule::Sgd(o) => o.steps,
         }
     }
 
-    /// Bytes of state held.
+    /// Bytes of state held (wherever it lives).
     pub fn state_bytes(&self) -> u64 {
-        match self {
-            Optimizer::AdamW(o) => o.state_bytes(),
-            Optimizer::AdamW8bit(o) => o.state_bytes(),
-            Optimizer::Sgd(o) => o.state_bytes(),
+        match &self.rule {
+            UpdateRule::AdamW(o) => o.state_bytes(),
+            UpdateRule::AdamW8bit(o) => o.state_bytes(),
+            UpdateRule::Sgd(o) => o.state_bytes(),
         }
     }
 
@@ -111,8 +172,8 @@ impl Optimizer {
         let mut out = Vec::new();
         let mut push = |name: String, data: StateData| out.push(StateTensor { name, data });
         for (i, (id, _)) in ids.iter().enumerate() {
-            match self {
-                Optimizer::AdamW(o) => {
+            match &self.rule {
+                UpdateRule::AdamW(o) => {
                     if let Some(m) = o.moments(*id) {
                         push(
                             format!("{i}.exp_avg"),
@@ -124,7 +185,7 @@ impl Optimizer {
                         );
                     }
                 }
-                Optimizer::AdamW8bit(o) => match o.moments.get(id) {
+                UpdateRule::AdamW8bit(o) => match o.moments.get(id) {
                     Some(Moments8::Quantized {
                         exp_avg,
                         exp_avg_sq,
@@ -158,7 +219,7 @@ impl Optimizer {
                     }
                     None => {}
                 },
-                Optimizer::Sgd(o) => {
+                UpdateRule::Sgd(o) => {
                     if let Some(b) = o.buffers.get(id) {
                         push(
                             format!("{i}.momentum"),
@@ -172,14 +233,16 @@ impl Optimizer {
     }
 
     /// Restores state written by [`Optimizer::export_state`] for the same trainable
-    /// parameters, and the step count.
+    /// parameters of a model on `model_device`, and the step count. An offloaded optimizer
+    /// puts it on its host (the master copies are taken again at the next step).
     pub fn import_state(
         &mut self,
         ids: &[(ParamId, Vec<usize>)],
-        device: &burn::tensor::Device,
+        model_device: &Device,
         state: &[StateTensor],
         steps: u64,
     ) -> Result<()> {
+        let device = &self.state_device(model_device);
         let find = |name: String| state.iter().find(|t| t.name == name).map(|t| &t.data);
         let f32s = |name: String, n: usize| -> Result<Option<Vec<f32>>> {
             match find(name.clone()) {
@@ -205,8 +268,8 @@ impl Optimizer {
         };
         for (i, (id, shape)) in ids.iter().enumerate() {
             let n: usize = shape.iter().product();
-            match self {
-                Optimizer::AdamW(o) => {
+            match &mut self.rule {
+                UpdateRule::AdamW(o) => {
                     o.steps = steps;
                     if let (Some(m), Some(v)) = (
                         f32s(format!("{i}.exp_avg"), n)?,
@@ -221,7 +284,7 @@ impl Optimizer {
                         );
                     }
                 }
-                Optimizer::AdamW8bit(o) => {
+                UpdateRule::AdamW8bit(o) => {
                     o.steps = steps;
                     let blocks = n.div_ceil(crate::tricks::blockwise8::STATE_BLOCK);
                     if let (Some(mc), Some(ma), Some(vc), Some(va)) = (
@@ -256,7 +319,7 @@ impl Optimizer {
                         );
                     }
                 }
-                Optimizer::Sgd(o) => {
+                UpdateRule::Sgd(o) => {
                     o.steps = steps;
                     if let Some(b) = f32s(format!("{i}.momentum"), n)? {
                         o.buffers.insert(*id, tensor(b));

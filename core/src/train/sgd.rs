@@ -34,24 +34,31 @@ impl Sgd {
 
     /// One step over every parameter of `module` with a gradient.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
+        self.begin_step();
+        update_parameters(module, grads, |id, p, g| self.update(id, p, g, lr))
+    }
+
+    /// Counts one more step.
+    pub fn begin_step(&mut self) {
         self.steps += 1;
-        let (momentum, weight_decay) = (self.momentum, self.weight_decay);
-        update_parameters(module, grads, |id, p, mut g| {
-            if weight_decay != 0.0 {
-                g = g + p.clone() * weight_decay;
-            }
-            let direction = if momentum != 0.0 {
-                let buffer = match self.buffers.remove(&id) {
-                    Some(b) => b * momentum + g,
-                    None => g,
-                };
-                self.buffers.insert(id, buffer.clone());
-                buffer
-            } else {
-                g
+    }
+
+    /// One parameter's update: `p` and `g` are `[numel]` on the device its buffer lives on.
+    pub fn update(&mut self, id: ParamId, p: Tensor<1>, mut g: Tensor<1>, lr: f64) -> Tensor<1> {
+        if self.weight_decay != 0.0 {
+            g = g + p.clone() * self.weight_decay;
+        }
+        let direction = if self.momentum != 0.0 {
+            let buffer = match self.buffers.remove(&id) {
+                Some(b) => b * self.momentum + g,
+                None => g,
             };
-            p - direction * lr
-        })
+            self.buffers.insert(id, buffer.clone());
+            buffer
+        } else {
+            g
+        };
+        p - direction * lr
     }
 
     /// Bytes of state: the momentum buffers.

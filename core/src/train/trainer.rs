@@ -107,6 +107,16 @@ impl Trainer {
                 ),
             ));
         }
+        if config.offload_optimizer && kind.is_cpu() {
+            return Err(Error::config(
+                "--offload",
+                format!(
+                    "`{}` ({}) computes in host memory already: offloading the optimizer state would only copy it from one heap to another; use --device wgpu or cuda, or see the prediction with `napkin estimate --offload optimizer`",
+                    config.device,
+                    kind.backend_name()
+                ),
+            ));
+        }
         let device = kind.open()?.autodiff();
         let (found, skipped) = if resume {
             newest_intact(&config.out)
@@ -148,14 +158,19 @@ impl Trainer {
             model = model.cast_frozen_base(dtype);
         }
 
-        let mut optimizer = Optimizer::new(&OptimizerConfig {
+        let optimizer_config = OptimizerConfig {
             kind: config.optimizer,
             adamw: AdamWConfig {
                 weight_decay: config.weight_decay,
                 ..AdamWConfig::default()
             },
             momentum: config.momentum,
-        });
+        };
+        let mut optimizer = if config.offload_optimizer {
+            Optimizer::offloaded(&optimizer_config, crate::device::cpu())
+        } else {
+            Optimizer::new(&optimizer_config)
+        };
         let mut step = 0;
         let mut loss_scale = if compute == Some(FloatDType::F16) {
             65_536.0

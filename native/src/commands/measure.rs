@@ -47,7 +47,26 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
             kind.backend_name()
         );
     }
-    let report = measure(&scenario, &device, args.steps, MachineProbe::NATIVE, build)?;
+    let offload_to = if super::offload_optimizer(&args.offload)? {
+        if kind.is_cpu() {
+            bail!(
+                "--offload optimizer on `{}` ({}): the CPU backend computes in host memory, so offload would move nothing; use --device wgpu or cuda, or `napkin estimate --offload optimizer` for the prediction",
+                args.device,
+                kind.backend_name()
+            );
+        }
+        Some(napkin_core::device::cpu())
+    } else {
+        None
+    };
+    let report = measure(
+        &scenario,
+        &device,
+        args.steps,
+        MachineProbe::NATIVE,
+        offload_to,
+        build,
+    )?;
     if let Some(trace) = &args.trace {
         write_atomic(trace, &serde_json::to_vec(&report.chrome_trace())?)
             .with_context(|| format!("writing the trace {}", trace.display()))?;
@@ -80,6 +99,15 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
     }
     row(&r.step_peak);
     println!("  (predicted peak at `{}`)", r.predicted_peak_at);
+    if let Some(o) = &r.offload {
+        println!(
+            "\n  offloaded optimizer (host memory: {}; link bytes counted at each copy):",
+            o.host_method.describe()
+        );
+        for c in [&o.host, &o.to_host, &o.to_device] {
+            row(c);
+        }
+    }
     println!("\n  activations kept per block (one forward with its graph):");
     for c in &r.layers {
         row(c);

@@ -31,6 +31,19 @@ pub fn model_config(path: &Path) -> Result<LlamaConfig> {
     LlamaConfig::from_hf_file(&file).with_context(|| format!("reading {}", file.display()))
 }
 
+/// `--offload` of `train` and `measure`: whether the optimizer runs offloaded. The engine
+/// offloads the optimizer only; parameter offload is predicted (`napkin estimate --offload`).
+pub fn offload_optimizer(what: &str) -> Result<bool> {
+    match what.to_ascii_lowercase().as_str() {
+        "none" => Ok(false),
+        "optimizer" => Ok(true),
+        "params" | "parameters" | "params,optimizer" => bail!(
+            "--offload {what}: napkin's engine offloads the optimizer state only; parameter offload is predicted by `napkin estimate --offload params`"
+        ),
+        _ => bail!("--offload {what}: expected `optimizer` or `none`"),
+    }
+}
+
 impl ScenarioArgs {
     /// LoRA on all linears with α = 2r, as the flags ask (None: full fine-tuning).
     pub fn lora(&self) -> Option<LoraConfig> {

@@ -199,6 +199,9 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     if args.no_pack {
         c.pack = false;
     }
+    if let Some(what) = &args.offload {
+        c.offload_optimizer = super::offload_optimizer(what)?;
+    }
     Ok(c)
 }
 

@@ -18,11 +18,16 @@ use napkin_tests::{Reference, input_batch, model_dirs};
 
 /// The tiny SmolLM2-shaped fixture with fresh LoRA adapters of rank `r` (seeded).
 fn tiny_smol_with_lora(r: usize) -> (Llama, MicroBatch) {
+    tiny_smol_with_lora_on(r, DeviceKind::Cpu)
+}
+
+/// [`tiny_smol_with_lora`] on the backend `kind`.
+fn tiny_smol_with_lora_on(r: usize, kind: DeviceKind) -> (Llama, MicroBatch) {
     let dir = model_dirs()
         .into_iter()
         .find(|d| d.ends_with("tiny-smol"))
         .expect("tiny-smol fixture");
-    let device = DeviceKind::Cpu.open().unwrap().autodiff();
+    let device = kind.open().unwrap().autodiff();
     device.seed(11);
     let lora = LoraConfig {
         r,
@@ -245,5 +250,70 @@ fn optimizer_state_survives_export_and_import() {
             continued, resumed,
             "{kind:?}: a restored optimizer takes the same step"
         );
+    }
+}
+
+/// Optimizer offload moves the state, not the arithmetic: with the model on burn Flex and the
+/// state plus master weights on the other CPU backend (NdArray), three steps of each
+/// optimizer give the parameters the plain optimizer gives, the state lives on the host
+/// device, and the link carries exactly 4 bytes per trainable value each way per step (plus
+/// the first step's master copies).
+#[test]
+fn offloaded_optimizer_steps_like_the_plain_one() {
+    let (start, batch) = tiny_smol_with_lora_on(32, DeviceKind::Flex);
+    let model_device = DeviceKind::Flex.open().unwrap();
+    let host = DeviceKind::Ndarray.open().unwrap();
+    let ids = trainable_ids(&start);
+    let n: u64 = ids
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
+    for kind in [
+        OptimizerKind::AdamW,
+        OptimizerKind::AdamW8bit,
+        OptimizerKind::Sgd,
+    ] {
+        let config = OptimizerConfig {
+            kind,
+            ..OptimizerConfig::default()
+        };
+        let run = |mut optim: Optimizer| {
+            let mut model = start.clone();
+            for _ in 0..3 {
+                let (grads, _) = step_grads(&model, &batch);
+                model = optim.step(model, &grads, 2e-3);
+            }
+            (trainable_values(&model), optim)
+        };
+        let (plain, _) = run(Optimizer::new(&config));
+        let (offloaded, optim) = run(Optimizer::offloaded(&config, host.clone()));
+        let worst = plain
+            .iter()
+            .zip(&offloaded)
+            .flat_map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a - b).abs()))
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 1e-6,
+            "{kind}: offloaded parameters differ by {worst:e}"
+        );
+
+        let offload = optim.offload().expect("an offloaded optimizer");
+        assert_eq!(offload.master_bytes(), 4 * n, "{kind}: master copies");
+        let traffic = offload.traffic();
+        assert_eq!(
+            traffic.to_host,
+            4 * n * (3 + 1),
+            "{kind}: gradients + first masters"
+        );
+        assert_eq!(traffic.to_device, 4 * n * 3, "{kind}: updated parameters");
+        if let napkin_core::train::UpdateRule::AdamW(adamw) = optim.rule() {
+            let moments = adamw.moments(ids[0].0).expect("stepped");
+            assert_eq!(
+                moments.exp_avg.device(),
+                host,
+                "the state lives on the host"
+            );
+        }
+        assert_eq!(optim.state_device(&model_device), host);
     }
 }

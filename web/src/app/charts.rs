@@ -71,7 +71,17 @@ pub struct MeasuredTableProps {
 #[function_component(MeasuredTable)]
 pub fn measured_table(props: &MeasuredTableProps) -> Html {
     let r = &props.report;
-    let rows = r.kinds.iter().chain(&r.layers).chain([&r.step_peak]);
+    // An imported `napkin measure --offload optimizer` report adds the host and link rows.
+    let offload = r
+        .offload
+        .iter()
+        .flat_map(|o| [&o.host, &o.to_host, &o.to_device]);
+    let rows = r
+        .kinds
+        .iter()
+        .chain(offload)
+        .chain(&r.layers)
+        .chain([&r.step_peak]);
     html! {
         <table class="measured">
             <caption>{ format!("Predicted vs measured ({})", r.method_description) }</caption>

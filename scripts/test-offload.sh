@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Optimizer offload on a GPU backend: the wgpu test binary (`tests/tests/offload`) and
+# `napkin measure --device wgpu --offload optimizer`. With no GPU it installs Mesa's lavapipe
+# (Debian `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for
+# Vulkan. Builds the wgpu feature (dev profile; about 12 minutes cold on 2 cores).
+# Usage: scripts/test-offload.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_vulkan_driver() {
+    compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null ||
+        compgen -G '/etc/vulkan/icd.d/*.json' >/dev/null
+}
+
+if ! have_vulkan_driver; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing mesa-vulkan-drivers (lavapipe: Vulkan on the CPU)..."
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    fi
+    if ! have_vulkan_driver; then
+        echo "error: no Vulkan driver found; install mesa-vulkan-drivers (Debian/Ubuntu) or a GPU driver" >&2
+        exit 1
+    fi
+fi
+export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
+
+cargo test -p napkin-tests --features wgpu --test offload --locked -- --nocapture
+
+# The same split as a user sees it (the tiny-smol preset, full fine-tuning, 2 steps).
+cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
+    --offload optimizer --seq-len 64 --steps 2
