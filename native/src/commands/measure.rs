@@ -11,6 +11,7 @@ use napkin_core::memory::measure::{
     Comparison, MachineProbe, MeasurementReport, measure, random_model,
 };
 use napkin_core::model::Llama;
+use napkin_core::predict::offload::{HostTransfer, host_links};
 use napkin_core::predict::units::accelerate_units;
 
 use crate::cli::MeasureArgs;
@@ -107,6 +108,19 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
         for c in [&o.host, &o.to_host, &o.to_device] {
             row(c);
         }
+        let measured = HostTransfer {
+            host_bytes: o.host.measured,
+            to_host: o.to_host.measured,
+            to_device: o.to_device.measured,
+        };
+        let times: Vec<String> = host_links()
+            .iter()
+            .map(|l| format!("{} {:.1} ms", l.name, 1e3 * measured.seconds(l)))
+            .collect();
+        println!(
+            "  the measured traffic per step, if nothing overlaps it: {}",
+            times.join(" · ")
+        );
     }
     println!("\n  activations kept per block (one forward with its graph):");
     for c in &r.layers {

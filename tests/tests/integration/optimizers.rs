@@ -294,18 +294,18 @@ fn offloaded_optimizer_steps_like_the_plain_one() {
             .fold(0.0f32, f32::max);
         assert!(
             worst <= 1e-6,
-            "{kind}: offloaded parameters differ by {worst:e}"
+            "{kind:?}: offloaded parameters differ by {worst:e}"
         );
 
         let offload = optim.offload().expect("an offloaded optimizer");
-        assert_eq!(offload.master_bytes(), 4 * n, "{kind}: master copies");
+        assert_eq!(offload.master_bytes(), 4 * n, "{kind:?}: master copies");
         let traffic = offload.traffic();
         assert_eq!(
             traffic.to_host,
             4 * n * (3 + 1),
-            "{kind}: gradients + first masters"
+            "{kind:?}: gradients + first masters"
         );
-        assert_eq!(traffic.to_device, 4 * n * 3, "{kind}: updated parameters");
+        assert_eq!(traffic.to_device, 4 * n * 3, "{kind:?}: updated parameters");
         if let napkin_core::train::UpdateRule::AdamW(adamw) = optim.rule() {
             let moments = adamw.moments(ids[0].0).expect("stepped");
             assert_eq!(
