@@ -125,6 +125,21 @@ impl DeviceKind {
     }
 }
 
+/// Stack of each compute thread: burn's autodiff walks deep graphs recursively in places, and
+/// the whole command runs on these threads (the main thread's own stack is 8 MiB).
+const COMPUTE_THREAD_STACK: usize = 64 << 20;
+
+/// Runs `work` on rayon's pool, the threads that run burn's CPU ops and napkin's GEMMs
+/// (`model/cpu_gemm.rs`), so that a command's own thread is one of them: on two cores that is
+/// two busy threads, not the caller plus two pool workers spinning between GEMMs.
+pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    // Fails only when the global pool already exists (a second call): then use it as it is.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .stack_size(COMPUTE_THREAD_STACK)
+        .build_global();
+    rayon::scope(|_| work())
+}
+
 /// The default CPU device: NdArray + OpenBLAS when compiled in, else Flex.
 pub fn cpu() -> Device {
     #[cfg(feature = "openblas")]
@@ -150,5 +165,20 @@ fn cpu_backend_name() -> &'static str {
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
 fn ndarray() -> Device {
+    crate::model::cpu_gemm::use_one_thread_pool();
     Device::ndarray()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::on_compute_threads;
+
+    /// The work runs on one of the pool's threads, so the GEMMs it starts split between it and
+    /// the other workers instead of waking all of them while the caller waits.
+    #[test]
+    fn commands_run_on_a_pool_thread() {
+        assert_eq!(rayon::current_thread_index(), None);
+        let index = on_compute_threads(rayon::current_thread_index);
+        assert!(index.is_some(), "the work ran outside rayon's pool");
+    }
 }

@@ -14,7 +14,7 @@ static ALLOC: napkin_core::memory::CountingAllocator = napkin_core::memory::Coun
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let result = match cli.command {
+    let result = napkin_core::device::on_compute_threads(move || match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
         cli::Command::Eval(args) => commands::eval::run(&args),
         cli::Command::Generate(args) => commands::generate::run(&args),
@@ -24,7 +24,7 @@ fn main() -> ExitCode {
         cli::Command::Measure(args) => commands::measure::run(&args),
         cli::Command::Train(args) => commands::train::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

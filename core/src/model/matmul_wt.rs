@@ -48,8 +48,8 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
 pub mod ndarray_gemm {
-    //! The NdArray kernels: ndarray's `general_mat_mul` on strided 2-D views, which hands
-    //! row- or column-major operands to BLAS as they are.
+    //! The NdArray kernels: BLAS on strided 2-D views, which takes row- or column-major
+    //! operands as they are, split over rayon's threads (`cpu_gemm.rs`).
 
     use burn_autodiff::Autodiff;
     use burn_autodiff::checkpoint::base::Checkpointer;
@@ -84,14 +84,7 @@ pub mod ndarray_gemm {
                 };
                 let (a, b) = (oriented(a, op_a), oriented(b, op_b));
                 let mut out = Array2::<f32>::zeros((a.nrows(), b.ncols()));
-                if a.nrows() == 1 {
-                    // One row (a generated token): BLAS's matrix-vector product streams the
-                    // matrix once; its GEMM would first pack all of it into panels.
-                    let mut row = out.row_mut(0);
-                    ndarray::linalg::general_mat_vec_mul(1.0, &b.t(), &a.row(0), 0.0, &mut row);
-                } else {
-                    ndarray::linalg::general_mat_mul(1.0, &a, &b, 0.0, &mut out);
-                }
+                crate::model::cpu_gemm::gemm(a, b, out.view_mut());
                 NdArrayTensor::from(out.into_dyn().into_shared())
             }
             _ => {
@@ -114,6 +107,11 @@ pub mod ndarray_gemm {
     /// `x · Wᵀ` without autodiff.
     pub fn x_wt(x: NdArrayTensor, w: NdArrayTensor) -> NdArrayTensor {
         gemm(&x, Op::AsIs, &w, Op::Transposed)
+    }
+
+    /// `x · W` without autodiff (a plain product, on every pool thread).
+    pub fn x_w(x: NdArrayTensor, w: NdArrayTensor) -> NdArrayTensor {
+        gemm(&x, Op::AsIs, &w, Op::AsIs)
     }
 
     /// The backward step of `y = x · Wᵀ`.

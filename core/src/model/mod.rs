@@ -5,6 +5,8 @@ pub mod attention;
 pub mod autocast;
 pub mod batch;
 pub mod block;
+#[cfg(feature = "openblas")]
+pub mod cpu_gemm;
 pub mod efficient_attention;
 pub mod generate;
 pub mod linear;

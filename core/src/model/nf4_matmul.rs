@@ -49,7 +49,12 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
                 type Flex = burn_flex::Flex;
                 // Flex multiplies a transposed view without copying it.
                 let x_wt = |x, w| Flex::float_matmul(x, Flex::float_transpose(w));
-                return Tensor::from_primitive::<Autodiff<Flex>>(tracked::<Flex>(p, weight, x_wt));
+                return Tensor::from_primitive::<Autodiff<Flex>>(tracked::<Flex>(
+                    p,
+                    weight,
+                    x_wt,
+                    Flex::float_matmul,
+                ));
             }
             Err(_) => x,
         };
@@ -59,10 +64,11 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             .try_into_primitive::<Autodiff<NdArray, NoCheckpointing>>()
         {
             Ok(p) => {
-                // NdArray would copy a transposed view; BLAS takes it as it is.
-                let x_wt = super::matmul_wt::ndarray_gemm::x_wt;
+                // NdArray would copy a transposed view; BLAS takes it as it is. Both products
+                // run on every pool thread (cpu_gemm.rs).
+                use super::matmul_wt::ndarray_gemm::{x_w, x_wt};
                 return Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<NdArray>(
-                    p, weight, x_wt,
+                    p, weight, x_wt, x_w,
                 ));
             }
             Err(_) => x,
@@ -82,21 +88,24 @@ pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Tensor) -> Tensor<2> {
     matmul_wt(x, dequantized_weight(weight, &device))
 }
 
-/// The backward step: `∂x = ∂y · dequant(W)`.
+/// `a · b` on one backend's primitives.
+type Product<B> = fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>;
+
+/// The backward step: `∂x = ∂y · dequant(W)`, with the backend's fastest plain product.
 #[derive(Debug)]
 struct Nf4MatmulBackward;
 
 impl<B: Backend> Backward<B, 1> for Nf4MatmulBackward {
-    /// The packed weight (shared with the layer, not a copy).
-    type State = Arc<Nf4Tensor>;
+    /// The packed weight (shared with the layer, not a copy), and `a · b`.
+    type State = (Arc<Nf4Tensor>, Product<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let weight = ops.state;
+        let (weight, x_w) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |grad_out| {
             // grad_out: [N, out]; W: [out, in] → ∂x: [N, in]
             let device = grad_out.device();
             let w = B::float_from_data(weight_data(&weight), &device);
-            B::float_matmul(grad_out, w)
+            x_w(grad_out, w)
         });
     }
 }
@@ -106,11 +115,13 @@ fn weight_data(weight: &Nf4Tensor) -> TensorData {
 }
 
 /// The forward on a concrete autodiff backend; `x_wt(x, W)` multiplies by the transpose of
-/// the `[out, in]` weight in the way that is cheapest on that backend.
+/// the `[out, in]` weight and `x_w` by a matrix as it is (the backward's `∂y · W`), each in
+/// the way that is cheapest on that backend.
 fn tracked<B: Backend>(
     x: FloatTensor<Autodiff<B>>,
     weight: &Arc<Nf4Tensor>,
     x_wt: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+    x_w: Product<B>,
 ) -> FloatTensor<Autodiff<B>> {
     let guard = x.node();
     let device = x.primitive().device();
@@ -121,7 +132,7 @@ fn tracked<B: Backend>(
         .stateful();
     let y = x_wt(x.into_primitive(), w); // [N, out]; the transient W is dropped here
     match prep {
-        OpsKind::Tracked(prep) => prep.finish(weight.clone(), y),
+        OpsKind::Tracked(prep) => prep.finish((weight.clone(), x_w), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     }
 }

@@ -12,10 +12,16 @@
 //!
 //! Pure Rust, no tensors: the NF4 linear layer (`model/nf4_linear.rs`) dequantizes from here.
 
+use rayon::prelude::*;
+
 use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
+
+/// Quantization blocks one rayon task dequantizes (16 Ki weights at block size 64): enough work
+/// to be worth a hand-off, small enough for the 576 × 576 weights to split across threads.
+const DEQUANTIZE_BLOCKS_PER_TASK: usize = 256;
 
 /// The 16 NF4 code values, index = 4-bit code (QLoRA, Dettmers et al. 2023; as in bitsandbytes).
 pub const NF4_CODEBOOK: [f32; 16] = [
@@ -187,19 +193,24 @@ impl Nf4Tensor {
         let absmax = self.absmax();
         let bs = self.block_size;
         debug_assert_eq!(out.len(), self.len());
-        // Block by block: a 16-entry table of code · scale, then two lookups per byte.
-        // (bs is even, so a block never splits a byte.)
-        for (b, block) in out.chunks_mut(bs).enumerate() {
-            let scale = absmax[b];
-            let table: [f32; 16] = std::array::from_fn(|c| NF4_CODEBOOK[c] * scale);
-            let bytes = &self.packed[b * bs / 2..];
-            for (pair, &byte) in block.chunks_mut(2).zip(bytes) {
-                pair[0] = table[(byte >> 4) as usize];
-                if let Some(second) = pair.get_mut(1) {
-                    *second = table[(byte & 0x0f) as usize];
+        // Runs of blocks on rayon's threads; block by block: a 16-entry table of code · scale,
+        // then two lookups per byte. (bs is even, so a block never splits a byte.)
+        out.par_chunks_mut(bs * DEQUANTIZE_BLOCKS_PER_TASK)
+            .enumerate()
+            .for_each(|(task, run)| {
+                for (i, block) in run.chunks_mut(bs).enumerate() {
+                    let b = task * DEQUANTIZE_BLOCKS_PER_TASK + i;
+                    let scale = absmax[b];
+                    let table: [f32; 16] = std::array::from_fn(|c| NF4_CODEBOOK[c] * scale);
+                    let bytes = &self.packed[b * bs / 2..];
+                    for (pair, &byte) in block.chunks_mut(2).zip(bytes) {
+                        pair[0] = table[(byte >> 4) as usize];
+                        if let Some(second) = pair.get_mut(1) {
+                            *second = table[(byte & 0x0f) as usize];
+                        }
+                    }
                 }
-            }
-        }
+            });
     }
 
     /// Dequantizes to a new vector.

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use burn::tensor::{Device, Distribution, Tensor};
 use napkin_core::device::DeviceKind;
+use napkin_core::model::matmul_wt::matmul_wt;
 
 use crate::cli::BenchArgs;
 
@@ -28,23 +29,48 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!();
     for kind in backends {
         let device = kind.open()?;
-        print!("{:<34}", kind.backend_name());
-        for (m, k, n) in shapes {
-            print!("{:>18.1}", matmul_gflops(&device, m, k, n, args.runs));
+        for (product, weight_stored_transposed) in [("a·b", false), ("x·Wᵀ", true)] {
+            print!("{:<34}", format!("{} {product}", kind.backend_name()));
+            for (m, k, n) in shapes {
+                let gflops = if weight_stored_transposed {
+                    x_wt_gflops(&device, m, k, n, args.runs)
+                } else {
+                    matmul_gflops(&device, m, k, n, args.runs)
+                };
+                print!("{:>18.1}", gflops);
+            }
+            println!();
         }
-        println!();
     }
     Ok(())
 }
 
-/// Median GFLOP/s of `[m, k] × [k, n]`.
+/// Median GFLOP/s of burn's `[m, k] × [k, n]`.
 pub fn matmul_gflops(device: &Device, m: usize, k: usize, n: usize, runs: usize) -> f64 {
     let a: Tensor<2> = Tensor::random([m, k], Distribution::Normal(0.0, 1.0), device);
     let b: Tensor<2> = Tensor::random([k, n], Distribution::Normal(0.0, 1.0), device);
+    median_gflops(device, m, k, n, runs, || a.clone().matmul(b.clone()))
+}
+
+/// Median GFLOP/s of napkin's linear-layer product `x · Wᵀ`, `x: [m, k]`, `W: [n, k]`.
+pub fn x_wt_gflops(device: &Device, m: usize, k: usize, n: usize, runs: usize) -> f64 {
+    let x: Tensor<2> = Tensor::random([m, k], Distribution::Normal(0.0, 1.0), device);
+    let w: Tensor<2> = Tensor::random([n, k], Distribution::Normal(0.0, 1.0), device);
+    median_gflops(device, m, k, n, runs, || matmul_wt(x.clone(), w.clone()))
+}
+
+fn median_gflops(
+    device: &Device,
+    m: usize,
+    k: usize,
+    n: usize,
+    runs: usize,
+    product: impl Fn() -> Tensor<2>,
+) -> f64 {
     let flops = 2.0 * (m * k * n) as f64;
     let once = || {
         let start = Instant::now();
-        let c = a.clone().matmul(b.clone());
+        let c = product();
         let _ = device.sync();
         drop(c);
         start.elapsed().as_secs_f64()

@@ -7,6 +7,7 @@ use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use napkin_core::memory::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::Llama;
 use napkin_core::model::generate::{KvCache, Sampling, SplitMix64, choose};
+use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
@@ -108,7 +109,9 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let a: Tensor<2> = Tensor::random([*n, *n], Distribution::Normal(0.0, 1.0), device);
             let b: Tensor<2> = Tensor::random([*n, *n], Distribution::Normal(0.0, 1.0), device);
             Ok(Box::new(move || {
-                drop(a.clone().matmul(b.clone()));
+                // The product napkin's linear layers use (`x·Wᵀ`): on NdArray burn's own
+                // 2-D matmul runs on one thread (cpu_gemm.rs).
+                drop(matmul_wt(a.clone(), b.clone()));
                 let _ = sync.sync();
                 Ok(())
             }))

@@ -1,0 +1,130 @@
+//! f32 GEMM on the CPU with one thread pool: OpenBLAS runs single-threaded inside rayon tasks,
+//! each task computing one block of the output.
+//!
+//! Left alone, OpenBLAS starts its own worker threads, which spin in `sched_yield` for a while
+//! after every call, while burn NdArray runs its element-wise ops and batched matmuls on rayon's
+//! pool. On two cores the two pools took the cores from each other: a quarter of a forward's
+//! samples were in the scheduler (docs/performance.md). With OpenBLAS held to the calling
+//! thread, every multiply-add and every element-wise op runs on rayon's threads
+//! (`RAYON_NUM_THREADS`), and burn NdArray's batched matmuls (attention), which already call
+//! BLAS once per batch from rayon tasks, no longer nest a second pool inside the first.
+
+use std::sync::Once;
+
+use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
+use ndarray::{ArrayView2, ArrayViewMut2, Axis};
+
+/// Below this many multiply-adds a GEMM runs on one thread: a rayon hand-off costs a few
+/// microseconds, about what one core needs for 2²² multiply-adds.
+const MIN_SPLIT_MACS: usize = 1 << 22;
+
+/// Output blocks are cut at multiples of this many rows or columns (BLAS micro-kernel width).
+const BLOCK_ALIGN: usize = 16;
+
+unsafe extern "C" {
+    /// OpenBLAS's thread-count setter (libopenblas, linked by burn's `openblas-system`).
+    fn openblas_set_num_threads(num_threads: std::ffi::c_int);
+}
+
+/// Holds OpenBLAS to the thread that calls it, once per process. Called when the NdArray
+/// device is opened and before every GEMM here, so no OpenBLAS worker pool competes with
+/// rayon's.
+pub fn use_one_thread_pool() {
+    static ONCE: Once = Once::new();
+    // SAFETY: the setter takes a plain integer and only changes OpenBLAS's own thread count.
+    ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
+}
+
+/// `c = a · b` for `a: [M, K]`, `b: [K, N]`, `c: [M, N]` (any strides BLAS accepts), split into
+/// as many output blocks as rayon has threads.
+pub fn gemm(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>) {
+    use_one_thread_pool();
+    split(a, b, c, rayon::current_num_threads());
+}
+
+/// Cuts the larger output dimension in two, each half getting its share of `parts`, until one
+/// part is left or the block is too small to be worth a thread: rows of `a` and `c`, or
+/// columns of `b` and `c`, at multiples of [`BLOCK_ALIGN`].
+fn split(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>, parts: usize) {
+    let (m, n) = c.dim();
+    let by_rows = m >= n;
+    let len = if by_rows { m } else { n };
+    if parts <= 1 || m * n * a.ncols() < MIN_SPLIT_MACS || len < 2 * BLOCK_ALIGN {
+        return on_this_thread(a, b, c);
+    }
+    let left = parts / 2;
+    let at = (len * left / parts).div_ceil(BLOCK_ALIGN) * BLOCK_ALIGN;
+    if by_rows {
+        let (a0, a1) = a.split_at(Axis(0), at);
+        let (c0, c1) = c.split_at(Axis(0), at);
+        rayon::join(|| split(a0, b, c0, left), || split(a1, b, c1, parts - left));
+    } else {
+        let (b0, b1) = b.split_at(Axis(1), at);
+        let (c0, c1) = c.split_at(Axis(1), at);
+        rayon::join(|| split(a, b0, c0, left), || split(a, b1, c1, parts - left));
+    }
+}
+
+/// One BLAS call on the calling thread.
+fn on_this_thread(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, mut c: ArrayViewMut2<'_, f32>) {
+    if a.nrows() == 1 {
+        // One row (a generated token): BLAS's matrix-vector product streams the matrix once;
+        // its GEMM would first pack all of it into panels.
+        let mut row = c.row_mut(0);
+        general_mat_vec_mul(1.0, &b.t(), &a.row(0), 0.0, &mut row);
+    } else {
+        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::Array2;
+
+    use super::gemm;
+
+    fn reference(a: &Array2<f32>, b: &Array2<f32>) -> Array2<f32> {
+        let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+        Array2::from_shape_fn((m, n), |(i, j)| {
+            (0..k)
+                .map(|p| f64::from(a[[i, p]]) * f64::from(b[[p, j]]))
+                .sum::<f64>() as f32
+        })
+    }
+
+    fn filled(rows: usize, cols: usize, seed: usize) -> Array2<f32> {
+        Array2::from_shape_fn((rows, cols), |(i, j)| {
+            (((i * 31 + j * 17 + seed * 7) % 23) as f32 - 11.0) / 11.0
+        })
+    }
+
+    /// Split along rows (tall output), columns (wide output), the one-row path, a transposed
+    /// operand, and a GEMM too small to split, against a plain triple loop in f64.
+    #[test]
+    fn every_split_matches_the_triple_loop() {
+        for (m, k, n, transposed_b) in [
+            (300, 200, 70, false),
+            (40, 150, 900, false),
+            (1, 700, 9000, true),
+            (257, 96, 129, true),
+            (3, 5, 4, false),
+        ] {
+            let a = filled(m, k, 1);
+            let b_stored = if transposed_b {
+                filled(n, k, 2)
+            } else {
+                filled(k, n, 2)
+            };
+            let b = if transposed_b {
+                b_stored.t()
+            } else {
+                b_stored.view()
+            };
+            let mut c = Array2::<f32>::from_elem((m, n), f32::NAN);
+            gemm(a.view(), b, c.view_mut());
+            let expected = reference(&a, &b.to_owned());
+            let err = (&c - &expected).iter().fold(0.0f32, |e, d| e.max(d.abs()));
+            assert!(err < 1e-3, "{m}×{k}×{n}: max |diff| {err}");
+        }
+    }
+}
