@@ -27,9 +27,8 @@ unsafe extern "C" {
     fn openblas_set_num_threads(num_threads: std::ffi::c_int);
 }
 
-/// Holds OpenBLAS to the thread that calls it, once per process. Called when the NdArray
-/// device is opened and before every GEMM here, so no OpenBLAS worker pool competes with
-/// rayon's.
+/// Holds OpenBLAS to the thread that calls it, once per process. Called where every NdArray
+/// device is opened (`device.rs`), so no OpenBLAS worker pool competes with rayon's.
 pub fn use_one_thread_pool() {
     static ONCE: Once = Once::new();
     // SAFETY: the setter takes a plain integer and only changes OpenBLAS's own thread count.
@@ -39,7 +38,6 @@ pub fn use_one_thread_pool() {
 /// `c = a · b` for `a: [M, K]`, `b: [K, N]`, `c: [M, N]` (any strides BLAS accepts), split into
 /// as many output blocks as rayon has threads.
 pub fn gemm(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>) {
-    use_one_thread_pool();
     split(a, b, c, rayon::current_num_threads());
 }
 

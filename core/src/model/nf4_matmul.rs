@@ -48,11 +48,10 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
                 use burn_backend::ops::FloatTensorOps;
                 type Flex = burn_flex::Flex;
                 // Flex multiplies a transposed view without copying it.
-                let x_wt = |x, w| Flex::float_matmul(x, Flex::float_transpose(w));
                 return Tensor::from_primitive::<Autodiff<Flex>>(tracked::<Flex>(
                     p,
                     weight,
-                    x_wt,
+                    |x, w| Flex::float_matmul(x, Flex::float_transpose(w)),
                     Flex::float_matmul,
                 ));
             }
@@ -120,7 +119,7 @@ fn weight_data(weight: &Nf4Tensor) -> TensorData {
 fn tracked<B: Backend>(
     x: FloatTensor<Autodiff<B>>,
     weight: &Arc<Nf4Tensor>,
-    x_wt: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+    x_wt: Product<B>,
     x_w: Product<B>,
 ) -> FloatTensor<Autodiff<B>> {
     let guard = x.node();

@@ -29,21 +29,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!();
     for kind in backends {
         let device = kind.open()?;
-        for (product, weight_stored_transposed) in [("a·b", false), ("x·Wᵀ", true)] {
-            print!("{:<34}", format!("{} {product}", kind.backend_name()));
+        let products: [(&str, GflopsOf); 2] = [("a·b", matmul_gflops), ("x·Wᵀ", x_wt_gflops)];
+        for (name, gflops) in products {
+            print!("{:<34}", format!("{} {name}", kind.backend_name()));
             for (m, k, n) in shapes {
-                let gflops = if weight_stored_transposed {
-                    x_wt_gflops(&device, m, k, n, args.runs)
-                } else {
-                    matmul_gflops(&device, m, k, n, args.runs)
-                };
-                print!("{:>18.1}", gflops);
+                print!("{:>18.1}", gflops(&device, m, k, n, args.runs));
             }
             println!();
         }
     }
     Ok(())
 }
+
+/// A product's median GFLOP/s at `(device, m, k, n, runs)`.
+type GflopsOf = fn(&Device, usize, usize, usize, usize) -> f64;
 
 /// Median GFLOP/s of burn's `[m, k] × [k, n]`.
 pub fn matmul_gflops(device: &Device, m: usize, k: usize, n: usize, runs: usize) -> f64 {
