@@ -342,9 +342,11 @@ pub fn measure(
         // Dropping the loss leaves burn's graph registered until some backward cleans it:
         // run this one's backward so the steps below start clean.
         drop(loss.sum.backward());
+        // The loss keeps the logits for its backward: they count here (the inventory lists
+        // them as their own kind).
         layers.push(Comparison::new(
-            "all (incl. head and loss)",
-            kind(Kind::SavedActivations),
+            "all (incl. head, logits and loss)",
+            kind(Kind::SavedActivations) + kind(Kind::Logits),
             all,
         ));
     }

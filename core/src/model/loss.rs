@@ -6,6 +6,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
 
+use super::fused::cross_entropy::{ShiftedLabels, summed_nll};
 use crate::error::{Error, Result};
 
 /// Labels with this value are skipped (PyTorch's `ignore_index`).
@@ -52,24 +53,36 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
     for row in labels.chunks(t) {
         for &label in &row[1..] {
             if label == IGNORE_INDEX {
-                targets.push(0i64);
+                targets.push(0u32);
                 weights.push(0.0f32);
             } else if label < 0 || label as usize >= v {
                 return Err(Error::Input(format!(
                     "label {label} is outside the vocabulary of {v}"
                 )));
             } else {
-                targets.push(label);
+                targets.push(label as u32);
                 weights.push(1.0);
             }
         }
     }
     let tokens = weights.iter().filter(|&&w| w > 0.0).count();
+    let shifted = ShiftedLabels {
+        targets: targets.into(),
+        weights: weights.into(),
+    };
+    let logits = match summed_nll(logits, &shifted) {
+        Ok(sum) => return Ok(LossSum { sum, tokens }),
+        Err(logits) => logits,
+    };
+    // Other backends: the same sum with burn's ops.
     let device = logits.device();
+    let targets: Vec<i64> = shifted.targets.iter().map(|&c| i64::from(c)).collect();
     let targets: Tensor<3, Int> =
         Tensor::from_data(TensorData::new(targets, [b, t - 1, 1]), &device);
-    let weights: Tensor<3> = Tensor::from_data(TensorData::new(weights, [b, t - 1, 1]), &device);
-
+    let weights: Tensor<3> = Tensor::from_data(
+        TensorData::new(shifted.weights.to_vec(), [b, t - 1, 1]),
+        &device,
+    );
     let log_probs = log_softmax(logits.narrow(1, 0, t - 1), 2); // [B, T−1, V]
     let picked = log_probs.gather(2, targets); // [B, T−1, 1]
     let sum = (picked * weights).sum().neg(); // [1]

@@ -1,8 +1,9 @@
 //! The SwiGLU feed-forward network: `down(silu(gate(x)) ⊙ up(x))`.
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor, activation::silu};
+use burn::tensor::{Device, Tensor};
 
+use super::fused::swiglu::swiglu;
 use super::linear::Linear;
 use crate::config::LlamaConfig;
 
@@ -31,8 +32,8 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[B, T, D]` → `[B, T, D]` (through `[B, T, F]`)
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone())); // [B, T, F]
+        let gate = self.gate_proj.forward(x.clone()); // [B, T, F]
         let up = self.up_proj.forward(x); // [B, T, F]
-        self.down_proj.forward(gate * up)
+        self.down_proj.forward(swiglu(gate, up))
     }
 }

@@ -8,6 +8,7 @@ pub mod block;
 #[cfg(feature = "openblas")]
 pub mod cpu_gemm;
 pub mod efficient_attention;
+pub mod fused;
 pub mod generate;
 pub mod linear;
 pub mod llama;

@@ -17,6 +17,9 @@
 //! The memory-efficient attention is one custom op: it keeps `q`, `k`, `v`, its output and
 //! one log-sum-exp per query row, and no `T × T` tensor (nor a dense mask) at all.
 //!
+//! napkin's fused CPU ops (`model/fused/`) are one op each: SwiGLU keeps its two inputs, the
+//! loss keeps the logits and one log-sum-exp per position.
+//!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
 //! persistent tensors are kept by reference and cost nothing here.
@@ -132,6 +135,17 @@ impl Replay {
             self.keep(x);
         }
         self.produce(name, values, x.tracked)
+    }
+
+    /// A fused op that keeps all its inputs when its output needs a gradient.
+    fn fused(&mut self, name: &str, inputs: &[Value], values: u64) -> Value {
+        let tracked = inputs.iter().any(|v| v.tracked);
+        if tracked {
+            for &input in inputs {
+                self.keep(input);
+            }
+        }
+        self.produce(name, values, tracked)
     }
 
     /// Ops that keep only shapes.
@@ -300,10 +314,8 @@ pub fn kept_activations(
                     r.scoped(name, |r| r.linear(x, n, out, trainable.block_linears, lora))
                 };
                 let gate = linear(r, "gate_proj", LoraTarget::GateProj, h2, f, c.hidden_size);
-                let sig = r.unary("gate_sigmoid", gate, n * f);
-                let act = r.binary("gate_silu", gate, sig, n * f);
                 let up = linear(r, "up_proj", LoraTarget::UpProj, h2, f, c.hidden_size);
-                let prod = r.binary("gate_times_up", act, up, n * f);
+                let prod = r.fused("swiglu", &[gate, up], n * f);
                 linear(
                     r,
                     "down_proj",
@@ -324,18 +336,18 @@ pub fn kept_activations(
         let logits = r.binary("output", normed, Replay::param(head_trainable), n * v);
         r.view(logits, 1)
     });
-    // Loss: log_softmax over the first T−1 positions, pick the labels, weight, sum.
+    // Loss: one fused op. It keeps the logits themselves (counted once, as the step's
+    // logits, not here), one log-sum-exp per position and the shifted labels (a class index
+    // and a weight per counted position, 4 bytes each).
     let rows = b * (t.saturating_sub(1));
     r.scoped("loss", |r| {
-        let first = r.view(logits, 1); // positions 0..T−1
-        let shifted = r.stateless("shifted_logits", &[first], rows * v);
-        let exp = r.unary("exp", shifted, rows * v);
-        let sum = r.stateless("exp_sum", &[exp], rows);
-        let log_sum = r.unary("log_sum_exp", sum, rows);
-        let log_probs = r.stateless("log_probs", &[shifted, log_sum], rows * v);
-        let picked = r.stateless("picked", &[log_probs], rows);
-        let weights = r.produce("label_weights", rows, false);
-        r.binary("weighted", picked, weights, rows);
+        let lse = r.produce("log_sum_exp", n, false);
+        let labels = r.produce("shifted_labels", 2 * rows, false);
+        if logits.tracked {
+            r.keep(lse);
+            r.keep(labels);
+        }
+        r.stateless("sum", &[logits], 1);
     });
 
     let Replay {
@@ -391,8 +403,8 @@ mod tests {
             + d + kv + kv // q and k after RoPE, v
             + h // the softmax sums
             + d // merged heads (o_proj input)
-            + 4 * f // gate output, its sigmoid, silu, up output
-            + f; // gate·up (down_proj input)
+            + 2 * f // gate and up outputs (kept by the fused SwiGLU)
+            + f; // silu(gate)·up (down_proj input)
         let middle = total(kept, Some(5));
         assert_eq!(middle, t * per_token + 3 * h * t * t);
         assert!(total(kept, Some(0)) < middle);

@@ -353,10 +353,8 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         layer: None,
         kind: Kind::Logits,
         bytes: F32 * n * c.vocab_size as u64,
-        phases: Phases {
-            forward: true,
-            ..Phases::default()
-        },
+        // Kept by the loss for its backward, which turns them into their own gradient.
+        phases: Phases::ACTIVATION,
     });
     out.extend(workspace::entries(s));
     out

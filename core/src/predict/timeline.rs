@@ -177,10 +177,12 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
         for e in &outside {
             alive.add(e);
         }
-        if let Some(logits) = named("logits") {
+        // The loss keeps the logits; its backward writes their gradient in place, which
+        // lives until the head's backward has used it.
+        let logits = named("logits");
+        if let Some(logits) = logits {
             alive.add(logits);
             alive.event("forward.loss".into(), Phase::Forward);
-            alive.remove(&logits.name);
         }
 
         // The loss backward, then the head's.
@@ -191,7 +193,7 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
                 alive.remove(&w.name);
             }
         };
-        transient(&mut alive, "loss.backward_workspace", "backward.loss");
+        alive.event("backward.loss".into(), Phase::Backward);
         for e in outside.iter().filter(|e| e.name.starts_with("loss.")) {
             alive.remove(&e.name);
         }
@@ -201,7 +203,10 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
         {
             alive.add_as(grad_name(e), e);
         }
-        transient(&mut alive, "lm_head.logits_grad", "backward.lm_head");
+        alive.event("backward.lm_head".into(), Phase::Backward);
+        if let Some(logits) = logits {
+            alive.remove(&logits.name);
+        }
         for e in outside
             .iter()
             .filter(|e| e.name.starts_with("lm_head.") || e.name.starts_with("norm."))

@@ -5,24 +5,36 @@
 //! (`tests/tests/memory`) and is checked there, case by case, by the measurement grid.
 
 use super::inventory::{Entry, Kind, Phases, Scenario};
-use crate::config::{ATTENTION_TILE, AttentionKind};
+use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget};
 
 /// Bytes burn's graph holds per recorded op (node, parents, boxed backward step) until the
 /// backward frees it: 455–485 measured per op over blocks of 77 and 103 recorded ops.
 pub const GRAPH_BYTES_PER_OP: u64 = 470;
 
-/// The loss backward (log-softmax, gather, slice) holds this many `[B, T−1, V]` buffers at
-/// once: the scattered gradient of the picked log-probabilities and the recomputed
-/// exponentials. Measured 2.00–2.06 over V = 4096 and 16384, T = 64…256.
-pub const LOSS_BACKWARD_COPIES: u64 = 2;
-
 /// The attention backward holds this many `[B, H, T, S]` buffers at once (the probabilities'
 /// gradient, the softmax's recomputed exponentials and their product).
 pub const ATTENTION_BACKWARD_COPIES: u64 = 2;
 
-/// The MLP backward holds this many `[B, T, F]` buffers at once (the gradient of gate·up
-/// and one of its factors' gradients).
-pub const MLP_BACKWARD_COPIES: u64 = 2;
+/// The MLP backward holds this many `[B, T, F]` buffers at once: the gradient of
+/// `silu(gate)·up`. The fused SwiGLU writes its inputs' gradients over the kept `gate` and
+/// `up` (burn's ops held two more buffers).
+pub const MLP_BACKWARD_COPIES: u64 = 1;
+
+/// Half-buffers `[B, T, F]` the MLP backward adds when `down_proj` has a LoRA adapter: the
+/// adapter's share of the gradient exists beside the base's until they are added, while
+/// `down_proj`'s kept input is already being freed: 0.6–0.8 of a buffer measured over the grid
+/// and the T = 1024 attention case (`tests/tests/memory`).
+pub const MLP_LORA_HALF_COPIES: u64 = 1;
+
+/// With LoRA on `q_proj`, `k_proj` or `v_proj` the gradient of the attention's input gathers
+/// six `[B, T, D]` contributions (base and adapter of each projection); this many exist at
+/// once beside the attention's workspace. Fitted: the LoRA + checkpointing steps of the
+/// measurement grid (`tests/tests/memory/grid.rs`), whose peak is in the attention backward.
+pub const ATTENTION_LORA_INPUT_GRAD_COPIES: u64 = 4;
+
+/// A graph-free MLP forward (checkpointing's first pass) holds `gate`, `up` and their fused
+/// product at once: this many `[B, T, F]` buffers.
+pub const MLP_FORWARD_COPIES: u64 = 3;
 
 /// napkin's gradients live in a hash map from parameter to tensor: each bucket holds a tensor
 /// handle inline, each tensor a small shape allocation. Fitted on 10, 39 and 56 tensors
@@ -117,7 +129,6 @@ pub fn entries(s: &Scenario) -> Vec<Entry> {
     let c = &s.config;
     let (b, t) = (s.micro_batch as u64, s.seq_len as u64);
     let n = b * t;
-    let v = c.vocab_size as u64;
     let (attention_backward, attention_forward) = attention_workspaces(s);
     let backward = Phases {
         backward: true,
@@ -144,34 +155,42 @@ pub fn entries(s: &Scenario) -> Vec<Entry> {
         }
     };
     let mlp_weight = dequantized(c.intermediate_size, c.hidden_size);
+    let down_proj_lora = s
+        .lora
+        .as_ref()
+        .is_some_and(|l| l.targets(LoraTarget::DownProj));
+    let mlp_half_copies =
+        2 * MLP_BACKWARD_COPIES + u64::from(down_proj_lora) * MLP_LORA_HALF_COPIES;
+    let qkv_lora = s.lora.as_ref().is_some_and(|l| {
+        [LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj]
+            .into_iter()
+            .any(|t| l.targets(t))
+    });
+    let attention_input_grads =
+        u64::from(qkv_lora) * ATTENTION_LORA_INPUT_GRAD_COPIES * F32 * n * c.hidden_size as u64;
     let attention_weight = dequantized(c.q_dim(), c.hidden_size);
-    let mut out = vec![
-        workspace(
-            "loss.backward_workspace".into(),
-            None,
-            LOSS_BACKWARD_COPIES * F32 * b * t.saturating_sub(1) * v,
-            backward,
-        ),
-        workspace("lm_head.logits_grad".into(), None, F32 * n * v, backward),
-    ];
+    // The fused loss writes the logits' gradient over the logits it kept: no `[B, T, V]`
+    // workspace in the loss or head backward.
+    let mut out = Vec::new();
     for layer in 0..c.num_hidden_layers {
         out.push(workspace(
             format!("layers.{layer}.mlp.backward_workspace"),
             Some(layer),
-            MLP_BACKWARD_COPIES * F32 * n * c.intermediate_size as u64 + mlp_weight,
+            mlp_half_copies * F32 * n * c.intermediate_size as u64 / 2 + mlp_weight,
             backward,
         ));
         out.push(workspace(
             format!("layers.{layer}.self_attn.backward_workspace"),
             Some(layer),
-            attention_backward + attention_weight,
+            attention_backward + attention_weight + attention_input_grads,
             backward,
         ));
         if s.checkpointing {
             out.push(workspace(
                 format!("layers.{layer}.self_attn.forward_workspace"),
                 Some(layer),
-                attention_forward + attention_weight.max(mlp_weight),
+                (attention_forward + attention_weight)
+                    .max(MLP_FORWARD_COPIES * F32 * n * c.intermediate_size as u64 + mlp_weight),
                 forward,
             ));
         }
