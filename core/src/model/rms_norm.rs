@@ -24,9 +24,6 @@ impl RmsNorm {
     /// # Shapes
     /// - `x`: `[B, T, D]` → `[B, T, D]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let mean_square = x.clone().square().mean_dim(2); // [B, T, 1]
-        let inv_rms = (mean_square + self.eps).sqrt().recip(); // [B, T, 1]
-        let gain = self.weight.val().unsqueeze::<3>(); // [1, 1, D]
-        gain * (x * inv_rms)
+        super::fused::rms_norm::rms_norm(x, self.weight.val(), self.eps)
     }
 }

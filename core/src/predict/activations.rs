@@ -17,8 +17,9 @@
 //! The memory-efficient attention is one custom op: it keeps `q`, `k`, `v`, its output and
 //! one log-sum-exp per query row, and no `T × T` tensor (nor a dense mask) at all.
 //!
-//! napkin's fused CPU ops (`model/fused/`) are one op each: SwiGLU keeps its two inputs, the
-//! loss keeps the logits and one log-sum-exp per position.
+//! napkin's fused CPU ops (`model/fused/`) are one op each: RMSNorm keeps its input and one
+//! `1/rms` per row, SwiGLU its two inputs, the loss the logits and one log-sum-exp per
+//! position.
 //!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
@@ -162,16 +163,15 @@ impl Replay {
         out
     }
 
-    /// RMSNorm over `n` rows of width `d`: `gain · (x · recip(sqrt(mean(x²) + ε)))`.
+    /// RMSNorm over `n` rows of width `d`, one fused op: keeps its input and one
+    /// `1/rms` per row when its output needs a gradient.
     fn rms_norm(&mut self, x: Value, n: u64, d: u64, gain_trainable: bool) -> Value {
-        let _squares = self.binary("squares", x, x, n * d);
-        let mean = self.stateless("mean_square", &[x], n);
-        let shifted = self.stateless("mean_square_eps", &[mean], n);
-        let rms = self.unary("rms", shifted, n);
-        let inv = self.unary("inv_rms", rms, n);
-        let normed = self.binary("normalized", x, inv, n * d);
-        let gain = self.view(Self::param(gain_trainable), 1); // [D] → [1, 1, D]
-        self.binary("output", gain, normed, n * d)
+        let inv = self.produce("inv_rms", n, false);
+        let out = self.fused("output", &[x, Self::param(gain_trainable)], n * d);
+        if out.tracked {
+            self.keep(inv);
+        }
+        out
     }
 
     /// A bias-free linear `x·Wᵀ` over `n` rows, with an optional LoRA adapter of rank `r`.
@@ -397,7 +397,7 @@ mod tests {
         let t = 64u64;
         let per_token = d // residual after attention (kept by the second norm)
             + d // block output (kept by the next block's norm)
-            + 2 * 3 // each norm's mean_square+ε, rms and inv_rms
+            + 2 // each norm's 1/rms
             + 2 * d // the two norm outputs (kept by the LoRA A products)
             + 7 * r // the LoRA A outputs
             + d + kv + kv // q and k after RoPE, v

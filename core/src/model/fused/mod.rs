@@ -11,6 +11,7 @@
 //! CUDA, half precision) runs the same formula with burn's ops.
 
 pub mod cross_entropy;
+pub mod rms_norm;
 pub mod swiglu;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -49,6 +50,45 @@ where
     Tensor::<D>::from_data(TensorData::new(values, shape), device)
         .try_into_primitive::<B>()
         .expect("a tensor made on this backend's device stays on it")
+}
+
+/// A CPU backend whose tensors' values can be borrowed in place.
+trait CpuValues: Backend {
+    /// The tensor's values when they are f32 and contiguous in memory.
+    fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]>;
+}
+
+#[cfg(feature = "flex")]
+impl CpuValues for burn_flex::Flex {
+    fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]> {
+        x.as_slice::<f32>()
+    }
+}
+
+#[cfg(feature = "openblas")]
+#[allow(deprecated)]
+impl CpuValues for burn_ndarray::NdArray {
+    fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]> {
+        match x {
+            burn_ndarray::NdArrayTensor::F32(storage) => storage.view().to_slice(),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `read` on a backend tensor's f32 values: in place when they are contiguous, else on a
+/// copy.
+fn with_values<B: CpuValues, const D: usize, R>(
+    x: &FloatTensor<B>,
+    read: impl FnOnce(&[f32]) -> R,
+) -> R
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    match B::f32_slice(x) {
+        Some(values) => read(values),
+        None => read(&host_values::<B, D>(x.clone()).0),
+    }
 }
 
 /// Whether a tensor is f32 (the kernels' only type).
