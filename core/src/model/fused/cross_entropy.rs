@@ -20,7 +20,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{backend_tensor, host_values, is_f32};
+use super::{backend_tensor, host_values, is_f32, owned};
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
 /// the class at `t + 1` and its weight (0: ignored).
@@ -167,7 +167,7 @@ where
         let (grad_sum, _) = host_values::<B, 1>(grads.consume::<B>(&ops.node));
         let [parent] = ops.parents;
         let Some(node) = parent else { return };
-        let mut grad = Arc::try_unwrap(logits).unwrap_or_else(|shared| (*shared).clone());
+        let mut grad = owned(logits);
         backward_in_place(&mut grad, &lse, shape, &labels, grad_sum[0]);
         grads.register::<B>(node.id, backend_tensor::<B, 3>(grad, shape, &device));
     }

@@ -38,6 +38,12 @@ where
     (values, device)
 }
 
+/// The values a forward kept, owned again for a backward that writes over them (no copy
+/// unless something else still holds them).
+fn owned(kept: std::sync::Arc<Vec<f32>>) -> Vec<f32> {
+    std::sync::Arc::try_unwrap(kept).unwrap_or_else(|shared| (*shared).clone())
+}
+
 /// f32 values as a backend tensor of `shape`.
 fn backend_tensor<B: Backend, const D: usize>(
     values: Vec<f32>,

@@ -18,7 +18,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{VALUES_PER_TASK, backend_tensor, host_values, is_f32};
+use super::{VALUES_PER_TASK, backend_tensor, host_values, is_f32, owned};
 
 /// `silu(gate) ⊙ up`; differentiable.
 ///
@@ -128,8 +128,6 @@ where
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (gate, up, shape, device) = ops.state;
         let (grad_h, _) = host_values::<B, 3>(grads.consume::<B>(&ops.node));
-        let owned =
-            |v: Arc<Vec<f32>>| Arc::try_unwrap(v).unwrap_or_else(|shared| (*shared).clone());
         let (mut gate, mut up) = (owned(gate), owned(up));
         backward_in_place(&mut gate, &mut up, &grad_h);
         drop(grad_h);
