@@ -80,27 +80,31 @@ impl AdamW {
     }
 
     /// One parameter's update: `p` and `g` are `[numel]` on the device its moments live on.
+    /// On the CPU backends (f32) it runs as one parallel pass over the values
+    /// ([`super::fused_adamw`]); elsewhere as burn's tensor ops.
     pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
-        let (c, t) = (self.config, self.steps as i32);
-        let (b1, b2) = (c.beta1, c.beta2);
-        let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
-            exp_avg: p.zeros_like(),
-            exp_avg_sq: p.zeros_like(),
-        });
-        let p = p * (1.0 - lr * c.weight_decay); // decoupled weight decay
-        let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * (1.0 - b1); // lerp toward g
-        let v = state.exp_avg_sq * b2 + g.clone() * g * (1.0 - b2);
-        let step_size = lr / (1.0 - b1.powi(t));
-        let denom = v.clone().sqrt() / (1.0 - b2.powi(t)).sqrt() + c.eps;
-        let p = p - m.clone() / denom * step_size;
-        self.moments.insert(
-            id,
-            Moments {
-                exp_avg: m,
-                exp_avg_sq: v,
-            },
-        );
+        let scalars = self.scalars(lr);
+        let state = self.moments.remove(&id);
+        let (p, moments) = match super::fused_adamw::update(p, g, state, &scalars) {
+            Ok(updated) => updated,
+            Err((p, g, state)) => update_with_tensor_ops(p, g, state, &scalars),
+        };
+        self.moments.insert(id, moments);
         p
+    }
+
+    /// The scalars of the current step at learning rate `lr`.
+    fn scalars(&self, lr: f64) -> StepScalars {
+        let (c, t) = (self.config, self.steps as i32);
+        StepScalars {
+            decay: 1.0 - lr * c.weight_decay,
+            one_minus_beta1: 1.0 - c.beta1,
+            beta2: c.beta2,
+            one_minus_beta2: 1.0 - c.beta2,
+            step_size: lr / (1.0 - c.beta1.powi(t)),
+            bias_correction2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
+            eps: c.eps,
+        }
     }
 
     /// The moments of a parameter, if it has been stepped.
@@ -120,4 +124,49 @@ impl AdamW {
             .map(|m| 4 * (m.exp_avg.dims()[0] + m.exp_avg_sq.dims()[0]) as u64)
             .sum()
     }
+}
+
+/// The scalars of one step, as both implementations of the update use them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepScalars {
+    /// `1 − lr·wd` (decoupled weight decay).
+    pub decay: f64,
+    /// `1 − β1`: how far m moves toward g.
+    pub one_minus_beta1: f64,
+    /// β2.
+    pub beta2: f64,
+    /// `1 − β2`.
+    pub one_minus_beta2: f64,
+    /// `lr / (1 − β1ᵗ)`.
+    pub step_size: f64,
+    /// `√(1 − β2ᵗ)`.
+    pub bias_correction2_sqrt: f64,
+    /// ε.
+    pub eps: f64,
+}
+
+/// The update as burn tensor ops (any device; fresh moments are zeros):
+/// `p·decay − step_size · m / (√v / √(1−β2ᵗ) + ε)`.
+pub(crate) fn update_with_tensor_ops(
+    p: Tensor<1>,
+    g: Tensor<1>,
+    state: Option<Moments>,
+    s: &StepScalars,
+) -> (Tensor<1>, Moments) {
+    let state = state.unwrap_or_else(|| Moments {
+        exp_avg: p.zeros_like(),
+        exp_avg_sq: p.zeros_like(),
+    });
+    let p = p * s.decay;
+    let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * s.one_minus_beta1; // lerp toward g
+    let v = state.exp_avg_sq * s.beta2 + g.clone() * g * s.one_minus_beta2;
+    let denom = v.clone().sqrt() / s.bias_correction2_sqrt + s.eps;
+    let p = p - m.clone() / denom * s.step_size;
+    (
+        p,
+        Moments {
+            exp_avg: m,
+            exp_avg_sq: v,
+        },
+    )
 }

@@ -144,11 +144,14 @@ impl<F: FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>> ModuleMapper for Upda
         let Some(grad) = self.grads.get(id).cloned() else {
             return param;
         };
-        let value = param.val();
-        let dims = value.dims();
-        let n = dims.iter().product::<usize>();
-        debug_assert_eq!(grad.dims()[0], n);
-        let updated = (self.update)(id, value.inner().reshape([n]), grad);
-        param.map(|_| Tensor::from_inner(updated.reshape(dims)).require_grad())
+        // The value is taken out of the parameter (not cloned), so an update that works in
+        // place finds its buffer held by no one else.
+        param.map(|value| {
+            let dims = value.dims();
+            let n = dims.iter().product::<usize>();
+            debug_assert_eq!(grad.dims()[0], n);
+            let updated = (self.update)(id, value.inner().reshape([n]), grad);
+            Tensor::from_inner(updated.reshape(dims)).require_grad()
+        })
     }
 }

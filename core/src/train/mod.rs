@@ -5,6 +5,7 @@ pub mod adamw;
 pub mod adamw8bit;
 pub mod checkpoint;
 pub mod config;
+mod fused_adamw;
 pub mod grads;
 pub mod offload;
 pub mod optimizer;

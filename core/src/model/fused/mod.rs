@@ -21,11 +21,11 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
 /// Values per rayon task: large enough that scheduling is noise, small enough that two
 /// threads share a `[256, 1536]` activation evenly.
-const VALUES_PER_TASK: usize = 16 * 1024;
+pub(crate) const VALUES_PER_TASK: usize = 16 * 1024;
 
 /// A backend tensor's f32 values, row-major, and its device. No copy when the buffer is
 /// contiguous and held by no one else.
-fn host_values<B: Backend, const D: usize>(x: FloatTensor<B>) -> (Vec<f32>, Device)
+pub(crate) fn host_values<B: Backend, const D: usize>(x: FloatTensor<B>) -> (Vec<f32>, Device)
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -45,7 +45,7 @@ fn owned(kept: std::sync::Arc<Vec<f32>>) -> Vec<f32> {
 }
 
 /// f32 values as a backend tensor of `shape`.
-fn backend_tensor<B: Backend, const D: usize>(
+pub(crate) fn backend_tensor<B: Backend, const D: usize>(
     values: Vec<f32>,
     shape: [usize; D],
     device: &Device,
@@ -59,7 +59,7 @@ where
 }
 
 /// A CPU backend whose tensors' values can be borrowed in place.
-trait CpuValues: Backend {
+pub(crate) trait CpuValues: Backend {
     /// The tensor's values when they are f32 and contiguous in memory.
     fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]>;
 }
@@ -84,7 +84,7 @@ impl CpuValues for burn_ndarray::NdArray {
 
 /// Runs `read` on a backend tensor's f32 values: in place when they are contiguous, else on a
 /// copy.
-fn with_values<B: CpuValues, const D: usize, R>(
+pub(crate) fn with_values<B: CpuValues, const D: usize, R>(
     x: &FloatTensor<B>,
     read: impl FnOnce(&[f32]) -> R,
 ) -> R
@@ -98,6 +98,6 @@ where
 }
 
 /// Whether a tensor is f32 (the kernels' only type).
-fn is_f32<const D: usize>(x: &Tensor<D>) -> bool {
+pub(crate) fn is_f32<const D: usize>(x: &Tensor<D>) -> bool {
     x.dtype() == DType::F32
 }
