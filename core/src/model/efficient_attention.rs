@@ -22,7 +22,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
@@ -33,6 +33,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
 use super::batch::{MASKED, TokenBatch};
+use super::fused;
 
 /// Query and key positions per tile.
 pub use crate::config::ATTENTION_TILE as TILE;
@@ -61,6 +62,21 @@ impl TiledMask {
 
     /// The additive mask for queries `q` and keys `k`, `[1 or B, 1, |q|, |k|]`, or None when
     /// every query sees every key of the tile.
+    /// Whether some row holds several packed sequences (else the mask is only causal).
+    pub(crate) fn is_packed(&self) -> bool {
+        self.segments.is_some()
+    }
+
+    /// Whether query position `i` of batch row `b` cannot see key position `j` (a future key,
+    /// or one of another packed sequence).
+    pub(crate) fn hides(&self, b: usize, i: usize, j: usize) -> bool {
+        j > i
+            || self.segments.as_ref().is_some_and(|s| {
+                let row = &s[b * self.seq..(b + 1) * self.seq];
+                row[j] != row[i]
+            })
+    }
+
     fn tile(&self, q: &Range<usize>, k: &Range<usize>, device: &Device) -> Option<Tensor<4>> {
         let (tq, tk) = (q.len(), k.len());
         let rows = if self.segments.is_some() {
@@ -90,7 +106,7 @@ impl TiledMask {
 }
 
 /// Tiles `0..len` in steps of [`TILE`].
-fn tiles(len: usize) -> impl Iterator<Item = Range<usize>> {
+pub(crate) fn tiles(len: usize) -> impl Iterator<Item = Range<usize>> {
     (0..len)
         .step_by(TILE)
         .map(move |start| start..(start + TILE).min(len))
@@ -116,7 +132,7 @@ fn block_scores(q: Tensor<4>, k: Tensor<4>, mask: Option<Tensor<4>>, heads: usiz
 }
 
 /// Rows `range` of every query head, with the groups folded: `[B, H, T, X]` → `[B, Hkv, G·|range|, X]`.
-fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -> Tensor<4> {
+pub(crate) fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -> Tensor<4> {
     let [b, h, _, width] = x.dims();
     x.clone()
         .slice([0..b, 0..h, range.clone(), 0..width])
@@ -124,17 +140,36 @@ fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -> Tensor<4>
 }
 
 /// Positions `range` of the K/V heads: `[B, Hkv, T, Dh]` → `[B, Hkv, |range|, Dh]`.
-fn key_rows(x: &Tensor<4>, range: &Range<usize>) -> Tensor<4> {
+pub(crate) fn key_rows(x: &Tensor<4>, range: &Range<usize>) -> Tensor<4> {
     let [b, hkv, _, dh] = x.dims();
     x.clone().slice([0..b, 0..hkv, range.clone(), 0..dh])
 }
 
-/// The forward without a graph.
+/// The forward without a graph: on the CPU backends (f32) with fused element-wise passes
+/// ([`fused::tiled_attention`]), elsewhere with burn's ops.
 ///
 /// # Shapes
 /// - `q`: `[B, H, T, Dh]`, `k`, `v`: `[B, Hkv, T, Dh]`
 /// - returns the output `[B, H, T, Dh]` and the log-sum-exp of each query row `[B, H, T, 1]`
 pub fn forward_tiled(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask: &TiledMask,
+) -> (Tensor<4>, Tensor<4>) {
+    if runs_fused(&q, &k, &v) {
+        return fused::tiled_attention::forward(&q, &k, &v, mask);
+    }
+    forward_with_tensor_ops(q, k, v, mask)
+}
+
+/// Whether the fused CPU passes apply: f32 tensors on a CPU backend.
+fn runs_fused(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> bool {
+    [q, k, v].iter().all(|x| x.dtype() == DType::F32) && fused::on_cpu_backend(q)
+}
+
+/// [`forward_tiled`] with burn's tensor ops (any backend).
+pub fn forward_with_tensor_ops(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
@@ -181,13 +216,26 @@ pub fn forward_tiled(
     (Tensor::cat(outputs, 2), Tensor::cat(log_sum_exps, 2))
 }
 
-/// The gradients of the inputs, recomputing each block's probabilities.
+/// The gradients of the inputs, recomputing each block's probabilities: fused on the CPU
+/// backends (f32), burn's ops elsewhere.
 ///
 /// # Shapes
 /// - `q`: `[B, H, T, Dh]`, `k`, `v`: `[B, Hkv, T, Dh]`, `out`, `grad_out`: `[B, H, T, Dh]`,
 ///   `lse`: `[B, H, T, 1]`
 /// - returns `∂q` `[B, H, T, Dh]`, `∂k`, `∂v` `[B, Hkv, T, Dh]`
 pub fn backward_tiled(
+    saved: &SavedTensors,
+    grad_out: Tensor<4>,
+    mask: &TiledMask,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    if runs_fused(&saved.q, &saved.k, &saved.v) && grad_out.dtype() == DType::F32 {
+        return fused::tiled_attention::backward(saved, grad_out, mask);
+    }
+    backward_with_tensor_ops(saved, grad_out, mask)
+}
+
+/// [`backward_tiled`] with burn's tensor ops (any backend).
+pub fn backward_with_tensor_ops(
     saved: &SavedTensors,
     grad_out: Tensor<4>,
     mask: &TiledMask,
@@ -493,6 +541,43 @@ mod tests {
                         err <= 1e-5,
                         "{kind}, packed {packed}: ∂{name} max |diff| {err}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The fused CPU passes and burn's tensor ops (the path of every other backend) agree on
+    /// the output, the log-sum-exp and the three gradients, causal and packed.
+    #[test]
+    fn fused_passes_match_the_tensor_ops() {
+        for kind in DeviceKind::cpu_backends() {
+            let device = kind.open().unwrap();
+            for packed in [false, true] {
+                let mask = TiledMask::new(&batch(packed));
+                let [q, k, v] = inputs(&device);
+                let (out, lse) = forward_tiled(q.clone(), k.clone(), v.clone(), &mask);
+                let (out_ops, lse_ops) =
+                    forward_with_tensor_ops(q.clone(), k.clone(), v.clone(), &mask);
+                assert!(
+                    max_abs_diff(out.clone(), out_ops) <= 1e-5,
+                    "{kind} {packed}: out"
+                );
+                assert!(
+                    max_abs_diff(lse.clone(), lse_ops) <= 1e-5,
+                    "{kind} {packed}: lse"
+                );
+                let grad_out =
+                    Tensor::<4>::random(out.dims(), Distribution::Normal(0.0, 1.0), &device);
+                let saved = SavedTensors { q, k, v, out, lse };
+                let fused = backward_tiled(&saved, grad_out.clone(), &mask);
+                let ops = backward_with_tensor_ops(&saved, grad_out, &mask);
+                for (name, a, e) in [
+                    ("q", fused.0, ops.0),
+                    ("k", fused.1, ops.1),
+                    ("v", fused.2, ops.2),
+                ] {
+                    let err = max_abs_diff(a, e);
+                    assert!(err <= 1e-5, "{kind} {packed}: ∂{name} max |diff| {err}");
                 }
             }
         }

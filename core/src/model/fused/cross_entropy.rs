@@ -20,7 +20,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{backend_tensor, host_values, is_f32, owned};
+use super::{backend_tensor, fast_exp, host_values, is_f32, max_of, owned, sum_of_exp};
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
 /// the class at `t + 1` and its weight (0: ignored).
@@ -105,8 +105,8 @@ pub fn forward(
         .enumerate()
         .map(|(row, x)| match label_of(row, seq, labels) {
             Some((target, weight)) => {
-                let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = x.iter().map(|&xi| (xi - max).exp()).sum();
+                let max = max_of(x);
+                let sum = sum_of_exp(x, max);
                 let lse = max + sum.ln();
                 (lse, f64::from(weight) * f64::from(lse - x[target]))
             }
@@ -136,7 +136,7 @@ pub fn backward_in_place(
                 let scale = grad_sum * weight;
                 let lse = lse[row];
                 for xi in x.iter_mut() {
-                    *xi = scale * (*xi - lse).exp();
+                    *xi = scale * fast_exp(*xi - lse);
                 }
                 x[target] -= scale;
             }

@@ -18,7 +18,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{VALUES_PER_TASK, backend_tensor, host_values, is_f32, owned};
+use super::{VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, owned};
 
 /// `silu(gate) ⊙ up`; differentiable.
 ///
@@ -81,7 +81,7 @@ where
 }
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + fast_exp(-x))
 }
 
 /// `h = g·σ(g)·u`, element by element.
