@@ -83,8 +83,8 @@ impl Attention {
         let [b, t, _] = x.dims();
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
-        let q = rope.apply(heads(self.q_proj.forward(x.clone()), h));
-        let k = rope.apply(heads(self.k_proj.forward(x.clone()), hkv));
+        let q = rope.rotate_heads(self.q_proj.forward(x.clone()), h);
+        let k = rope.rotate_heads(self.k_proj.forward(x.clone()), hkv);
         let v = heads(self.v_proj.forward(x), hkv);
         (q, k, v)
     }

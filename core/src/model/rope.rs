@@ -5,8 +5,11 @@
 //! The tables are computed on the host, in float32 exactly as transformers does (the angle is
 //! an f32 product), only for the positions a batch uses.
 
+use std::sync::Arc;
+
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::fused::rope::{HostTables, rope};
 use crate::config::{LlamaConfig, RopeScaling};
 
 /// The Dh/2 inverse frequencies of a config, in float32, with Llama 3 scaling applied.
@@ -73,6 +76,8 @@ pub struct RopeTables {
     pub cos: Tensor<4>,
     /// `[B, 1, T, Dh]`.
     pub sin: Tensor<4>,
+    /// The same values on the host, for the fused CPU op.
+    host: HostTables,
 }
 
 impl RopeTables {
@@ -87,9 +92,34 @@ impl RopeTables {
         let head_dim = 2 * inv_freq.len();
         let (cos, sin) = tables(inv_freq, positions);
         let shape = [batch, 1, seq, head_dim];
+        let host = HostTables {
+            cos: Arc::from(cos.as_slice()),
+            sin: Arc::from(sin.as_slice()),
+            head_dim,
+        };
         RopeTables {
             cos: Tensor::from_data(TensorData::new(cos, shape), device),
             sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            host,
+        }
+    }
+
+    /// The tables on the host.
+    pub fn host_tables(&self) -> HostTables {
+        self.host.clone()
+    }
+
+    /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
+    /// ([`super::fused::rope`]), [`RopeTables::apply`] elsewhere.
+    ///
+    /// # Shapes
+    /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
+    pub fn rotate_heads(&self, y: Tensor<3>, heads: usize) -> Tensor<4> {
+        let [b, t, _] = y.dims();
+        let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, self.host.head_dim]).swap_dims(1, 2);
+        match rope(y, &self.host) {
+            Ok(rotated) => heads_of(rotated),
+            Err(y) => self.apply(heads_of(y)),
         }
     }
 

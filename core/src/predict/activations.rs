@@ -19,7 +19,7 @@
 //!
 //! napkin's fused CPU ops (`model/fused/`) are one op each: RMSNorm keeps its input and one
 //! `1/rms` per row, SwiGLU its two inputs, the loss the logits and one log-sum-exp per
-//! position.
+//! position, RoPE nothing (it rotates back from the shared tables).
 //!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
@@ -259,21 +259,15 @@ pub fn kept_activations(
                 let q = linear(r, "q_proj", LoraTarget::QProj, h1, h * dh, c.hidden_size);
                 let k = linear(r, "k_proj", LoraTarget::KProj, h1, hkv * dh, c.hidden_size);
                 let v = linear(r, "v_proj", LoraTarget::VProj, h1, hkv * dh, c.hidden_size);
-                // rope(x) = x·cos + cat(−x₂, x₁)·sin
+                // rope(x) = x·cos + cat(−x₂, x₁)·sin, one fused op on the projection: keeps
+                // nothing (its backward is the inverse rotation, from the shared tables).
                 let rope = |r: &mut Replay, name: &str, x: Value, values| {
-                    r.scoped(name, |r| {
-                        let a = r.binary("times_cos", x, cos, values);
-                        let halves = r.view(x, 2);
-                        let negated = r.stateless("negated_half", &[halves], values / 2);
-                        let rotated = r.stateless("rotated_half", &[negated], values);
-                        let b = r.binary("rotated_times_sin", rotated, sin, values);
-                        r.stateless("output", &[a, b], values)
-                    })
+                    r.scoped(name, |r| r.stateless("output", &[x, cos, sin], values))
                 };
-                // Split into heads: reshape + transpose.
-                let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
                 let q = rope(r, "q_rope", q, n * h * dh);
                 let k = rope(r, "k_rope", k, n * hkv * dh);
+                // Split into heads: reshape + transpose.
+                let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
                 if attention == AttentionKind::Efficient {
                     // One op: keeps its three inputs, its output and the row log-sum-exps.
                     let tracked = q.tracked || k.tracked || v.tracked;

@@ -12,6 +12,7 @@
 
 pub mod cross_entropy;
 pub mod rms_norm;
+pub mod rope;
 pub mod swiglu;
 pub(crate) mod tiled_attention;
 

@@ -1,0 +1,232 @@
+//! Rotary position embedding of a whole projection, `[B, T, n·Dh]`, in one pass.
+//!
+//! Per head vector, with `lo = x[..Dh/2]`, `hi = x[Dh/2..]` and the table values `c`, `s` of its
+//! position (HF's "rotate half", [`crate::model::rope`]):
+//!
+//! - forward: `y_lo = lo·c_lo − hi·s_lo`, `y_hi = hi·c_hi + lo·s_hi`, written over `x`
+//!   (burn's ops cut, negate, concatenate and multiply: five passes over `[B, H, T, Dh]`);
+//! - backward, the transposed rotation: `∂lo = ∂y_lo·c_lo + ∂y_hi·s_hi`,
+//!   `∂hi = ∂y_hi·c_hi − ∂y_lo·s_lo`, written over `∂y`.
+//!
+//! It keeps nothing but the batch's tables (shared by every layer): the rotation needs no
+//! input to be undone.
+
+use std::sync::Arc;
+
+use burn::tensor::{Device, Tensor};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_backend::Backend;
+use burn_backend::tensor::FloatTensor;
+use burn_dispatch::{DispatchKindConversion, DispatchTensor};
+use rayon::prelude::*;
+
+use super::{backend_tensor, host_values, is_f32};
+
+/// A batch's cos/sin tables on the host, `[B·T, Dh]` each, row-major.
+#[derive(Debug, Clone)]
+pub struct HostTables {
+    /// cos of each position's angles.
+    pub cos: Arc<[f32]>,
+    /// sin of each position's angles.
+    pub sin: Arc<[f32]>,
+    /// Dh.
+    pub head_dim: usize,
+}
+
+/// Positions per rayon task.
+const POSITIONS_PER_TASK: usize = 16;
+
+/// Rotates every head of a projection; differentiable. None when the tensor is not f32 on a
+/// CPU backend (the caller then uses burn's ops).
+///
+/// # Shapes
+/// - `x`: `[B, T, n·Dh]` → `[B, T, n·Dh]`; the tables hold `B·T` rows
+pub fn rope(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>> {
+    let [b, t, width] = x.dims();
+    if !is_f32(&x) || width % tables.head_dim != 0 || tables.cos.len() != b * t * tables.head_dim {
+        return Err(x);
+    }
+    #[allow(unused_mut)]
+    let mut x = x;
+    #[cfg(feature = "flex")]
+    match on_backend::<burn_flex::Flex>(x, tables) {
+        Ok(out) => return Ok(out),
+        Err(back) => x = back,
+    }
+    #[cfg(feature = "openblas")]
+    {
+        #[allow(deprecated)]
+        type NdArray = burn_ndarray::NdArray;
+        match on_backend::<NdArray>(x, tables) {
+            Ok(out) => return Ok(out),
+            Err(back) => x = back,
+        }
+    }
+    Err(x)
+}
+
+fn on_backend<B: Backend>(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>>
+where
+    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+{
+    let shape = x.dims();
+    if let Ok(primitive) = x.clone().try_into_primitive::<Autodiff<B>>() {
+        drop(x);
+        return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+            primitive, tables, shape,
+        )));
+    }
+    if let Ok(primitive) = x.clone().try_into_primitive::<B>() {
+        drop(x);
+        let (mut values, device) = host_values::<B, 3>(primitive);
+        rotate(&mut values, tables, Direction::Forward);
+        return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
+            values, shape, &device,
+        )));
+    }
+    Err(x)
+}
+
+/// Which way to turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// The embedding: by +angle.
+    Forward,
+    /// Its transpose (the backward): by −angle.
+    Backward,
+}
+
+/// Rotates `[B·T, n·Dh]` values in place, each position with its table row.
+fn rotate(values: &mut [f32], tables: &HostTables, direction: Direction) {
+    let dh = tables.head_dim;
+    let half = dh / 2;
+    let width = values.len() / (tables.cos.len() / dh);
+    values
+        .par_chunks_mut(width * POSITIONS_PER_TASK)
+        .zip(tables.cos.par_chunks(dh * POSITIONS_PER_TASK))
+        .zip(tables.sin.par_chunks(dh * POSITIONS_PER_TASK))
+        .for_each(|((values, cos), sin)| {
+            for ((position, cos), sin) in values
+                .chunks_mut(width)
+                .zip(cos.chunks(dh))
+                .zip(sin.chunks(dh))
+            {
+                let (c_lo, c_hi) = cos.split_at(half);
+                let (s_lo, s_hi) = sin.split_at(half);
+                for head in position.chunks_mut(dh) {
+                    let (lo, hi) = head.split_at_mut(half);
+                    for j in 0..half {
+                        let (l, h) = (lo[j], hi[j]);
+                        (lo[j], hi[j]) = match direction {
+                            Direction::Forward => {
+                                (l * c_lo[j] - h * s_lo[j], h * c_hi[j] + l * s_hi[j])
+                            }
+                            Direction::Backward => {
+                                (l * c_lo[j] + h * s_hi[j], h * c_hi[j] - l * s_lo[j])
+                            }
+                        };
+                    }
+                }
+            }
+        });
+}
+
+/// What the forward keeps: the tables, the shape and the device.
+type Saved = (HostTables, [usize; 3], Device);
+
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: Backend> Backward<B, 1> for RopeBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (tables, shape, device) = ops.state;
+        let (mut grad, _) = host_values::<B, 3>(grads.consume::<B>(&ops.node));
+        rotate(&mut grad, &tables, Direction::Backward);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, backend_tensor::<B, 3>(grad, shape, &device));
+        }
+    }
+}
+
+fn tracked<B: Backend>(
+    x: FloatTensor<Autodiff<B>>,
+    tables: &HostTables,
+    shape: [usize; 3],
+) -> FloatTensor<Autodiff<B>>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let prep = RopeBackward
+        .prepare::<NoCheckpointing>([x.node()])
+        .compute_bound()
+        .stateful();
+    let (mut values, device) = host_values::<B, 3>(x.into_primitive());
+    rotate(&mut values, tables, Direction::Forward);
+    let y = backend_tensor::<B, 3>(values, shape, &device);
+    match prep {
+        OpsKind::Tracked(prep) => prep.finish((tables.clone(), shape, device), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::rope;
+    use crate::device::DeviceKind;
+    use crate::model::rope::RopeTables;
+    use crate::values::max_abs_diff;
+
+    /// Values and `∂x` of the fused rotation equal burn's rotate-half ops
+    /// ([`RopeTables::apply`]), for two batch rows at different positions and three heads, on
+    /// every CPU backend; the graph-free path gives the same values.
+    #[test]
+    fn fused_rope_matches_the_tensor_ops() {
+        let (b, t, n, dh) = (2, 5, 3, 8);
+        let inv_freq: Vec<f32> = (0..dh / 2)
+            .map(|j| 1.0 / 10_000f32.powf((2 * j) as f32 / dh as f32))
+            .collect();
+        let positions: Vec<u32> = (0..5).chain(700..705).collect();
+        for kind in DeviceKind::cpu_backends() {
+            let device = kind.open().unwrap().autodiff();
+            let tables = RopeTables::new(&inv_freq, &positions, b, t, &device);
+            let x0 = Tensor::<3>::random([b, t, n * dh], Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<4>::random([b, n, t, dh], Distribution::Normal(0.0, 1.0), &device);
+            let run = |fused: bool| {
+                let x = x0.clone().require_grad();
+                let y = if fused {
+                    let rotated = rope(x.clone(), &tables.host_tables())
+                        .unwrap_or_else(|_| panic!("{kind}: the fused op did not apply"));
+                    rotated.reshape([b, t, n, dh]).swap_dims(1, 2)
+                } else {
+                    tables.apply(x.clone().reshape([b, t, n, dh]).swap_dims(1, 2))
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, x.grad(&grads).expect("a gradient"))
+            };
+            let ((y, grad), (y_ref, grad_ref)) = (run(true), run(false));
+            assert!(
+                max_abs_diff(y.clone().inner(), y_ref.inner()) < 1e-6,
+                "{kind}: values"
+            );
+            assert!(max_abs_diff(grad, grad_ref) < 1e-6, "{kind}: ∂x");
+            let graph_free = rope(x0.clone().inner(), &tables.host_tables()).expect("fused");
+            let graph_free = graph_free.reshape([b, t, n, dh]).swap_dims(1, 2);
+            assert!(
+                max_abs_diff(graph_free, y.inner()) < 1e-6,
+                "{kind}: graph-free"
+            );
+        }
+    }
+}
