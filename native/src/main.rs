@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod heap;
 
 use std::process::ExitCode;
 
@@ -13,6 +14,7 @@ use clap::Parser;
 static ALLOC: napkin_core::memory::CountingAllocator = napkin_core::memory::CountingAllocator;
 
 fn main() -> ExitCode {
+    heap::keep_large_buffers();
     let cli = cli::Cli::parse();
     let result = napkin_core::device::on_compute_threads(move || match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
