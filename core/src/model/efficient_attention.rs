@@ -240,11 +240,54 @@ pub fn backward_with_tensor_ops(
     grad_out: Tensor<4>,
     mask: &TiledMask,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let [_, h, _, dh] = saved.q.dims();
+    let device = saved.q.device();
+    let scale = (dh as f64).powf(-0.5);
+    backward_by_blocks(saved, grad_out, |block| {
+        let s = block_scores(
+            block.q.clone(),
+            block.k.clone(),
+            mask.tile(block.queries, block.keys, &device),
+            h,
+        );
+        let p = (s - block.lse.clone()).exp(); // [B, Hkv, G·tq, tk]
+        let grad_p = block
+            .grad_out
+            .clone()
+            .matmul(block.v.clone().swap_dims(2, 3));
+        let grad_s = p.clone() * (grad_p - block.delta.clone()) * scale;
+        (p, grad_s)
+    })
+}
+
+/// One score block of the backward: the tiles it is computed from.
+///
+/// # Shapes
+/// - `q`, `grad_out`: `[B, Hkv, G·tq, Dh]`, `lse`, `delta`: `[B, Hkv, G·tq, 1]` (query rows,
+///   groups folded); `k`, `v`: `[B, Hkv, tk, Dh]`
+pub(crate) struct BackwardBlock<'a> {
+    pub q: &'a Tensor<4>,
+    pub k: &'a Tensor<4>,
+    pub v: &'a Tensor<4>,
+    pub grad_out: &'a Tensor<4>,
+    pub lse: &'a Tensor<4>,
+    /// `rowsum(∂o ⊙ o)`.
+    pub delta: &'a Tensor<4>,
+    pub queries: &'a Range<usize>,
+    pub keys: &'a Range<usize>,
+}
+
+/// The backward's loop over query tiles and the key tiles up to the diagonal. `block` gives a
+/// block's probabilities `p` and score gradient `∂s = p ⊙ (∂o·vᵀ − δ)·scale`, both
+/// `[B, Hkv, G·tq, tk]`; the loop forms `∂v += pᵀ·∂o`, `∂q += ∂s·k`, `∂k += ∂sᵀ·q`.
+pub(crate) fn backward_by_blocks(
+    saved: &SavedTensors,
+    grad_out: Tensor<4>,
+    mut block: impl FnMut(BackwardBlock<'_>) -> (Tensor<4>, Tensor<4>),
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
     let SavedTensors { q, k, v, out, lse } = saved;
     let [b, h, t, dh] = q.dims();
     let hkv = k.dims()[1];
-    let device = q.device();
-    let scale = (dh as f64).powf(-0.5);
     // rowsum(∂o ⊙ o) = rowsum(∂p ⊙ p): the softmax backward's subtracted term. [B, H, T, 1]
     let delta = (grad_out.clone() * out.clone()).sum_dim(3);
     let key_tiles: Vec<Range<usize>> = tiles(t).collect();
@@ -269,20 +312,20 @@ pub fn backward_with_tensor_ops(
             .take_while(|(_, kr)| kr.start < qr.end)
         {
             let k_tile = key_rows(k, kr);
-            let v_tile = key_rows(v, kr);
-            let s = block_scores(
-                q_tile.clone(),
-                k_tile.clone(),
-                mask.tile(&qr, kr, &device),
-                h,
-            );
-            let p = (s - lse_tile.clone()).exp(); // [B, Hkv, G·tq, tk]
+            let (p, grad_s) = block(BackwardBlock {
+                q: &q_tile,
+                k: &k_tile,
+                v: &key_rows(v, kr),
+                grad_out: &grad_out_tile,
+                lse: &lse_tile,
+                delta: &delta_tile,
+                queries: &qr,
+                keys: kr,
+            });
             add(
                 &mut grad_v[index],
-                p.clone().swap_dims(2, 3).matmul(grad_out_tile.clone()),
+                p.swap_dims(2, 3).matmul(grad_out_tile.clone()),
             );
-            let grad_p = grad_out_tile.clone().matmul(v_tile.swap_dims(2, 3));
-            let grad_s = p * (grad_p - delta_tile.clone()) * scale;
             add(&mut grad_q_tile, grad_s.clone().matmul(k_tile));
             add(
                 &mut grad_k[index],

@@ -24,7 +24,9 @@ use rayon::prelude::*;
 
 use super::{fast_exp, max_of, sum_of};
 use crate::model::batch::MASKED;
-use crate::model::efficient_attention::{SavedTensors, TiledMask, key_rows, query_rows, tiles};
+use crate::model::efficient_attention::{
+    SavedTensors, TiledMask, backward_by_blocks, key_rows, query_rows, tiles,
+};
 
 /// Rows per rayon task (a row is one query's scores over a key tile, ≤ 128 values).
 const ROWS_PER_TASK: usize = 64;
@@ -180,87 +182,46 @@ pub(crate) fn backward(
     grad_out: Tensor<4>,
     mask: &TiledMask,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    let SavedTensors { q, k, v, out, lse } = saved;
-    let [b, h, t, dh] = q.dims();
-    let hkv = k.dims()[1];
+    let [b, h, _, dh] = saved.q.dims();
+    let hkv = saved.k.dims()[1];
     let group = h / hkv;
-    let device = q.device();
+    let device = saved.q.device();
     let scale = (dh as f64).powf(-0.5) as f32;
-    // rowsum(∂o ⊙ o): the softmax backward's subtracted term. [B, H, T, 1]
-    let delta = (grad_out.clone() * out.clone()).sum_dim(3);
-    let key_tiles: Vec<Range<usize>> = tiles(t).collect();
-    let mut grad_k: Vec<Option<Tensor<4>>> = vec![None; key_tiles.len()];
-    let mut grad_v: Vec<Option<Tensor<4>>> = vec![None; key_tiles.len()];
-    let add = |acc: &mut Option<Tensor<4>>, x: Tensor<4>| {
-        *acc = Some(match acc.take() {
-            Some(a) => a + x,
-            None => x,
-        })
-    };
-    let mut grad_q = Vec::new();
-    for qr in tiles(t) {
-        let tq = qr.len();
-        let q_tile = query_rows(q, &qr, hkv); // [B, Hkv, G·tq, Dh]
-        let grad_out_tile = query_rows(&grad_out, &qr, hkv); // [B, Hkv, G·tq, Dh]
-        let lse_tile = values(query_rows(lse, &qr, hkv)); // [B, Hkv, G·tq, 1]
-        let delta_tile = values(query_rows(&delta, &qr, hkv)); // [B, Hkv, G·tq, 1]
-        let mut grad_q_tile: Option<Tensor<4>> = None;
-        for (index, kr) in key_tiles
-            .iter()
+    backward_by_blocks(saved, grad_out, |block| {
+        let (tq, tk) = (block.queries.len(), block.keys.len());
+        let shape = [b, hkv, group * tq, tk];
+        let rows = Block::new(mask, h, block.queries, block.keys);
+        let lse = values(block.lse.clone()); // [B·Hkv·G·tq]
+        let delta = values(block.delta.clone()); // [B·Hkv·G·tq]
+        let mut p = values(block.q.clone().matmul(block.k.clone().swap_dims(2, 3)));
+        p.par_chunks_mut(tk * ROWS_PER_TASK)
+            .zip(lse.par_chunks(ROWS_PER_TASK))
             .enumerate()
-            .take_while(|(_, kr)| kr.start < qr.end)
-        {
-            let tk = kr.len();
-            let shape = [b, hkv, group * tq, tk];
-            let block = Block::new(mask, h, &qr, kr);
-            let (k_tile, v_tile) = (key_rows(k, kr), key_rows(v, kr));
-            let mut p = values(q_tile.clone().matmul(k_tile.clone().swap_dims(2, 3)));
-            p.par_chunks_mut(tk * ROWS_PER_TASK)
-                .zip(lse_tile.par_chunks(ROWS_PER_TASK))
-                .enumerate()
-                .for_each(|(task, (p, lse))| {
-                    let first = task * ROWS_PER_TASK;
-                    for (r, (row, &lse)) in p.chunks_mut(tk).zip(lse).enumerate() {
-                        row.iter_mut().for_each(|s| *s *= scale);
-                        block.mask_row(first + r, row);
-                        row.iter_mut().for_each(|s| *s = fast_exp(*s - lse));
-                    }
-                });
-            let mut grad_s = values(grad_out_tile.clone().matmul(v_tile.swap_dims(2, 3)));
-            grad_s
-                .par_chunks_mut(tk * ROWS_PER_TASK)
-                .zip(p.par_chunks(tk * ROWS_PER_TASK))
-                .zip(delta_tile.par_chunks(ROWS_PER_TASK))
-                .for_each(|((grad, p), delta)| {
-                    for ((grad, p), &d) in grad.chunks_mut(tk).zip(p.chunks(tk)).zip(delta) {
-                        grad.iter_mut()
-                            .zip(p)
-                            .for_each(|(g, &p)| *g = p * (*g - d) * scale);
-                    }
-                });
-            let p = tensor(p, shape, &device);
-            let grad_s = tensor(grad_s, shape, &device);
-            add(
-                &mut grad_v[index],
-                p.swap_dims(2, 3).matmul(grad_out_tile.clone()),
-            );
-            add(&mut grad_q_tile, grad_s.clone().matmul(k_tile));
-            add(
-                &mut grad_k[index],
-                grad_s.swap_dims(2, 3).matmul(q_tile.clone()),
-            );
-        }
-        let grad_q_tile = grad_q_tile.expect("every query tile sees its diagonal key tile");
-        grad_q.push(grad_q_tile.reshape([b, h, tq, dh]));
-    }
-    let gather = |parts: Vec<Option<Tensor<4>>>| {
-        Tensor::cat(
-            parts
-                .into_iter()
-                .map(|p| p.expect("every key tile is on some query tile's diagonal"))
-                .collect(),
-            2,
-        )
-    };
-    (Tensor::cat(grad_q, 2), gather(grad_k), gather(grad_v))
+            .for_each(|(task, (p, lse))| {
+                let first = task * ROWS_PER_TASK;
+                for (r, (row, &lse)) in p.chunks_mut(tk).zip(lse).enumerate() {
+                    row.iter_mut().for_each(|s| *s *= scale);
+                    rows.mask_row(first + r, row);
+                    row.iter_mut().for_each(|s| *s = fast_exp(*s - lse));
+                }
+            });
+        let mut grad_s = values(
+            block
+                .grad_out
+                .clone()
+                .matmul(block.v.clone().swap_dims(2, 3)),
+        );
+        grad_s
+            .par_chunks_mut(tk * ROWS_PER_TASK)
+            .zip(p.par_chunks(tk * ROWS_PER_TASK))
+            .zip(delta.par_chunks(ROWS_PER_TASK))
+            .for_each(|((grad, p), delta)| {
+                for ((grad, p), &d) in grad.chunks_mut(tk).zip(p.chunks(tk)).zip(delta) {
+                    grad.iter_mut()
+                        .zip(p)
+                        .for_each(|(g, &p)| *g = p * (*g - d) * scale);
+                }
+            });
+        (tensor(p, shape, &device), tensor(grad_s, shape, &device))
+    })
 }
