@@ -9,10 +9,12 @@ cd "$root"
 fixtures="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 chromium="${CHROMIUM:-/usr/bin/chromium}"
 
-# Budget for the release module without wasm-opt (measured 6.35 MB, 1.18 MB gzipped;
-# `wasm-opt -Oz` takes it to 4.7 MB / 1.08 MB in 3 minutes, so it is opt-in).
-max_wasm_bytes=7000000
-max_gzip_bytes=1300000
+# Budget for the release module without wasm-opt (measured 6.35 MB, 1.18 MB gzipped at first;
+# 7.03 MB, 1.29 MB with the fused CPU kernels of docs/performance.md's runs 5 and 6, which the
+# browser's Flex step runs too; `wasm-opt -Oz` takes the first build to 4.7 MB / 1.08 MB in
+# 3 minutes, so it is opt-in).
+max_wasm_bytes=7300000
+max_gzip_bytes=1350000
 
 if [ ! -x "$chromium" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
