@@ -40,7 +40,7 @@ pub struct HostTables {
 /// Positions per rayon task.
 const POSITIONS_PER_TASK: usize = 16;
 
-/// Rotates every head of a projection; differentiable. None when the tensor is not f32 on a
+/// Rotates every head of a projection; differentiable. The input back (`Err`) when it is not f32 on a
 /// CPU backend (the caller then uses burn's ops).
 ///
 /// # Shapes
