@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{Gradients, IndexingUpdateOp, Int, Tensor};
 
 use crate::values::scalar;
 
@@ -46,6 +46,27 @@ impl ParamGrads {
                 }
             }
         }
+    }
+
+    /// Adds row `i` of `rows` into row `indices[i]` of the gradient of the `[R, W]` parameter
+    /// `id` (an embedding's backward: `∂E[idsᵢ] += ∂xᵢ`), starting from zeros when it has none
+    /// yet. The accumulator is updated in place on the CPU backends when nothing else holds it.
+    ///
+    /// # Shapes
+    /// - `shape`: `[R, W]`; `indices`: `[N]`, each `< R`; `rows`: `[N, W]`
+    pub fn add_rows(
+        &mut self,
+        id: ParamId,
+        shape: [usize; 2],
+        indices: Tensor<1, Int>,
+        rows: Tensor<2>,
+    ) {
+        let accumulator = match self.grads.remove(&id) {
+            Some(g) => g.reshape(shape),
+            None => Tensor::zeros(shape, (&rows.device(), rows.dtype())),
+        };
+        let sum = accumulator.select_assign(0, indices, rows, IndexingUpdateOp::Add);
+        self.grads.insert(id, sum.reshape([shape[0] * shape[1]]));
     }
 
     /// Sets one parameter's gradient (flattened).
@@ -153,5 +174,36 @@ impl<F: FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>> ModuleMapper for Upda
             let updated = (self.update)(id, value.inner().reshape([n]), grad);
             Tensor::from_inner(updated.reshape(dims)).require_grad()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::ParamId;
+    use burn::tensor::{Int, Tensor, TensorData};
+
+    use super::ParamGrads;
+    use crate::device::DeviceKind;
+    use crate::values::to_f32_vec;
+
+    /// Rows land on their ids, repeated ids sum, and an existing gradient is added to.
+    #[test]
+    fn add_rows_scatters_and_sums_into_the_gradient() {
+        let device = DeviceKind::Cpu.open().unwrap();
+        let id = ParamId::new();
+        let ids = || Tensor::<1, Int>::from_data(TensorData::new(vec![2i64, 0, 2], [3]), &device);
+        let rows = || {
+            Tensor::<2>::from_data(
+                TensorData::new(vec![1.0f32, 2.0, 10.0, 20.0, 100.0, 200.0], [3, 2]),
+                &device,
+            )
+        };
+        let mut grads = ParamGrads::new();
+        grads.add_rows(id, [4, 2], ids(), rows());
+        let once = [10.0, 20.0, 0.0, 0.0, 101.0, 202.0, 0.0, 0.0];
+        assert_eq!(to_f32_vec(grads.get(id).unwrap().clone()), once);
+        grads.add_rows(id, [4, 2], ids(), rows());
+        let twice: Vec<f32> = once.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(to_f32_vec(grads.get(id).unwrap().clone()), twice);
     }
 }

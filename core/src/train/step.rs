@@ -124,7 +124,7 @@ fn plain_backward(model: &Llama, micro: &MicroBatch, scale: f64) -> Result<(Para
 /// 3. For each block from the top: recompute it with a graph from its saved input and
 ///    backward `Σ(output ⊙ upstream)`, which yields the block's parameter gradients and the
 ///    gradient for the block below. Only one block's working set exists at a time.
-/// 4. The embedding gets `Σ(embed(ids) ⊙ upstream)` (a no-op when it is frozen).
+/// 4. The embedding gets `∂E[idsᵢ] += upstreamᵢ` (nothing when it is frozen).
 fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
@@ -177,11 +177,18 @@ fn checkpointed_backward(
     }
 
     // 4. Embedding, when it trains (full fine-tuning; with LoRA it is frozen).
+    // Its gradient is `upstream`'s rows added into the rows of the looked-up ids, straight
+    // into the gradient the tied LM head already left (no `[V, D]` zeros and no second
+    // `[V, D]` sum, which burn's ops would run on one thread).
     if model.embed_tokens.val().is_require_grad() {
-        let embed_grads = (model.embed(batch) * Tensor::from_inner(upstream))
-            .sum()
-            .backward();
-        grads.add(ParamGrads::from_backward(&model.embed_tokens, &embed_grads));
+        let [b, t, d] = upstream.dims();
+        let ids = batch.ids_tensor(&upstream.device()).reshape([b * t]);
+        grads.add_rows(
+            model.embed_tokens.id,
+            model.embed_tokens.val().dims(),
+            ids,
+            upstream.reshape([b * t, d]),
+        );
     }
     Ok((grads, loss_sum))
 }
