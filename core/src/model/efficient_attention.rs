@@ -22,7 +22,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
@@ -132,7 +132,7 @@ fn block_scores(q: Tensor<4>, k: Tensor<4>, mask: Option<Tensor<4>>, heads: usiz
 }
 
 /// Rows `range` of every query head, with the groups folded: `[B, H, T, X]` → `[B, Hkv, G·|range|, X]`.
-pub(crate) fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -> Tensor<4> {
+fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -> Tensor<4> {
     let [b, h, _, width] = x.dims();
     x.clone()
         .slice([0..b, 0..h, range.clone(), 0..width])
@@ -140,12 +140,12 @@ pub(crate) fn query_rows(x: &Tensor<4>, range: &Range<usize>, kv_heads: usize) -
 }
 
 /// Positions `range` of the K/V heads: `[B, Hkv, T, Dh]` → `[B, Hkv, |range|, Dh]`.
-pub(crate) fn key_rows(x: &Tensor<4>, range: &Range<usize>) -> Tensor<4> {
+fn key_rows(x: &Tensor<4>, range: &Range<usize>) -> Tensor<4> {
     let [b, hkv, _, dh] = x.dims();
     x.clone().slice([0..b, 0..hkv, range.clone(), 0..dh])
 }
 
-/// The forward without a graph: on the CPU backends (f32) with fused element-wise passes
+/// The forward without a graph: on the CPU backends (f32) on host values
 /// ([`fused::tiled_attention`]), elsewhere with burn's ops.
 ///
 /// # Shapes
@@ -157,15 +157,10 @@ pub fn forward_tiled(
     v: Tensor<4>,
     mask: &TiledMask,
 ) -> (Tensor<4>, Tensor<4>) {
-    if runs_fused(&q, &k, &v) {
-        return fused::tiled_attention::forward(&q, &k, &v, mask);
+    if let Some(fused) = fused::tiled_attention::forward(&q, &k, &v, mask) {
+        return fused;
     }
     forward_with_tensor_ops(q, k, v, mask)
-}
-
-/// Whether the fused CPU passes apply: f32 tensors on a CPU backend.
-fn runs_fused(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> bool {
-    [q, k, v].iter().all(|x| x.dtype() == DType::F32) && fused::on_cpu_backend(q)
 }
 
 /// [`forward_tiled`] with burn's tensor ops (any backend).
@@ -228,8 +223,8 @@ pub fn backward_tiled(
     grad_out: Tensor<4>,
     mask: &TiledMask,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    if runs_fused(&saved.q, &saved.k, &saved.v) && grad_out.dtype() == DType::F32 {
-        return fused::tiled_attention::backward(saved, grad_out, mask);
+    if let Some(fused) = fused::tiled_attention::backward(saved, grad_out.clone(), mask) {
+        return fused;
     }
     backward_with_tensor_ops(saved, grad_out, mask)
 }
@@ -265,22 +260,22 @@ pub fn backward_with_tensor_ops(
 /// # Shapes
 /// - `q`, `grad_out`: `[B, Hkv, G·tq, Dh]`, `lse`, `delta`: `[B, Hkv, G·tq, 1]` (query rows,
 ///   groups folded); `k`, `v`: `[B, Hkv, tk, Dh]`
-pub(crate) struct BackwardBlock<'a> {
-    pub q: &'a Tensor<4>,
-    pub k: &'a Tensor<4>,
-    pub v: &'a Tensor<4>,
-    pub grad_out: &'a Tensor<4>,
-    pub lse: &'a Tensor<4>,
+struct BackwardBlock<'a> {
+    q: &'a Tensor<4>,
+    k: &'a Tensor<4>,
+    v: &'a Tensor<4>,
+    grad_out: &'a Tensor<4>,
+    lse: &'a Tensor<4>,
     /// `rowsum(∂o ⊙ o)`.
-    pub delta: &'a Tensor<4>,
-    pub queries: &'a Range<usize>,
-    pub keys: &'a Range<usize>,
+    delta: &'a Tensor<4>,
+    queries: &'a Range<usize>,
+    keys: &'a Range<usize>,
 }
 
 /// The backward's loop over query tiles and the key tiles up to the diagonal. `block` gives a
 /// block's probabilities `p` and score gradient `∂s = p ⊙ (∂o·vᵀ − δ)·scale`, both
 /// `[B, Hkv, G·tq, tk]`; the loop forms `∂v += pᵀ·∂o`, `∂q += ∂s·k`, `∂k += ∂sᵀ·q`.
-pub(crate) fn backward_by_blocks(
+fn backward_by_blocks(
     saved: &SavedTensors,
     grad_out: Tensor<4>,
     mut block: impl FnMut(BackwardBlock<'_>) -> (Tensor<4>, Tensor<4>),

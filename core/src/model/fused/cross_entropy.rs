@@ -15,12 +15,11 @@ use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
-use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{backend_tensor, fast_exp, host_values, is_f32, max_of, owned, sum_of_exp};
+use super::{CpuValues, backend_tensor, fast_exp, host_values, is_f32, max_of, owned, sum_of_exp};
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
 /// the class at `t + 1` and its weight (0: ignored).
@@ -60,7 +59,10 @@ pub fn summed_nll(logits: Tensor<3>, labels: &ShiftedLabels) -> Result<Tensor<1>
     Err(logits)
 }
 
-fn on_backend<B: Backend>(logits: Tensor<3>, labels: &ShiftedLabels) -> Result<Tensor<1>, Tensor<3>>
+fn on_backend<B: CpuValues>(
+    logits: Tensor<3>,
+    labels: &ShiftedLabels,
+) -> Result<Tensor<1>, Tensor<3>>
 where
     DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
 {
@@ -156,7 +158,7 @@ type Saved = (
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: Backend> Backward<B, 1> for CrossEntropyBackward
+impl<B: CpuValues> Backward<B, 1> for CrossEntropyBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -173,7 +175,7 @@ where
     }
 }
 
-fn tracked<B: Backend>(
+fn tracked<B: CpuValues>(
     logits: FloatTensor<Autodiff<B>>,
     shape: [usize; 3],
     labels: &ShiftedLabels,

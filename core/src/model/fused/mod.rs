@@ -13,6 +13,7 @@
 pub mod cross_entropy;
 pub mod rms_norm;
 pub mod rope;
+pub(crate) mod small_gemm;
 pub mod swiglu;
 pub(crate) mod tiled_attention;
 
@@ -106,17 +107,21 @@ pub(crate) fn sum_of_exp(x: &[f32], shift: f32) -> f32 {
 }
 
 /// A backend tensor's f32 values, row-major, and its device. No copy when the buffer is
-/// contiguous and held by no one else.
-pub(crate) fn host_values<B: Backend, const D: usize>(x: FloatTensor<B>) -> (Vec<f32>, Device)
+/// contiguous and held by no one else; otherwise one copy, a row at a time where the backend
+/// allows ([`CpuValues::copy_when_shared`]).
+pub(crate) fn host_values<B: CpuValues, const D: usize>(x: FloatTensor<B>) -> (Vec<f32>, Device)
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
+    let copy = B::copy_when_shared(&x);
     let tensor = Tensor::<D>::from_primitive::<B>(x);
     let device = tensor.device();
-    let values = tensor
-        .into_data()
-        .try_into_vec::<f32>()
-        .expect("the caller checked that the tensor holds f32");
+    let values = copy.unwrap_or_else(|| {
+        tensor
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("the caller checked that the tensor holds f32")
+    });
     (values, device)
 }
 
@@ -144,12 +149,21 @@ where
 pub(crate) trait CpuValues: Backend {
     /// The tensor's values when they are f32 and contiguous in memory.
     fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]>;
+
+    /// A row-major copy of the f32 values when taking them over would need one anyway (the
+    /// buffer is shared or strided) and the backend's own conversion copies slowly; `None`
+    /// when the backend's conversion is the better way.
+    fn copy_when_shared(x: &FloatTensor<Self>) -> Option<Vec<f32>>;
 }
 
 #[cfg(feature = "flex")]
 impl CpuValues for burn_flex::Flex {
     fn f32_slice(x: &FloatTensor<Self>) -> Option<&[f32]> {
         x.as_slice::<f32>()
+    }
+
+    fn copy_when_shared(_: &FloatTensor<Self>) -> Option<Vec<f32>> {
+        None
     }
 }
 
@@ -161,6 +175,30 @@ impl CpuValues for burn_ndarray::NdArray {
             burn_ndarray::NdArrayTensor::F32(storage) => storage.view().to_slice(),
             _ => None,
         }
+    }
+
+    /// burn NdArray's conversion collects a shared or strided array one element at a time
+    /// through its n-dimensional iterator (profiled: 11 % of a SmolLM2 step when the attention
+    /// read its strided inputs that way); here rows of the last axis are copied whole.
+    fn copy_when_shared(x: &FloatTensor<Self>) -> Option<Vec<f32>> {
+        let burn_ndarray::NdArrayTensor::F32(storage) = x else {
+            return None;
+        };
+        let view = storage.view();
+        if storage.is_unique() && view.is_standard_layout() {
+            return None;
+        }
+        if let Some(values) = view.to_slice() {
+            return Some(values.to_vec());
+        }
+        let mut values = Vec::with_capacity(view.len());
+        for row in view.rows() {
+            match row.to_slice() {
+                Some(row) => values.extend_from_slice(row),
+                None => values.extend(row.iter().copied()),
+            }
+        }
+        Some(values)
     }
 }
 
@@ -179,28 +217,68 @@ where
     }
 }
 
-/// Whether a tensor is f32 (the kernels' only type).
-pub(crate) fn is_f32<const D: usize>(x: &Tensor<D>) -> bool {
-    x.dtype() == DType::F32
-}
-
-/// Whether a tensor outside autodiff lives on a CPU backend the kernels run on (its values can
-/// then be read and written without a device transfer).
-pub(crate) fn on_cpu_backend<const D: usize>(x: &Tensor<D>) -> bool {
+/// Runs `read` on the f32 values of `tensors` (row-major; borrowed in place where contiguous,
+/// else copied) when every one lives on the same CPU backend; `None` otherwise (the caller
+/// runs burn's ops).
+pub(crate) fn read_on_cpu<const D: usize, R>(
+    tensors: &[&Tensor<D>],
+    read: impl FnOnce(&[&[f32]]) -> R,
+) -> Option<R> {
+    if !tensors.iter().all(|x| is_f32(x)) {
+        return None;
+    }
     #[cfg(feature = "flex")]
-    if x.clone().try_into_primitive::<burn_flex::Flex>().is_ok() {
-        return true;
+    if let Some(primitives) = primitives_on::<burn_flex::Flex, D>(tensors) {
+        return Some(read_all::<burn_flex::Flex, D, R>(&primitives, read));
     }
     #[cfg(feature = "openblas")]
     {
         #[allow(deprecated)]
         type NdArray = burn_ndarray::NdArray;
-        if x.clone().try_into_primitive::<NdArray>().is_ok() {
-            return true;
+        if let Some(primitives) = primitives_on::<NdArray, D>(tensors) {
+            return Some(read_all::<NdArray, D, R>(&primitives, read));
         }
     }
-    let _ = x;
-    false
+    let _ = read;
+    None
+}
+
+/// The backend tensors behind `tensors` when all live on `B`.
+#[cfg(any(feature = "flex", feature = "openblas"))]
+fn primitives_on<B: CpuValues, const D: usize>(
+    tensors: &[&Tensor<D>],
+) -> Option<Vec<FloatTensor<B>>>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    tensors
+        .iter()
+        .map(|x| (*x).clone().try_into_primitive::<B>().ok())
+        .collect()
+}
+
+#[cfg(any(feature = "flex", feature = "openblas"))]
+fn read_all<B: CpuValues, const D: usize, R>(
+    primitives: &[FloatTensor<B>],
+    read: impl FnOnce(&[&[f32]]) -> R,
+) -> R
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let values: Vec<std::borrow::Cow<'_, [f32]>> = primitives
+        .iter()
+        .map(|x| match B::f32_slice(x) {
+            Some(values) => std::borrow::Cow::Borrowed(values),
+            None => std::borrow::Cow::Owned(host_values::<B, D>(x.clone()).0),
+        })
+        .collect();
+    let slices: Vec<&[f32]> = values.iter().map(|v| v.as_ref()).collect();
+    read(&slices)
+}
+
+/// Whether a tensor is f32 (the kernels' only type).
+pub(crate) fn is_f32<const D: usize>(x: &Tensor<D>) -> bool {
+    x.dtype() == DType::F32
 }
 
 #[cfg(test)]

@@ -19,12 +19,11 @@ use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
-use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{backend_tensor, host_values, is_f32};
+use super::{CpuValues, backend_tensor, host_values, is_f32};
 
 /// A batch's cos/sin tables on the host, `[B·T, Dh]` each, row-major.
 #[derive(Debug, Clone)]
@@ -69,7 +68,7 @@ pub fn rope(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>> {
     Err(x)
 }
 
-fn on_backend<B: Backend>(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>>
+fn on_backend<B: CpuValues>(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>>
 where
     DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
 {
@@ -141,7 +140,7 @@ type Saved = (HostTables, [usize; 3], Device);
 #[derive(Debug)]
 struct RopeBackward;
 
-impl<B: Backend> Backward<B, 1> for RopeBackward
+impl<B: CpuValues> Backward<B, 1> for RopeBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -158,7 +157,7 @@ where
     }
 }
 
-fn tracked<B: Backend>(
+fn tracked<B: CpuValues>(
     x: FloatTensor<Autodiff<B>>,
     tables: &HostTables,
     shape: [usize; 3],

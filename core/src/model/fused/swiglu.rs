@@ -13,12 +13,11 @@ use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
-use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, owned};
+use super::{CpuValues, VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, owned};
 
 /// `silu(gate) ⊙ up`; differentiable.
 ///
@@ -46,7 +45,7 @@ pub fn swiglu(gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
 }
 
 /// The fused op when both tensors live on `B` or `Autodiff<B>`; the inputs back otherwise.
-fn on_backend<B: Backend>(
+fn on_backend<B: CpuValues>(
     gate: Tensor<3>,
     up: Tensor<3>,
 ) -> Result<Tensor<3>, (Tensor<3>, Tensor<3>)>
@@ -119,7 +118,7 @@ type Saved = (Arc<Vec<f32>>, Arc<Vec<f32>>, [usize; 3], Device);
 #[derive(Debug)]
 struct SwigluBackward;
 
-impl<B: Backend> Backward<B, 2> for SwigluBackward
+impl<B: CpuValues> Backward<B, 2> for SwigluBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -140,7 +139,7 @@ where
     }
 }
 
-fn tracked<B: Backend>(
+fn tracked<B: CpuValues>(
     gate: FloatTensor<Autodiff<B>>,
     up: FloatTensor<Autodiff<B>>,
     shape: [usize; 3],
