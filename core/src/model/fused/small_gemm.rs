@@ -72,16 +72,39 @@ pub(crate) fn gemm(
         }
         return;
     }
-    product((m, n, k), a, b, c, accumulate);
+    product(Product {
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+    });
+}
+
+/// One checked product, handed to the compiled-in implementation.
+struct Product<'a, 'c> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'a>,
+    b: Operand<'a>,
+    c: &'c mut [f32],
+    accumulate: bool,
 }
 
 #[cfg(feature = "openblas")]
 fn product(
-    (m, n, k): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
-    c: &mut [f32],
-    accumulate: bool,
+    Product {
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+    }: Product<'_, '_>,
 ) {
     use std::ffi::c_int;
     unsafe extern "C" {
@@ -130,13 +153,17 @@ fn product(
     }
 }
 
-#[cfg(all(feature = "flex", not(feature = "openblas")))]
+#[cfg(not(feature = "openblas"))]
 fn product(
-    (m, n, k): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
-    c: &mut [f32],
-    accumulate: bool,
+    Product {
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+    }: Product<'_, '_>,
 ) {
     // (row stride, column stride) of an operand, in elements.
     let strides = |op: &Operand<'_>| {
@@ -170,32 +197,6 @@ fn product(
             false,
             gemm::Parallelism::None,
         );
-    }
-}
-
-/// Without a CPU backend compiled in no fused kernel runs; the plain loop keeps the module
-/// whole.
-#[cfg(not(any(feature = "flex", feature = "openblas")))]
-fn product(
-    (m, n, k): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    let at = |op: &Operand<'_>, i: usize, j: usize| {
-        if op.transposed {
-            op.values[j * op.ld + i]
-        } else {
-            op.values[i * op.ld + j]
-        }
-    };
-    for i in 0..m {
-        for j in 0..n {
-            let dot: f32 = (0..k).map(|p| at(&a, i, p) * at(&b, p, j)).sum();
-            let out = &mut c[i * n + j];
-            *out = if accumulate { *out + dot } else { dot };
-        }
     }
 }
 
