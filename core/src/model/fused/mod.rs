@@ -211,9 +211,17 @@ pub(crate) fn with_values<B: CpuValues, const D: usize, R>(
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
+    read(&values_of::<B, D>(x))
+}
+
+/// A backend tensor's f32 values: borrowed when contiguous, else a row-major copy.
+fn values_of<B: CpuValues, const D: usize>(x: &FloatTensor<B>) -> std::borrow::Cow<'_, [f32]>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
     match B::f32_slice(x) {
-        Some(values) => read(values),
-        None => read(&host_values::<B, D>(x.clone()).0),
+        Some(values) => std::borrow::Cow::Borrowed(values),
+        None => std::borrow::Cow::Owned(host_values::<B, D>(x.clone()).0),
     }
 }
 
@@ -265,13 +273,8 @@ fn read_all<B: CpuValues, const D: usize, R>(
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    let values: Vec<std::borrow::Cow<'_, [f32]>> = primitives
-        .iter()
-        .map(|x| match B::f32_slice(x) {
-            Some(values) => std::borrow::Cow::Borrowed(values),
-            None => std::borrow::Cow::Owned(host_values::<B, D>(x.clone()).0),
-        })
-        .collect();
+    let values: Vec<std::borrow::Cow<'_, [f32]>> =
+        primitives.iter().map(values_of::<B, D>).collect();
     let slices: Vec<&[f32]> = values.iter().map(|v| v.as_ref()).collect();
     read(&slices)
 }

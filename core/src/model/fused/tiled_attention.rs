@@ -173,8 +173,7 @@ fn forward_tile(
     let q_tile = d.head_rows(q, b, head, qr, dh);
     let mut max = vec![f32::NEG_INFINITY; tq];
     let mut sum = vec![0.0f32; tq];
-    // The accumulator is the output block itself until the final division.
-    out.fill(0.0);
+    // The accumulator is the output block itself (allocated as zeros) until the final division.
     for kr in tiles(qr.end) {
         let tk = kr.len();
         let s = &mut scores[..tq * tk];
