@@ -241,11 +241,14 @@ def main():
                 current.run()  # warm-up
                 answer({"ok": True, "idle_rss_bytes": idle, "torch": torch.__version__})
             elif op == "run":
-                reset_peak_rss()
+                # A peak run starts from a trimmed heap; a timed one runs in the steady state.
+                peak = request.get("peak", True)
+                if peak:
+                    reset_peak_rss()
                 start = time.perf_counter()
                 current.run()
                 seconds = time.perf_counter() - start
-                answer({"seconds": seconds, "peak_rss_bytes": rss_bytes("VmHWM")})
+                answer({"seconds": seconds, "peak_rss_bytes": rss_bytes("VmHWM") if peak else 0})
             elif op == "quit":
                 return
             else:

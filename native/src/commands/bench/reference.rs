@@ -24,11 +24,21 @@ pub struct ReferenceSetup {
     pub torch: String,
 }
 
-/// One timed run.
+/// One run's figures.
 #[derive(Debug, Clone, Copy)]
 pub struct ReferenceRun {
     pub seconds: f64,
+    /// The resident high-water mark after a [`RunKind::Peak`] run (0 after a timed one).
     pub peak_resident_bytes: u64,
+}
+
+/// What a run is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    /// Freed heap handed back to the OS and the high-water mark restarted before the run.
+    Peak,
+    /// Timed in the process's steady state: no trim, no forced garbage collection.
+    Timed,
 }
 
 impl Reference {
@@ -68,9 +78,9 @@ impl Reference {
         })
     }
 
-    /// One timed run of the current case.
-    pub fn run(&mut self) -> Result<ReferenceRun> {
-        let answer = self.ask(&json!({ "op": "run" }))?;
+    /// One run of the current case.
+    pub fn run(&mut self, kind: RunKind) -> Result<ReferenceRun> {
+        let answer = self.ask(&json!({ "op": "run", "peak": kind == RunKind::Peak }))?;
         Ok(ReferenceRun {
             seconds: answer["seconds"]
                 .as_f64()

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::cases::{Case, Work, suite};
 use super::process_memory::{peak_resident_bytes, resident_bytes, restart_peak};
-use super::reference::Reference;
+use super::reference::{Reference, RunKind};
 use super::runner::prepare;
 use super::spread;
 use crate::cli::BenchArgs;
@@ -156,32 +156,49 @@ fn run_case(
         None => None,
     };
 
+    // One peak run per side: freed heap handed back to the OS first (both sides), so the
+    // high-water mark counts every page the step touches. It is not timed: a training loop
+    // never trims its heap between steps, and after a trim each step would pay fresh
+    // zero-filled pages for buffers it otherwise reuses.
+    settle();
+    restart_peak();
+    napkin_run()?;
+    let napkin_peak = match (peak_resident_bytes(), idle_resident) {
+        (Some(peak), Some(idle)) => Some(peak.saturating_sub(idle)),
+        _ => None,
+    };
+    let mut torch_peak: Option<u64> = None;
+    if let Some((r, setup)) = reference.as_mut() {
+        settle();
+        match r.run(RunKind::Peak) {
+            Ok(run) => {
+                torch_peak = Some(
+                    run.peak_resident_bytes
+                        .saturating_sub(setup.idle_resident_bytes),
+                )
+            }
+            Err(e) => {
+                pytorch_error = Some(format!("{e:#}"));
+                reference = None;
+            }
+        }
+    }
+
+    // Timed runs, alternating, each side in its steady state.
     let mut napkin_seconds = Vec::new();
-    let mut napkin_peak: Option<u64> = None;
     let mut heap_peak = 0u64;
     let mut torch_seconds = Vec::new();
-    let mut torch_peak: Option<u64> = None;
     for _ in 0..runs {
         settle();
-        restart_peak();
         counting_alloc::reset_peak();
         let start = Instant::now();
         napkin_run()?;
         napkin_seconds.push(start.elapsed().as_secs_f64());
         heap_peak = heap_peak.max((counting_alloc::peak_bytes() as u64).saturating_sub(idle_heap));
-        if let (Some(peak), Some(idle)) = (peak_resident_bytes(), idle_resident) {
-            napkin_peak = Some(napkin_peak.unwrap_or(0).max(peak.saturating_sub(idle)));
-        }
-        if let Some((r, setup)) = reference.as_mut() {
+        if let Some((r, _)) = reference.as_mut() {
             settle();
-            match r.run() {
-                Ok(run) => {
-                    torch_seconds.push(run.seconds);
-                    let above = run
-                        .peak_resident_bytes
-                        .saturating_sub(setup.idle_resident_bytes);
-                    torch_peak = Some(torch_peak.unwrap_or(0).max(above));
-                }
+            match r.run(RunKind::Timed) {
+                Ok(run) => torch_seconds.push(run.seconds),
                 Err(e) => {
                     pytorch_error = Some(format!("{e:#}"));
                     reference = None;
