@@ -3,12 +3,14 @@ bitsandbytes (CPU, eager mode, f32), driven one run at a time so the two stacks 
 
 Protocol (one JSON object per line on stdin, one answer per line on stdout):
   {"op": "setup", "case": {...}}  builds the case and runs one warm-up   -> {"ok": true, ...}
-  {"op": "run"}                   one timed run of the current case      -> {"seconds": s, "peak_rss_bytes": b}
+  {"op": "run", "peak": p}        one run of the current case            -> {"seconds": s, "peak_rss_bytes": b}
+                                  (p: trim the heap and restart the peak first; else steady state)
   {"op": "quit"}
 A failure answers {"error": "..."}; the driver prints it and goes on with the next case.
 
 Cases ("kind"): train, forward, generate, nf4_quantize, nf4_dequantize, nf4_matmul, matmul. Each names its
-HF Llama config, shapes and method exactly as napkin builds them (see native/src/commands/bench/cases.rs).
+HF Llama config, shapes and method exactly as napkin builds them (see native/src/commands/bench/cases.rs);
+the NF4 ones say how many times one run repeats the operation ("repeats").
 Set up by scripts/bench.sh (a virtual environment with pinned versions); not used by the tests.
 """
 
@@ -165,11 +167,13 @@ class Nf4Quantize:
         self.w = weight(case)
         self.block = case["block_size"]
         self.double = case["double_quant"]
+        self.repeats = case.get("repeats", 1)
 
     def run(self):
-        self.F.quantize_4bit(
-            self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
-        )
+        for _ in range(self.repeats):
+            self.F.quantize_4bit(
+                self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
+            )
 
 
 class Nf4Dequantize(Nf4Quantize):
@@ -180,7 +184,8 @@ class Nf4Dequantize(Nf4Quantize):
         )
 
     def run(self):
-        self.F.dequantize_4bit(self.q, self.state)
+        for _ in range(self.repeats):
+            self.F.dequantize_4bit(self.q, self.state)
 
 
 class Nf4Matmul(Nf4Dequantize):
@@ -194,7 +199,8 @@ class Nf4Matmul(Nf4Dequantize):
 
     def run(self):
         with torch.no_grad():
-            self.bnb.matmul_4bit(self.x, self.q.t(), quant_state=self.state)
+            for _ in range(self.repeats):
+                self.bnb.matmul_4bit(self.x, self.q.t(), quant_state=self.state)
 
 
 class Matmul:

@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
+use super::nf4_decode::decode;
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
 
@@ -194,7 +195,8 @@ impl Nf4Tensor {
         let bs = self.block_size;
         debug_assert_eq!(out.len(), self.len());
         // Runs of blocks on rayon's threads; block by block: a 16-entry table of code · scale,
-        // then two lookups per byte. (bs is even, so a block never splits a byte.)
+        // then its packed codes through it (`nf4_decode.rs`; bs is even, so a block never splits
+        // a byte).
         out.par_chunks_mut(bs * DEQUANTIZE_BLOCKS_PER_TASK)
             .enumerate()
             .for_each(|(task, run)| {
@@ -202,13 +204,7 @@ impl Nf4Tensor {
                     let b = task * DEQUANTIZE_BLOCKS_PER_TASK + i;
                     let scale = absmax[b];
                     let table: [f32; 16] = std::array::from_fn(|c| NF4_CODEBOOK[c] * scale);
-                    let bytes = &self.packed[b * bs / 2..];
-                    for (pair, &byte) in block.chunks_mut(2).zip(bytes) {
-                        pair[0] = table[(byte >> 4) as usize];
-                        if let Some(second) = pair.get_mut(1) {
-                            *second = table[(byte & 0x0f) as usize];
-                        }
-                    }
+                    decode(&table, &self.packed[b * bs / 2..], block);
                 }
             });
     }

@@ -58,6 +58,12 @@ pub struct Case {
     pub work: Work,
 }
 
+/// Weights an NF4 quantize or dequantize run handles at least ([`Case::repeats`]).
+const WEIGHTS_PER_RUN: usize = 1 << 26;
+
+/// FLOPs an NF4 matmul run does at least ([`Case::repeats`]).
+const FLOPS_PER_RUN: f64 = 4e9;
+
 /// The NF4 settings of every quantized case (QLoRA's: block 64, double quantization).
 pub const NF4: Nf4Config = Nf4Config {
     block_size: 64,
@@ -80,13 +86,30 @@ impl Case {
         }
     }
 
+    /// How many times one run repeats the operation: the NF4 operations take milliseconds, and
+    /// one call after the pause between runs measures waking threads and cold caches more than
+    /// the kernel, so a run repeats them up to [`WEIGHTS_PER_RUN`] weights or
+    /// [`FLOPS_PER_RUN`] (both sides alike). Everything else runs once.
+    pub fn repeats(&self) -> usize {
+        match &self.work {
+            Work::Nf4Quantize { rows, cols } | Work::Nf4Dequantize { rows, cols } => {
+                WEIGHTS_PER_RUN.div_ceil(rows * cols).max(1)
+            }
+            Work::Nf4Matmul { tokens, rows, cols } => (FLOPS_PER_RUN
+                / (2.0 * (tokens * rows * cols) as f64))
+                .ceil()
+                .max(1.0) as usize,
+            _ => 1,
+        }
+    }
+
     /// Units of work in one run (tokens, millions of weights, GFLOP): speed = amount / seconds.
     pub fn amount(&self) -> f64 {
         match &self.work {
             Work::Train(s) | Work::Forward(s) => s.tokens() as f64,
             Work::Generate { new_tokens, .. } => *new_tokens as f64,
             Work::Nf4Quantize { rows, cols } | Work::Nf4Dequantize { rows, cols } => {
-                (rows * cols) as f64 / 1e6
+                (rows * cols * self.repeats()) as f64 / 1e6
             }
             Work::Nf4Matmul { .. } | Work::Matmul { .. } => self.flops() / 1e9,
         }
@@ -95,19 +118,21 @@ impl Case {
     /// Floating-point operations of one run (0 where FLOPs say nothing, e.g. quantization).
     /// Generation counts each token's forward as if without a cache: an upper bound.
     pub fn flops(&self) -> f64 {
-        match &self.work {
-            Work::Train(s) => step_work(s).flops(),
-            Work::Forward(s) => step_work(s).forward_flops,
-            Work::Generate {
-                config, new_tokens, ..
-            } => {
-                let per_token = step_work(&Scenario::new(config.clone(), 1, 1)).forward_flops;
-                per_token * *new_tokens as f64
+        let repeats = self.repeats() as f64;
+        repeats
+            * match &self.work {
+                Work::Train(s) => step_work(s).flops(),
+                Work::Forward(s) => step_work(s).forward_flops,
+                Work::Generate {
+                    config, new_tokens, ..
+                } => {
+                    let per_token = step_work(&Scenario::new(config.clone(), 1, 1)).forward_flops;
+                    per_token * *new_tokens as f64
+                }
+                Work::Nf4Quantize { .. } | Work::Nf4Dequantize { .. } => 0.0,
+                Work::Nf4Matmul { tokens, rows, cols } => 2.0 * (tokens * rows * cols) as f64,
+                Work::Matmul { n } => 2.0 * (n * n * n) as f64,
             }
-            Work::Nf4Quantize { .. } | Work::Nf4Dequantize { .. } => 0.0,
-            Work::Nf4Matmul { tokens, rows, cols } => 2.0 * (tokens * rows * cols) as f64,
-            Work::Matmul { n } => 2.0 * (n * n * n) as f64,
-        }
     }
 
     /// The case as the reference script reads it.
@@ -143,22 +168,27 @@ impl Case {
                 "prompt": prompt,
                 "new_tokens": new_tokens,
             }),
-            Work::Nf4Quantize { rows, cols } => nf4_request("nf4_quantize", *rows, *cols, 0),
-            Work::Nf4Dequantize { rows, cols } => nf4_request("nf4_dequantize", *rows, *cols, 0),
+            Work::Nf4Quantize { rows, cols } => {
+                nf4_request("nf4_quantize", *rows, *cols, 0, self.repeats())
+            }
+            Work::Nf4Dequantize { rows, cols } => {
+                nf4_request("nf4_dequantize", *rows, *cols, 0, self.repeats())
+            }
             Work::Nf4Matmul { tokens, rows, cols } => {
-                nf4_request("nf4_matmul", *rows, *cols, *tokens)
+                nf4_request("nf4_matmul", *rows, *cols, *tokens, self.repeats())
             }
             Work::Matmul { n } => json!({ "kind": "matmul", "n": n }),
         }
     }
 }
 
-fn nf4_request(kind: &str, rows: usize, cols: usize, tokens: usize) -> Value {
+fn nf4_request(kind: &str, rows: usize, cols: usize, tokens: usize, repeats: usize) -> Value {
     json!({
         "kind": kind,
         "rows": rows,
         "cols": cols,
         "tokens": tokens,
+        "repeats": repeats,
         "block_size": NF4.block_size,
         "double_quant": NF4.double_quant,
     })

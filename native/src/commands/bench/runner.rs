@@ -22,6 +22,7 @@ pub type Run = Box<dyn FnMut() -> Result<()>>;
 /// autodiff twin) and returns the run.
 pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
     let sync = device.clone();
+    let repeats = case.repeats();
     match &case.work {
         Work::Train(s) => {
             let train_device = device.clone().autodiff();
@@ -83,7 +84,9 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let values = normal_values(*rows, *cols, device)?;
             let shape = [*rows, *cols];
             Ok(Box::new(move || {
-                drop(Nf4Tensor::quantize(&values, &shape, &NF4)?);
+                for _ in 0..repeats {
+                    drop(Nf4Tensor::quantize(&values, &shape, &NF4)?);
+                }
                 Ok(())
             }))
         }
@@ -91,7 +94,9 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let q = quantized_weight(*rows, *cols, device)?;
             let mut out = vec![0.0f32; rows * cols];
             Ok(Box::new(move || {
-                q.dequantize_into(&mut out);
+                for _ in 0..repeats {
+                    q.dequantize_into(&mut out);
+                }
                 Ok(())
             }))
         }
@@ -100,7 +105,9 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let x: Tensor<2> =
                 Tensor::random([*tokens, *cols], Distribution::Normal(0.0, 1.0), device);
             Ok(Box::new(move || {
-                drop(nf4_matmul(x.clone(), &w));
+                for _ in 0..repeats {
+                    drop(nf4_matmul(x.clone(), &w));
+                }
                 let _ = sync.sync();
                 Ok(())
             }))
