@@ -10,12 +10,13 @@
 //! `m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²; p ← p·decay − step_size · m / (√v / √(1−β2ᵗ) + ε)`.
 
 use burn::tensor::Tensor;
+use burn_autodiff::Autodiff;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::adamw::{Moments, StepScalars};
 use crate::model::fused::{
-    CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, with_values,
+    CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu, with_values,
 };
 
 /// What [`update`] hands back when it does not apply: the parameter, its gradient and state.
@@ -40,70 +41,64 @@ pub(crate) fn update(
     if !all_f32 {
         return Err((p, g, state));
     }
-    #[allow(unused_mut)]
-    let mut inputs = (p, g, state);
-    #[cfg(feature = "flex")]
-    match on_backend::<burn_flex::Flex>(inputs, s) {
-        Ok(out) => return Ok(out),
-        Err(back) => inputs = back,
-    }
-    #[cfg(feature = "openblas")]
-    {
-        #[allow(deprecated)]
-        type NdArray = burn_ndarray::NdArray;
-        match on_backend::<NdArray>(inputs, s) {
-            Ok(out) => return Ok(out),
-            Err(back) => inputs = back,
-        }
-    }
-    Err(inputs)
+    on_cpu(&FusedAdamW { s }, (p, g, state))
 }
 
-/// The update when every tensor lives on `B`; the inputs back otherwise.
-fn on_backend<B: CpuValues>(
-    (p, g, state): NotFused,
-    s: &StepScalars,
-) -> Result<(Tensor<1>, Moments), NotFused>
-where
-    DispatchTensor: DispatchKindConversion<B>,
-{
-    let n = p.dims()[0];
-    let (Ok(param), Ok(grad)) = (
-        p.clone().try_into_primitive::<B>(),
-        g.clone().try_into_primitive::<B>(),
-    ) else {
-        return Err((p, g, state));
-    };
-    let moments = match &state {
-        None => None,
-        Some(m) => match (
-            m.exp_avg.clone().try_into_primitive::<B>(),
-            m.exp_avg_sq.clone().try_into_primitive::<B>(),
-        ) {
-            (Ok(exp_avg), Ok(exp_avg_sq)) => Some((exp_avg, exp_avg_sq)),
-            _ => return Err((p, g, state)),
-        },
-    };
-    // The originals go first, so the parameter and moments are taken over without a copy.
-    drop((p, state));
-    let (mut param, device) = host_values::<B, 1>(param);
-    let (mut exp_avg, mut exp_avg_sq) = match moments {
-        Some((m, v)) => (host_values::<B, 1>(m).0, host_values::<B, 1>(v).0),
-        None => (zeros(n), zeros(n)),
-    };
-    with_values::<B, 1, _>(&grad, |grad| {
-        step(&mut param, grad, &mut exp_avg, &mut exp_avg_sq, s)
-    });
-    let tensor = |values: Vec<f32>| {
-        Tensor::from_primitive::<B>(backend_tensor::<B, 1>(values, [n], &device))
-    };
-    Ok((
-        tensor(param),
-        Moments {
-            exp_avg: tensor(exp_avg),
-            exp_avg_sq: tensor(exp_avg_sq),
-        },
-    ))
+/// The update on one CPU backend.
+struct FusedAdamW<'a> {
+    s: &'a StepScalars,
+}
+
+impl CpuKernel for FusedAdamW<'_> {
+    type Inputs = NotFused;
+    type Output = (Tensor<1>, Moments);
+
+    fn on_backend<B: CpuValues>(
+        &self,
+        (p, g, state): NotFused,
+    ) -> Result<(Tensor<1>, Moments), NotFused>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        let s = self.s;
+        let n = p.dims()[0];
+        let (Ok(param), Ok(grad)) = (
+            p.clone().try_into_primitive::<B>(),
+            g.clone().try_into_primitive::<B>(),
+        ) else {
+            return Err((p, g, state));
+        };
+        let moments = match &state {
+            None => None,
+            Some(m) => match (
+                m.exp_avg.clone().try_into_primitive::<B>(),
+                m.exp_avg_sq.clone().try_into_primitive::<B>(),
+            ) {
+                (Ok(exp_avg), Ok(exp_avg_sq)) => Some((exp_avg, exp_avg_sq)),
+                _ => return Err((p, g, state)),
+            },
+        };
+        // The originals go first, so the parameter and moments are taken over without a copy.
+        drop((p, state));
+        let (mut param, device) = host_values::<B, 1>(param);
+        let (mut exp_avg, mut exp_avg_sq) = match moments {
+            Some((m, v)) => (host_values::<B, 1>(m).0, host_values::<B, 1>(v).0),
+            None => (zeros(n), zeros(n)),
+        };
+        with_values::<B, 1, _>(&grad, |grad| {
+            step(&mut param, grad, &mut exp_avg, &mut exp_avg_sq, s)
+        });
+        let tensor = |values: Vec<f32>| {
+            Tensor::from_primitive::<B>(backend_tensor::<B, 1>(values, [n], &device))
+        };
+        Ok((
+            tensor(param),
+            Moments {
+                exp_avg: tensor(exp_avg),
+                exp_avg_sq: tensor(exp_avg_sq),
+            },
+        ))
+    }
 }
 
 /// `n` zeros, written rather than `calloc`ed: fresh zero pages from the kernel are mapped to

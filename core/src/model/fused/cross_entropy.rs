@@ -19,7 +19,10 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{CpuValues, backend_tensor, fast_exp, host_values, is_f32, max_of, owned, sum_of_exp};
+use super::{
+    CpuKernel, CpuValues, backend_tensor, fast_exp, host_values, is_f32, max_of, on_cpu, owned,
+    sum_of_exp,
+};
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
 /// the class at `t + 1` and its weight (0: ignored).
@@ -40,50 +43,43 @@ pub fn summed_nll(logits: Tensor<3>, labels: &ShiftedLabels) -> Result<Tensor<1>
     if !is_f32(&logits) {
         return Err(logits);
     }
-    #[allow(unused_mut)]
-    let mut logits = logits;
-    #[cfg(feature = "flex")]
-    match on_backend::<burn_flex::Flex>(logits, labels) {
-        Ok(sum) => return Ok(sum),
-        Err(back) => logits = back,
-    }
-    #[cfg(feature = "openblas")]
-    {
-        #[allow(deprecated)]
-        type NdArray = burn_ndarray::NdArray;
-        match on_backend::<NdArray>(logits, labels) {
-            Ok(sum) => return Ok(sum),
-            Err(back) => logits = back,
-        }
-    }
-    Err(logits)
+    on_cpu(&SummedNll { labels }, logits)
 }
 
-fn on_backend<B: CpuValues>(
-    logits: Tensor<3>,
-    labels: &ShiftedLabels,
-) -> Result<Tensor<1>, Tensor<3>>
-where
-    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
-{
-    let shape = logits.dims();
-    if let Ok(x) = logits.clone().try_into_primitive::<Autodiff<B>>() {
-        drop(logits);
-        return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-            x, shape, labels,
-        )));
+/// The fused op on one CPU backend.
+struct SummedNll<'a> {
+    labels: &'a ShiftedLabels,
+}
+
+impl CpuKernel for SummedNll<'_> {
+    type Inputs = Tensor<3>;
+    type Output = Tensor<1>;
+
+    fn on_backend<B: CpuValues>(&self, logits: Tensor<3>) -> Result<Tensor<1>, Tensor<3>>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        let shape = logits.dims();
+        if let Ok(x) = logits.clone().try_into_primitive::<Autodiff<B>>() {
+            drop(logits);
+            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+                x,
+                shape,
+                self.labels,
+            )));
+        }
+        if let Ok(x) = logits.clone().try_into_primitive::<B>() {
+            drop(logits);
+            let (x, device) = host_values::<B, 3>(x);
+            let (_, sum) = forward(&x, shape, self.labels);
+            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 1>(
+                vec![sum],
+                [1],
+                &device,
+            )));
+        }
+        Err(logits)
     }
-    if let Ok(x) = logits.clone().try_into_primitive::<B>() {
-        drop(logits);
-        let (x, device) = host_values::<B, 3>(x);
-        let (_, sum) = forward(&x, shape, labels);
-        return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 1>(
-            vec![sum],
-            [1],
-            &device,
-        )));
-    }
-    Err(logits)
 }
 
 /// Where row `row` of the `[B·T, V]` logits finds its label: `Some((target, weight))` for

@@ -18,6 +18,7 @@ pub mod swiglu;
 pub(crate) mod tiled_attention;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn_autodiff::Autodiff;
 use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
@@ -202,6 +203,32 @@ impl CpuValues for burn_ndarray::NdArray {
     }
 }
 
+/// A fused kernel written once for any CPU backend `B`: it runs when its inputs live on `B`
+/// (or on `Autodiff<B>`) and hands them back otherwise.
+pub(crate) trait CpuKernel {
+    /// The tensors the kernel takes, handed back when they live elsewhere.
+    type Inputs;
+    /// What it returns.
+    type Output;
+
+    /// The kernel on backend `B`, or the inputs back.
+    fn on_backend<B: CpuValues>(&self, inputs: Self::Inputs) -> Result<Self::Output, Self::Inputs>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>;
+}
+
+/// Runs `kernel` on the CPU backend its inputs live on (Flex, then NdArray, as compiled in);
+/// the inputs back when they live on none of them (the caller then runs burn's ops).
+pub(crate) fn on_cpu<K: CpuKernel>(kernel: &K, inputs: K::Inputs) -> Result<K::Output, K::Inputs> {
+    let result = Err(inputs);
+    #[cfg(feature = "flex")]
+    let result = result.or_else(|inputs| kernel.on_backend::<burn_flex::Flex>(inputs));
+    #[cfg(feature = "openblas")]
+    #[allow(deprecated)]
+    let result = result.or_else(|inputs| kernel.on_backend::<burn_ndarray::NdArray>(inputs));
+    result
+}
+
 /// Runs `read` on a backend tensor's f32 values: in place when they are contiguous, else on a
 /// copy.
 pub(crate) fn with_values<B: CpuValues, const D: usize, R>(
@@ -286,7 +313,54 @@ pub(crate) fn is_f32<const D: usize>(x: &Tensor<D>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::fast_exp;
+    use burn::tensor::Tensor;
+    use burn_autodiff::Autodiff;
+    use burn_dispatch::{DispatchKindConversion, DispatchTensor};
+
+    use super::{CpuKernel, CpuValues, fast_exp, on_cpu};
+    use crate::device::DeviceKind;
+
+    /// A kernel that says which backend took its input, plain or under autodiff.
+    struct WhichBackend;
+
+    impl CpuKernel for WhichBackend {
+        type Inputs = Tensor<2>;
+        type Output = String;
+
+        fn on_backend<B: CpuValues>(&self, x: Tensor<2>) -> Result<String, Tensor<2>>
+        where
+            DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+        {
+            let name = std::any::type_name::<B>();
+            if x.clone().try_into_primitive::<Autodiff<B>>().is_ok() {
+                return Ok(format!("autodiff {name}"));
+            }
+            match x.clone().try_into_primitive::<B>() {
+                Ok(_) => Ok(name.to_string()),
+                Err(_) => Err(x),
+            }
+        }
+    }
+
+    /// Each CPU backend's tensors reach the kernel written for that backend, with and without
+    /// autodiff (the kernels' own tests compare values, which burn's ops would match too).
+    #[test]
+    fn on_cpu_runs_the_kernel_on_the_tensors_backend() {
+        for kind in DeviceKind::cpu_backends() {
+            let expected = match kind {
+                DeviceKind::Flex => "Flex",
+                _ => "NdArray",
+            };
+            for autodiff in [false, true] {
+                let device = kind.open().unwrap();
+                let device = if autodiff { device.autodiff() } else { device };
+                let x = Tensor::<2>::zeros([2, 3], &device);
+                let taken = on_cpu(&WhichBackend, x).expect("a CPU tensor is taken");
+                assert!(taken.ends_with(expected), "{kind}: taken by {taken}");
+                assert_eq!(taken.starts_with("autodiff"), autodiff, "{kind}: {taken}");
+            }
+        }
+    }
 
     /// Within 2e-7 relative of f64's `exp` from −87 to 88 (every 1/1000), 0 below, NaN kept.
     #[test]

@@ -15,65 +15,63 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, with_values};
+use super::{
+    CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu, with_values,
+};
 
 /// `w ⊙ x / √(mean(x²) + ε)` over the last axis; differentiable.
 ///
 /// # Shapes
 /// - `x`: `[B, T, D]`, `gain`: `[D]` → `[B, T, D]`
 pub fn rms_norm(x: Tensor<3>, gain: Tensor<1>, eps: f64) -> Tensor<3> {
-    let (mut x, mut gain) = (x, gain);
-    if is_f32(&x) && is_f32(&gain) && x.dims()[2] == gain.dims()[0] {
-        #[cfg(feature = "flex")]
-        match on_backend::<burn_flex::Flex>(x, gain, eps) {
+    let (x, gain) = if is_f32(&x) && is_f32(&gain) && x.dims()[2] == gain.dims()[0] {
+        match on_cpu(&RmsNorm { eps }, (x, gain)) {
             Ok(out) => return out,
-            Err(inputs) => (x, gain) = inputs,
+            Err(inputs) => inputs,
         }
-        #[cfg(feature = "openblas")]
-        {
-            #[allow(deprecated)]
-            type NdArray = burn_ndarray::NdArray;
-            match on_backend::<NdArray>(x, gain, eps) {
-                Ok(out) => return out,
-                Err(inputs) => (x, gain) = inputs,
-            }
-        }
-    }
+    } else {
+        (x, gain)
+    };
     let mean_square = x.clone().square().mean_dim(2); // [B, T, 1]
     let inv_rms = (mean_square + eps).sqrt().recip(); // [B, T, 1]
     gain.unsqueeze::<3>() * (x * inv_rms)
 }
 
-/// The fused op when both tensors live on `B` or `Autodiff<B>`; the inputs back otherwise.
-fn on_backend<B: CpuValues>(
-    x: Tensor<3>,
-    gain: Tensor<1>,
+/// The fused op on one CPU backend.
+struct RmsNorm {
     eps: f64,
-) -> Result<Tensor<3>, (Tensor<3>, Tensor<1>)>
-where
-    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
-{
-    let shape = x.dims();
-    if let (Ok(xp), Ok(wp)) = (
-        x.clone().try_into_primitive::<Autodiff<B>>(),
-        gain.clone().try_into_primitive::<Autodiff<B>>(),
-    ) {
-        return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-            xp, wp, shape, eps,
-        )));
+}
+
+impl CpuKernel for RmsNorm {
+    type Inputs = (Tensor<3>, Tensor<1>);
+    type Output = Tensor<3>;
+
+    fn on_backend<B: CpuValues>(&self, (x, gain): Self::Inputs) -> Result<Tensor<3>, Self::Inputs>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        let (shape, eps) = (x.dims(), self.eps);
+        if let (Ok(xp), Ok(wp)) = (
+            x.clone().try_into_primitive::<Autodiff<B>>(),
+            gain.clone().try_into_primitive::<Autodiff<B>>(),
+        ) {
+            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+                xp, wp, shape, eps,
+            )));
+        }
+        if let (Ok(xp), Ok(wp)) = (
+            x.clone().try_into_primitive::<B>(),
+            gain.clone().try_into_primitive::<B>(),
+        ) {
+            let device = x.device();
+            let (w, _) = host_values::<B, 1>(wp);
+            let (y, _) = with_values::<B, 3, _>(&xp, |values| forward(values, &w, eps));
+            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
+                y, shape, &device,
+            )));
+        }
+        Err((x, gain))
     }
-    if let (Ok(xp), Ok(wp)) = (
-        x.clone().try_into_primitive::<B>(),
-        gain.clone().try_into_primitive::<B>(),
-    ) {
-        let device = x.device();
-        let (w, _) = host_values::<B, 1>(wp);
-        let (y, _) = with_values::<B, 3, _>(&xp, |values| forward(values, &w, eps));
-        return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-            y, shape, &device,
-        )));
-    }
-    Err((x, gain))
 }
 
 /// Rows per rayon task for rows of `dim` values.

@@ -23,7 +23,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{CpuValues, backend_tensor, host_values, is_f32};
+use super::{CpuKernel, CpuValues, backend_tensor, host_values, is_f32, on_cpu};
 
 /// A batch's cos/sin tables on the host, `[B·T, Dh]` each, row-major.
 #[derive(Debug, Clone)]
@@ -49,45 +49,41 @@ pub fn rope(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>> {
     if !is_f32(&x) || width % tables.head_dim != 0 || tables.cos.len() != b * t * tables.head_dim {
         return Err(x);
     }
-    #[allow(unused_mut)]
-    let mut x = x;
-    #[cfg(feature = "flex")]
-    match on_backend::<burn_flex::Flex>(x, tables) {
-        Ok(out) => return Ok(out),
-        Err(back) => x = back,
-    }
-    #[cfg(feature = "openblas")]
-    {
-        #[allow(deprecated)]
-        type NdArray = burn_ndarray::NdArray;
-        match on_backend::<NdArray>(x, tables) {
-            Ok(out) => return Ok(out),
-            Err(back) => x = back,
-        }
-    }
-    Err(x)
+    on_cpu(&Rope { tables }, x)
 }
 
-fn on_backend<B: CpuValues>(x: Tensor<3>, tables: &HostTables) -> Result<Tensor<3>, Tensor<3>>
-where
-    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
-{
-    let shape = x.dims();
-    if let Ok(primitive) = x.clone().try_into_primitive::<Autodiff<B>>() {
-        drop(x);
-        return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-            primitive, tables, shape,
-        )));
+/// The fused op on one CPU backend.
+struct Rope<'a> {
+    tables: &'a HostTables,
+}
+
+impl CpuKernel for Rope<'_> {
+    type Inputs = Tensor<3>;
+    type Output = Tensor<3>;
+
+    fn on_backend<B: CpuValues>(&self, x: Tensor<3>) -> Result<Tensor<3>, Tensor<3>>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        let shape = x.dims();
+        if let Ok(primitive) = x.clone().try_into_primitive::<Autodiff<B>>() {
+            drop(x);
+            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+                primitive,
+                self.tables,
+                shape,
+            )));
+        }
+        if let Ok(primitive) = x.clone().try_into_primitive::<B>() {
+            drop(x);
+            let (mut values, device) = host_values::<B, 3>(primitive);
+            rotate(&mut values, self.tables, Direction::Forward);
+            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
+                values, shape, &device,
+            )));
+        }
+        Err(x)
     }
-    if let Ok(primitive) = x.clone().try_into_primitive::<B>() {
-        drop(x);
-        let (mut values, device) = host_values::<B, 3>(primitive);
-        rotate(&mut values, tables, Direction::Forward);
-        return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-            values, shape, &device,
-        )));
-    }
-    Err(x)
 }
 
 /// Which way to turn.

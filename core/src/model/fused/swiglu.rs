@@ -17,66 +17,62 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{CpuValues, VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, owned};
+use super::{
+    CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, on_cpu,
+    owned,
+};
 
 /// `silu(gate) ⊙ up`; differentiable.
 ///
 /// # Shapes
 /// - `gate`, `up`: `[B, T, F]` → `[B, T, F]`
 pub fn swiglu(gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
-    let (mut gate, mut up) = (gate, up);
-    if is_f32(&gate) && is_f32(&up) && gate.dims() == up.dims() {
-        #[cfg(feature = "flex")]
-        match on_backend::<burn_flex::Flex>(gate, up) {
-            Ok(out) => return out,
-            Err(inputs) => (gate, up) = inputs,
-        }
-        #[cfg(feature = "openblas")]
-        {
-            #[allow(deprecated)]
-            type NdArray = burn_ndarray::NdArray;
-            match on_backend::<NdArray>(gate, up) {
-                Ok(out) => return out,
-                Err(inputs) => (gate, up) = inputs,
-            }
-        }
+    if !(is_f32(&gate) && is_f32(&up) && gate.dims() == up.dims()) {
+        return silu(gate) * up;
     }
-    silu(gate) * up
+    match on_cpu(&Swiglu, (gate, up)) {
+        Ok(out) => out,
+        Err((gate, up)) => silu(gate) * up,
+    }
 }
 
-/// The fused op when both tensors live on `B` or `Autodiff<B>`; the inputs back otherwise.
-fn on_backend<B: CpuValues>(
-    gate: Tensor<3>,
-    up: Tensor<3>,
-) -> Result<Tensor<3>, (Tensor<3>, Tensor<3>)>
-where
-    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
-{
-    let shape = gate.dims();
-    // Clones share buffers; the originals are dropped before the values are read, so
-    // reading them copies nothing.
-    if let (Ok(g), Ok(u)) = (
-        gate.clone().try_into_primitive::<Autodiff<B>>(),
-        up.clone().try_into_primitive::<Autodiff<B>>(),
-    ) {
-        drop((gate, up));
-        return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-            g, u, shape,
-        )));
+/// The fused op on one CPU backend.
+struct Swiglu;
+
+impl CpuKernel for Swiglu {
+    type Inputs = (Tensor<3>, Tensor<3>);
+    type Output = Tensor<3>;
+
+    fn on_backend<B: CpuValues>(&self, (gate, up): Self::Inputs) -> Result<Tensor<3>, Self::Inputs>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        let shape = gate.dims();
+        // Clones share buffers; the originals are dropped before the values are read, so
+        // reading them copies nothing.
+        if let (Ok(g), Ok(u)) = (
+            gate.clone().try_into_primitive::<Autodiff<B>>(),
+            up.clone().try_into_primitive::<Autodiff<B>>(),
+        ) {
+            drop((gate, up));
+            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+                g, u, shape,
+            )));
+        }
+        if let (Ok(g), Ok(u)) = (
+            gate.clone().try_into_primitive::<B>(),
+            up.clone().try_into_primitive::<B>(),
+        ) {
+            drop((gate, up));
+            let (g, device) = host_values::<B, 3>(g);
+            let (u, _) = host_values::<B, 3>(u);
+            let h = forward(&g, &u);
+            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
+                h, shape, &device,
+            )));
+        }
+        Err((gate, up))
     }
-    if let (Ok(g), Ok(u)) = (
-        gate.clone().try_into_primitive::<B>(),
-        up.clone().try_into_primitive::<B>(),
-    ) {
-        drop((gate, up));
-        let (g, device) = host_values::<B, 3>(g);
-        let (u, _) = host_values::<B, 3>(u);
-        let h = forward(&g, &u);
-        return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-            h, shape, &device,
-        )));
-    }
-    Err((gate, up))
 }
 
 fn sigmoid(x: f32) -> f32 {
