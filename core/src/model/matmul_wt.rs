@@ -84,7 +84,7 @@ pub mod ndarray_gemm {
                 };
                 let (a, b) = (oriented(a, op_a), oriented(b, op_b));
                 let mut out = Array2::<f32>::zeros((a.nrows(), b.ncols()));
-                crate::model::cpu_gemm::gemm(a, b, out.view_mut());
+                crate::model::cpu_gemm::gemm_add(a, b, out.view_mut());
                 NdArrayTensor::from(out.into_dyn().into_shared())
             }
             _ => {
