@@ -54,11 +54,14 @@ impl LoraAdapter {
         self.lora_a.shape().dims::<2>()[0]
     }
 
+    /// `s · B(A x)`, with the scaling applied to the `[N, r]` product rather than the
+    /// `[N, out]` one (the same values; r/out of the work, forward and backward).
+    ///
     /// # Shapes
     /// - `x`: `[N, in]` → `[N, out]` (through `[N, r]`)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         let down = linear_matmul(self.dropout.forward(x), self.lora_a.val()); // [N, r]
-        linear_matmul(down, self.lora_b.val()) * self.scaling // [N, out]
+        linear_matmul(down * self.scaling, self.lora_b.val()) // [N, out]
     }
 
     /// s · B A: the dense `[out, in]` update that merging adds to the base weight.
