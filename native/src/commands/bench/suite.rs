@@ -28,7 +28,7 @@ pub struct SideFigures {
     pub median: f64,
     pub min: f64,
     pub max: f64,
-    /// Peak resident bytes of a run above the process's idle size (largest over the runs).
+    /// Peak resident bytes of the peak run (after a heap trim) above the process's idle size.
     pub peak_resident_bytes: Option<u64>,
     /// Median FLOP/s as a fraction of the attainable GEMM FLOP/s.
     pub fraction_of_gemm: Option<f64>,
