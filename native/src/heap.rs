@@ -8,7 +8,7 @@
 //! in two steps. With these settings the buffers stay in the heap and are reused (79 calls).
 //! Measured, alternated with the default: full FT + checkpointing +5 % tok/s (three rounds, all
 //! faster); LoRA minor page faults −21 % and system time −20 %, tok/s within the noise; peak
-//! resident size ±5 % (`napkin bench` trims the heap before each run).
+//! resident size ±5 % (`napkin bench` trims the heap before a peak is read).
 //! The cost: up to [`RETAINED_BYTES`] of freed memory may stay with the process until it exits.
 
 /// Allocations below this come from the heap, and free memory at the top of the heap is kept up
