@@ -229,6 +229,41 @@ pub(crate) fn on_cpu<K: CpuKernel>(kernel: &K, inputs: K::Inputs) -> Result<K::O
     result
 }
 
+/// A tensor's f32 values on the host through [`host_values`] (no copy when the buffer is
+/// unique and contiguous, else one, a row at a time on NdArray); the tensor back when it is
+/// not f32 on a CPU backend.
+pub(crate) fn cpu_values<const D: usize>(x: Tensor<D>) -> Result<Vec<f32>, Tensor<D>> {
+    if !is_f32(&x) {
+        return Err(x);
+    }
+    on_cpu(&HostCopy::<D>, x)
+}
+
+/// [`cpu_values`] on one CPU backend.
+struct HostCopy<const D: usize>;
+
+impl<const D: usize> CpuKernel for HostCopy<D> {
+    type Inputs = Tensor<D>;
+    type Output = Vec<f32>;
+
+    fn on_backend<B: CpuValues>(&self, x: Tensor<D>) -> Result<Vec<f32>, Tensor<D>>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        // The original goes before the values are read, so a buffer no one else holds is
+        // taken over without a copy.
+        if let Ok(tracked) = x.clone().try_into_primitive::<Autodiff<B>>() {
+            drop(x);
+            return Ok(host_values::<B, D>(tracked.into_primitive()).0);
+        }
+        if let Ok(primitive) = x.clone().try_into_primitive::<B>() {
+            drop(x);
+            return Ok(host_values::<B, D>(primitive).0);
+        }
+        Err(x)
+    }
+}
+
 /// Runs `read` on a backend tensor's f32 values: in place when they are contiguous, else on a
 /// copy.
 pub(crate) fn with_values<B: CpuValues, const D: usize, R>(
