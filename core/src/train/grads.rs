@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Gradients, IndexingUpdateOp, Int, Tensor};
 
+use rayon::prelude::*;
+
+use crate::model::fused::{VALUES_PER_TASK, read_on_cpu};
 use crate::values::scalar;
 
 /// Flattened `[numel]` gradients on the parameters' device (outside autodiff).
@@ -89,13 +92,9 @@ impl ParamGrads {
         self.grads.is_empty()
     }
 
-    /// The global L2 norm over every gradient, `√Σ g²` (computed in f64 from per-tensor sums).
+    /// The global L2 norm over every gradient, `√Σ g²` (summed in f64).
     pub fn global_norm(&self) -> f64 {
-        self.grads
-            .values()
-            .map(|g| f64::from(scalar(g.clone().powi_scalar(2).sum())))
-            .sum::<f64>()
-            .sqrt()
+        self.grads.values().map(sum_of_squares).sum::<f64>().sqrt()
     }
 
     /// Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: when the norm
@@ -175,6 +174,24 @@ impl<F: FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>> ModuleMapper for Upda
             Tensor::from_inner(updated.reshape(dims)).require_grad()
         })
     }
+}
+
+/// `Σ g²` of one gradient in f64. On the CPU backends one pass over the values in place, split
+/// over rayon's threads; burn's ops would square into a new buffer (113 MB for SmolLM2's
+/// embedding) on one thread and sum it in f32.
+fn sum_of_squares(g: &Tensor<1>) -> f64 {
+    let on_cpu = read_on_cpu(&[g], |values| {
+        values[0]
+            .par_chunks(VALUES_PER_TASK)
+            .map(|chunk| {
+                chunk
+                    .iter()
+                    .map(|&v| f64::from(v) * f64::from(v))
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+    });
+    on_cpu.unwrap_or_else(|| f64::from(scalar(g.clone().powi_scalar(2).sum())))
 }
 
 #[cfg(test)]
