@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
-use super::nf4_decode::decode;
+use super::nf4_decode::decoder;
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
 
@@ -192,6 +192,7 @@ impl Nf4Tensor {
     /// Dequantizes into `out` (length n): `codebook[code] · absmax[block]`, in float32.
     pub fn dequantize_into(&self, out: &mut [f32]) {
         let absmax = self.absmax();
+        let decode = decoder();
         let bs = self.block_size;
         debug_assert_eq!(out.len(), self.len());
         // Runs of blocks on rayon's threads; block by block: a 16-entry table of code · scale,

@@ -5,18 +5,26 @@
 //! vector step: the nibbles are spread to eight 32-bit lanes, each half of the table is
 //! permuted by the code's low three bits, and the code's fourth bit picks the half.
 
-/// `out[2i] = table[bytes[i] >> 4]`, `out[2i + 1] = table[bytes[i] & 0xf]`; an odd-length
-/// `out` ends with the high nibble of its last byte. `bytes` holds at least
+/// A decoder: `out[2i] = table[bytes[i] >> 4]`, `out[2i + 1] = table[bytes[i] & 0xf]`; an
+/// odd-length `out` ends with the high nibble of its last byte. `bytes` holds at least
 /// `out.len().div_ceil(2)` bytes.
-pub(crate) fn decode(table: &[f32; 16], bytes: &[u8], out: &mut [f32]) {
+pub(crate) type Decode = fn(&[f32; 16], &[u8], &mut [f32]);
+
+/// The fastest decoder this CPU runs (asked once per dequantization, not per block).
+pub(crate) fn decoder() -> Decode {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        let done = unsafe { avx2::decode(table, bytes, out) };
-        decode_plain(table, &bytes[done / 2..], &mut out[done..]);
-        return;
+        return decode_with_avx2;
     }
-    decode_plain(table, bytes, out);
+    decode_plain
+}
+
+/// [`decoder`]'s choice on AVX2 machines: the vector loop, then the plain one for the tail.
+#[cfg(target_arch = "x86_64")]
+fn decode_with_avx2(table: &[f32; 16], bytes: &[u8], out: &mut [f32]) {
+    // SAFETY: `decoder` hands this function out only after detecting AVX2.
+    let done = unsafe { avx2::decode(table, bytes, out) };
+    decode_plain(table, &bytes[done / 2..], &mut out[done..]);
 }
 
 /// The portable loop.
@@ -74,7 +82,7 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode, decode_plain};
+    use super::{decode_plain, decoder};
 
     /// Every byte value, in runs of every length up to 40 (odd ones included), through the
     /// dispatching decoder (the AVX2 loop where the CPU has it) against the plain loop and
@@ -88,7 +96,7 @@ mod tests {
                 let source = &bytes[start..];
                 let mut fast = vec![f32::NAN; len];
                 let mut plain = vec![f32::NAN; len];
-                decode(&table, source, &mut fast);
+                decoder()(&table, source, &mut fast);
                 decode_plain(&table, source, &mut plain);
                 let by_hand: Vec<f32> = (0..len)
                     .map(|i| {
