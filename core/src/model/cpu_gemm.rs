@@ -28,7 +28,7 @@ unsafe extern "C" {
 }
 
 /// Holds OpenBLAS to the thread that calls it, once per process. Called where every NdArray
-/// device is opened (`device.rs`), so no OpenBLAS worker pool competes with rayon's.
+/// device is opened (`device/mod.rs`), so no OpenBLAS worker pool competes with rayon's.
 pub fn use_one_thread_pool() {
     static ONCE: Once = Once::new();
     // SAFETY: the setter takes a plain integer and only changes OpenBLAS's own thread count.

@@ -42,9 +42,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let runs: Vec<(f64, f64)> = (0..args.runs.max(1))
         .map(|_| once())
         .collect::<Result<_>>()?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = napkin_core::device::compute_thread_count();
     println!(
-        "generation, {} on {} ({threads} hardware threads), {} runs after a warm-up",
+        "generation, {} on {} ({threads} threads), {} runs after a warm-up",
         args.model.display(),
         kind.backend_name(),
         runs.len()

@@ -50,16 +50,17 @@ impl Reference {
                 script.display()
             );
         }
-        let mut child = Command::new(python)
-            .arg(script)
-            .env("NAPKIN_BENCH_THREADS", threads.to_string())
-            .env("OMP_NUM_THREADS", threads.to_string())
-            .env("HF_HUB_OFFLINE", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting the reference {}", python.display()))?;
+        let mut child = napkin_core::device::spawn_unpinned(
+            Command::new(python)
+                .arg(script)
+                .env("NAPKIN_BENCH_THREADS", threads.to_string())
+                .env("OMP_NUM_THREADS", threads.to_string())
+                .env("HF_HUB_OFFLINE", "1")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        )
+        .with_context(|| format!("starting the reference {}", python.display()))?;
         let stdin = child.stdin.take().context("the reference's stdin")?;
         let stdout = BufReader::new(child.stdout.take().context("the reference's stdout")?);
         Ok(Reference {

@@ -65,11 +65,8 @@ pub struct SuiteReport {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let kind: DeviceKind = args.device.parse()?;
     let device = kind.open()?;
-    // burn's CPU backends use rayon's pool: RAYON_NUM_THREADS when set, else every core.
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // burn's CPU backends use rayon's pool (RAYON_NUM_THREADS when set, else every CPU).
+    let threads = napkin_core::device::compute_thread_count();
     let runs = args.runs.max(1);
     let mut reference = match &args.reference {
         Some(python) => Some(Reference::start(python, &args.reference_script, threads)?),

@@ -5,6 +5,10 @@
 //! times Flex's GEMM throughput here), else burn Flex (pure Rust, builds for wasm).
 //! ARCHITECTURE.md records the measurements behind that choice.
 
+mod pinning;
+
+pub use pinning::{PIN_THREADS_VAR, spawn_unpinned};
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -131,13 +135,20 @@ const COMPUTE_THREAD_STACK: usize = 64 << 20;
 
 /// Runs `work` on rayon's pool, the threads that run burn's CPU ops and napkin's GEMMs
 /// (`model/cpu_gemm.rs`), so that a command's own thread is one of them: on two cores that is
-/// two busy threads, not the caller plus two pool workers spinning between GEMMs.
+/// two busy threads, not the caller plus two pool workers spinning between GEMMs. Each pool
+/// thread is pinned to a CPU of its own where that is possible (`pinning.rs`).
 pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    let builder = rayon::ThreadPoolBuilder::new().stack_size(COMPUTE_THREAD_STACK);
+    let builder = pinning::pin_each_thread(builder, pinning::global_pool_size());
     // Fails only when the global pool already exists (a second call): then use it as it is.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .stack_size(COMPUTE_THREAD_STACK)
-        .build_global();
+    let _ = builder.build_global();
     rayon::scope(|_| work())
+}
+
+/// How many threads compute burn's CPU ops and napkin's GEMMs: the size of rayon's pool
+/// (inside [`on_compute_threads`], the global one). Not the CPU count a pinned thread sees.
+pub fn compute_thread_count() -> usize {
+    rayon::current_num_threads()
 }
 
 /// The default CPU device: NdArray + OpenBLAS when compiled in, else Flex.
