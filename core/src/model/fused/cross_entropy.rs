@@ -20,7 +20,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::{
-    CpuKernel, CpuValues, backend_tensor, fast_exp, host_values, is_f32, max_of, on_cpu, owned,
+    CpuKernel, CpuValues, backend_tensor, exp_in_place, host_values, is_f32, max_of, on_cpu, owned,
     sum_of_exp,
 };
 
@@ -132,10 +132,7 @@ pub fn backward_in_place(
         .for_each(|(row, x)| match label_of(row, seq, labels) {
             Some((target, weight)) if weight != 0.0 => {
                 let scale = grad_sum * weight;
-                let lse = lse[row];
-                for xi in x.iter_mut() {
-                    *xi = scale * fast_exp(*xi - lse);
-                }
+                exp_in_place(x, lse[row], scale);
                 x[target] -= scale;
             }
             _ => x.fill(0.0),

@@ -11,6 +11,7 @@
 //! CUDA, half precision) runs the same formula with burn's ops.
 
 pub mod cross_entropy;
+mod exp;
 pub mod rms_norm;
 pub mod rope;
 pub(crate) mod small_gemm;
@@ -23,47 +24,15 @@ use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
+pub(crate) use exp::{exp_in_place, fast_exp, sum_of_exp};
+
 /// Values per rayon task: large enough that scheduling is noise, small enough that two
 /// threads share a `[256, 1536]` activation evenly.
 pub(crate) const VALUES_PER_TASK: usize = 16 * 1024;
 
-/// `eˣ` for the kernels, in a form the compiler vectorizes (libm's `expf` is a call per value,
-/// and takes a slow path that sets `errno` whenever the result underflows: half of every
-/// diagonal attention block is masked to −1e9). Relative error below 2e-7 (tested);
-/// results below e⁻⁸⁷ are 0 and above e⁸⁸ are clamped to e⁸⁸; NaN stays NaN.
-///
-/// `eˣ = 2ⁿ·eʳ` with `n = round(x·log₂e)` and `r = x − n·ln2` (ln2 in two parts, so `r` is
-/// exact), `eʳ` by a degree-6 polynomial on `|r| ≤ ln2/2` (Cephes' coefficients).
-#[inline(always)]
-pub(crate) fn fast_exp(x: f32) -> f32 {
-    const LOWEST: f32 = -87.0;
-    const HIGHEST: f32 = 88.0;
-    // Comparisons rather than min/max: a NaN input must stay NaN.
-    let clamped = if x > HIGHEST {
-        HIGHEST
-    } else if x < LOWEST {
-        LOWEST
-    } else {
-        x
-    };
-    // Round to nearest by the 1.5·2²³ trick (no rounding instruction needed).
-    const ROUND: f32 = 12_582_912.0;
-    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = clamped - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let r2 = r * r;
-    let poly = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
-        + 1.666_666_5e-1)
-        * r
-        + 5.000_000_1e-1;
-    let e_r = poly * r2 + r + 1.0;
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x < LOWEST { 0.0 } else { e_r * two_n }
-}
-
 /// Independent partial results of a reduction: an f32 sum or maximum in one chain does not
 /// vectorize (the compiler may not reorder it); eight chains fill vector registers.
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// The largest value (NaNs are skipped, as `f32::max` does; −∞ for an empty slice).
 pub(crate) fn max_of(x: &[f32]) -> f32 {
@@ -92,19 +61,6 @@ pub(crate) fn sum_of(x: &[f32]) -> f32 {
         }
     }
     lanes.iter().sum::<f32>() + rest.iter().sum::<f32>()
-}
-
-/// `Σ exp(x − shift)`.
-pub(crate) fn sum_of_exp(x: &[f32], shift: f32) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += fast_exp(v - shift);
-        }
-    }
-    lanes.iter().sum::<f32>() + rest.iter().map(|&v| fast_exp(v - shift)).sum::<f32>()
 }
 
 /// A backend tensor's f32 values, row-major, and its device. No copy when the buffer is
@@ -352,7 +308,7 @@ mod tests {
     use burn_autodiff::Autodiff;
     use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
-    use super::{CpuKernel, CpuValues, fast_exp, on_cpu};
+    use super::{CpuKernel, CpuValues, on_cpu};
     use crate::device::DeviceKind;
 
     /// A kernel that says which backend took its input, plain or under autodiff.
@@ -395,23 +351,6 @@ mod tests {
                 assert_eq!(taken.starts_with("autodiff"), autodiff, "{kind}: {taken}");
             }
         }
-    }
-
-    /// Within 2e-7 relative of f64's `exp` from −87 to 88 (every 1/1000), 0 below, NaN kept.
-    #[test]
-    fn fast_exp_is_accurate_over_the_f32_range() {
-        let mut worst = 0.0f64;
-        for i in -87_000..=88_000 {
-            let x = i as f32 / 1000.0;
-            let exact = (x as f64).exp();
-            let err = ((fast_exp(x) as f64 - exact) / exact).abs();
-            worst = worst.max(err);
-        }
-        assert!(worst < 2e-7, "worst relative error {worst:e}");
-        assert_eq!(fast_exp(-1.0e9), 0.0);
-        assert_eq!(fast_exp(0.0), 1.0);
-        assert!(fast_exp(f32::NAN).is_nan());
-        assert!(fast_exp(1.0e9).is_finite());
     }
 
     /// The lane-wise reductions agree with the plain ones (lengths around the lane count).

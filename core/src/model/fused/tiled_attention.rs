@@ -28,7 +28,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::small_gemm::{Operand, gemm};
-use super::{fast_exp, max_of, read_on_cpu, sum_of};
+use super::{exp_in_place, fast_exp, max_of, read_on_cpu, sum_of};
 use crate::model::batch::MASKED;
 use crate::model::efficient_attention::{SavedTensors, TILE, TiledMask, tiles};
 
@@ -187,7 +187,7 @@ fn forward_tile(
         for (r, (row, acc)) in s.chunks_mut(tk).zip(out.chunks_mut(dh)).enumerate() {
             scale_and_mask(mask, b, qr.start + r, kr.start, d.scale, row);
             let new_max = max[r].max(max_of(row));
-            row.iter_mut().for_each(|s| *s = fast_exp(*s - new_max));
+            exp_in_place(row, new_max, 1.0);
             let rescale = fast_exp(max[r] - new_max);
             sum[r] = sum[r] * rescale + sum_of(row);
             max[r] = new_max;
