@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::{
     CpuKernel, CpuValues, backend_tensor, exp_in_place, host_values, is_f32, max_of, on_cpu, owned,
-    sum_of_exp,
+    sum_of_exp, tracked_or_plain,
 };
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
@@ -60,25 +60,15 @@ impl CpuKernel for SummedNll<'_> {
         DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
     {
         let shape = logits.dims();
-        if let Ok(x) = logits.clone().try_into_primitive::<Autodiff<B>>() {
-            drop(logits);
-            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-                x,
-                shape,
-                self.labels,
-            )));
-        }
-        if let Ok(x) = logits.clone().try_into_primitive::<B>() {
-            drop(logits);
-            let (x, device) = host_values::<B, 3>(x);
-            let (_, sum) = forward(&x, shape, self.labels);
-            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 1>(
-                vec![sum],
-                [1],
-                &device,
-            )));
-        }
-        Err(logits)
+        tracked_or_plain::<B, _, _>(
+            logits,
+            |x| Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(x, shape, self.labels)),
+            |x| {
+                let (x, device) = host_values::<B, 3>(x);
+                let (_, sum) = forward(&x, shape, self.labels);
+                Tensor::from_primitive::<B>(backend_tensor::<B, 1>(vec![sum], [1], &device))
+            },
+        )
     }
 }
 

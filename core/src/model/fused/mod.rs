@@ -173,6 +173,68 @@ pub(crate) trait CpuKernel {
         DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>;
 }
 
+/// A kernel's inputs, taken as one backend's primitives when they all live there.
+pub(crate) trait KernelInputs: Sized {
+    /// The inputs as backend `B`'s primitives.
+    type On<B: Backend>;
+
+    /// The primitives when every input lives on `B`, else the inputs back. The originals are
+    /// dropped once taken, so the primitives are their buffers' only holders.
+    fn take<B: Backend>(self) -> Result<Self::On<B>, Self>
+    where
+        DispatchTensor: DispatchKindConversion<B>;
+}
+
+impl<const D: usize> KernelInputs for Tensor<D> {
+    type On<B: Backend> = FloatTensor<B>;
+
+    fn take<B: Backend>(self) -> Result<FloatTensor<B>, Self>
+    where
+        DispatchTensor: DispatchKindConversion<B>,
+    {
+        // A clone shares the buffer; it copies nothing.
+        match self.clone().try_into_primitive::<B>() {
+            Ok(primitive) => Ok(primitive),
+            Err(_) => Err(self),
+        }
+    }
+}
+
+impl<const D1: usize, const D2: usize> KernelInputs for (Tensor<D1>, Tensor<D2>) {
+    type On<B: Backend> = (FloatTensor<B>, FloatTensor<B>);
+
+    fn take<B: Backend>(self) -> Result<Self::On<B>, Self>
+    where
+        DispatchTensor: DispatchKindConversion<B>,
+    {
+        let (a, b) = self;
+        match (
+            a.clone().try_into_primitive::<B>(),
+            b.clone().try_into_primitive::<B>(),
+        ) {
+            (Ok(a), Ok(b)) => Ok((a, b)),
+            _ => Err((a, b)),
+        }
+    }
+}
+
+/// What every element-wise kernel's [`CpuKernel::on_backend`] does: on `Autodiff<B>` the
+/// tracked operation, on plain `B` the forward alone, else the inputs back.
+pub(crate) fn tracked_or_plain<B: CpuValues, I: KernelInputs, O>(
+    inputs: I,
+    tracked: impl FnOnce(I::On<Autodiff<B>>) -> O,
+    plain: impl FnOnce(I::On<B>) -> O,
+) -> Result<O, I>
+where
+    DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+{
+    let inputs = match inputs.take::<Autodiff<B>>() {
+        Ok(primitives) => return Ok(tracked(primitives)),
+        Err(inputs) => inputs,
+    };
+    inputs.take::<B>().map(plain)
+}
+
 /// Runs `kernel` on the CPU backend its inputs live on (Flex, then NdArray, as compiled in);
 /// the inputs back when they live on none of them (the caller then runs burn's ops).
 pub(crate) fn on_cpu<K: CpuKernel>(kernel: &K, inputs: K::Inputs) -> Result<K::Output, K::Inputs> {

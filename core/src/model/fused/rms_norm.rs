@@ -16,7 +16,8 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::{
-    CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu, with_values,
+    CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu,
+    tracked_or_plain, with_values,
 };
 
 /// `w ⊙ x / √(mean(x²) + ε)` over the last axis; differentiable.
@@ -50,27 +51,16 @@ impl CpuKernel for RmsNorm {
     where
         DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
     {
-        let (shape, eps) = (x.dims(), self.eps);
-        if let (Ok(xp), Ok(wp)) = (
-            x.clone().try_into_primitive::<Autodiff<B>>(),
-            gain.clone().try_into_primitive::<Autodiff<B>>(),
-        ) {
-            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-                xp, wp, shape, eps,
-            )));
-        }
-        if let (Ok(xp), Ok(wp)) = (
-            x.clone().try_into_primitive::<B>(),
-            gain.clone().try_into_primitive::<B>(),
-        ) {
-            let device = x.device();
-            let (w, _) = host_values::<B, 1>(wp);
-            let (y, _) = with_values::<B, 3, _>(&xp, |values| forward(values, &w, eps));
-            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-                y, shape, &device,
-            )));
-        }
-        Err((x, gain))
+        let (shape, eps, device) = (x.dims(), self.eps, x.device());
+        tracked_or_plain::<B, _, _>(
+            (x, gain),
+            |(x, gain)| Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(x, gain, shape, eps)),
+            |(x, gain)| {
+                let (w, _) = host_values::<B, 1>(gain);
+                let (y, _) = with_values::<B, 3, _>(&x, |values| forward(values, &w, eps));
+                Tensor::from_primitive::<B>(backend_tensor::<B, 3>(y, shape, &device))
+            },
+        )
     }
 }
 

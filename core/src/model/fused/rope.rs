@@ -23,7 +23,7 @@ use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
-use super::{CpuKernel, CpuValues, backend_tensor, host_values, is_f32, on_cpu};
+use super::{CpuKernel, CpuValues, backend_tensor, host_values, is_f32, on_cpu, tracked_or_plain};
 
 /// A batch's cos/sin tables on the host, `[B·T, Dh]` each, row-major.
 #[derive(Debug, Clone)]
@@ -66,23 +66,15 @@ impl CpuKernel for Rope<'_> {
         DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
     {
         let shape = x.dims();
-        if let Ok(primitive) = x.clone().try_into_primitive::<Autodiff<B>>() {
-            drop(x);
-            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-                primitive,
-                self.tables,
-                shape,
-            )));
-        }
-        if let Ok(primitive) = x.clone().try_into_primitive::<B>() {
-            drop(x);
-            let (mut values, device) = host_values::<B, 3>(primitive);
-            rotate(&mut values, self.tables, Direction::Forward);
-            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-                values, shape, &device,
-            )));
-        }
-        Err(x)
+        tracked_or_plain::<B, _, _>(
+            x,
+            |x| Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(x, self.tables, shape)),
+            |x| {
+                let (mut values, device) = host_values::<B, 3>(x);
+                rotate(&mut values, self.tables, Direction::Forward);
+                Tensor::from_primitive::<B>(backend_tensor::<B, 3>(values, shape, &device))
+            },
+        )
     }
 }
 

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use super::{
     CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, fast_exp, host_values, is_f32, on_cpu,
-    owned,
+    owned, tracked_or_plain,
 };
 
 /// `silu(gate) ⊙ up`; differentiable.
@@ -48,30 +48,16 @@ impl CpuKernel for Swiglu {
         DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
     {
         let shape = gate.dims();
-        // Clones share buffers; the originals are dropped before the values are read, so
-        // reading them copies nothing.
-        if let (Ok(g), Ok(u)) = (
-            gate.clone().try_into_primitive::<Autodiff<B>>(),
-            up.clone().try_into_primitive::<Autodiff<B>>(),
-        ) {
-            drop((gate, up));
-            return Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
-                g, u, shape,
-            )));
-        }
-        if let (Ok(g), Ok(u)) = (
-            gate.clone().try_into_primitive::<B>(),
-            up.clone().try_into_primitive::<B>(),
-        ) {
-            drop((gate, up));
-            let (g, device) = host_values::<B, 3>(g);
-            let (u, _) = host_values::<B, 3>(u);
-            let h = forward(&g, &u);
-            return Ok(Tensor::from_primitive::<B>(backend_tensor::<B, 3>(
-                h, shape, &device,
-            )));
-        }
-        Err((gate, up))
+        tracked_or_plain::<B, _, _>(
+            (gate, up),
+            |(g, u)| Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(g, u, shape)),
+            |(g, u)| {
+                let (g, device) = host_values::<B, 3>(g);
+                let (u, _) = host_values::<B, 3>(u);
+                let h = forward(&g, &u);
+                Tensor::from_primitive::<B>(backend_tensor::<B, 3>(h, shape, &device))
+            },
+        )
     }
 }
 
