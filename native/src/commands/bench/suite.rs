@@ -68,10 +68,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // burn's CPU backends use rayon's pool (RAYON_NUM_THREADS when set, else every CPU).
     let threads = napkin_core::device::compute_thread_count();
     let runs = args.runs.max(1);
-    let mut reference = match &args.reference {
-        Some(python) => Some(Reference::start(python, &args.reference_script, threads)?),
-        None => None,
-    };
     let cases: Vec<Case> = suite()
         .into_iter()
         .filter(|c| {
@@ -83,12 +79,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!(
         "napkin bench suite: {} on {threads} threads{}; {runs} timed runs per case after a warm-up{}",
         kind.backend_name(),
-        if reference.is_some() {
-            ", beside PyTorch (same threads)"
+        if args.reference.is_some() {
+            ", beside PyTorch (same threads, a fresh process per case)"
         } else {
             " (no --reference: napkin only)"
         },
-        if reference.is_some() {
+        if args.reference.is_some() {
             ", interleaved"
         } else {
             ""
@@ -108,6 +104,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if terminal {
             eprint!("  … {}\r", case.name);
         }
+        // A fresh reference process per case: PyTorch's speed depended on what its process had
+        // run before (the small model's full fine-tuning step: 3062 tok/s in a fresh process,
+        // 2263–2364 after the SmolLM2 cases), so one shared process made its figures depend
+        // on the order of the cases.
+        let mut reference = match &args.reference {
+            Some(python) => Some(Reference::start(python, &args.reference_script, threads)?),
+            None => None,
+        };
         let result = run_case(case, &device, reference.as_mut(), runs, &mut report)
             .with_context(|| format!("case `{}`", case.name))?;
         if terminal {
