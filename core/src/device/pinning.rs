@@ -9,8 +9,9 @@
 //! runs used both cores again (docs/performance.md, run 9). PyTorch's OpenMP threads, which
 //! spin before they sleep, did not show it (34 → 37 ms).
 //!
-//! Pinned threads hand their one-CPU affinity to any process they start, so children are
-//! started with [`spawn_unpinned`].
+//! Only a pool with one thread per allowed CPU (rayon's default) is pinned. Pinned threads
+//! hand their one-CPU affinity to any process they start, so children are started with
+//! [`spawn_unpinned`].
 
 use rayon::ThreadPoolBuilder;
 
@@ -28,14 +29,16 @@ pub(super) fn global_pool_size() -> usize {
 }
 
 /// `builder` for a pool of `threads` threads, each pinned to its own CPU of the calling
-/// thread's allowed set; unchanged when [`PIN_THREADS_VAR`] is `0`, pinning is not supported
-/// here, or there are fewer allowed CPUs than threads (then they would have to share).
+/// thread's allowed set, when the pool has exactly one thread per allowed CPU. Unchanged when
+/// [`PIN_THREADS_VAR`] is `0`, pinning is not supported here, or the counts differ: with more
+/// threads than CPUs some would have to share one, and with fewer (`RAYON_NUM_THREADS` set
+/// low, e.g. to leave cores to other work) every process would pin to the same first CPUs.
 pub(super) fn pin_each_thread(builder: ThreadPoolBuilder, threads: usize) -> ThreadPoolBuilder {
     if std::env::var(PIN_THREADS_VAR).is_ok_and(|v| v.trim() == "0") {
         return builder;
     }
     match affinity::of_this_thread() {
-        Some(cpus) if threads >= 1 && cpus.len() >= threads => {
+        Some(cpus) if threads >= 1 && cpus.len() == threads => {
             builder.start_handler(move |index| {
                 // A refusal (a cpuset changed meanwhile) leaves the thread unpinned.
                 let _ = affinity::set_this_thread(&cpus[index..=index]);
@@ -133,7 +136,7 @@ mod tests {
     #[test]
     fn every_pool_thread_gets_a_cpu_of_its_own() {
         let allowed = affinity::of_this_thread().expect("sched_getaffinity works on Linux");
-        let threads = allowed.len().min(4);
+        let threads = allowed.len();
         let pool = pin_each_thread(rayon::ThreadPoolBuilder::new(), threads)
             .num_threads(threads)
             .build()
@@ -151,17 +154,22 @@ mod tests {
         assert_eq!(seen.len(), threads, "pool threads share CPUs: {seen:?}");
     }
 
-    /// More threads than CPUs: nothing is pinned (pinned, some would have to share a CPU).
+    /// More threads than CPUs (some would have to share one) or fewer (every process would
+    /// pin to the same first CPUs): nothing is pinned.
     #[test]
-    fn a_pool_larger_than_the_cpu_set_stays_unpinned() {
+    fn a_pool_of_another_size_than_the_cpu_set_stays_unpinned() {
         let allowed = affinity::of_this_thread().unwrap();
-        let threads = allowed.len() + 1;
-        let pool = pin_each_thread(rayon::ThreadPoolBuilder::new(), threads)
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        for cpus in pool.broadcast(|_| affinity::of_this_thread().unwrap()) {
-            assert_eq!(cpus, allowed);
+        for threads in [allowed.len() - 1, allowed.len() + 1] {
+            if threads == 0 {
+                continue;
+            }
+            let pool = pin_each_thread(rayon::ThreadPoolBuilder::new(), threads)
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for cpus in pool.broadcast(|_| affinity::of_this_thread().unwrap()) {
+                assert_eq!(cpus, allowed, "{threads} threads");
+            }
         }
     }
 
