@@ -33,19 +33,25 @@ impl MeterMethod {
 /// A memory reader for one device.
 #[derive(Debug)]
 pub struct Meter {
-    device: Device,
-    method: MeterMethod,
+    source: Source,
     peak_over_marks: u64,
+}
+
+/// Where a [`Meter`] reads: the counting allocator (the host), or a device's pool.
+#[derive(Debug)]
+enum Source {
+    CountingAllocator,
+    DevicePool(Device),
 }
 
 impl Meter {
     /// The right method for `device`: its pool when it has one, else the counting allocator,
     /// which must be the program's global allocator.
     pub fn for_device(device: &Device) -> Result<Self> {
-        let method = if device.memory_pool_usage().is_some() {
-            MeterMethod::DevicePool
+        let source = if device.memory_pool_usage().is_some() {
+            Source::DevicePool(device.clone())
         } else if is_installed() {
-            MeterMethod::CountingAllocator
+            Source::CountingAllocator
         } else {
             return Err(Error::Input(
                 "this CPU device has no memory statistics and the counting allocator is not \
@@ -54,8 +60,7 @@ impl Meter {
             ));
         };
         Ok(Meter {
-            device: device.clone(),
-            method,
+            source,
             peak_over_marks: 0,
         })
     }
@@ -71,27 +76,27 @@ impl Meter {
             ));
         }
         Ok(Meter {
-            device: crate::device::cpu(),
-            method: MeterMethod::CountingAllocator,
+            source: Source::CountingAllocator,
             peak_over_marks: 0,
         })
     }
 
     /// The method.
     pub fn method(&self) -> MeterMethod {
-        self.method
+        match self.source {
+            Source::CountingAllocator => MeterMethod::CountingAllocator,
+            Source::DevicePool(_) => MeterMethod::DevicePool,
+        }
     }
 
     /// Bytes in use now (a mark).
     pub fn live(&mut self) -> u64 {
-        let live = match self.method {
-            MeterMethod::CountingAllocator => live_bytes() as u64,
-            MeterMethod::DevicePool => {
+        let live = match &self.source {
+            Source::CountingAllocator => live_bytes() as u64,
+            Source::DevicePool(device) => {
                 // A failed sync leaves the pool as it is; the reading is still the pool's.
-                let _ = self.device.sync();
-                self.device
-                    .memory_pool_usage()
-                    .map_or(0, |u| u.bytes_in_use)
+                let _ = device.sync();
+                device.memory_pool_usage().map_or(0, |u| u.bytes_in_use)
             }
         };
         self.peak_over_marks = self.peak_over_marks.max(live);
@@ -100,9 +105,9 @@ impl Meter {
 
     /// Starts a peak window; returns the bytes in use at its start.
     pub fn start_peak(&mut self) -> u64 {
-        match self.method {
-            MeterMethod::CountingAllocator => reset_peak() as u64,
-            MeterMethod::DevicePool => {
+        match self.source {
+            Source::CountingAllocator => reset_peak() as u64,
+            Source::DevicePool(_) => {
                 self.peak_over_marks = 0;
                 self.live()
             }
@@ -111,9 +116,9 @@ impl Meter {
 
     /// The peak since [`Meter::start_peak`].
     pub fn peak(&mut self) -> u64 {
-        match self.method {
-            MeterMethod::CountingAllocator => peak_bytes() as u64,
-            MeterMethod::DevicePool => {
+        match self.source {
+            Source::CountingAllocator => peak_bytes() as u64,
+            Source::DevicePool(_) => {
                 self.live();
                 self.peak_over_marks
             }
