@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The sandbox, from nothing: builds the browser app (scripts/web-build.sh installs what it
-# needs) and serves it on 127.0.0.1. Open the printed URL.
+# needs) and serves it on 127.0.0.1. Open the printed URL. NAPKIN_WEBGPU=0 skips the WebGPU
+# module (burn wgpu: about 15 minutes more of the first build on two cores); the page then
+# trains on the CPU only.
 # Usage: scripts/sandbox.sh [port]   (default 8080)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

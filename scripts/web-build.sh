@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the browser sandbox into web/dist: the wasm32 target and the wasm-bindgen CLI at the
 # version Cargo.lock pins (installed into cargo's bin folder when missing or different), a
-# release build of napkin-web, the JS glue, the static files, and — when NAPKIN_WASM_OPT=1 —
-# `wasm-opt -Oz` from the npm package binaryen (default features only: `--all-features`
-# produced a module Chrome rejects). Prints the bundle size.
+# release build of napkin-web (the page's module, CPU training), a second release build with
+# the `webgpu` feature (napkin_web_gpu: burn wgpu, fetched by the worker only for a WebGPU
+# run; NAPKIN_WEBGPU=0 skips it), the JS glue, the static files, and — when
+# NAPKIN_WASM_OPT=1 — `wasm-opt -Oz` from the npm package binaryen (default features only:
+# `--all-features` produced a module Chrome rejects). Prints the bundle size.
 # Usage: scripts/web-build.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,25 +30,39 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$bindgen_ver
     cargo install --quiet wasm-bindgen-cli --version "$bindgen_version"
 fi
 
-echo "building napkin-web for wasm32 (release)..."
-cargo build --quiet --locked --release -p napkin-web --target wasm32-unknown-unknown
-
 tmp=$(mktemp -d "$root/web/.dist.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-wasm-bindgen --target web --no-typescript --out-dir "$tmp" \
-    target/wasm32-unknown-unknown/release/napkin_web.wasm
+built=target/wasm32-unknown-unknown/release/napkin_web.wasm
+
+echo "building napkin-web for wasm32 (release)..."
+cargo build --quiet --locked --release -p napkin-web --target wasm32-unknown-unknown
+wasm-bindgen --target web --no-typescript --out-dir "$tmp" "$built"
+modules=(napkin_web)
+if [ "${NAPKIN_WEBGPU:-1}" = 1 ]; then
+    # Same crate and output file, other features: bind it before anything overwrites it.
+    echo "building the WebGPU module (napkin-web --features webgpu, release)..."
+    cargo build --quiet --locked --release -p napkin-web --features webgpu \
+        --target wasm32-unknown-unknown
+    wasm-bindgen --target web --no-typescript --out-dir "$tmp" --out-name napkin_web_gpu "$built"
+    modules+=(napkin_web_gpu)
+fi
 if [ "${NAPKIN_WASM_OPT:-0}" = 1 ]; then
     echo "optimising with wasm-opt -Oz (npm binaryen)..."
     (cd "$root/web/e2e" && npm ci --silent --no-audit --no-fund)
-    "$root/web/e2e/node_modules/.bin/wasm-opt" -Oz "$tmp/napkin_web_bg.wasm" -o "$tmp/opt.wasm"
-    mv "$tmp/opt.wasm" "$tmp/napkin_web_bg.wasm"
+    for module in "${modules[@]}"; do
+        "$root/web/e2e/node_modules/.bin/wasm-opt" -Oz "$tmp/${module}_bg.wasm" -o "$tmp/opt.wasm"
+        mv "$tmp/opt.wasm" "$tmp/${module}_bg.wasm"
+    done
 fi
 cp web/static/* "$tmp/"
 rm -rf "$dist"
 mv "$tmp" "$dist"
 trap - EXIT
 
-wasm_bytes=$(stat -c %s "$dist/napkin_web_bg.wasm")
-gzip_bytes=$(gzip -9 -c "$dist/napkin_web_bg.wasm" | wc -c)
 total=$(du -cb "$dist"/* | tail -1 | cut -f1)
-echo "bundle: web/dist, $total bytes; the module $wasm_bytes bytes ($gzip_bytes gzipped)"
+echo "bundle: web/dist, $total bytes"
+for module in "${modules[@]}"; do
+    wasm_bytes=$(stat -c %s "$dist/${module}_bg.wasm")
+    gzip_bytes=$(gzip -9 -c "$dist/${module}_bg.wasm" | wc -c)
+    echo "  ${module}_bg.wasm: $wasm_bytes bytes ($gzip_bytes gzipped)"
+done

@@ -10,7 +10,8 @@ pub mod page;
 pub mod state;
 pub mod training;
 
-#[cfg(target_arch = "wasm32")]
+// The WebGPU module only trains (the page's own module renders), so it carries no components.
+#[cfg(all(target_arch = "wasm32", not(feature = "webgpu")))]
 mod app;
 #[cfg(target_arch = "wasm32")]
 mod worker;

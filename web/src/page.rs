@@ -5,8 +5,10 @@
 use napkin_core::exercises::{Instance, catalog, check, instance};
 use napkin_core::memory::measure::MeasurementReport;
 
+use napkin_core::memory::meter::MeterMethod;
+
 use crate::state::{Action, SandboxState, reduce};
-use crate::training::TrainEvent;
+use crate::training::{TrainBackend, TrainEvent};
 
 /// Where the training run is.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -33,10 +35,25 @@ pub struct Run {
     pub losses: Vec<f32>,
     /// Tokens per second of the last step, then of the whole run.
     pub tokens_per_second: Option<f64>,
-    /// Bytes allocated in the worker after the last step.
+    /// Bytes in use after the last step (the worker's heap, or the GPU's memory pool).
     pub live_bytes: Option<u64>,
-    /// Predicted beside measured.
+    /// How the memory figures were read.
+    pub memory_method: Option<MeterMethod>,
+    /// Predicted beside measured (the CPU run's per-block measurement).
     pub report: Option<MeasurementReport>,
+    /// What stays between steps: predicted, measured, and NF4 bytes kept on the host.
+    pub resident: Option<Resident>,
+}
+
+/// The memory that stays between steps, predicted beside measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resident {
+    /// The predictor's bytes.
+    pub predicted: u64,
+    /// The measured bytes.
+    pub measured: u64,
+    /// NF4 codes and scales in host memory on a GPU backend.
+    pub host_side: u64,
 }
 
 /// The exercise mode.
@@ -57,6 +74,8 @@ pub struct ExerciseMode {
 pub struct Page {
     /// The controls.
     pub sandbox: SandboxState,
+    /// Where the next run trains.
+    pub backend: TrainBackend,
     /// The training run.
     pub run: Run,
     /// A `napkin measure --json` report loaded from a file, with its file name.
@@ -72,6 +91,8 @@ pub struct Page {
 pub enum PageAction {
     /// A control changed.
     Sandbox(Action),
+    /// The learner picked where to train.
+    SelectBackend(TrainBackend),
     /// The learner pressed "train".
     TrainStarted,
     /// The worker reported.
@@ -104,6 +125,7 @@ pub fn reduce_page(page: &Page, action: PageAction) -> Page {
     let mut p = page.clone();
     match action {
         PageAction::Sandbox(a) => p.sandbox = reduce(&p.sandbox, a),
+        PageAction::SelectBackend(backend) => p.backend = backend,
         PageAction::TrainStarted => {
             p.run = Run {
                 status: RunStatus::Running,
@@ -111,7 +133,14 @@ pub fn reduce_page(page: &Page, action: PageAction) -> Page {
             };
         }
         PageAction::Train(event) => match event {
-            TrainEvent::Started { backend, .. } => p.run.backend = Some(backend),
+            TrainEvent::Started {
+                backend,
+                memory_method,
+                ..
+            } => {
+                p.run.backend = Some(backend);
+                p.run.memory_method = Some(memory_method);
+            }
             TrainEvent::Measured { report } => p.run.report = Some(*report),
             TrainEvent::Step {
                 loss,
@@ -122,6 +151,17 @@ pub fn reduce_page(page: &Page, action: PageAction) -> Page {
                 p.run.losses.push(loss);
                 p.run.tokens_per_second = Some(tokens_per_second);
                 p.run.live_bytes = Some(live_bytes);
+            }
+            TrainEvent::Resident {
+                predicted_bytes,
+                measured_bytes,
+                host_side_bytes,
+            } => {
+                p.run.resident = Some(Resident {
+                    predicted: predicted_bytes,
+                    measured: measured_bytes,
+                    host_side: host_side_bytes,
+                });
             }
             TrainEvent::Finished { tokens_per_second } => {
                 p.run.tokens_per_second = Some(tokens_per_second);
@@ -219,8 +259,26 @@ mod tests {
 
     #[test]
     fn worker_events_build_the_run() {
-        let mut p = reduce_page(&Page::default(), PageAction::TrainStarted);
+        // WebGPU picked, then a run: the backend stays chosen and the run learns how its
+        // memory was read.
+        let gpu = reduce_page(
+            &Page::default(),
+            PageAction::SelectBackend(TrainBackend::WebGpu),
+        );
+        assert_eq!(gpu.backend, TrainBackend::WebGpu);
+        let mut p = reduce_page(&gpu, PageAction::TrainStarted);
+        assert_eq!(p.backend, TrainBackend::WebGpu);
         assert_eq!(p.run.status, RunStatus::Running);
+        p = reduce_page(
+            &p,
+            PageAction::Train(TrainEvent::Started {
+                backend: "burn wgpu on WebGPU".into(),
+                preset: "tiny-smol".into(),
+                trainable_parameters: 1,
+                memory_method: MeterMethod::DevicePool,
+            }),
+        );
+        assert_eq!(p.run.memory_method, Some(MeterMethod::DevicePool));
         for (i, loss) in [6.0, 5.0].into_iter().enumerate() {
             p = reduce_page(
                 &p,
@@ -234,6 +292,22 @@ mod tests {
         }
         p = reduce_page(
             &p,
+            PageAction::Train(TrainEvent::Resident {
+                predicted_bytes: 10,
+                measured_bytes: 11,
+                host_side_bytes: 3,
+            }),
+        );
+        assert_eq!(
+            p.run.resident,
+            Some(Resident {
+                predicted: 10,
+                measured: 11,
+                host_side: 3,
+            })
+        );
+        p = reduce_page(
+            &p,
             PageAction::Train(TrainEvent::Finished {
                 tokens_per_second: 90.0,
             }),
@@ -244,11 +318,8 @@ mod tests {
         let failed = reduce_page(&p, PageAction::WorkerError("no worker".into()));
         assert_eq!(failed.run.status, RunStatus::Failed("no worker".into()));
         // A new run starts clean.
-        assert!(
-            reduce_page(&p, PageAction::TrainStarted)
-                .run
-                .losses
-                .is_empty()
-        );
+        let again = reduce_page(&p, PageAction::TrainStarted);
+        assert!(again.run.losses.is_empty());
+        assert_eq!(again.run.resident, None);
     }
 }

@@ -10,9 +10,12 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::memory::measure::{
     MachineProbe, MeasurementReport, measure, micro_batches_of, random_model,
 };
-use napkin_core::memory::meter::Meter;
-use napkin_core::predict::inventory::Scenario;
-use napkin_core::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
+use napkin_core::memory::meter::{Meter, MeterMethod};
+use napkin_core::predict::inventory::{Kind, Scenario, inventory};
+use napkin_core::train::{
+    Accumulation, MicroBatch, Optimizer, OptimizerConfig, OptimizerKind, UnreadStep,
+    forward_backward_unread,
+};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
@@ -24,6 +27,17 @@ pub const TRAINABLE_PRESETS: [&str; 3] = ["tiny-smol", "tiny-gqa", "tiny-mha"];
 /// Longest sequence the page trains (the tiny presets' own limit may be lower).
 pub const MAX_TRAIN_SEQ_LEN: usize = 256;
 
+/// Where the page trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainBackend {
+    /// burn Flex on the CPU, in the module the page loads.
+    #[default]
+    Cpu,
+    /// burn wgpu on the browser's WebGPU, in a second module loaded only for this.
+    WebGpu,
+}
+
 /// What the page asks the worker to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainRequest {
@@ -33,6 +47,9 @@ pub struct TrainRequest {
     pub steps: usize,
     /// Learning rate.
     pub learning_rate: f64,
+    /// Where to train.
+    #[serde(default)]
+    pub backend: TrainBackend,
 }
 
 impl TrainRequest {
@@ -45,12 +62,13 @@ impl TrainRequest {
             settings,
             steps: 20,
             learning_rate,
+            backend: TrainBackend::Cpu,
         }
     }
 }
 
-/// What the worker reports, in order: `started`, `measured`, one `step` per optimizer step,
-/// then `finished` — or `failed` at any point.
+/// What the worker reports, in order: `started`, `measured` (on the CPU only), one `step` per
+/// optimizer step, `resident`, then `finished` — or `failed` at any point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TrainEvent {
@@ -62,6 +80,8 @@ pub enum TrainEvent {
         preset: String,
         /// Parameters the optimizer updates.
         trainable_parameters: u64,
+        /// How the memory figures are read (the worker's heap, or the GPU's memory pool).
+        memory_method: MeterMethod,
     },
     /// Predicted beside measured (per kind, per block, the step peak, the time).
     Measured {
@@ -76,8 +96,19 @@ pub enum TrainEvent {
         loss: f32,
         /// Label tokens per second of this step.
         tokens_per_second: f64,
-        /// Bytes allocated after the step.
+        /// Bytes in use after the step (see `memory_method`).
         live_bytes: u64,
+    },
+    /// What stays in memory between steps (weights, NF4 codes and scales, adapters,
+    /// optimizer state), predicted beside measured after the last step.
+    Resident {
+        /// The predictor's bytes for the memory `memory_method` reads.
+        predicted_bytes: u64,
+        /// Bytes in use after the last step less those in use before the model was built.
+        measured_bytes: u64,
+        /// NF4 codes and scales that stay in host memory on a GPU backend (napkin dequantizes
+        /// a layer's weight on the host and uploads it for each product); 0 on the CPU.
+        host_side_bytes: u64,
     },
     /// The run ended.
     Finished {
@@ -103,6 +134,19 @@ pub enum TrainError {
     /// The core refused.
     #[error(transparent)]
     Core(#[from] napkin_core::error::Error),
+    /// The optimizer reads its state back to the host every step, which the browser cannot
+    /// wait for on WebGPU.
+    #[error(
+        "{optimizer} keeps its state on the host and reads it back every step, which WebGPU in a \
+         browser cannot wait for; pick AdamW or SGD, or train on the CPU"
+    )]
+    ReadsBack {
+        /// The optimizer, in words.
+        optimizer: String,
+    },
+    /// A read from the device failed.
+    #[error("reading the loss back from the device failed: {0}")]
+    Read(String),
     /// The loss became NaN or infinite.
     #[error("step {step}: the loss is {loss}; lower the learning rate")]
     Diverged {
@@ -142,66 +186,136 @@ fn learnable_micro_batches(s: &Scenario) -> Result<Vec<MicroBatch>, TrainError> 
     })?)
 }
 
-/// Runs a request on `device` (the plain, non-autodiff device), calling `emit` with each
-/// event. The program's global allocator must be napkin-core's counting allocator.
-pub fn run_training(
+/// Runs a request on `device` (the plain, non-autodiff device: the CPU, or an initialised
+/// WebGPU device when `request.backend` says so), calling `emit` with each event. The
+/// program's global allocator must be napkin-core's counting allocator.
+///
+/// Nothing here blocks on the device: each step's loss is awaited after the optimizer's update
+/// is queued, which is what lets the same code run on WebGPU, where a browser cannot wait for
+/// a read. On the CPU every read is ready at once.
+pub async fn run_training(
     request: &TrainRequest,
     device: &Device,
     backend: &str,
     emit: &mut dyn FnMut(TrainEvent),
 ) -> Result<(), TrainError> {
     let scenario = training_scenario(request)?;
+    let on_gpu = request.backend == TrainBackend::WebGpu;
+    let mut meter = Meter::for_device(device)?;
     emit(TrainEvent::Started {
         backend: backend.to_string(),
         preset: request.settings.preset.clone(),
         trainable_parameters: scenario.trainable_parameters(),
+        memory_method: meter.method(),
     });
-    let train_device = device.clone().autodiff();
-    let report = measure(&scenario, device, 2, MachineProbe::BROWSER, None, || {
-        train_device.seed(7);
-        random_model(&scenario, &train_device)
-    })?;
-    emit(TrainEvent::Measured {
-        report: Box::new(report),
-    });
+    // The model is built on the CPU from the same seed on every backend, so a WebGPU run starts
+    // from the very weights a CPU run does (NF4 quantization reads the weights on the host).
+    let cpu = napkin_core::device::cpu();
+    if !on_gpu {
+        // The per-block measurement reads the counting allocator and blocks on its reads: CPU only.
+        let build_device = cpu.clone().autodiff();
+        let report = measure(&scenario, &cpu, 2, MachineProbe::BROWSER, None, || {
+            build_device.seed(7);
+            random_model(&scenario, &build_device)
+        })?;
+        emit(TrainEvent::Measured {
+            report: Box::new(report),
+        });
+    }
 
-    train_device.seed(7);
-    let mut model = random_model(&scenario, &train_device)?;
-    let micro = learnable_micro_batches(&scenario)?;
     let mut optimizer = Optimizer::new(&OptimizerConfig {
         kind: scenario.optimizer,
         ..OptimizerConfig::default()
     });
-    let mut meter = Meter::for_device(device)?;
+    if on_gpu && optimizer.reads_back() {
+        let optimizer = match scenario.optimizer {
+            OptimizerKind::AdamW8bit => "8-bit AdamW".to_string(),
+            other => format!("{other:?} with offload"),
+        };
+        return Err(TrainError::ReadsBack { optimizer });
+    }
+    let before_model = meter.live_without_sync();
+    let build_device = cpu.autodiff();
+    build_device.seed(7);
+    let mut model = random_model(&scenario, &build_device)?;
+    if on_gpu {
+        model = model.on_device(&device.clone().autodiff());
+    }
+    let micro = learnable_micro_batches(&scenario)?;
     let started = Instant::now();
     let mut tokens = 0usize;
     for step in 1..=request.steps.max(1) {
         let clock = Instant::now();
-        let out = forward_backward(
+        let unread = forward_backward_unread(
             &model,
             &micro,
             scenario.checkpointing,
             Accumulation::TokenWeighted,
+            1.0,
         )?;
-        if !out.loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step,
-                loss: out.loss,
-            });
+        let mean_loss = unread.mean_loss();
+        let UnreadStep {
+            grads,
+            tokens: step_tokens,
+            ..
+        } = unread;
+        model = optimizer.step(model, &grads, request.learning_rate);
+        drop(grads);
+        // Queued after the update, so its arrival also means the step is done.
+        let loss: f32 = mean_loss
+            .into_scalar_async()
+            .await
+            .map_err(|e| TrainError::Read(format!("{e:?}")))?;
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged { step, loss });
         }
-        model = optimizer.step(model, &out.grads, request.learning_rate);
-        tokens += out.tokens;
+        tokens += step_tokens;
         emit(TrainEvent::Step {
             step,
-            loss: out.loss,
-            tokens_per_second: out.tokens as f64 / clock.elapsed().as_secs_f64().max(1e-9),
-            live_bytes: meter.live(),
+            loss,
+            tokens_per_second: step_tokens as f64 / clock.elapsed().as_secs_f64().max(1e-9),
+            live_bytes: meter.live_without_sync(),
         });
     }
+    let (predicted_bytes, host_side_bytes) = resident_bytes(&scenario, on_gpu);
+    emit(TrainEvent::Resident {
+        predicted_bytes,
+        measured_bytes: meter.live_without_sync().saturating_sub(before_model),
+        host_side_bytes,
+    });
     emit(TrainEvent::Finished {
         tokens_per_second: tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
     });
     Ok(())
+}
+
+/// The predictor's bytes that stay between steps, on the device that trains, and the NF4
+/// codes and scales a GPU backend keeps on the host instead.
+fn resident_bytes(scenario: &Scenario, on_gpu: bool) -> (u64, u64) {
+    let (mut device, mut host) = (0, 0);
+    for entry in inventory(scenario) {
+        match entry.kind {
+            Kind::Weights | Kind::Adapters | Kind::OptimizerState => device += entry.bytes,
+            Kind::QuantCodes | Kind::QuantScales if on_gpu => host += entry.bytes,
+            Kind::QuantCodes | Kind::QuantScales => device += entry.bytes,
+            _ => {}
+        }
+    }
+    (device, host)
+}
+
+/// Runs a future whose every read completes at once (napkin-core on a CPU backend) to its end
+/// on this thread: the native tests' way to call [`run_training`].
+#[cfg(not(target_arch = "wasm32"))]
+pub fn ready_now<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut context) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
 }
 
 #[cfg(test)]
@@ -216,12 +330,16 @@ mod tests {
             Action::SelectPreset("llama-2-7b".into()),
         );
         let request = TrainRequest {
-            settings,
             steps: 1,
-            learning_rate: 1e-3,
+            ..TrainRequest::new(settings)
         };
-        let err = run_training(&request, &napkin_core::device::cpu(), "test", &mut |_| {})
-            .expect_err("refused");
+        let err = ready_now(run_training(
+            &request,
+            &napkin_core::device::cpu(),
+            "test",
+            &mut |_| {},
+        ))
+        .expect_err("refused");
         assert!(err.to_string().contains("llama-2-7b"), "{err}");
         assert!(err.to_string().contains("tiny-smol"), "{err}");
     }

@@ -1,13 +1,15 @@
-//! The Web Worker's entry point: `worker.js` loads this same module and calls
-//! [`train_in_worker`] with a JSON [`TrainRequest`]; each [`TrainEvent`] goes back as JSON
-//! through the `post` callback (the worker's `postMessage`).
+//! The Web Worker's entry points: `worker.js` loads a module and calls [`train_in_worker`]
+//! (the page's own module, burn Flex on the CPU) or `train_on_webgpu` (the second module, built
+//! with the `webgpu` feature and fetched only when a learner picks WebGPU) with a JSON
+//! [`TrainRequest`]; each [`TrainEvent`] goes back as JSON through the `post` callback (the
+//! worker's `postMessage`). Both return a promise that settles when the run ends.
 
 use wasm_bindgen::prelude::*;
 
-use crate::training::{TrainEvent, TrainRequest, run_training};
+use crate::training::{TrainBackend, TrainEvent, TrainRequest, run_training};
 
-/// The backend the browser build trains on, in words.
-const BACKEND: &str = "burn Flex on the CPU (WebAssembly, one thread)";
+/// The CPU backend the browser build trains on, in words.
+const CPU_BACKEND: &str = "burn Flex on the CPU (WebAssembly, one thread)";
 
 /// Panics print to the browser console with their message (the default is "unreachable").
 pub fn install_panic_hook() {
@@ -16,28 +18,69 @@ pub fn install_panic_hook() {
     }));
 }
 
-/// Runs one training request; never throws for bad input (it reports `failed`).
-#[wasm_bindgen]
-pub fn train_in_worker(request_json: &str, post: &js_sys::Function) {
-    install_panic_hook();
-    let mut emit = |event: TrainEvent| {
+/// Sends each event as JSON through `post`.
+fn emitter(post: &js_sys::Function) -> impl FnMut(TrainEvent) + '_ {
+    move |event: TrainEvent| {
         let json = serde_json::to_string(&event).unwrap_or_else(|e| {
             format!(r#"{{"event":"failed","message":"unserialisable event: {e}"}}"#)
         });
         // A closed page cannot receive; nothing else to do with the error.
         let _ = post.call1(&JsValue::NULL, &JsValue::from_str(&json));
-    };
-    let request: TrainRequest = match serde_json::from_str(request_json) {
-        Ok(r) => r,
+    }
+}
+
+/// The request, or a `failed` event saying why it is not one.
+fn parse_request(json: &str, emit: &mut dyn FnMut(TrainEvent)) -> Option<TrainRequest> {
+    match serde_json::from_str(json) {
+        Ok(request) => Some(request),
         Err(e) => {
             emit(TrainEvent::Failed {
                 message: format!("not a training request: {e}"),
             });
+            None
+        }
+    }
+}
+
+/// Runs one training request on the CPU; never throws for bad input (it reports `failed`).
+#[wasm_bindgen]
+pub async fn train_in_worker(request_json: String, post: js_sys::Function) {
+    install_panic_hook();
+    let mut emit = emitter(&post);
+    let Some(mut request) = parse_request(&request_json, &mut emit) else {
+        return;
+    };
+    request.backend = TrainBackend::Cpu;
+    let device = napkin_core::device::cpu();
+    if let Err(e) = run_training(&request, &device, CPU_BACKEND, &mut emit).await {
+        emit(TrainEvent::Failed {
+            message: e.to_string(),
+        });
+    }
+}
+
+/// Runs one training request on the browser's WebGPU (`adapter`: the adapter in words, as
+/// `worker.js` read it); a browser without WebGPU gets a `failed` event that says so.
+#[cfg(feature = "webgpu")]
+#[wasm_bindgen]
+pub async fn train_on_webgpu(request_json: String, adapter: String, post: js_sys::Function) {
+    install_panic_hook();
+    let mut emit = emitter(&post);
+    let Some(mut request) = parse_request(&request_json, &mut emit) else {
+        return;
+    };
+    request.backend = TrainBackend::WebGpu;
+    let device = match burn::tensor::Device::wgpu_options().init_async().await {
+        Ok(device) => device,
+        Err(e) => {
+            emit(TrainEvent::Failed {
+                message: format!("WebGPU could not start here ({e}); train on the CPU instead"),
+            });
             return;
         }
     };
-    let device = napkin_core::device::cpu();
-    if let Err(e) = run_training(&request, &device, BACKEND, &mut emit) {
+    let backend = format!("burn wgpu on WebGPU (adapter: {adapter})");
+    if let Err(e) = run_training(&request, &device, &backend, &mut emit).await {
         emit(TrainEvent::Failed {
             message: e.to_string(),
         });

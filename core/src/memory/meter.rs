@@ -91,13 +91,20 @@ impl Meter {
 
     /// Bytes in use now (a mark).
     pub fn live(&mut self) -> u64 {
+        if let Source::DevicePool(device) = &self.source {
+            // A failed sync leaves the pool as it is; the reading is still the pool's.
+            let _ = device.sync();
+        }
+        self.live_without_sync()
+    }
+
+    /// Bytes in use as the books stand, without waiting for the device: for a caller that
+    /// cannot block (the browser on WebGPU) and has just awaited a read, so the work queued
+    /// before it is done.
+    pub fn live_without_sync(&mut self) -> u64 {
         let live = match &self.source {
             Source::CountingAllocator => live_bytes() as u64,
-            Source::DevicePool(device) => {
-                // A failed sync leaves the pool as it is; the reading is still the pool's.
-                let _ = device.sync();
-                device.memory_pool_usage().map_or(0, |u| u.bytes_in_use)
-            }
+            Source::DevicePool(device) => device.memory_pool_usage().map_or(0, |u| u.bytes_in_use),
         };
         self.peak_over_marks = self.peak_over_marks.max(live);
         live

@@ -20,5 +20,7 @@ pub use grads::ParamGrads;
 pub use offload::{HostOffload, LinkTraffic};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, trainable_ids};
 pub use schedule::LrSchedule;
-pub use step::{Accumulation, MicroBatch, StepGradients, forward_backward};
+pub use step::{
+    Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_unread,
+};
 pub use trainer::{StepReport, Trainer};

@@ -148,6 +148,13 @@ impl Optimizer {
         }
     }
 
+    /// Whether a step reads values back to the host: 8-bit AdamW quantizes its moments there,
+    /// an offloaded optimizer updates there. A caller that must not block on a device read
+    /// (the browser on WebGPU) cannot use these.
+    pub fn reads_back(&self) -> bool {
+        matches!(self.rule, UpdateRule::AdamW8bit(_)) || self.offload.is_some()
+    }
+
     /// Steps taken.
     pub fn steps(&self) -> u64 {
         match &self.rule {

@@ -57,6 +57,36 @@ pub struct StepGradients {
     pub tokens: usize,
 }
 
+/// A step's forward and backward with its loss not yet read: nothing has come back from the
+/// device, so a caller that must not block on a read (the browser on WebGPU) can await it.
+#[derive(Debug, Clone)]
+pub struct UnreadStep {
+    /// Accumulated gradients of the trainable parameters.
+    pub grads: ParamGrads,
+    /// `[1]`: Σ −log p(label) over every label token of the step, on the model's device,
+    /// outside any graph.
+    pub loss_sum: Tensor<1>,
+    /// Label tokens in the step.
+    pub tokens: usize,
+}
+
+impl UnreadStep {
+    /// `[1]`: the mean loss over the step's label tokens, still on the device.
+    pub fn mean_loss(&self) -> Tensor<1> {
+        self.loss_sum.clone() / self.tokens.max(1) as f64
+    }
+
+    /// Reads the loss back (blocks until the device has computed it).
+    pub fn read(self) -> StepGradients {
+        let loss = scalar(self.mean_loss());
+        StepGradients {
+            grads: self.grads,
+            loss,
+            tokens: self.tokens,
+        }
+    }
+}
+
 /// Forward and backward over every micro-batch, accumulating gradients.
 pub fn forward_backward(
     model: &Llama,
@@ -77,6 +107,25 @@ pub fn forward_backward_scaled(
     accumulation: Accumulation,
     loss_scale: f64,
 ) -> Result<StepGradients> {
+    forward_backward_unread(
+        model,
+        micro_batches,
+        checkpointing,
+        accumulation,
+        loss_scale,
+    )
+    .map(UnreadStep::read)
+}
+
+/// [`forward_backward_scaled`] without reading anything back: the loss stays on the device.
+/// Every backward is queued before the caller reads (one read per step, not per micro-batch).
+pub fn forward_backward_unread(
+    model: &Llama,
+    micro_batches: &[MicroBatch],
+    checkpointing: bool,
+    accumulation: Accumulation,
+    loss_scale: f64,
+) -> Result<UnreadStep> {
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
         return Err(Error::Input(
@@ -84,7 +133,7 @@ pub fn forward_backward_scaled(
         ));
     }
     let mut grads = ParamGrads::new();
-    let mut loss_sum = 0.0f64;
+    let mut loss_sum: Option<Tensor<1>> = None;
     for micro in micro_batches {
         // The factor that turns this micro-batch's summed loss into its share of the step's.
         let scale = match accumulation {
@@ -99,19 +148,27 @@ pub fn forward_backward_scaled(
             plain_backward(model, micro, scale)?
         };
         grads.add(micro_grads);
-        loss_sum += micro_loss_sum as f64;
+        loss_sum = Some(match loss_sum {
+            Some(sum) => sum + micro_loss_sum,
+            None => micro_loss_sum,
+        });
     }
-    Ok(StepGradients {
+    let loss_sum = loss_sum.ok_or_else(|| Error::Input("a step needs a micro-batch".into()))?;
+    Ok(UnreadStep {
         grads,
-        loss: (loss_sum / total as f64) as f32,
+        loss_sum,
         tokens: total,
     })
 }
 
 /// Backward through the whole graph: every activation is kept until the backward.
-fn plain_backward(model: &Llama, micro: &MicroBatch, scale: f64) -> Result<(ParamGrads, f32)> {
+fn plain_backward(
+    model: &Llama,
+    micro: &MicroBatch,
+    scale: f64,
+) -> Result<(ParamGrads, Tensor<1>)> {
     let loss = causal_lm_loss(model.forward(&micro.batch), &micro.labels)?;
-    let loss_sum = scalar(loss.sum.clone());
+    let loss_sum = loss.sum.clone().inner();
     let grads = (loss.sum * scale).backward();
     Ok((ParamGrads::from_backward(model, &grads), loss_sum))
 }
@@ -129,7 +186,7 @@ fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
     scale: f64,
-) -> Result<(ParamGrads, f32)> {
+) -> Result<(ParamGrads, Tensor<1>)> {
     if model
         .lora_adapters()
         .iter()
@@ -157,7 +214,7 @@ fn checkpointed_backward(
     let mut grads = ParamGrads::new();
     let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
     let loss = causal_lm_loss(model.head(top.clone()), &micro.labels)?;
-    let loss_sum = scalar(loss.sum.clone());
+    let loss_sum = loss.sum.clone().inner();
     let head_grads = (loss.sum * scale).backward();
     let mut upstream = top
         .grad(&head_grads)

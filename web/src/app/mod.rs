@@ -51,7 +51,7 @@ fn app() -> Html {
                     <summary::Summary state={page.sandbox.clone()} view={Rc::new(view.clone())} />
                     <charts::LayerChart view={Rc::new(view.clone())} run={page.run.report.clone().map(Rc::new)} />
                     <charts::TimelineChart view={Rc::new(view)} />
-                    <run::TrainPanel state={page.sandbox.clone()} run={Rc::new(page.run.clone())} dispatch={dispatch.clone()} />
+                    <run::TrainPanel state={page.sandbox.clone()} backend={page.backend} run={Rc::new(page.run.clone())} dispatch={dispatch.clone()} />
                     <files::Files imported={page.imported.clone().map(Rc::new)} error={page.import_error.clone()} dispatch={dispatch.clone()} />
                     <exercise::ExercisePanel mode={page.exercise.clone().map(Rc::new)} dispatch={dispatch} />
                 </div>

@@ -5,22 +5,32 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use napkin_core::memory::meter::MeterMethod;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
-use web_sys::{MessageEvent, Worker, WorkerOptions, WorkerType};
+use web_sys::{HtmlSelectElement, MessageEvent, Worker, WorkerOptions, WorkerType};
 use yew::prelude::*;
 
 use super::charts::LossChart;
 use super::format::bytes;
 use crate::page::{PageAction, Run, RunStatus};
 use crate::state::SandboxState;
-use crate::training::{TRAINABLE_PRESETS, TrainEvent, TrainRequest};
+use crate::training::{TRAINABLE_PRESETS, TrainBackend, TrainEvent, TrainRequest};
 
 #[derive(Properties, PartialEq)]
 pub struct TrainPanelProps {
     pub state: SandboxState,
+    pub backend: TrainBackend,
     pub run: Rc<Run>,
     pub dispatch: Callback<PageAction>,
+}
+
+/// Whether this browser offers WebGPU at all (`navigator.gpu`); the adapter is asked for when
+/// a run starts.
+fn browser_has_webgpu() -> bool {
+    web_sys::window()
+        .map(|w| js_sys::Reflect::has(&w.navigator(), &JsValue::from_str("gpu")).unwrap_or(false))
+        .unwrap_or(false)
 }
 
 /// The worker and the closure that receives its messages (kept alive together).
@@ -60,6 +70,7 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
         let handle = handle.clone();
         let dispatch = props.dispatch.clone();
         let state = props.state.clone();
+        let backend = props.backend;
         Callback::from(move |_| {
             let mut slot = handle.borrow_mut();
             if slot.is_none() {
@@ -72,7 +83,10 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
                 }
             }
             let Some(h) = slot.as_ref() else { return };
-            let request = TrainRequest::new(state.clone());
+            let request = TrainRequest {
+                backend,
+                ..TrainRequest::new(state.clone())
+            };
             match serde_json::to_string(&request) {
                 Ok(json) => {
                     dispatch.emit(PageAction::TrainStarted);
@@ -84,10 +98,28 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
             }
         })
     };
+    let on_backend = {
+        let dispatch = props.dispatch.clone();
+        Callback::from(move |e: Event| {
+            let select: HtmlSelectElement = e.target_unchecked_into();
+            let backend = match select.value().as_str() {
+                "web_gpu" => TrainBackend::WebGpu,
+                _ => TrainBackend::Cpu,
+            };
+            dispatch.emit(PageAction::SelectBackend(backend));
+        })
+    };
+    let has_webgpu = browser_has_webgpu();
     let run = &props.run;
     let status = match &run.status {
         RunStatus::Idle => "not started".to_string(),
-        RunStatus::Running if run.report.is_none() => "measuring one step…".to_string(),
+        RunStatus::Running if run.losses.is_empty() && run.backend.is_none() => {
+            "starting…".to_string()
+        }
+        RunStatus::Running if run.losses.is_empty() && props.backend == TrainBackend::Cpu => {
+            "measuring one step…".to_string()
+        }
+        RunStatus::Running if run.losses.is_empty() => "building the model…".to_string(),
         RunStatus::Running => format!("training: step {}", run.losses.len()),
         RunStatus::Finished => format!("finished: {} steps", run.losses.len()),
         RunStatus::Failed(m) => format!("failed: {m}"),
@@ -99,6 +131,17 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
                 <p class="note">{ format!("Measures one step with these settings (T capped at {}), then trains 20 steps on a repeating token cycle, in a Web Worker.", crate::training::MAX_TRAIN_SEQ_LEN) }</p>
             } else {
                 <p class="note">{ format!("{} is predict-only here; pick {} to train in the page.", props.state.preset, TRAINABLE_PRESETS.join(", ")) }</p>
+            }
+            <label for="train-backend">{ "Train on " }
+                <select id="train-backend" disabled={running} onchange={on_backend}>
+                    <option value="cpu" selected={props.backend == TrainBackend::Cpu}>{ "the CPU (WebAssembly)" }</option>
+                    <option value="web_gpu" selected={props.backend == TrainBackend::WebGpu} disabled={!has_webgpu}>
+                        { if has_webgpu { "WebGPU (loads a second, larger module)" } else { "WebGPU (not offered by this browser)" } }
+                    </option>
+                </select>
+            </label>
+            if props.backend == TrainBackend::WebGpu {
+                <p class="note">{ "On WebGPU the per-block measurement is skipped (it reads the worker's heap); the GPU's memory pool is read after each step instead. 8-bit AdamW and offload read back every step and are CPU-only here." }</p>
             }
             <button id="train-button" disabled={!trainable || running} onclick={onclick}>{ "Measure and train" }</button>
             <p id="train-status" data-status={format!("{:?}", run.status).split('(').next().unwrap_or("").to_lowercase()}>{ status }</p>
@@ -115,8 +158,24 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
                 <p id="tokens-per-second" data-value={format!("{tps:.1}")}>{ format!("{tps:.0} tokens/s") }</p>
             }
             if let Some(live) = run.live_bytes {
-                <p class="note">{ format!("Worker heap after the last step: {}", bytes(live as f64)) }</p>
+                <p class="note" id="live-bytes" data-value={live.to_string()}>{ format!("{} after the last step: {}", memory_name(run.memory_method), bytes(live as f64)) }</p>
+            }
+            if let Some(r) = run.resident {
+                <p id="resident" data-predicted={r.predicted.to_string()} data-measured={r.measured.to_string()} data-host-side={r.host_side.to_string()}>
+                    { format!("Kept between steps (weights, adapters, optimizer state): predicted {}, measured {} ({:.3}×)", bytes(r.predicted as f64), bytes(r.measured as f64), r.measured as f64 / (r.predicted.max(1)) as f64) }
+                    if r.host_side > 0 {
+                        { format!("; NF4 codes and scales stay in host memory on the GPU: {}", bytes(r.host_side as f64)) }
+                    }
+                </p>
             }
         </section>
+    }
+}
+
+/// What the live figure measures, in words.
+fn memory_name(method: Option<MeterMethod>) -> &'static str {
+    match method {
+        Some(MeterMethod::DevicePool) => "GPU memory pool in use",
+        _ => "Worker heap",
     }
 }
