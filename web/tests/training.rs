@@ -161,8 +161,16 @@ fn training_in_the_page() {
     .expect_err("refused");
     assert!(err.to_string().contains("8-bit AdamW"), "{err}");
 
-    // Full fine-tuning starts at chance (ln V) and learns the cycle.
-    let l = losses(&run(&request(&[Action::SetLora(false)])));
+    // Full fine-tuning starts at chance (ln V) and learns the cycle. Its step peak is within
+    // 10 % of the prediction (1.050 measured; 1.483 while burn Flex copied every gradient that
+    // was still shared with burn's gradient container, see `ParamGrads::from_backward`).
+    let full = run(&request(&[Action::SetLora(false)]));
+    let TrainEvent::Measured { report } = &full[1] else {
+        panic!("second event: {:?}", full[1]);
+    };
+    let peak = &report.step_peak;
+    assert!((0.9..1.1).contains(&peak.ratio), "{peak:?}");
+    let l = losses(&full);
     let chance = (512f32).ln();
     assert!((l[0] - chance).abs() < 1.0, "first loss {} vs ln V", l[0]);
     assert!(l[11] < 0.8 * l[0], "losses {l:?}");

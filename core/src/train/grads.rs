@@ -23,8 +23,11 @@ impl ParamGrads {
         Self::default()
     }
 
-    /// The gradients `grads` holds for the parameters of `module`.
-    pub fn from_backward<M: Module>(module: &M, grads: &Gradients) -> Self {
+    /// The gradients `grads` holds for the parameters of `module`, taken out of it: a
+    /// gradient left shared with `grads` made burn Flex copy it when flattened, so every
+    /// gradient existed twice at the end of a backward (measured: tiny-smol full fine-tuning,
+    /// T = 64, step peak 7.42 MB against 5.26 MB once taken out).
+    pub fn from_backward<M: Module>(module: &M, grads: &mut Gradients) -> Self {
         let mut collect = Collect {
             grads,
             out: ParamGrads::new(),
@@ -128,13 +131,14 @@ impl ParamGrads {
 }
 
 struct Collect<'a> {
-    grads: &'a Gradients,
+    grads: &'a mut Gradients,
     out: ParamGrads,
 }
 
 impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if let Some(g) = param.val().grad(self.grads) {
+        // A tied weight is visited twice; its gradient is taken the first time.
+        if let Some(g) = param.val().grad_remove(self.grads) {
             let n = g.shape().num_elements();
             self.out.grads.insert(param.id, g.reshape([n]));
         }

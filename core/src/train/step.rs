@@ -169,8 +169,8 @@ fn plain_backward(
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let loss = causal_lm_loss(model.forward(&micro.batch), &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
-    let grads = (loss.sum * scale).backward();
-    Ok((ParamGrads::from_backward(model, &grads), loss_sum))
+    let mut grads = (loss.sum * scale).backward();
+    Ok((ParamGrads::from_backward(model, &mut grads), loss_sum))
 }
 
 /// Block-level gradient checkpointing.
@@ -215,22 +215,22 @@ fn checkpointed_backward(
     let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
     let loss = causal_lm_loss(model.head(top.clone()), &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
-    let head_grads = (loss.sum * scale).backward();
+    let mut head_grads = (loss.sum * scale).backward();
     let mut upstream = top
         .grad(&head_grads)
         .ok_or_else(|| Error::Input("no gradient reached the last block".into()))?;
-    grads.add(ParamGrads::from_backward(model, &head_grads));
+    grads.add(ParamGrads::from_backward(model, &mut head_grads));
     drop(head_grads);
 
     // 3. Blocks, top down, one recomputation at a time.
     for (block, input) in model.layers.iter().zip(inputs).rev() {
         let input = Tensor::from_inner(input).require_grad();
         let output = block.forward(input.clone(), &ctx.rope, &ctx.mask);
-        let block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
+        let mut block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
         upstream = input
             .grad(&block_grads)
             .ok_or_else(|| Error::Input("no gradient reached a block input".into()))?;
-        grads.add(ParamGrads::from_backward(block, &block_grads));
+        grads.add(ParamGrads::from_backward(block, &mut block_grads));
     }
 
     // 4. Embedding, when it trains (full fine-tuning; with LoRA it is frozen).

@@ -269,11 +269,11 @@ fn adamw_state_of_a_lora_step_is_two_moments_per_adapter_value() {
         [&Kind::OptimizerState] as f64;
     for step in 0..3 {
         let before = live_bytes();
-        let backward = causal_lm_loss(model.forward(&batch), &labels)
+        let mut backward = causal_lm_loss(model.forward(&batch), &labels)
             .unwrap()
             .mean()
             .backward();
-        let grads = napkin_core::train::ParamGrads::from_backward(&model, &backward);
+        let grads = napkin_core::train::ParamGrads::from_backward(&model, &mut backward);
         drop(backward);
         model = adamw.step(model, &grads, 1e-3);
         drop(grads);
