@@ -22,7 +22,12 @@ async function trainOnWebGpu(json) {
   const info = adapter.info ?? {};
   const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ');
   if (!gpuModule) {
-    gpuModule = await import('./napkin_web_gpu.js');
+    try {
+      gpuModule = await import('./napkin_web_gpu.js');
+    } catch (error) {
+      failed(`this build has no WebGPU module (scripts/web-build.sh skips it with NAPKIN_WEBGPU=0): ${error}`);
+      return;
+    }
     await gpuModule.default();
   }
   await gpuModule.train_on_webgpu(json, name || 'unnamed', post);
