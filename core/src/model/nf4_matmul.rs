@@ -72,7 +72,26 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             }
             Err(_) => x,
         };
-        // Other backends: correct gradients, but autodiff keeps the dequantized weight.
+        // The GPU backends (wgpu, WebGPU, CUDA: burn's one cubecl backend type). The codes
+        // stay on the host: each product dequantizes there and uploads the transient weight.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let x = match x
+            .clone()
+            .try_into_primitive::<Autodiff<burn::backend::Cube, NoCheckpointing>>()
+        {
+            Ok(p) => {
+                use burn_backend::ops::FloatTensorOps;
+                type Cube = burn::backend::Cube;
+                return Tensor::from_primitive::<Autodiff<Cube>>(tracked::<Cube>(
+                    p,
+                    weight,
+                    |x, w| Cube::float_matmul(x, Cube::float_transpose(w)),
+                    Cube::float_matmul,
+                ));
+            }
+            Err(_) => x,
+        };
+        // Any other backend: correct gradients, but autodiff keeps the dequantized weight.
         return nf4_matmul_saving_weight(x, weight);
     }
     nf4_matmul_saving_weight(x, weight)

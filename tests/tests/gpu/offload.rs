@@ -1,21 +1,15 @@
-//! Optimizer offload on a GPU backend (wgpu), run by `scripts/test-offload.sh`: with no GPU the
-//! script installs Mesa's lavapipe, a Vulkan driver that runs on the CPU, so the device memory
-//! is the driver's own allocations and the host memory is this program's heap — two meters
-//! that do not see each other's bytes, as on a real GPU.
-//!
-//! `napkin measure`'s engine runs the same steps with the optimizer on the device and
-//! offloaded: the optimizer state leaves the device pool and appears on the host heap next to
-//! the f32 master weights, in the predicted amounts, and the link carries the predicted bytes.
+//! Optimizer offload on a GPU backend: `napkin measure`'s engine runs the same steps with the
+//! optimizer on the device and offloaded: the optimizer state leaves the device pool and
+//! appears on the host heap next to the f32 master weights, in the predicted amounts, and the
+//! link carries the predicted bytes.
 
 use napkin_core::config::{LlamaConfig, LoraConfig};
 use napkin_core::device::{DeviceKind, cpu};
-use napkin_core::memory::CountingAllocator;
 use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::memory::meter::MeterMethod;
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 
-#[global_allocator]
-static ALLOC: CountingAllocator = CountingAllocator;
+use super::ONE_AT_A_TIME;
 
 /// A small probe: the roofline is not what this test checks.
 const PROBE: MachineProbe = MachineProbe {
@@ -51,6 +45,7 @@ fn kind<'a>(
 /// master) on the host; 4 bytes per value each way on the link per step.
 #[test]
 fn offload_moves_the_optimizer_state_from_the_device_to_the_host() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for lora in [None, Some(LoraConfig::default())] {
         let s = Scenario {
             lora,

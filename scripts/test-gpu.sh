@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Optimizer offload on a GPU backend: the wgpu test binary (`tests/tests/offload`) and
-# `napkin measure --device wgpu --offload optimizer`. With no GPU it installs Mesa's lavapipe
+# The GPU-backend tests: the wgpu test binary (`tests/tests/gpu`: optimizer offload, QLoRA's
+# NF4 backward) and `napkin measure --device wgpu --offload optimizer`. With no GPU it installs Mesa's lavapipe
 # (Debian `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for
 # Vulkan. Builds the wgpu feature (dev profile; about 12 minutes cold on 2 cores).
-# Usage: scripts/test-offload.sh
+# Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +25,12 @@ if ! have_vulkan_driver; then
 fi
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 
-cargo test -p napkin-tests --features wgpu --test offload --locked -- --nocapture
+cargo test -p napkin-tests --features wgpu --test gpu --locked -- --nocapture
 
 # The same split as a user sees it (the tiny-smol preset, full fine-tuning, 2 steps).
 cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
     --offload optimizer --seq-len 64 --steps 2
+
+# QLoRA on the device (NF4 codes on the host; the products' transient weights on the device).
+cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
+    --lora-r 8 --nf4 --seq-len 64 --steps 2

@@ -1,0 +1,17 @@
+//! The GPU-backend tests, run by `scripts/test-gpu.sh` on wgpu: with no GPU the script installs
+//! Mesa's lavapipe, a Vulkan driver that runs on the CPU, so the device memory is the driver's
+//! own allocations and the host memory is this program's heap — two meters that do not see each
+//! other's bytes, as on a real GPU.
+
+use std::sync::Mutex;
+
+use napkin_core::memory::CountingAllocator;
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+/// The tests share one device pool: one at a time, so each reads only its own bytes.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+mod nf4_backward;
+mod offload;
