@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU-backend tests: the wgpu test binary (`tests/tests/gpu`: optimizer offload, QLoRA's
-# NF4 backward) and `napkin measure --device wgpu --offload optimizer`. With no GPU it installs Mesa's lavapipe
-# (Debian `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for
-# Vulkan. Builds the wgpu feature (dev profile; about 12 minutes cold on 2 cores).
+# NF4 backward, the step peak and the roofline probe on a device pool) and `napkin measure
+# --device wgpu` with offload and with QLoRA. With no GPU it installs Mesa's lavapipe (Debian
+# `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
+# Builds the wgpu feature (dev profile; about 26 minutes cold on 2 cores).
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -19,7 +19,9 @@ use crate::predict::offload::host_transfer;
 use crate::predict::sharding::Offload;
 use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
 use crate::predict::timeline::step_timeline;
-use crate::train::{Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward};
+use crate::train::{
+    Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward, forward_backward_marked,
+};
 
 /// A predicted number beside the measured one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,7 +199,10 @@ pub fn this_machine(device: &Device, probe: MachineProbe) -> DevicePreset {
     for _ in 0..4 {
         let t = Instant::now();
         let c = linear_matmul(a.clone(), b.clone());
-        let _ = c.into_data(); // waits for the result
+        // `into_data` does not wait on the GPU backends (the bytes are read when first
+        // touched): a sync does.
+        let _ = device.sync();
+        drop(c);
         best_gemm = best_gemm.min(t.elapsed().as_secs_f64());
     }
     let flops = 2.0 * (n * n * n) as f64 / best_gemm;
@@ -372,7 +377,19 @@ pub fn measure(
         let t0 = rec.now_us();
         let clock = Instant::now();
         let start = meter.start_peak();
-        let out = forward_backward(&model, &micro, s.checkpointing, Accumulation::TokenWeighted)?;
+        // A device pool is read between operations only: mark it where the step holds most.
+        let pooled = meter.method() == MeterMethod::DevicePool;
+        let out = forward_backward_marked(
+            &model,
+            &micro,
+            s.checkpointing,
+            Accumulation::TokenWeighted,
+            &mut || {
+                if pooled {
+                    meter.live();
+                }
+            },
+        )?;
         if !out.loss.is_finite() {
             return Err(Error::Input(format!(
                 "step {step}: the loss is {}",
@@ -388,6 +405,7 @@ pub fn measure(
         let t1 = rec.now_us();
         model = optimizer.step(model, &out.grads, 1e-4);
         drop(out);
+        let _ = device.sync(); // the optimizer's kernels are queued, not done, on a GPU
         seconds.push(clock.elapsed().as_secs_f64());
         rec.span(format!("step {step}: optimizer"), t1);
         let after = meter.live();

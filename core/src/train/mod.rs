@@ -21,6 +21,7 @@ pub use offload::{HostOffload, LinkTraffic};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, trainable_ids};
 pub use schedule::LrSchedule;
 pub use step::{
-    Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_unread,
+    Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_marked,
+    forward_backward_unread,
 };
 pub use trainer::{StepReport, Trainer};

@@ -117,6 +117,21 @@ pub fn forward_backward_scaled(
     .map(UnreadStep::read)
 }
 
+/// [`forward_backward`] calling `mark` where the step holds the most: after each forward that
+/// keeps a graph, before its backward (with checkpointing: after the graph-free forward, after
+/// the head's forward and after each block's recomputation). A meter that can only read the
+/// device between operations (a GPU memory pool) takes its marks there.
+pub fn forward_backward_marked(
+    model: &Llama,
+    micro_batches: &[MicroBatch],
+    checkpointing: bool,
+    accumulation: Accumulation,
+    mark: &mut dyn FnMut(),
+) -> Result<StepGradients> {
+    forward_backward_with_marks(model, micro_batches, checkpointing, accumulation, 1.0, mark)
+        .map(UnreadStep::read)
+}
+
 /// [`forward_backward_scaled`] without reading anything back: the loss stays on the device.
 /// Every backward is queued before the caller reads (one read per step, not per micro-batch).
 pub fn forward_backward_unread(
@@ -125,6 +140,24 @@ pub fn forward_backward_unread(
     checkpointing: bool,
     accumulation: Accumulation,
     loss_scale: f64,
+) -> Result<UnreadStep> {
+    forward_backward_with_marks(
+        model,
+        micro_batches,
+        checkpointing,
+        accumulation,
+        loss_scale,
+        &mut || {},
+    )
+}
+
+fn forward_backward_with_marks(
+    model: &Llama,
+    micro_batches: &[MicroBatch],
+    checkpointing: bool,
+    accumulation: Accumulation,
+    loss_scale: f64,
+    mark: &mut dyn FnMut(),
 ) -> Result<UnreadStep> {
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
@@ -143,9 +176,9 @@ pub fn forward_backward_unread(
             }
         };
         let (micro_grads, micro_loss_sum) = if checkpointing {
-            checkpointed_backward(model, micro, scale)?
+            checkpointed_backward(model, micro, scale, mark)?
         } else {
-            plain_backward(model, micro, scale)?
+            plain_backward(model, micro, scale, mark)?
         };
         grads.add(micro_grads);
         loss_sum = Some(match loss_sum {
@@ -166,9 +199,11 @@ fn plain_backward(
     model: &Llama,
     micro: &MicroBatch,
     scale: f64,
+    mark: &mut dyn FnMut(),
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let loss = causal_lm_loss(model.forward(&micro.batch), &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
+    mark();
     let mut grads = (loss.sum * scale).backward();
     Ok((ParamGrads::from_backward(model, &mut grads), loss_sum))
 }
@@ -186,6 +221,7 @@ fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
     scale: f64,
+    mark: &mut dyn FnMut(),
 ) -> Result<(ParamGrads, Tensor<1>)> {
     if model
         .lora_adapters()
@@ -209,12 +245,14 @@ fn checkpointed_backward(
         x = next;
     }
     drop(frozen);
+    mark();
 
     // 2. Head with a graph.
     let mut grads = ParamGrads::new();
     let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
     let loss = causal_lm_loss(model.head(top.clone()), &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
+    mark();
     let mut head_grads = (loss.sum * scale).backward();
     let mut upstream = top
         .grad(&head_grads)
@@ -226,6 +264,7 @@ fn checkpointed_backward(
     for (block, input) in model.layers.iter().zip(inputs).rev() {
         let input = Tensor::from_inner(input).require_grad();
         let output = block.forward(input.clone(), &ctx.rope, &ctx.mask);
+        mark();
         let mut block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
         upstream = input
             .grad(&block_grads)

@@ -13,5 +13,6 @@ static ALLOC: CountingAllocator = CountingAllocator;
 /// The tests share one device pool: one at a time, so each reads only its own bytes.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+mod device_pool;
 mod nf4_backward;
 mod offload;
