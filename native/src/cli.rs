@@ -438,4 +438,9 @@ pub struct ScenarioArgs {
     /// eager (keeps the T×T attention probabilities) or efficient (tiled: keeps none).
     #[arg(long, value_name = "KIND", default_value = "eager")]
     pub attention: String,
+    /// The element-wise layers' implementation the prediction replays: fused-cpu (napkin's
+    /// CPU kernels) or burn-ops (the GPU backends, which keep more for the backward).
+    /// `measure` takes it from its device.
+    #[arg(long, value_name = "KIND", default_value = "fused-cpu")]
+    pub kernels: String,
 }

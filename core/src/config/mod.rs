@@ -3,6 +3,7 @@
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
 mod attention;
+mod kernels;
 mod llama;
 mod lora;
 mod nf4;
@@ -10,6 +11,7 @@ mod optimizer;
 mod presets;
 
 pub use attention::{ATTENTION_TILE, AttentionKind};
+pub use kernels::Kernels;
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::meter::{Meter, MeterMethod};
 use crate::error::{Error, Result};
 use crate::model::autocast::linear_matmul;
+use crate::model::fused::kernels_on;
 use crate::model::{Llama, TokenBatch, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
 use crate::predict::offload::host_transfer;
@@ -268,7 +269,8 @@ pub fn micro_batches_of(
 /// every number with the predictor. `device` is the plain (non-autodiff) device; `probe` sizes
 /// the machine measurement behind the roofline. With `offload_to`, the optimizer keeps its
 /// state and master weights on that host device, whose bytes the counting allocator measures
-/// (it must be the global allocator, and `device` must not be a CPU backend).
+/// (it must be the global allocator, and `device` must not be a CPU backend). The prediction
+/// replays the element-wise layers as `device` runs them ([`kernels_on`]).
 pub fn measure(
     s: &Scenario,
     device: &Device,
@@ -277,6 +279,10 @@ pub fn measure(
     offload_to: Option<Device>,
     build: impl FnOnce() -> Result<Llama>,
 ) -> Result<MeasurementReport> {
+    let s = &Scenario {
+        kernels: kernels_on(device),
+        ..s.clone()
+    };
     let mut meter = Meter::for_device(device)?;
     if offload_to.is_some() && meter.method() != MeterMethod::DevicePool {
         return Err(Error::Input(
@@ -504,7 +510,11 @@ pub fn measure(
     };
     Ok(MeasurementReport {
         method: meter.method(),
-        method_description: meter.method().describe().into(),
+        method_description: format!(
+            "{}; the prediction replays {}",
+            meter.method().describe(),
+            s.kernels
+        ),
         kinds,
         layers,
         step_peak: Comparison::new(

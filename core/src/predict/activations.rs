@@ -19,7 +19,11 @@
 //!
 //! napkin's fused CPU ops (`model/fused/`) are one op each: RMSNorm keeps its input and one
 //! `1/rms` per row, SwiGLU its two inputs, the loss the logits and one log-sum-exp per
-//! position, RoPE nothing (it rotates back from the shared tables).
+//! position, RoPE nothing (it rotates back from the shared tables). On the GPU backends the
+//! same formulas run as burn's ops ([`Kernels::BurnOps`]) and are replayed op by op: RMSNorm
+//! `x²`, `√`, `1/·`, `x·r`, `w·(x·r)`; SwiGLU `σ(g)`, `g·σ(g)`, `silu(g)·u`; the loss
+//! burn's log-softmax (`exp` of the shifted logits, `log` of their row sums), RoPE products
+//! with the tables (which keep nothing of the projection).
 //!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
@@ -27,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget};
+use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget};
 
 /// What the step trains, which decides what is tracked.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,6 +82,8 @@ struct Replay {
     prefix: String,
     /// Ops recorded in the autodiff graph (tracked outputs), per block (None: outside).
     recorded: BTreeMap<Option<usize>, u64>,
+    /// Fused CPU kernels or burn's ops for the element-wise layers.
+    kernels: Kernels,
 }
 
 impl Replay {
@@ -163,15 +169,40 @@ impl Replay {
         out
     }
 
-    /// RMSNorm over `n` rows of width `d`, one fused op: keeps its input and one
-    /// `1/rms` per row when its output needs a gradient.
+    /// RMSNorm over `n` rows of width `d`. Fused: one op that keeps its input and one `1/rms`
+    /// per row when its output needs a gradient. burn's ops: `x·x`, its row mean, `+ε`, `√`,
+    /// `1/·`, `x·r`, `w·(x·r)`.
     fn rms_norm(&mut self, x: Value, n: u64, d: u64, gain_trainable: bool) -> Value {
+        let gain = Self::param(gain_trainable);
+        if self.kernels == Kernels::BurnOps {
+            let square = self.binary("square", x, x, n * d);
+            let mean = self.stateless("mean_square", &[square], n);
+            let shifted = self.stateless("mean_square_eps", &[mean], n);
+            let rms = self.unary("rms", shifted, n);
+            let inv = self.unary("inv_rms", rms, n);
+            let normed = self.binary("normed", x, inv, n * d);
+            return self.binary("output", gain, normed, n * d);
+        }
         let inv = self.produce("inv_rms", n, false);
-        let out = self.fused("output", &[x, Self::param(gain_trainable)], n * d);
+        let out = self.fused("output", &[x, gain], n * d);
         if out.tracked {
             self.keep(inv);
         }
         out
+    }
+
+    /// `silu(g)·u` over `values` elements. Fused: one op keeping `g` and `u`. burn's ops:
+    /// `σ(g)` (kept: its backward reads its output), `g·σ(g)`, `silu(g)·u`.
+    fn swiglu(&mut self, gate: Value, up: Value, values: u64) -> Value {
+        if self.kernels == Kernels::BurnOps {
+            let sigmoid = self.produce("gate_sigmoid", values, gate.tracked);
+            if gate.tracked {
+                self.keep(sigmoid);
+            }
+            let silu = self.binary("gate_silu", gate, sigmoid, values);
+            return self.binary("swiglu", silu, up, values);
+        }
+        self.fused("swiglu", &[gate, up], values)
     }
 
     /// A bias-free linear `x·Wᵀ` over `n` rows, with an optional LoRA adapter of rank `r`.
@@ -208,6 +239,7 @@ pub fn kept_activations(
     t: usize,
     packed: bool,
     attention: AttentionKind,
+    kernels: Kernels,
 ) -> ForwardKeeps {
     let c = config;
     let (b, t) = (b as u64, t as u64);
@@ -222,7 +254,10 @@ pub fn kept_activations(
         c.num_key_value_heads as u64,
         c.head_dim as u64,
     );
-    let mut r = Replay::default();
+    let mut r = Replay {
+        kernels,
+        ..Replay::default()
+    };
     let frozen_norms = trainable.embedding_and_norms;
     let lora_of = |target: LoraTarget, inp: usize| -> Lora {
         trainable
@@ -259,10 +294,20 @@ pub fn kept_activations(
                 let q = linear(r, "q_proj", LoraTarget::QProj, h1, h * dh, c.hidden_size);
                 let k = linear(r, "k_proj", LoraTarget::KProj, h1, hkv * dh, c.hidden_size);
                 let v = linear(r, "v_proj", LoraTarget::VProj, h1, hkv * dh, c.hidden_size);
-                // rope(x) = x·cos + cat(−x₂, x₁)·sin, one fused op on the projection: keeps
-                // nothing (its backward is the inverse rotation, from the shared tables).
+                // rope(x) = x·cos + cat(−x₂, x₁)·sin. Fused: one op on the projection that
+                // keeps nothing (its backward is the inverse rotation, from the shared
+                // tables). burn's ops: the products keep the tables (once per forward).
                 let rope = |r: &mut Replay, name: &str, x: Value, values| {
-                    r.scoped(name, |r| r.stateless("output", &[x, cos, sin], values))
+                    r.scoped(name, |r| {
+                        if r.kernels == Kernels::FusedCpu {
+                            return r.stateless("output", &[x, cos, sin], values);
+                        }
+                        let x_cos = r.binary("x_cos", x, cos, values);
+                        r.record(x.tracked, 3); // two halves and a negation
+                        let rotated = r.stateless("rotated", &[x], values);
+                        let rotated_sin = r.binary("rotated_sin", rotated, sin, values);
+                        r.stateless("output", &[x_cos, rotated_sin], values)
+                    })
                 };
                 let q = rope(r, "q_rope", q, n * h * dh);
                 let k = rope(r, "k_rope", k, n * hkv * dh);
@@ -309,7 +354,7 @@ pub fn kept_activations(
                 };
                 let gate = linear(r, "gate_proj", LoraTarget::GateProj, h2, f, c.hidden_size);
                 let up = linear(r, "up_proj", LoraTarget::UpProj, h2, f, c.hidden_size);
-                let prod = r.fused("swiglu", &[gate, up], n * f);
+                let prod = r.swiglu(gate, up, n * f);
                 linear(
                     r,
                     "down_proj",
@@ -334,6 +379,23 @@ pub fn kept_activations(
     // logits, not here), one log-sum-exp per position and the shifted labels (a class index
     // and a weight per counted position, 4 bytes each).
     let rows = b * (t.saturating_sub(1));
+    if r.kernels == Kernels::BurnOps {
+        // burn's log-softmax over the first T − 1 positions keeps the shifted logits (the
+        // step's `logits` entry stands for them: B·(T−1)·V of its B·T·V) and the row sums of
+        // their exps; the gather keeps its i64 classes and the product the label weights.
+        r.scoped("loss", |r| {
+            let sums = r.produce("exp_row_sums", rows, false);
+            let labels = r.produce("shifted_labels", 3 * rows, false);
+            if logits.tracked {
+                r.keep(sums);
+                r.keep(labels);
+            }
+            // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
+            r.record(logits.tracked, 9);
+            r.stateless("sum", &[logits], 1);
+        });
+        return finish(r);
+    }
     r.scoped("loss", |r| {
         let lse = r.produce("log_sum_exp", n, false);
         let labels = r.produce("shifted_labels", 2 * rows, false);
@@ -343,7 +405,11 @@ pub fn kept_activations(
         }
         r.stateless("sum", &[logits], 1);
     });
+    finish(r)
+}
 
+/// The kept tensors in production order, and the recorded ops.
+fn finish(r: Replay) -> ForwardKeeps {
     let Replay {
         produced,
         kept,
@@ -385,6 +451,7 @@ mod tests {
             64,
             false,
             AttentionKind::Eager,
+            Kernels::FusedCpu,
         )
         .tensors;
         let (d, f, h, kv, r) = (576u64, 1536u64, 9u64, 192u64, 16u64);
@@ -402,6 +469,46 @@ mod tests {
         let middle = total(kept, Some(5));
         assert_eq!(middle, t * per_token + 3 * h * t * t);
         assert!(total(kept, Some(0)) < middle);
+    }
+
+    /// burn's ops (the GPU backends) keep, per token of a LoRA block, `σ(g)` and `silu(g)`
+    /// besides the fused SwiGLU's inputs and two more per-row statistics in each RMSNorm
+    /// (`mean(x²) + ε` and `√·`, besides `1/rms`); outside the blocks the RoPE products keep
+    /// the cos and sin tables, and the loss its exps' row sums instead of one log-sum-exp per
+    /// position.
+    #[test]
+    fn burns_ops_keep_the_intermediates_the_fused_kernels_recompute() {
+        let c = LlamaConfig::smollm2_135m();
+        let lora = LoraConfig::default();
+        let keeps = |kernels| {
+            kept_activations(
+                &c,
+                Trainable {
+                    embedding_and_norms: false,
+                    block_linears: false,
+                    lora: Some(&lora),
+                },
+                1,
+                64,
+                false,
+                AttentionKind::Eager,
+                kernels,
+            )
+        };
+        let (fused, ops) = (keeps(Kernels::FusedCpu), keeps(Kernels::BurnOps));
+        let (f, dh, t) = (1536u64, 64u64, 64u64);
+        assert_eq!(
+            total(&ops.tensors, Some(5)) - total(&fused.tensors, Some(5)),
+            t * (2 * f + 2 * 2)
+        );
+        let rows = t - 1;
+        let outside = |k: &ForwardKeeps| total(&k.tensors, None);
+        assert_eq!(
+            outside(&ops) + t, // one log-sum-exp per position (fused)
+            // tables; the final norm's statistics; row sums; i64 classes
+            outside(&fused) + 2 * t * dh + 2 * t + rows + rows
+        );
+        assert!(ops.recorded_ops[&Some(5)] > fused.recorded_ops[&Some(5)]);
     }
 }
 
@@ -423,11 +530,19 @@ mod efficient_attention_tests {
         };
         let t = 1024u64;
         let values = |attention| -> u64 {
-            kept_activations(&c, trainable, 1, t as usize, false, attention)
-                .tensors
-                .iter()
-                .map(|k| k.values)
-                .sum()
+            kept_activations(
+                &c,
+                trainable,
+                1,
+                t as usize,
+                false,
+                attention,
+                Kernels::FusedCpu,
+            )
+            .tensors
+            .iter()
+            .map(|k| k.values)
+            .sum()
         };
         let (h, dh, layers) = (9u64, 64u64, 30u64);
         let eager = values(AttentionKind::Eager);
@@ -438,10 +553,18 @@ mod efficient_attention_tests {
         let efficient_attention = layers * (t * h * dh + h * t);
         assert_eq!(eager - efficient, eager_attention - efficient_attention);
         assert!(
-            !kept_activations(&c, trainable, 1, 64, false, AttentionKind::Efficient)
-                .tensors
-                .iter()
-                .any(|k| k.name.contains("scores") || k.name == "attention_mask")
+            !kept_activations(
+                &c,
+                trainable,
+                1,
+                64,
+                false,
+                AttentionKind::Efficient,
+                Kernels::FusedCpu
+            )
+            .tensors
+            .iter()
+            .any(|k| k.name.contains("scores") || k.name == "attention_mask")
         );
     }
 }

@@ -15,7 +15,9 @@ use serde::Serialize;
 
 use super::activations::{Trainable, kept_activations};
 use super::workspace;
-use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
+use crate::config::{
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+};
 use crate::memory::weights::nf4_tensor_bytes;
 use crate::tricks::blockwise8::adamw8bit_state_bytes;
 
@@ -122,6 +124,8 @@ pub struct Scenario {
     pub packed: bool,
     /// Eager attention (keeps `[B, H, T, T]` tensors) or the tiled, memory-efficient one.
     pub attention: AttentionKind,
+    /// napkin's fused CPU kernels or burn's ops (the GPU backends) for the element-wise layers.
+    pub kernels: Kernels,
 }
 
 impl Scenario {
@@ -139,6 +143,7 @@ impl Scenario {
             accumulation: 1,
             packed: false,
             attention: AttentionKind::Eager,
+            kernels: Kernels::FusedCpu,
         }
     }
 
@@ -309,6 +314,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         s.seq_len,
         s.packed,
         s.attention,
+        s.kernels,
     );
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.
     let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();

@@ -7,7 +7,8 @@ use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
-use crate::config::{AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::predict::inventory::Scenario;
 
@@ -158,6 +159,11 @@ impl TrainConfig {
             accumulation: self.accum.max(1),
             packed: self.pack,
             attention: self.attention,
+            // A device name that does not parse is refused when the device is opened.
+            kernels: match self.device.parse::<DeviceKind>() {
+                Ok(kind) if !kind.is_cpu() => Kernels::BurnOps,
+                _ => Kernels::FusedCpu,
+            },
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

@@ -74,6 +74,7 @@ impl ScenarioArgs {
             checkpointing: self.checkpointing,
             accumulation: self.accumulation.max(1),
             attention: self.attention.parse().context("--attention")?,
+            kernels: self.kernels.parse().context("--kernels")?,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

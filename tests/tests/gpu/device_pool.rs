@@ -1,6 +1,7 @@
 //! `napkin measure` on a GPU memory pool, which is read between operations only: the step
-//! peak is taken at marks inside the step (after each forward that keeps a graph), and the
-//! roofline's GEMM rate is timed to the end of the product.
+//! peak is taken at marks inside the step (after each forward that keeps a graph), the saved
+//! activations are predicted as burn's ops keep them (the fused CPU kernels do not run here),
+//! and the roofline's GEMM rate is timed to the end of the product.
 
 use std::time::Instant;
 
@@ -13,11 +14,15 @@ use napkin_core::predict::inventory::Scenario;
 
 use super::ONE_AT_A_TIME;
 
-/// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset: the
-/// step peak read at the marks is the predicted one within −15 % / +20 % (with marks only
-/// after the backward it read the gradients alone: 0.07 of the prediction for QLoRA).
+/// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
+/// - the activations one forward keeps are the predicted ones within 5 % (replayed as burn's
+///   ops: the fused CPU kernels' rules predict 1.15–1.24 of what is measured);
+/// - the step peak read at the marks is 0.75–1.1 of the predicted one. The marks see what a
+///   forward holds, not the backward's transients (the predicted peak is inside a block's
+///   backward), so this is a lower bound: 0.81 with checkpointing, about 0.9 without. With
+///   marks only after the backward it read the gradients alone (QLoRA 0.07, full 0.65).
 #[test]
-fn the_step_peak_on_a_device_pool_is_read_inside_the_step() {
+fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = DeviceKind::Wgpu
         .open()
@@ -55,10 +60,22 @@ fn the_step_peak_on_a_device_pool_is_read_inside_the_step() {
             random_model(&s, &train)
         })
         .expect("measured steps");
+        let saved = r
+            .kinds
+            .iter()
+            .find(|c| c.name == "saved activations")
+            .expect("a saved activations row");
         let peak = &r.step_peak;
-        eprintln!("{what}: step peak {peak:?}");
+        eprintln!("{what}: {saved:?}, {peak:?}");
         assert!(
-            (0.85..=1.2).contains(&peak.ratio),
+            (0.95..=1.05).contains(&saved.ratio),
+            "{what}: saved activations measured {} B vs predicted {} B (ratio {:.3})",
+            saved.measured,
+            saved.predicted,
+            saved.ratio
+        );
+        assert!(
+            (0.75..=1.1).contains(&peak.ratio),
             "{what}: step peak measured {} B vs predicted {} B (ratio {:.3})",
             peak.measured,
             peak.predicted,

@@ -24,6 +24,8 @@ use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
+use crate::config::Kernels;
+
 pub(crate) use exp::{exp_in_place, fast_exp, sum_of_exp};
 
 /// Values per rayon task: large enough that scheduling is noise, small enough that two
@@ -247,6 +249,16 @@ pub(crate) fn on_cpu<K: CpuKernel>(kernel: &K, inputs: K::Inputs) -> Result<K::O
     result
 }
 
+/// Which implementation runs the element-wise layers on `device`: napkin's fused kernels on
+/// the CPU backends, burn's ops elsewhere (f32; half precision falls back to burn's ops on
+/// every backend).
+pub fn kernels_on(device: &Device) -> Kernels {
+    match cpu_values(Tensor::<1>::zeros([1], device)) {
+        Ok(_) => Kernels::FusedCpu,
+        Err(_) => Kernels::BurnOps,
+    }
+}
+
 /// A tensor's f32 values on the host through [`host_values`] (no copy when the buffer is
 /// unique and contiguous, else one, a row at a time on NdArray); the tensor back when it is
 /// not f32 on a CPU backend.
@@ -370,7 +382,7 @@ mod tests {
     use burn_autodiff::Autodiff;
     use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
-    use super::{CpuKernel, CpuValues, on_cpu};
+    use super::{CpuKernel, CpuValues, Kernels, kernels_on, on_cpu};
     use crate::device::DeviceKind;
 
     /// A kernel that says which backend took its input, plain or under autodiff.
@@ -392,6 +404,17 @@ mod tests {
                 Ok(_) => Ok(name.to_string()),
                 Err(_) => Err(x),
             }
+        }
+    }
+
+    /// Every CPU backend, with and without autodiff, runs the fused kernels (the wgpu side is
+    /// `tests/tests/gpu/device_pool.rs`: there the burn-ops prediction holds).
+    #[test]
+    fn the_cpu_backends_run_the_fused_kernels() {
+        for kind in DeviceKind::cpu_backends() {
+            let device = kind.open().unwrap();
+            assert_eq!(kernels_on(&device), Kernels::FusedCpu, "{kind}");
+            assert_eq!(kernels_on(&device.autodiff()), Kernels::FusedCpu, "{kind}");
         }
     }
 

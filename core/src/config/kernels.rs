@@ -1,0 +1,59 @@
+//! Which implementation runs the element-wise layers (RMSNorm, SwiGLU, the loss): it decides
+//! what they keep for the backward, so the predictor must know it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The element-wise layers' implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kernels {
+    /// napkin's fused kernels (`model/fused/`, f32 on Flex or NdArray): one op each, keeping
+    /// its inputs and one statistic per row.
+    #[default]
+    FusedCpu,
+    /// burn's ops, one per step of the formula (wgpu, WebGPU, CUDA): each keeps what its own
+    /// backward reads — RMSNorm three per-row statistics and, when its gain trains, `x·r`;
+    /// SwiGLU `σ(g)` and `silu(g)` besides `g` and `u`; the loss the shifted logits.
+    BurnOps,
+}
+
+impl fmt::Display for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kernels::FusedCpu => "napkin's fused CPU kernels",
+            Kernels::BurnOps => "burn's ops",
+        })
+    }
+}
+
+impl FromStr for Kernels {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "fused-cpu" | "fused" | "cpu" => Ok(Kernels::FusedCpu),
+            "burn-ops" | "burn" | "gpu" => Ok(Kernels::BurnOps),
+            _ => Err(Error::Input(format!(
+                "unknown kernels `{s}`: expected fused-cpu or burn-ops"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_bad_names_are_refused() {
+        assert_eq!("fused-cpu".parse::<Kernels>().unwrap(), Kernels::FusedCpu);
+        assert_eq!("burn-ops".parse::<Kernels>().unwrap(), Kernels::BurnOps);
+        let err = "cuda".parse::<Kernels>().unwrap_err().to_string();
+        assert!(err.contains("expected fused-cpu or burn-ops"), "{err}");
+    }
+}
