@@ -14,6 +14,9 @@ use tokenizers::{AddedToken, Tokenizer};
 use crate::error::{Error, Result};
 use crate::io::gguf::GgufFile;
 
+/// A text's token ids, token strings and character spans (start, end), one of each per token.
+pub type DetailedEncoding = (Vec<u32>, Vec<String>, Vec<(usize, usize)>);
+
 /// GGUF token types (llama.cpp's `llama_token_type`): control and user-defined tokens are
 /// matched whole, before BPE.
 const TOKEN_TYPE_CONTROL: u64 = 3;
@@ -177,10 +180,7 @@ impl TextTokenizer {
 
     /// Ids, tokens and character offsets of `text` (as Python's `tokenizers` reports them;
     /// the Rust crate counts bytes, converted here).
-    pub fn encode_detailed(
-        &self,
-        text: &str,
-    ) -> Result<(Vec<u32>, Vec<String>, Vec<(usize, usize)>)> {
+    pub fn encode_detailed(&self, text: &str) -> Result<DetailedEncoding> {
         let e = self
             .inner
             .encode(text, false)

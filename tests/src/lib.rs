@@ -233,13 +233,13 @@ pub fn write_gguf(
         out.extend(offset.to_le_bytes());
         offset += (4 * values.len()).div_ceil(32) as u64 * 32;
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     for (_, _, values) in tensors {
         let start = out.len();
         out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        while (out.len() - start) % 32 != 0 {
+        while !(out.len() - start).is_multiple_of(32) {
             out.push(0);
         }
     }

@@ -204,13 +204,16 @@ impl LlamaConfig {
                 return err(format!("`{name}` must be at least 1, found 0"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return err(format!(
                 "num_attention_heads {} must be a multiple of num_key_value_heads {} (grouped-query attention)",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {

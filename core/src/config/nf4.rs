@@ -28,7 +28,7 @@ pub const DOUBLE_QUANT_BLOCK: usize = 256;
 impl Nf4Config {
     /// Checks the block size.
     pub fn validate(&self) -> Result<()> {
-        if self.block_size < 2 || self.block_size % 2 != 0 || self.block_size > 1 << 20 {
+        if self.block_size < 2 || !self.block_size.is_multiple_of(2) || self.block_size > 1 << 20 {
             return Err(Error::config(
                 "--block-size",
                 format!(

@@ -197,7 +197,7 @@ impl SafetensorsCheckpoint {
     }
 
     /// Reads any tensor (float or integer) with its shape, for reference fixtures.
-    pub fn read_raw(&self, name: &str) -> Result<Option<(Dtype, Vec<usize>, Vec<u8>)>> {
+    pub fn read_raw(&self, name: &str) -> Result<Option<RawTensor>> {
         Ok(self
             .view(name)?
             .map(|(v, _)| (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
@@ -235,6 +235,9 @@ pub fn decode_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
 
 /// A map from names to owned f32 tensors, for writers and tests.
 pub type TensorMap = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// A stored tensor as it is in the file: its dtype, shape and little-endian bytes.
+pub type RawTensor = (Dtype, Vec<usize>, Vec<u8>);
 
 /// f32 → IEEE half bits, rounding to nearest even (for writing f16 checkpoints).
 pub fn f32_to_f16_bits(x: f32) -> u16 {

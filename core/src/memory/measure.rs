@@ -430,13 +430,12 @@ pub fn measure(
         // Per step: the steps after the first (which also copied each parameter to the host
         // once to start its master copy); with one step, that step less the master copies.
         let later = seconds.len().saturating_sub(1) as u64;
-        let (to_host, to_device) = if later > 0 {
-            (
+        let (to_host, to_device) = match later {
+            0 => (total.to_host - o.master_bytes(), total.to_device),
+            later => (
                 (total.to_host - traffic_after_first.to_host) / later,
                 (total.to_device - traffic_after_first.to_device) / later,
-            )
-        } else {
-            (total.to_host - o.master_bytes(), total.to_device)
+            ),
         };
         OffloadMeasurement {
             host_method: MeterMethod::CountingAllocator,
@@ -503,7 +502,7 @@ pub fn measure(
         .collect();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    let median = if sorted.len() % 2 == 0 {
+    let median = if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0
     } else {
         sorted[mid]

@@ -17,6 +17,7 @@ use crate::config::LlamaConfig;
 
 /// Which keys each query sees, in the form the chosen attention consumes.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one mask per forward, moved rarely
 pub enum AttentionMask {
     /// Additive, `[1 or B, 1, T, S]`: the eager attention.
     Dense(Tensor<4>),

@@ -44,7 +44,7 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     x.matmul(w.transpose())
 }
 
-/// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
+// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
 pub mod ndarray_gemm {

@@ -426,6 +426,18 @@ fn finish(r: Replay) -> ForwardKeeps {
 mod tests {
     use super::*;
 
+    /// SmolLM2-135M with LoRA r 16 on every linear, one row of 64 tokens, eager attention.
+    fn smollm2_lora_keeps(kernels: Kernels) -> ForwardKeeps {
+        let lora = LoraConfig::default();
+        let trainable = Trainable {
+            embedding_and_norms: false,
+            block_linears: false,
+            lora: Some(&lora),
+        };
+        let c = LlamaConfig::smollm2_135m();
+        kept_activations(&c, trainable, 1, 64, false, AttentionKind::Eager, kernels)
+    }
+
     fn total(kept: &[Kept], layer: Option<usize>) -> u64 {
         kept.iter()
             .filter(|k| k.layer == layer)
@@ -438,22 +450,7 @@ mod tests {
     /// per-token tensors.
     #[test]
     fn a_lora_block_keeps_what_the_rules_say() {
-        let c = LlamaConfig::smollm2_135m();
-        let lora = LoraConfig::default();
-        let kept = &kept_activations(
-            &c,
-            Trainable {
-                embedding_and_norms: false,
-                block_linears: false,
-                lora: Some(&lora),
-            },
-            1,
-            64,
-            false,
-            AttentionKind::Eager,
-            Kernels::FusedCpu,
-        )
-        .tensors;
+        let kept = &smollm2_lora_keeps(Kernels::FusedCpu).tensors;
         let (d, f, h, kv, r) = (576u64, 1536u64, 9u64, 192u64, 16u64);
         let t = 64u64;
         let per_token = d // residual after attention (kept by the second norm)
@@ -478,24 +475,8 @@ mod tests {
     /// position.
     #[test]
     fn burns_ops_keep_the_intermediates_the_fused_kernels_recompute() {
-        let c = LlamaConfig::smollm2_135m();
-        let lora = LoraConfig::default();
-        let keeps = |kernels| {
-            kept_activations(
-                &c,
-                Trainable {
-                    embedding_and_norms: false,
-                    block_linears: false,
-                    lora: Some(&lora),
-                },
-                1,
-                64,
-                false,
-                AttentionKind::Eager,
-                kernels,
-            )
-        };
-        let (fused, ops) = (keeps(Kernels::FusedCpu), keeps(Kernels::BurnOps));
+        let fused = smollm2_lora_keeps(Kernels::FusedCpu);
+        let ops = smollm2_lora_keeps(Kernels::BurnOps);
         let (f, dh, t) = (1536u64, 64u64, 64u64);
         assert_eq!(
             total(&ops.tensors, Some(5)) - total(&fused.tensors, Some(5)),

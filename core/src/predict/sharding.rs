@@ -157,7 +157,7 @@ pub fn sharded_memory(
         }
     }
     let mut by_size: Vec<(u64, u64)> = units.values().copied().collect();
-    by_size.sort_by(|a, b| b.0.cmp(&a.0));
+    by_size.sort_by_key(|entry| std::cmp::Reverse(entry.0));
     // The unit computing now and the one prefetched next: at most the two largest.
     let two_units: u64 = by_size.iter().take(2).map(|u| u.0).sum();
     let unit_grads = by_size.first().map_or(0, |u| u.1);

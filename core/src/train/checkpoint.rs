@@ -185,7 +185,7 @@ pub fn list_checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
             p.is_dir().then_some((step, p))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.0));
     found
 }
 

@@ -48,6 +48,7 @@ pub struct Optimizer {
 
 /// The update rule and its state.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per optimizer
 pub enum UpdateRule {
     /// f32 AdamW.
     AdamW(AdamW),

@@ -25,6 +25,8 @@ use crate::error::{Error, Result};
 const DEQUANTIZE_BLOCKS_PER_TASK: usize = 256;
 
 /// The 16 NF4 code values, index = 4-bit code (QLoRA, Dettmers et al. 2023; as in bitsandbytes).
+/// Written with bitsandbytes' digits, more than an f32 holds, so they can be checked against it.
+#[allow(clippy::excessive_precision)]
 pub const NF4_CODEBOOK: [f32; 16] = [
     -1.0,
     -0.696_192_800_998_687_7,

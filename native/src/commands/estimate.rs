@@ -471,16 +471,19 @@ fn inventory_section(
             json!({"id": d.id, "memory_bytes": d.memory, "fits": (timeline.peak.bytes as f64) <= d.memory, "roofline": r})
         })
         .collect();
-    let sharding = match args.shard.as_deref().and_then(Strategy::parse) {
-        Some(strategy) => Some(sharded_memory(
-            &scenario,
-            strategy,
-            args.gpus,
-            args.nodes,
-            Offload::from_flag(args.offload.as_deref().unwrap_or("")),
-        )),
-        None => None,
-    };
+    let sharding = args
+        .shard
+        .as_deref()
+        .and_then(Strategy::parse)
+        .map(|strategy| {
+            sharded_memory(
+                &scenario,
+                strategy,
+                args.gpus,
+                args.nodes,
+                Offload::from_flag(args.offload.as_deref().unwrap_or("")),
+            )
+        });
     let offload = args.offload.as_deref().map(|o| {
         offload_section(
             &scenario,

@@ -65,7 +65,7 @@ impl GgmlType {
     /// an unsupported type the size is unknown and reported as 0 (the tensor cannot be read).
     pub fn byte_size(self, n: u64) -> Option<u64> {
         match self.block() {
-            Some((per, bytes)) if n % per == 0 => (n / per).checked_mul(bytes),
+            Some((per, bytes)) if n.is_multiple_of(per) => (n / per).checked_mul(bytes),
             Some(_) => None,
             None => Some(0),
         }
@@ -79,7 +79,7 @@ impl GgmlType {
             ));
         };
         let (per, size) = (per as usize, size as usize);
-        if n % per != 0 || bytes.len() != n / per * size {
+        if !n.is_multiple_of(per) || bytes.len() != n / per * size {
             return Err(format!(
                 "{} bytes for {n} elements of {self:?}",
                 bytes.len()

@@ -13,7 +13,13 @@ use super::LANES;
 ///
 /// `eˣ = 2ⁿ·eʳ` with `n = round(x·log₂e)` and `r = x − n·ln2` (ln2 in two parts, so `r` is
 /// exact), `eʳ` by a degree-6 polynomial on `|r| ≤ ln2/2` (Cephes' coefficients).
+/// (Cephes' digits as published; the comparisons below are NaN-aware on purpose.)
 #[inline(always)]
+#[allow(
+    clippy::excessive_precision,
+    clippy::manual_clamp,
+    clippy::neg_cmp_op_on_partial_ord
+)]
 pub(crate) fn fast_exp(x: f32) -> f32 {
     const LOWEST: f32 = -87.0;
     const HIGHEST: f32 = 88.0;
