@@ -22,6 +22,16 @@ pub enum Kernels {
     BurnOps,
 }
 
+impl Kernels {
+    /// Whether burn's autodiff graph (its nodes and boxed backward steps, host objects) is in
+    /// the memory the tensors use: on the CPU backends, where the fused kernels run, it is; on
+    /// a GPU backend it is host memory beside the device's (lavapipe: each block's measured
+    /// device bytes equal the burn-ops prediction without the graph, to the byte).
+    pub fn graph_beside_tensors(self) -> bool {
+        self == Kernels::FusedCpu
+    }
+}
+
 impl fmt::Display for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -331,7 +331,11 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             bytes: F32 * kept.values,
         });
     }
-    for (&layer, &ops) in &keeps.recorded_ops {
+    let graph_ops = keeps
+        .recorded_ops
+        .iter()
+        .filter(|_| s.kernels.graph_beside_tensors());
+    for (&layer, &ops) in graph_ops {
         out.push(Entry {
             name: match layer {
                 Some(l) => format!("layers.{l}.autodiff_graph"),
