@@ -37,64 +37,58 @@ pub fn dequantized_weight(weight: &Nf4Tensor, device: &Device) -> Tensor<2> {
 /// # Shapes
 /// - `x`: `[N, in]`, `weight`: NF4 `[out, in]` → `[N, out]`
 pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
-    if x.is_tracked() {
-        // Each CPU backend compiled in gets the memory-true backward.
-        #[cfg(feature = "flex")]
-        let x = match x
-            .clone()
-            .try_into_primitive::<Autodiff<burn_flex::Flex, NoCheckpointing>>()
-        {
-            Ok(p) => {
-                use burn_backend::ops::FloatTensorOps;
-                type Flex = burn_flex::Flex;
-                // Flex multiplies a transposed view without copying it.
-                return Tensor::from_primitive::<Autodiff<Flex>>(tracked::<Flex>(
-                    p,
-                    weight,
-                    |x, w| Flex::float_matmul(x, Flex::float_transpose(w)),
-                    Flex::float_matmul,
-                ));
-            }
-            Err(_) => x,
-        };
-        #[cfg(feature = "openblas")]
-        let x = match x
-            .clone()
-            .try_into_primitive::<Autodiff<NdArray, NoCheckpointing>>()
-        {
-            Ok(p) => {
-                // NdArray would copy a transposed view; BLAS takes it as it is. Both products
-                // run on every pool thread (cpu_gemm.rs).
-                use super::matmul_wt::ndarray_gemm::{x_w, x_wt};
-                return Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<NdArray>(
-                    p, weight, x_wt, x_w,
-                ));
-            }
-            Err(_) => x,
-        };
-        // The GPU backends (wgpu, WebGPU, CUDA: burn's one cubecl backend type). The codes
-        // stay on the host: each product dequantizes there and uploads the transient weight.
-        #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let x = match x
-            .clone()
-            .try_into_primitive::<Autodiff<burn::backend::Cube, NoCheckpointing>>()
-        {
-            Ok(p) => {
-                use burn_backend::ops::FloatTensorOps;
-                type Cube = burn::backend::Cube;
-                return Tensor::from_primitive::<Autodiff<Cube>>(tracked::<Cube>(
-                    p,
-                    weight,
-                    |x, w| Cube::float_matmul(x, Cube::float_transpose(w)),
-                    Cube::float_matmul,
-                ));
-            }
-            Err(_) => x,
-        };
-        // Any other backend: correct gradients, but autodiff keeps the dequantized weight.
+    if !x.is_tracked() {
         return nf4_matmul_saving_weight(x, weight);
     }
-    nf4_matmul_saving_weight(x, weight)
+    // Every backend compiled in gets the memory-true backward; `x` comes back from the ones
+    // it does not live on.
+    let result = Err(x);
+    // Flex multiplies a transposed view without copying it.
+    #[cfg(feature = "flex")]
+    let result = result.or_else(|x| with_backend_products::<burn_flex::Flex>(x, weight));
+    // NdArray would copy a transposed view; BLAS takes it as it is. Both products run on
+    // every pool thread (cpu_gemm.rs).
+    #[cfg(feature = "openblas")]
+    let result = result.or_else(
+        |x| match x.clone().try_into_primitive::<Autodiff<NdArray>>() {
+            Ok(p) => {
+                use super::matmul_wt::ndarray_gemm::{x_w, x_wt};
+                Ok(Tensor::from_primitive::<Autodiff<NdArray>>(tracked::<
+                    NdArray,
+                >(
+                    p, weight, x_wt, x_w,
+                )))
+            }
+            Err(_) => Err(x),
+        },
+    );
+    // The GPU backends (wgpu, WebGPU, CUDA: burn's one cubecl backend type). The codes stay on
+    // the host: each product dequantizes there and uploads the transient weight.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let result = result.or_else(|x| with_backend_products::<burn::backend::Cube>(x, weight));
+    // Any other backend: correct gradients, but autodiff keeps the dequantized weight.
+    result.unwrap_or_else(|x| nf4_matmul_saving_weight(x, weight))
+}
+
+/// The custom op with backend `B`'s own products when `x` lives on `B` under autodiff; `x`
+/// back otherwise.
+#[cfg(any(feature = "flex", feature = "wgpu", feature = "cuda"))]
+fn with_backend_products<B: Backend>(
+    x: Tensor<2>,
+    weight: &Arc<Nf4Tensor>,
+) -> Result<Tensor<2>, Tensor<2>>
+where
+    burn_dispatch::DispatchTensor: burn_dispatch::DispatchKindConversion<Autodiff<B>>,
+{
+    match x.clone().try_into_primitive::<Autodiff<B>>() {
+        Ok(p) => Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
+            p,
+            weight,
+            |x, w| B::float_matmul(x, B::float_transpose(w)),
+            B::float_matmul,
+        ))),
+        Err(_) => Err(x),
+    }
 }
 
 /// The naive way: dequantize, then an ordinary matmul. Under autodiff this keeps the float

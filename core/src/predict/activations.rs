@@ -375,41 +375,29 @@ pub fn kept_activations(
         let logits = r.binary("output", normed, Replay::param(head_trainable), n * v);
         r.view(logits, 1)
     });
-    // Loss: one fused op. It keeps the logits themselves (counted once, as the step's
+    // Loss. Fused: one op that keeps the logits themselves (counted once, as the step's
     // logits, not here), one log-sum-exp per position and the shifted labels (a class index
-    // and a weight per counted position, 4 bytes each).
+    // and a weight per counted position, 4 bytes each). burn's log-softmax over the first
+    // T − 1 positions keeps the shifted logits instead (the step's `logits` entry stands for
+    // them: B·(T−1)·V of its B·T·V) and the row sums of their exps; its gather keeps i64
+    // classes and the product the label weights.
     let rows = b * (t.saturating_sub(1));
-    if r.kernels == Kernels::BurnOps {
-        // burn's log-softmax over the first T − 1 positions keeps the shifted logits (the
-        // step's `logits` entry stands for them: B·(T−1)·V of its B·T·V) and the row sums of
-        // their exps; the gather keeps its i64 classes and the product the label weights.
-        r.scoped("loss", |r| {
-            let sums = r.produce("exp_row_sums", rows, false);
-            let labels = r.produce("shifted_labels", 3 * rows, false);
-            if logits.tracked {
-                r.keep(sums);
-                r.keep(labels);
-            }
-            // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
-            r.record(logits.tracked, 9);
-            r.stateless("sum", &[logits], 1);
-        });
-        return finish(r);
-    }
+    let (row_statistic, per_row, label_values, more_ops) = match r.kernels {
+        Kernels::FusedCpu => ("log_sum_exp", n, 2 * rows, 0),
+        // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
+        Kernels::BurnOps => ("exp_row_sums", rows, 3 * rows, 9),
+    };
     r.scoped("loss", |r| {
-        let lse = r.produce("log_sum_exp", n, false);
-        let labels = r.produce("shifted_labels", 2 * rows, false);
+        let statistic = r.produce(row_statistic, per_row, false);
+        let labels = r.produce("shifted_labels", label_values, false);
         if logits.tracked {
-            r.keep(lse);
+            r.keep(statistic);
             r.keep(labels);
         }
+        r.record(logits.tracked, more_ops);
         r.stateless("sum", &[logits], 1);
     });
-    finish(r)
-}
 
-/// The kept tensors in production order, and the recorded ops.
-fn finish(r: Replay) -> ForwardKeeps {
     let Replay {
         produced,
         kept,

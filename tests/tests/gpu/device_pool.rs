@@ -7,12 +7,11 @@ use std::time::Instant;
 
 use burn::tensor::{Distribution, Tensor};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
-use napkin_core::device::DeviceKind;
 use napkin_core::memory::measure::{MachineProbe, measure, random_model, this_machine};
 use napkin_core::model::autocast::linear_matmul;
 use napkin_core::predict::inventory::Scenario;
 
-use super::ONE_AT_A_TIME;
+use super::{ONE_AT_A_TIME, wgpu_device};
 
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
 /// - the activations one forward keeps are the predicted ones within 0.1 % (replayed as burn's
@@ -25,9 +24,7 @@ use super::ONE_AT_A_TIME;
 #[test]
 fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let device = DeviceKind::Wgpu
-        .open()
-        .expect("a wgpu adapter (lavapipe without a GPU)");
+    let device = wgpu_device();
     let train = device.clone().autodiff();
     let qlora = Scenario {
         lora: Some(LoraConfig {
@@ -91,9 +88,7 @@ fn the_step_peak_and_the_activations_on_a_device_pool() {
 #[test]
 fn the_roofline_gemm_probe_waits_for_the_product() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let device = DeviceKind::Wgpu
-        .open()
-        .expect("a wgpu adapter (lavapipe without a GPU)");
+    let device = wgpu_device();
     let n = 512;
     let probe = MachineProbe {
         gemm_n: n,

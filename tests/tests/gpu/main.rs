@@ -5,6 +5,8 @@
 
 use std::sync::Mutex;
 
+use burn::tensor::Device;
+use napkin_core::device::DeviceKind;
 use napkin_core::memory::CountingAllocator;
 
 #[global_allocator]
@@ -12,6 +14,13 @@ static ALLOC: CountingAllocator = CountingAllocator;
 
 /// The tests share one device pool: one at a time, so each reads only its own bytes.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The wgpu device (lavapipe where there is no GPU).
+fn wgpu_device() -> Device {
+    DeviceKind::Wgpu
+        .open()
+        .expect("a wgpu adapter (lavapipe without a GPU)")
+}
 
 mod device_pool;
 mod nf4_backward;

@@ -6,12 +6,11 @@ use std::sync::Arc;
 
 use burn::tensor::Tensor;
 use napkin_core::config::Nf4Config;
-use napkin_core::device::DeviceKind;
 use napkin_core::memory::meter::{Meter, MeterMethod};
 use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
 use napkin_core::tricks::nf4::Nf4Tensor;
 
-use super::ONE_AT_A_TIME;
+use super::{ONE_AT_A_TIME, wgpu_device};
 
 type Product = dyn Fn(Tensor<2>, &Arc<Nf4Tensor>) -> Tensor<2>;
 
@@ -27,9 +26,7 @@ fn nf4_backward_on_the_gpu_keeps_no_dequantized_weight_between_forward_and_backw
             Arc::new(Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap())
         })
         .collect();
-    let device = DeviceKind::Wgpu
-        .open()
-        .expect("a wgpu adapter (lavapipe without a GPU)");
+    let device = wgpu_device();
     let mut meter = Meter::for_device(&device).unwrap();
     assert_eq!(meter.method(), MeterMethod::DevicePool);
     let train = device.autodiff();

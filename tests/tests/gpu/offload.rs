@@ -4,12 +4,12 @@
 //! link carries the predicted bytes.
 
 use napkin_core::config::{LlamaConfig, LoraConfig};
-use napkin_core::device::{DeviceKind, cpu};
+use napkin_core::device::cpu;
 use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::memory::meter::MeterMethod;
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 
-use super::ONE_AT_A_TIME;
+use super::{ONE_AT_A_TIME, wgpu_device};
 
 /// A small probe: the roofline is not what this test checks.
 const PROBE: MachineProbe = MachineProbe {
@@ -18,9 +18,7 @@ const PROBE: MachineProbe = MachineProbe {
 };
 
 fn run(s: &Scenario, offload: bool) -> MeasurementReport {
-    let device = DeviceKind::Wgpu
-        .open()
-        .expect("a wgpu adapter (lavapipe in CI)");
+    let device = wgpu_device();
     let train = device.clone().autodiff();
     let host = offload.then(cpu);
     measure(s, &device, 2, PROBE, host, || {
