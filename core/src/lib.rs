@@ -18,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod exercises;
 pub mod io;
+pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod predict;

@@ -14,8 +14,7 @@ pub fn to_f32_vec<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
         Ok(values) => return values,
         Err(tensor) => tensor,
     };
-    tensor
-        .into_data()
+    crate::device::link::read_back(tensor)
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("a float tensor converted to f32 reads back as f32")

@@ -117,6 +117,13 @@ pub struct BenchArgs {
     /// `suite`: also write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).
+    #[arg(long)]
+    pub smoke: bool,
+    /// `gpu`: also report the fraction of this device preset's f32 peak (t4, rtx3090,
+    /// rtx4090, a100-40gb, a100-80gb, h100, ...: the devices of `napkin estimate`'s roofline).
+    #[arg(long, value_name = "ID")]
+    pub gpu_preset: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -128,6 +135,9 @@ pub enum BenchCase {
     /// The performance suite (train steps, forward, generation, NF4), beside PyTorch with
     /// `--reference`.
     Suite,
+    /// QLoRA (TinyLlama-1.1B shape) and LoRA (SmolLM2-135M) training steps on the first GPU
+    /// found (`--device cuda|wgpu` to choose; `--smoke` for one small case).
+    Gpu,
 }
 
 #[derive(Debug, Args)]

@@ -106,8 +106,9 @@ pub enum TrainEvent {
         predicted_bytes: u64,
         /// Bytes in use after the last step less those in use before the model was built.
         measured_bytes: u64,
-        /// NF4 codes and scales that stay in host memory on a GPU backend (napkin dequantizes
-        /// a layer's weight on the host and uploads it for each product); 0 on the CPU.
+        /// On a GPU backend, the host copy of the NF4 codes and scales (the products read the
+        /// copy uploaded to the device; the host one is what a checkpoint or a merge reads);
+        /// 0 on the CPU.
         host_side_bytes: u64,
     },
     /// The run ended.
@@ -289,15 +290,19 @@ pub async fn run_training(
     Ok(())
 }
 
-/// The predictor's bytes that stay between steps, on the device that trains, and the NF4
-/// codes and scales a GPU backend keeps on the host instead.
+/// The predictor's bytes that stay between steps on the device that trains, and the host copy
+/// of the NF4 codes and scales a GPU backend keeps beside the device's.
 fn resident_bytes(scenario: &Scenario, on_gpu: bool) -> (u64, u64) {
     let (mut device, mut host) = (0, 0);
     for entry in inventory(scenario) {
         match entry.kind {
             Kind::Weights | Kind::Adapters | Kind::OptimizerState => device += entry.bytes,
-            Kind::QuantCodes | Kind::QuantScales if on_gpu => host += entry.bytes,
-            Kind::QuantCodes | Kind::QuantScales => device += entry.bytes,
+            Kind::QuantCodes | Kind::QuantScales => {
+                device += entry.bytes;
+                if on_gpu {
+                    host += entry.bytes;
+                }
+            }
             _ => {}
         }
     }

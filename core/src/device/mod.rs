@@ -5,6 +5,7 @@
 //! times Flex's GEMM throughput here), else burn Flex (pure Rust, builds for wasm).
 //! ARCHITECTURE.md records the measurements behind that choice.
 
+pub mod link;
 mod pinning;
 
 pub use pinning::{PIN_THREADS_VAR, spawn_unpinned};
@@ -82,13 +83,53 @@ impl DeviceKind {
             #[cfg(not(feature = "openblas"))]
             DeviceKind::Ndarray => Err(missing("openblas")),
             #[cfg(feature = "wgpu")]
-            DeviceKind::Wgpu => Ok(Device::wgpu(Default::default())),
+            DeviceKind::Wgpu => self.usable(Device::wgpu(Default::default())),
             #[cfg(not(feature = "wgpu"))]
             DeviceKind::Wgpu => Err(missing("wgpu")),
             #[cfg(feature = "cuda")]
-            DeviceKind::Cuda => Ok(Device::cuda(0)),
+            DeviceKind::Cuda => self.usable(Device::cuda(0)),
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda => Err(missing("cuda")),
+        }
+    }
+
+    /// `device` once a first transfer to it and back has worked: a GPU backend opens its
+    /// driver lazily and panics when there is none (no CUDA driver, no Vulkan/Metal adapter),
+    /// so the first use is made here and its failure becomes an error naming the device.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn usable(self, device: Device) -> Result<Device> {
+        let probe = device.clone();
+        let quiet = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let opened = std::panic::catch_unwind(move || {
+            burn::tensor::Tensor::<1>::zeros([1], &probe)
+                .into_data()
+                .num_elements()
+        });
+        std::panic::set_hook(quiet);
+        match opened {
+            Ok(_) => Ok(device),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "the backend panicked while opening it".into());
+                Err(Error::Device {
+                    name: self.to_string(),
+                    message: format!(
+                        "could not open the {} device: {} ({why})",
+                        self,
+                        match self {
+                            DeviceKind::Cuda => {
+                                "is an NVIDIA GPU present, with its driver (libcuda) and NVRTC \
+                                 (libnvrtc) installed?"
+                            }
+                            _ => "is a GPU with a Vulkan, Metal or DX12 driver present?",
+                        }
+                    ),
+                })
+            }
         }
     }
 
@@ -126,6 +167,42 @@ impl DeviceKind {
             .into_iter()
             .filter(|k| k.open().is_ok())
             .collect()
+    }
+}
+
+/// Whether `device` is a GPU backend (burn's cubecl backend: wgpu, WebGPU, CUDA), whose
+/// memory lies across a link from the host's.
+pub fn is_gpu(device: &Device) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        matches!(
+            device.clone().without_autodiff().as_dispatch(),
+            burn_dispatch::DispatchDevice::Cube(_)
+        )
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// The device memory a GPU backend says a workload may use (its driver's budget), in bytes;
+/// `None` on the CPU backends and where the driver states no figure.
+pub fn memory_capacity(device: &Device) -> Option<u64> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        match device.clone().without_autodiff().as_dispatch() {
+            burn_dispatch::DispatchDevice::Cube(cube) => {
+                cube.client().properties().memory.max_memory()
+            }
+            _ => None,
+        }
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        None
     }
 }
 

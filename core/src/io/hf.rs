@@ -60,7 +60,7 @@ pub fn llama_from_checkpoint_with(
     let linear = |name: &str, rows: usize, cols: usize| match nf4 {
         Some(nf4) => {
             let values = checkpoint.read_f32(name, &[rows, cols])?;
-            Linear::nf4_from_values(&values, rows, cols, nf4)
+            Linear::nf4_from_values(&values, rows, cols, nf4, device)
                 .map_err(|e| Error::Input(format!("{name}: {e}")))
         }
         None => Ok(Linear::from_weight(tensor2(name, rows, cols)?)),

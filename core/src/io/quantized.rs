@@ -29,7 +29,7 @@ use super::safetensors::SafetensorsCheckpoint;
 use crate::config::{DOUBLE_QUANT_BLOCK, LlamaConfig, Nf4Config};
 use crate::error::{Error, Result};
 use crate::model::Llama;
-use crate::model::linear::{BaseWeight, Linear, Nf4Weight};
+use crate::model::linear::{BaseWeight, Linear};
 use crate::tricks::nf4::{Nf4Scales, Nf4Tensor};
 
 /// The marker file of a quantized checkpoint.
@@ -182,12 +182,7 @@ pub fn load_quantized(dir: &Path, device: &Device) -> Result<(Llama, Nf4Config)>
             packed,
             scales,
         };
-        Ok(Linear {
-            base: BaseWeight::Nf4(Nf4Weight {
-                quantized: Arc::new(q),
-            }),
-            lora: None,
-        })
+        Ok(Linear::nf4(Arc::new(q), device))
     };
     let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {
         Ok(Tensor::from_data(

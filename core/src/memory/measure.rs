@@ -11,6 +11,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::meter::{Meter, MeterMethod};
+use crate::device::link::{self, LinkBytes};
 use crate::error::{Error, Result};
 use crate::model::autocast::linear_matmul;
 use crate::model::fused::kernels_on;
@@ -106,6 +107,10 @@ pub struct MeasurementReport {
     /// With the optimizer offloaded: host memory and link traffic, predicted and measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadMeasurement>,
+    /// On a GPU: the bytes the last step moved over the host link, counted at each transfer
+    /// (`device::link`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_per_step: Option<LinkBytes>,
 }
 
 /// Optimizer offload as measured: the host's bytes (counting allocator) and the bytes copied
@@ -377,7 +382,9 @@ pub fn measure(
     let mut grads_held = 0u64;
     let mut optimizer_state = 0u64;
     let mut seconds = Vec::new();
+    let mut link_per_step = None;
     for step in 0..steps.max(1) {
+        let link_before = link::counted();
         let between = meter.live();
         let host_between = host_meter.as_mut().map_or(0, Meter::live);
         let t0 = rec.now_us();
@@ -413,6 +420,7 @@ pub fn measure(
         drop(out);
         let _ = device.sync(); // the optimizer's kernels are queued, not done, on a GPU
         seconds.push(clock.elapsed().as_secs_f64());
+        link_per_step = link::is_across_link(device).then(|| link::counted().since(&link_before));
         rec.span(format!("step {step}: optimizer"), t1);
         let after = meter.live();
         rec.counter(after);
@@ -531,5 +539,6 @@ pub fn measure(
         this_machine: machine,
         trace: rec.events,
         offload,
+        link_per_step,
     })
 }

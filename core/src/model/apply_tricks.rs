@@ -47,6 +47,7 @@ impl Llama {
     /// weights are dropped: after this, the model holds codes and scales only.
     pub fn quantize_nf4(mut self, config: &Nf4Config) -> Result<Self> {
         config.validate()?;
+        let device = self.device();
         for named in self.block_linears_mut() {
             let linear = named.linear;
             if let BaseWeight::Dense(w) = &linear.base {
@@ -54,9 +55,7 @@ impl Llama {
                 let values = to_f32_vec(w.val());
                 let q = Nf4Tensor::quantize(&values, &[out, inp], config)
                     .map_err(|e| Error::Input(format!("{}: {e}", named.path)))?;
-                linear.base = BaseWeight::Nf4(Nf4Weight {
-                    quantized: Arc::new(q),
-                });
+                linear.base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), &device));
             }
         }
         Ok(self)
@@ -155,9 +154,16 @@ impl Llama {
         }
     }
 
-    /// A copy of the model on another device.
+    /// A copy of the model on another device; NF4 codes are uploaded there once when it is a
+    /// GPU (`fork` moves tensors, not the codes a module skips).
     pub fn on_device(self, device: &Device) -> Self {
-        self.fork(device)
+        let mut model = self.fork(device);
+        for named in model.block_linears_mut() {
+            if let BaseWeight::Nf4(w) = &named.linear.base {
+                named.linear.base = BaseWeight::Nf4(w.placed_on(device));
+            }
+        }
+        model
     }
 }
 

@@ -5,6 +5,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
 
 /// A `[B, T]` batch of token ids on the host.
@@ -73,7 +74,11 @@ impl TokenBatch {
     /// The ids as a `[B, T]` tensor.
     pub fn ids_tensor(&self, device: &Device) -> Tensor<2, Int> {
         let ids: Vec<i64> = self.input_ids.iter().map(|&id| id as i64).collect();
-        Tensor::from_data(TensorData::new(ids, [self.batch, self.seq]), device)
+        link::upload(
+            TensorData::new(ids, [self.batch, self.seq]),
+            device,
+            Traffic::Data,
+        )
     }
 
     /// The additive attention mask: 0 where query i may see key j (j ≤ i, same segment),
@@ -92,6 +97,10 @@ impl TokenBatch {
                 }
             }
         }
-        Tensor::from_data(TensorData::new(mask, [rows, 1, t, t]), device)
+        link::upload(
+            TensorData::new(mask, [rows, 1, t, t]),
+            device,
+            Traffic::Data,
+        )
     }
 }

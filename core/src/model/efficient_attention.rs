@@ -15,9 +15,11 @@
 //! the score FLOPs at long context. Grouped-query heads are folded as in the eager attention:
 //! each K/V head meets its group of query heads in one batched matmul.
 //!
-//! The gradient is a custom autodiff operation on the CPU backends (Flex, NdArray). Other
-//! backends run the same tiled math under burn's own autodiff, which gives the same values and
-//! gradients but keeps every block's probabilities for the backward (no memory saving).
+//! The gradient is a custom autodiff operation on every backend napkin builds: the CPU ones
+//! (Flex, NdArray: the tiles on host values, `fused::tiled_attention`) and burn's cubecl one
+//! (wgpu, WebGPU, CUDA: the tiles with burn's ops). Any other backend would run the same tiled
+//! math under burn's own autodiff, which gives the same values and gradients but keeps every
+//! block's probabilities for the backward (no memory saving).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
 use super::batch::{MASKED, TokenBatch};
 use super::fused;
+use crate::device::link::{self, Traffic};
 
 /// Query and key positions per tile.
 pub use crate::config::ATTENTION_TILE as TILE;
@@ -101,7 +104,13 @@ impl TiledMask {
                 }
             }
         }
-        any.then(|| Tensor::from_data(TensorData::new(values, [rows, 1, tq, tk]), device))
+        any.then(|| {
+            link::upload(
+                TensorData::new(values, [rows, 1, tq, tk]),
+                device,
+                Traffic::Data,
+            )
+        })
     }
 }
 
@@ -380,6 +389,12 @@ pub fn efficient_attention(
             if let Some(out) = on_backend::<NdArray>(&q, &k, &v, mask) {
                 return out;
             }
+        }
+        // The GPU backends (wgpu, WebGPU, CUDA): the same tiles with burn's ops, inside the
+        // custom op, so the backward recomputes each block instead of autodiff keeping it.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(out) = on_backend::<burn::backend::Cube>(&q, &k, &v, mask) {
+            return out;
         }
     }
     // No graph needed, or a backend without the custom op (burn's autodiff then keeps the

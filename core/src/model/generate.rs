@@ -1,12 +1,13 @@
 //! Text generation with a key/value cache: greedy, temperature, top-k and top-p sampling with a
 //! seed, stopping at an end-of-sequence token. Tokens are handed to a callback as they come.
 
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::TensorData;
 
 use super::attention::LayerKvCache;
 use super::batch::{MASKED, TokenBatch};
 use super::llama::Llama;
 use super::rope::{RopeTables, inverse_frequencies};
+use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
 use crate::values::to_f32_vec;
 
@@ -68,7 +69,7 @@ impl Llama {
         let mask: Vec<f32> = (0..t)
             .flat_map(|i| (0..s).map(move |j| if j > past + i { MASKED } else { 0.0 }))
             .collect();
-        let mask = Tensor::from_data(TensorData::new(mask, [1, 1, t, s]), &device);
+        let mask = link::upload(TensorData::new(mask, [1, 1, t, s]), &device, Traffic::Data);
         cache
             .layers
             .resize_with(self.layers.len(), LayerKvCache::default);

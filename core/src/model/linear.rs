@@ -12,7 +12,8 @@ use burn::tensor::{Device, Distribution, Tensor};
 
 use super::autocast::linear_matmul;
 use super::lora::LoraAdapter;
-use super::nf4_matmul::{dequantized_weight, nf4_matmul};
+use super::nf4_matmul::nf4_matmul;
+pub use super::nf4_weight::Nf4Weight;
 use crate::tricks::nf4::Nf4Tensor;
 
 /// The base weight of a linear layer.
@@ -22,14 +23,6 @@ pub enum BaseWeight {
     Dense(Param<Tensor<2>>),
     /// NF4 codes and scales, always frozen; see `nf4_matmul.rs`.
     Nf4(Nf4Weight),
-}
-
-/// An NF4-quantized `[out, in]` weight: host-side packed codes, never a float copy.
-#[derive(Module, Debug)]
-pub struct Nf4Weight {
-    /// The packed codes and scales, shared (not copied) with the backward step.
-    #[module(skip)]
-    pub quantized: Arc<Nf4Tensor>,
 }
 
 /// `y = x Wᵀ (+ LoRA)`.
@@ -51,20 +44,25 @@ impl Linear {
     }
 
     /// A layer whose `[out, in]` weight is quantized to NF4 straight from its values, so no
-    /// float copy of it is ever made on the device (loading for QLoRA).
+    /// float copy of it is ever made on the device (loading for QLoRA); on a GPU the codes are
+    /// uploaded to `device` once.
     pub fn nf4_from_values(
         values: &[f32],
         out_features: usize,
         in_features: usize,
         config: &crate::config::Nf4Config,
+        device: &Device,
     ) -> crate::error::Result<Self> {
         let quantized = Nf4Tensor::quantize(values, &[out_features, in_features], config)?;
-        Ok(Linear {
-            base: BaseWeight::Nf4(Nf4Weight {
-                quantized: Arc::new(quantized),
-            }),
+        Ok(Self::nf4(Arc::new(quantized), device))
+    }
+
+    /// A layer with an NF4 base of these codes, placed for `device`.
+    pub fn nf4(quantized: Arc<Nf4Tensor>, device: &Device) -> Self {
+        Linear {
+            base: BaseWeight::Nf4(Nf4Weight::new(quantized, device)),
             lora: None,
-        })
+        }
     }
 
     /// A fresh dense layer with HF's initialisation, N(0, 0.02).
@@ -81,7 +79,7 @@ impl Linear {
     pub fn dims(&self) -> [usize; 2] {
         match &self.base {
             BaseWeight::Dense(w) => w.shape().dims(),
-            BaseWeight::Nf4(w) => [w.quantized.shape[0], w.quantized.shape[1]],
+            BaseWeight::Nf4(w) => w.dims(),
         }
     }
 
@@ -89,7 +87,7 @@ impl Linear {
     pub fn dense_weight(&self, device: &Device) -> Tensor<2> {
         match &self.base {
             BaseWeight::Dense(w) => w.val(),
-            BaseWeight::Nf4(w) => dequantized_weight(&w.quantized, device),
+            BaseWeight::Nf4(w) => w.dequantized(device, burn::tensor::FloatDType::F32),
         }
     }
 
@@ -102,7 +100,7 @@ impl Linear {
         let x = x.reshape([b * t, d_in]); // [B·T, in]
         let mut y = match &self.base {
             BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
-            BaseWeight::Nf4(w) => nf4_matmul(x.clone(), &w.quantized),
+            BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),
         }; // [B·T, out]
         if let Some(lora) = &self.lora {
             y = y + lora.forward(x);

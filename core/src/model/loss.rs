@@ -7,6 +7,7 @@
 use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
 
 use super::fused::cross_entropy::{ShiftedLabels, summed_nll};
+use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
 
 /// Labels with this value are skipped (PyTorch's `ignore_index`).
@@ -77,11 +78,15 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
     // Other backends: the same sum with burn's ops.
     let device = logits.device();
     let targets: Vec<i64> = shifted.targets.iter().map(|&c| i64::from(c)).collect();
-    let targets: Tensor<3, Int> =
-        Tensor::from_data(TensorData::new(targets, [b, t - 1, 1]), &device);
-    let weights: Tensor<3> = Tensor::from_data(
+    let targets: Tensor<3, Int> = link::upload(
+        TensorData::new(targets, [b, t - 1, 1]),
+        &device,
+        Traffic::Data,
+    );
+    let weights: Tensor<3> = link::upload(
         TensorData::new(shifted.weights.to_vec(), [b, t - 1, 1]),
         &device,
+        Traffic::Data,
     );
     let log_probs = log_softmax(logits.narrow(1, 0, t - 1), 2); // [B, T−1, V]
     let picked = log_probs.gather(2, targets); // [B, T−1, 1]

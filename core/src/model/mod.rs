@@ -18,6 +18,7 @@ pub mod matmul_wt;
 pub mod mlp;
 pub mod named;
 pub mod nf4_matmul;
+pub mod nf4_weight;
 pub mod rms_norm;
 pub mod rope;
 

@@ -8,10 +8,12 @@
 //!
 //! burn's own autodiff would save the dequantized `[out, in]` matrix for every layer until the
 //! backward, i.e. a full-precision copy of the whole model: exactly what QLoRA avoids.
+//!
+//! Where the transient comes from: on a GPU the codes are resident on the device and a cubecl
+//! kernel dequantizes them there (`kernels/nf4_dequantize.rs`); on the CPU backends the host
+//! codes are decoded in place.
 
-use std::sync::Arc;
-
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Tensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
@@ -20,23 +22,19 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{Backend, TensorMetadata};
 
+use burn_dispatch::{DispatchDevice, DispatchKindConversion, DispatchTensor};
+
 use super::matmul_wt::matmul_wt;
-use crate::tricks::nf4::Nf4Tensor;
+use super::nf4_weight::Nf4Weight;
 
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
 type NdArray = burn_ndarray::NdArray;
 
-/// The dequantized `[out, in]` weight as a tensor on `device` (a transient).
-pub fn dequantized_weight(weight: &Nf4Tensor, device: &Device) -> Tensor<2> {
-    let shape = [weight.shape[0], weight.shape[1]];
-    Tensor::from_data(TensorData::new(weight.dequantize(), shape), device)
-}
-
 /// # Shapes
 /// - `x`: `[N, in]`, `weight`: NF4 `[out, in]` → `[N, out]`
-pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
+pub fn nf4_matmul(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
     if !x.is_tracked() {
         return nf4_matmul_saving_weight(x, weight);
     }
@@ -62,8 +60,8 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
             Err(_) => Err(x),
         },
     );
-    // The GPU backends (wgpu, WebGPU, CUDA: burn's one cubecl backend type). The codes stay on
-    // the host: each product dequantizes there and uploads the transient weight.
+    // The GPU backends (wgpu, WebGPU, CUDA: burn's one cubecl backend type): the transient is
+    // dequantized on the device from the resident codes.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     let result = result.or_else(|x| with_backend_products::<burn::backend::Cube>(x, weight));
     // Any other backend: correct gradients, but autodiff keeps the dequantized weight.
@@ -75,10 +73,11 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Arc<Nf4Tensor>) -> Tensor<2> {
 #[cfg(any(feature = "flex", feature = "wgpu", feature = "cuda"))]
 fn with_backend_products<B: Backend>(
     x: Tensor<2>,
-    weight: &Arc<Nf4Tensor>,
+    weight: &Nf4Weight,
 ) -> Result<Tensor<2>, Tensor<2>>
 where
-    burn_dispatch::DispatchTensor: burn_dispatch::DispatchKindConversion<Autodiff<B>>,
+    DispatchTensor: DispatchKindConversion<Autodiff<B>> + DispatchKindConversion<B>,
+    B::Device: Into<DispatchDevice>,
 {
     match x.clone().try_into_primitive::<Autodiff<B>>() {
         Ok(p) => Ok(Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(
@@ -95,9 +94,9 @@ where
 /// `[out, in]` weight alive until the backward (burn saves the right operand of a matmul whose
 /// left operand needs a gradient). Used for inference, where nothing is saved, for backends
 /// without the custom op, and by the memory tests to measure what the custom op saves.
-pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Tensor) -> Tensor<2> {
+pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
     let device = x.device();
-    matmul_wt(x, dequantized_weight(weight, &device))
+    matmul_wt(x, weight.dequantized(&device, FloatDType::F32))
 }
 
 /// `a · b` on one backend's primitives.
@@ -107,23 +106,34 @@ type Product<B> = fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>;
 #[derive(Debug)]
 struct Nf4MatmulBackward;
 
-impl<B: Backend> Backward<B, 1> for Nf4MatmulBackward {
+impl<B: Backend> Backward<B, 1> for Nf4MatmulBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+    B::Device: Into<DispatchDevice>,
+{
     /// The packed weight (shared with the layer, not a copy), and `a · b`.
-    type State = (Arc<Nf4Tensor>, Product<B>);
+    type State = (Nf4Weight, Product<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (weight, x_w) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |grad_out| {
             // grad_out: [N, out]; W: [out, in] → ∂x: [N, in]
-            let device = grad_out.device();
-            let w = B::float_from_data(weight_data(&weight), &device);
+            let w = weight_primitive::<B>(&weight, &grad_out);
             x_w(grad_out, w)
         });
     }
 }
 
-fn weight_data(weight: &Nf4Tensor) -> TensorData {
-    TensorData::new(weight.dequantize(), [weight.shape[0], weight.shape[1]])
+/// The dequantized `[out, in]` weight as backend `B`'s primitive, on the device of `like` (a
+/// transient: dropped after its product).
+fn weight_primitive<B: Backend>(weight: &Nf4Weight, like: &FloatTensor<B>) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+    B::Device: Into<DispatchDevice>,
+{
+    let w = weight.dequantized(&Device::new(like.device()), FloatDType::F32);
+    w.try_into_primitive::<B>()
+        .expect("the weight is made on the product's own device and backend")
 }
 
 /// The forward on a concrete autodiff backend; `x_wt(x, W)` multiplies by the transpose of
@@ -131,13 +141,16 @@ fn weight_data(weight: &Nf4Tensor) -> TensorData {
 /// the way that is cheapest on that backend.
 fn tracked<B: Backend>(
     x: FloatTensor<Autodiff<B>>,
-    weight: &Arc<Nf4Tensor>,
+    weight: &Nf4Weight,
     x_wt: Product<B>,
     x_w: Product<B>,
-) -> FloatTensor<Autodiff<B>> {
+) -> FloatTensor<Autodiff<B>>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+    B::Device: Into<DispatchDevice>,
+{
     let guard = x.node();
-    let device = x.primitive().device();
-    let w = B::float_from_data(weight_data(weight), &device); // [out, in], transient
+    let w = weight_primitive::<B>(weight, x.primitive()); // [out, in], transient
     let prep = Nf4MatmulBackward
         .prepare::<NoCheckpointing>([guard])
         .compute_bound()

@@ -11,6 +11,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::fused::rope::{HostTables, rope};
 use crate::config::{LlamaConfig, RopeScaling};
+use crate::device::link::{self, Traffic};
 
 /// The Dh/2 inverse frequencies of a config, in float32, with Llama 3 scaling applied.
 pub fn inverse_frequencies(config: &LlamaConfig) -> Vec<f32> {
@@ -98,8 +99,8 @@ impl RopeTables {
             head_dim,
         };
         RopeTables {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            cos: link::upload(TensorData::new(cos, shape), device, Traffic::Data),
+            sin: link::upload(TensorData::new(sin, shape), device, Traffic::Data),
             host,
         }
     }

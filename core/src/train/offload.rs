@@ -9,12 +9,16 @@
 //!
 //! On a CPU backend the "device" already is host memory: offload would only copy tensors from
 //! one heap to another, so the trainer refuses it there (the predictor still shows it).
+//!
+//! The bytes are counted where the copies happen (`device::link`), not from the formula above.
 
 use std::collections::HashMap;
 
 use burn::module::ParamId;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+
+use crate::device::link::{self, Traffic};
 
 /// Bytes that crossed the host link, counted at each copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,8 +38,8 @@ pub struct HostOffload {
     traffic: LinkTraffic,
 }
 
-fn f32_bytes(t: &Tensor<1>) -> u64 {
-    4 * t.dims()[0] as u64
+fn bytes(t: &Tensor<1>) -> u64 {
+    (t.dtype().size() * t.dims()[0]) as u64
 }
 
 impl HostOffload {
@@ -55,7 +59,7 @@ impl HostOffload {
 
     /// Bytes of master copies held on the host.
     pub fn master_bytes(&self) -> u64 {
-        self.masters.values().map(f32_bytes).sum()
+        self.masters.values().map(bytes).sum()
     }
 
     /// Every byte copied across the link since the optimizer was made.
@@ -74,18 +78,17 @@ impl HostOffload {
         rule: impl FnOnce(Tensor<1>, Tensor<1>) -> Tensor<1>,
     ) -> Tensor<1> {
         let device = p.device();
+        let before = link::counted();
         let master = match self.masters.remove(&id) {
             Some(master) => master,
-            None => {
-                self.traffic.to_host += f32_bytes(&p);
-                p.to_device(&self.host)
-            }
+            None => link::move_to(p, &self.host, Traffic::Optimizer),
         };
-        self.traffic.to_host += f32_bytes(&g);
-        let updated = rule(master, g.to_device(&self.host));
-        self.traffic.to_device += f32_bytes(&updated);
-        let on_device = updated.clone().to_device(&device);
+        let updated = rule(master, link::move_to(g, &self.host, Traffic::Optimizer));
+        let on_device = link::move_to(updated.clone(), &device, Traffic::Optimizer);
         self.masters.insert(id, updated);
+        let moved = link::counted().since(&before);
+        self.traffic.to_host += moved.read_back;
+        self.traffic.to_device += moved.optimizer_up;
         on_device
     }
 }

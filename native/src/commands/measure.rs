@@ -140,6 +140,16 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
         r.this_machine.bandwidth / 1e9,
         100.0 * t.efficiency
     );
+    if let Some(l) = &r.link_per_step {
+        println!(
+            "  host link in the last step (counted at each transfer): up {} (weights {}, data {}, optimizer {}), read back {}",
+            accelerate_units(l.up() as f64),
+            accelerate_units(l.weights_up as f64),
+            accelerate_units(l.data_up as f64),
+            accelerate_units(l.optimizer_up as f64),
+            accelerate_units(l.read_back as f64)
+        );
+    }
     if let Some(trace) = &args.trace {
         println!(
             "  timeline written to {} (open in https://ui.perfetto.dev)",

@@ -124,7 +124,10 @@ fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
                 .value as u64,
         ),
         None => match config.device.parse::<DeviceKind>()? {
-            DeviceKind::Wgpu | DeviceKind::Cuda => None,
+            // The device's own memory, as its driver states it.
+            kind @ (DeviceKind::Wgpu | DeviceKind::Cuda) => {
+                napkin_core::device::memory_capacity(&kind.open()?)
+            }
             _ => available_memory(),
         },
     };

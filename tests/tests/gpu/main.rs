@@ -24,4 +24,5 @@ fn wgpu_device() -> Device {
 
 mod device_pool;
 mod nf4_backward;
+mod nf4_device;
 mod offload;

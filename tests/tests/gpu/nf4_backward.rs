@@ -8,25 +8,27 @@ use burn::tensor::Tensor;
 use napkin_core::config::Nf4Config;
 use napkin_core::memory::meter::{Meter, MeterMethod};
 use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
+use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::tricks::nf4::Nf4Tensor;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
 
-type Product = dyn Fn(Tensor<2>, &Arc<Nf4Tensor>) -> Tensor<2>;
+type Product = dyn Fn(Tensor<2>, &Nf4Weight) -> Tensor<2>;
 
 #[test]
 fn nf4_backward_on_the_gpu_keeps_no_dequantized_weight_between_forward_and_backward() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (out, inp, layers, tokens) = (688, 256, 8, 32);
-    let weights: Vec<Arc<Nf4Tensor>> = (0..layers)
+    let device = wgpu_device();
+    let weights: Vec<Nf4Weight> = (0..layers)
         .map(|layer| {
             let values: Vec<f32> = (0..out * inp)
                 .map(|i| (((i + 31 * layer) * 7919 % 2003) as f32 / 2003.0 - 0.5) * 0.04)
                 .collect();
-            Arc::new(Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap())
+            let q = Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap();
+            Nf4Weight::new(Arc::new(q), &device)
         })
         .collect();
-    let device = wgpu_device();
     let mut meter = Meter::for_device(&device).unwrap();
     assert_eq!(meter.method(), MeterMethod::DevicePool);
     let train = device.autodiff();

@@ -200,6 +200,7 @@ fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
 #[test]
 fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps() {
     use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
+    use napkin_core::model::nf4_weight::Nf4Weight;
     use napkin_core::tricks::nf4::Nf4Tensor;
     use std::sync::Arc;
 
@@ -208,28 +209,28 @@ fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps()
     let values: Vec<f32> = (0..out * inp)
         .map(|i| ((i * 7919 % 2003) as f32 / 2003.0 - 0.5) * 0.04)
         .collect();
-    let weights: Vec<Arc<Nf4Tensor>> = (0..layers)
+    let device = DeviceKind::Cpu.open().unwrap().autodiff();
+    let weights: Vec<Nf4Weight> = (0..layers)
         .map(|_| {
-            Arc::new(Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap())
+            let q = Nf4Tensor::quantize(&values, &[out, inp], &Nf4Config::default()).unwrap();
+            Nf4Weight::new(Arc::new(q), &device)
         })
         .collect();
-    let device = DeviceKind::Cpu.open().unwrap().autodiff();
     let x = burn::tensor::Tensor::<2>::ones([tokens, inp], &device).require_grad();
 
     // Peak extra bytes of a forward through every weight and its backward.
-    let measure =
-        |op: &dyn Fn(burn::tensor::Tensor<2>, &Arc<Nf4Tensor>) -> burn::tensor::Tensor<2>| {
-            let start = reset_peak();
-            let y = weights
-                .iter()
-                .map(|w| op(x.clone(), w))
-                .reduce(|a, b| a + b)
-                .unwrap();
-            let grads = y.sum().backward();
-            let peak = peak_bytes() - start;
-            drop(grads);
-            peak
-        };
+    let measure = |op: &dyn Fn(burn::tensor::Tensor<2>, &Nf4Weight) -> burn::tensor::Tensor<2>| {
+        let start = reset_peak();
+        let y = weights
+            .iter()
+            .map(|w| op(x.clone(), w))
+            .reduce(|a, b| a + b)
+            .unwrap();
+        let grads = y.sum().backward();
+        let peak = peak_bytes() - start;
+        drop(grads);
+        peak
+    };
     measure(&|x, w| nf4_matmul(x, w)); // warm-up
     let custom = measure(&|x, w| nf4_matmul(x, w));
     let naive = measure(&|x, w| nf4_matmul_saving_weight(x, w));

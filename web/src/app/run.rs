@@ -164,7 +164,7 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
                 <p id="resident" data-predicted={r.predicted.to_string()} data-measured={r.measured.to_string()} data-host-side={r.host_side.to_string()}>
                     { format!("Kept between steps (weights, adapters, optimizer state): predicted {}, measured {} ({:.3}×)", bytes(r.predicted as f64), bytes(r.measured as f64), r.measured as f64 / (r.predicted.max(1)) as f64) }
                     if r.host_side > 0 {
-                        { format!("; NF4 codes and scales stay in host memory on the GPU: {}", bytes(r.host_side as f64)) }
+                        { format!("; NF4 codes and scales on the GPU, dequantized there; a host copy for saving: {}", bytes(r.host_side as f64)) }
                     }
                 </p>
             }

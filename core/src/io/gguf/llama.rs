@@ -221,7 +221,7 @@ pub fn load_gguf_llama_with(
         ))
     };
     let linear = |name: &str, rows: usize, cols: usize| match nf4 {
-        Some(nf4) => Linear::nf4_from_values(&read(name, &[rows, cols])?, rows, cols, nf4)
+        Some(nf4) => Linear::nf4_from_values(&read(name, &[rows, cols])?, rows, cols, nf4, device)
             .map_err(|e| Error::Input(format!("{name}: {e}"))),
         None => Ok(Linear::from_weight(matrix(name, rows, cols)?)),
     };

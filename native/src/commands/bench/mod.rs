@@ -4,9 +4,11 @@
 //! - `matmul`: f32 GEMM throughput on every CPU backend compiled in (`matmul.rs`).
 //! - `generate`: prefill and KV-cached decoding of a real checkpoint (`generate.rs`).
 //! - `suite`: the performance suite, each case beside PyTorch in the same run (`suite.rs`).
+//! - `gpu`: QLoRA and LoRA training steps on the first GPU found (`gpu.rs`).
 
 mod cases;
 mod generate;
+mod gpu;
 mod matmul;
 mod process_memory;
 mod reference;
@@ -22,6 +24,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         BenchCase::Matmul => matmul::run(args),
         BenchCase::Generate => generate::run(args),
         BenchCase::Suite => suite::run(args),
+        BenchCase::Gpu => gpu::run(args),
     }
 }
 

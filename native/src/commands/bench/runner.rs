@@ -9,6 +9,7 @@ use napkin_core::model::Llama;
 use napkin_core::model::generate::{KvCache, Sampling, SplitMix64, choose};
 use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::nf4_matmul::nf4_matmul;
+use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
@@ -101,7 +102,7 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             }))
         }
         Work::Nf4Matmul { tokens, rows, cols } => {
-            let w = Arc::new(quantized_weight(*rows, *cols, device)?);
+            let w = Nf4Weight::new(Arc::new(quantized_weight(*rows, *cols, device)?), device);
             let x: Tensor<2> =
                 Tensor::random([*tokens, *cols], Distribution::Normal(0.0, 1.0), device);
             Ok(Box::new(move || {

@@ -1,0 +1,138 @@
+//! The host ↔ device link, counted where it is crossed: every transfer napkin makes between
+//! host memory and a GPU goes through [`upload`], [`upload_as`] or [`read_back`], which add the
+//! bytes to a process-wide tally by kind. On a CPU backend nothing crosses a link and nothing
+//! is counted.
+//!
+//! burn moves bytes on its own in two places napkin does not call: creating a tensor from a
+//! scalar on the device (no host buffer) and reading one back for `into_scalar` — the loss,
+//! which the step reads through [`read_back`] as well.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use burn::tensor::kind::Basic;
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+/// What a transfer carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    /// Model weights: NF4 codes and scales, float weights, adapters.
+    Weights,
+    /// Per-step data: token ids, labels, masks, RoPE tables.
+    Data,
+    /// Optimizer state, gradients and master weights moved for an offloaded optimizer.
+    Optimizer,
+}
+
+/// Bytes that crossed the link, by kind and direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkBytes {
+    /// Host → device, weights.
+    pub weights_up: u64,
+    /// Host → device, per-step data.
+    pub data_up: u64,
+    /// Host → device, optimizer traffic.
+    pub optimizer_up: u64,
+    /// Device → host, everything read back.
+    pub read_back: u64,
+}
+
+impl LinkBytes {
+    /// Host → device, all kinds.
+    pub fn up(&self) -> u64 {
+        self.weights_up + self.data_up + self.optimizer_up
+    }
+
+    /// What crossed since `earlier`.
+    pub fn since(&self, earlier: &LinkBytes) -> LinkBytes {
+        LinkBytes {
+            weights_up: self.weights_up - earlier.weights_up,
+            data_up: self.data_up - earlier.data_up,
+            optimizer_up: self.optimizer_up - earlier.optimizer_up,
+            read_back: self.read_back - earlier.read_back,
+        }
+    }
+}
+
+static WEIGHTS_UP: AtomicU64 = AtomicU64::new(0);
+static DATA_UP: AtomicU64 = AtomicU64::new(0);
+static OPTIMIZER_UP: AtomicU64 = AtomicU64::new(0);
+static READ_BACK: AtomicU64 = AtomicU64::new(0);
+
+/// The tally so far (process-wide, every device).
+pub fn counted() -> LinkBytes {
+    LinkBytes {
+        weights_up: WEIGHTS_UP.load(Ordering::Relaxed),
+        data_up: DATA_UP.load(Ordering::Relaxed),
+        optimizer_up: OPTIMIZER_UP.load(Ordering::Relaxed),
+        read_back: READ_BACK.load(Ordering::Relaxed),
+    }
+}
+
+/// Whether tensors on `device` live across a link from the host (a GPU backend).
+pub fn is_across_link(device: &Device) -> bool {
+    super::is_gpu(device)
+}
+
+fn count_up(bytes: usize, traffic: Traffic) {
+    let counter = match traffic {
+        Traffic::Weights => &WEIGHTS_UP,
+        Traffic::Data => &DATA_UP,
+        Traffic::Optimizer => &OPTIMIZER_UP,
+    };
+    counter.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// A tensor on `device` from host data, in the device's default dtype for its kind (the
+/// bytes counted are those written to the device, after any conversion on the host).
+pub fn upload<const D: usize, K: Basic>(
+    data: TensorData,
+    device: &Device,
+    traffic: Traffic,
+) -> Tensor<D, K> {
+    counted_up(Tensor::from_data(data, device), traffic)
+}
+
+/// A tensor on `device` from host data, stored as `dtype`.
+pub fn upload_as<const D: usize, K: Basic>(
+    data: TensorData,
+    device: &Device,
+    dtype: DType,
+    traffic: Traffic,
+) -> Tensor<D, K> {
+    counted_up(Tensor::from_data(data, (device, dtype)), traffic)
+}
+
+fn counted_up<const D: usize, K: Basic>(t: Tensor<D, K>, traffic: Traffic) -> Tensor<D, K> {
+    if is_across_link(&t.device()) {
+        count_up(t.dtype().size() * t.shape().num_elements(), traffic);
+    }
+    t
+}
+
+/// A tensor's values on the host.
+pub fn read_back<const D: usize, K: Basic>(tensor: Tensor<D, K>) -> TensorData {
+    let across = is_across_link(&tensor.device());
+    let data = tensor.into_data();
+    if across {
+        READ_BACK.fetch_add(data.bytes().len() as u64, Ordering::Relaxed);
+    }
+    data
+}
+
+/// `tensor` moved to `target`, counted when it crosses the link: from a GPU to the host as
+/// read back, from the host to a GPU as `traffic` (between two GPUs, both).
+pub fn move_to<const D: usize, K: Basic>(
+    tensor: Tensor<D, K>,
+    target: &Device,
+    traffic: Traffic,
+) -> Tensor<D, K> {
+    let bytes = tensor.dtype().size() * tensor.shape().num_elements();
+    if is_across_link(&tensor.device()) {
+        READ_BACK.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    if is_across_link(target) {
+        count_up(bytes, traffic);
+    }
+    tensor.to_device(target)
+}

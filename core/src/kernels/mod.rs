@@ -1,0 +1,9 @@
+//! The kernels floor: performance code below the model. Today the GPU kernels (cubecl: one
+//! source for Vulkan, Metal, WebGPU and CUDA) and the NF4 storage they read.
+//!
+//! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
+//! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU.
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod nf4_dequantize;
+pub mod resident_nf4;

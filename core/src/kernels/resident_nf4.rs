@@ -1,0 +1,204 @@
+//! An NF4 tensor resident on a GPU: its packed codes and scales uploaded once, as integer and
+//! float tensors on the device, and dequantized there by `nf4_dequantize.rs` for each product.
+//!
+//! Device bytes, against the host format (`tricks::nf4`): the codes are the same n/2 bytes
+//! (rounded up to a u32 word); the scales are the same f32 absmax, or under double quantization
+//! the same one byte per block plus one f32 per 256 blocks. The tables (the 16 NF4 values and
+//! the 256 of the signed dynamic map, 1,088 bytes) are uploaded once per device and shared.
+
+use std::sync::Mutex;
+
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+
+use crate::device::link::{self, Traffic};
+use crate::tricks::dynamic_map::dynamic_map_signed;
+use crate::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
+
+/// The scales of a resident NF4 tensor.
+#[derive(Debug, Clone)]
+enum ResidentScales {
+    /// `[num_blocks]` f32.
+    Plain(Tensor<1>),
+    /// `[ceil(num_blocks / 4)]` u32 codes, `[ceil(num_blocks / 256)]` f32 scales, the offset.
+    Double {
+        qwords: Tensor<1, Int>,
+        absmax2: Tensor<1>,
+        offset: f32,
+    },
+}
+
+/// Codes and scales of one `[out, in]` NF4 weight on a GPU device.
+#[derive(Debug, Clone)]
+pub struct ResidentNf4 {
+    /// `[out, in]`.
+    shape: [usize; 2],
+    block_size: usize,
+    /// `[ceil(n / 8)]` u32: the packed codes, four bytes a word, little endian.
+    words: Tensor<1, Int>,
+    scales: ResidentScales,
+    /// `[16 + 256]` f32, shared by every weight on the device.
+    tables: Tensor<1>,
+}
+
+/// Four bytes to a little-endian word; a short tail is padded with zeros.
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(w)
+        })
+        .collect()
+}
+
+/// Whether NF4 products on `device` dequantize there: a GPU (cubecl) device.
+pub fn dequantizes_on(device: &Device) -> bool {
+    crate::device::is_gpu(device)
+}
+
+/// The shared tables of `device`, uploaded on first use.
+fn tables(device: &Device) -> Tensor<1> {
+    static TABLES: Mutex<Vec<(Device, Tensor<1>)>> = Mutex::new(Vec::new());
+    let mut cache = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, t)) = cache.iter().find(|(d, _)| d == device) {
+        return t.clone();
+    }
+    let mut values = NF4_CODEBOOK.to_vec();
+    values.extend_from_slice(&dynamic_map_signed());
+    let len = values.len();
+    let t: Tensor<1> = link::upload(TensorData::new(values, [len]), device, Traffic::Weights);
+    cache.push((device.clone(), t.clone()));
+    t
+}
+
+fn upload_words(bytes: &[u8], device: &Device) -> Tensor<1, Int> {
+    let w = words(bytes);
+    let len = w.len();
+    link::upload_as(
+        TensorData::new(w, [len]),
+        device,
+        burn::tensor::DType::U32,
+        Traffic::Weights,
+    )
+}
+
+fn upload_f32(values: &[f32], device: &Device) -> Tensor<1> {
+    link::upload(
+        TensorData::new(values.to_vec(), [values.len()]),
+        device,
+        Traffic::Weights,
+    )
+}
+
+impl ResidentNf4 {
+    /// Uploads `q` (a 2-D weight) to `device` when NF4 products dequantize there; `None` on
+    /// the CPU backends.
+    pub fn upload(q: &Nf4Tensor, device: &Device) -> Option<Self> {
+        if !dequantizes_on(device) || q.shape.len() != 2 {
+            return None;
+        }
+        let device = device.clone().without_autodiff();
+        let scales = match &q.scales {
+            Nf4Scales::Plain { absmax } => ResidentScales::Plain(upload_f32(absmax, &device)),
+            Nf4Scales::Double {
+                offset,
+                qabsmax,
+                absmax2,
+            } => ResidentScales::Double {
+                qwords: upload_words(qabsmax, &device),
+                absmax2: upload_f32(absmax2, &device),
+                offset: *offset,
+            },
+        };
+        Some(ResidentNf4 {
+            shape: [q.shape[0], q.shape[1]],
+            block_size: q.block_size,
+            words: upload_words(&q.packed, &device),
+            scales,
+            tables: tables(&device),
+        })
+    }
+
+    /// The device the codes live on (without autodiff).
+    pub fn device(&self) -> Device {
+        self.words.device()
+    }
+
+    /// Bytes this weight holds on the device (codes and scales; the shared tables not
+    /// included).
+    pub fn device_bytes(&self) -> u64 {
+        let f32s = |t: &Tensor<1>| 4 * t.dims()[0] as u64;
+        let words = 4 * self.words.dims()[0] as u64;
+        words
+            + match &self.scales {
+                ResidentScales::Plain(absmax) => f32s(absmax),
+                ResidentScales::Double {
+                    qwords, absmax2, ..
+                } => 4 * qwords.dims()[0] as u64 + f32s(absmax2),
+            }
+    }
+
+    /// The dequantized `[out, in]` weight on the device, in f32 (bit-exact with the CPU) or a
+    /// 16-bit dtype (that value rounded once): a transient the caller drops after its product.
+    pub fn dequantize(&self, dtype: FloatDType) -> Tensor<2> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            use super::nf4_dequantize::{DeviceScales, dequantize};
+            use burn::backend::Cube;
+            // Uploaded by `upload` to a cubecl device: these conversions cannot fail.
+            let int = |t: &Tensor<1, Int>| {
+                t.clone()
+                    .try_into_primitive::<Cube>()
+                    .expect("resident NF4 tensors live on a cubecl device")
+            };
+            let float = |t: &Tensor<1>| {
+                t.clone()
+                    .try_into_primitive::<Cube>()
+                    .expect("resident NF4 tensors live on a cubecl device")
+            };
+            let scales = match &self.scales {
+                ResidentScales::Plain(absmax) => DeviceScales::Plain(float(absmax)),
+                ResidentScales::Double {
+                    qwords,
+                    absmax2,
+                    offset,
+                } => DeviceScales::Double {
+                    qwords: int(qwords),
+                    absmax2: float(absmax2),
+                    offset: *offset,
+                },
+            };
+            let [out, inp] = self.shape;
+            let weight = dequantize(
+                int(&self.words),
+                scales,
+                float(&self.tables),
+                out * inp,
+                self.block_size,
+                self.shape,
+                burn::tensor::DType::from(dtype),
+            );
+            Tensor::from_primitive::<Cube>(weight)
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            // `upload` returns None in builds without a cubecl backend: never constructed.
+            let _ = dtype;
+            unreachable!("no cubecl backend in this build")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::words;
+
+    #[test]
+    fn words_are_little_endian_and_pad_the_tail() {
+        assert_eq!(
+            words(&[0x01, 0x02, 0x03, 0x04, 0xab]),
+            vec![0x0403_0201, 0xab]
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! `napkin bench gpu`: the training steps a GPU practitioner runs, on the first GPU found (CUDA,
+//! then wgpu): TinyLlama-1.1B-shaped QLoRA (r 16 on every linear, NF4 + double quantization,
+//! gradient checkpointing, B = 1, T = 512 and 2048; random weights from the preset, nothing
+//! downloaded) and SmolLM2-135M LoRA. For each: the step peak predicted beside the device pool's,
+//! tokens/s, the fraction of the GPU's f32 peak (a preset named with `--gpu-preset`) and of this
+//! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
+//! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
+//!
+//! Products compute in f32 (NF4 dequantized to f32 on the device); the peak is read at marks
+//! between operations, a lower bound of the true one.
+
+use anyhow::{Context, Result, bail};
+use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
+use napkin_core::device::DeviceKind;
+use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::predict::inventory::Scenario;
+use napkin_core::predict::time::{device_presets, step_work};
+use napkin_core::predict::units::accelerate_units;
+
+use crate::cli::BenchArgs;
+
+/// One benchmark case.
+struct Case {
+    name: &'static str,
+    scenario: Scenario,
+}
+
+fn qlora(config: LlamaConfig, seq_len: usize) -> Scenario {
+    Scenario {
+        lora: Some(LoraConfig::default()), // r 16, α 32, every linear
+        nf4: Some(Nf4Config {
+            block_size: 64,
+            double_quant: true,
+        }),
+        checkpointing: true,
+        ..Scenario::new(config, 1, seq_len)
+    }
+}
+
+fn cases(smoke: bool) -> Vec<Case> {
+    if smoke {
+        return vec![Case {
+            name: "tiny-smol QLoRA r16 NF4+DQ ckpt T=64 (smoke)",
+            scenario: qlora(LlamaConfig::tiny_smol(), 64),
+        }];
+    }
+    vec![
+        Case {
+            name: "TinyLlama-1.1B QLoRA r16 NF4+DQ ckpt T=512",
+            scenario: qlora(LlamaConfig::tiny_llama_1_1b(), 512),
+        },
+        Case {
+            name: "TinyLlama-1.1B QLoRA r16 NF4+DQ ckpt T=2048",
+            scenario: qlora(LlamaConfig::tiny_llama_1_1b(), 2048),
+        },
+        Case {
+            name: "SmolLM2-135M LoRA r16 T=512",
+            scenario: Scenario {
+                lora: Some(LoraConfig::default()),
+                ..Scenario::new(LlamaConfig::smollm2_135m(), 1, 512)
+            },
+        },
+    ]
+}
+
+/// The device to bench on: `--device` when it names a GPU, else CUDA, then wgpu.
+fn gpu(args: &BenchArgs) -> Result<DeviceKind> {
+    let asked: DeviceKind = args.device.parse()?;
+    if !asked.is_cpu() {
+        return Ok(asked);
+    }
+    let mut why = Vec::new();
+    for kind in [DeviceKind::Cuda, DeviceKind::Wgpu] {
+        match kind.open() {
+            Ok(_) => return Ok(kind),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    bail!("no GPU backend could be opened: {}", why.join("; "))
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let kind = gpu(args)?;
+    let device = kind.open()?;
+    let train = device.clone().autodiff();
+    let preset = match &args.gpu_preset {
+        Some(id) => Some(
+            device_presets()
+                .into_iter()
+                .find(|p| &p.id == id)
+                .with_context(|| format!("--gpu-preset {id}: not a device preset"))?,
+        ),
+        None => None,
+    };
+    println!(
+        "GPU training steps on {} ({} steps per case, the first one not timed); products in f32",
+        kind.backend_name(),
+        args.runs.max(2)
+    );
+    for case in cases(args.smoke) {
+        let s = &case.scenario;
+        let report: MeasurementReport = measure(
+            s,
+            &device,
+            args.runs.max(2),
+            MachineProbe::NATIVE,
+            None,
+            || {
+                train.seed(7);
+                random_model(s, &train)
+            },
+        )
+        .with_context(|| format!("{}: the measured steps", case.name))?;
+        let seconds = report.time.measured_median_seconds;
+        let tokens = (s.micro_batch * s.seq_len * s.accumulation.max(1)) as f64;
+        let flops = step_work(s).flops();
+        let peak = &report.step_peak;
+        println!("\n{}", case.name);
+        println!(
+            "  step peak above the resident bytes: predicted {}, device pool {} ({:.3}×; read at marks)",
+            accelerate_units(peak.predicted as f64),
+            accelerate_units(peak.measured as f64),
+            peak.ratio
+        );
+        if let Some(parameters) = report.kinds.first() {
+            println!(
+                "  resident parameters: predicted {}, device pool {} ({:.3}×)",
+                accelerate_units(parameters.predicted as f64),
+                accelerate_units(parameters.measured as f64),
+                parameters.ratio
+            );
+        }
+        println!(
+            "  step {seconds:.3} s median: {:.0} tokens/s, {:.2} TFLOP/s ({:.0} % of this device's measured f32 GEMM rate{})",
+            tokens / seconds,
+            flops / seconds / 1e12,
+            100.0 * flops / seconds / report.this_machine.f32_flops,
+            match &preset {
+                Some(p) => format!(
+                    ", {:.1} % of the {} f32 peak",
+                    100.0 * flops / seconds / p.f32_flops,
+                    p.name
+                ),
+                None => String::new(),
+            }
+        );
+        if let Some(l) = &report.link_per_step {
+            println!(
+                "  host link per step: up {} (weights {}, data {}), read back {}",
+                accelerate_units(l.up() as f64),
+                accelerate_units(l.weights_up as f64),
+                accelerate_units(l.data_up as f64),
+                accelerate_units(l.read_back as f64)
+            );
+        }
+    }
+    Ok(())
+}
