@@ -120,19 +120,33 @@ pub fn read_back<const D: usize, K: Basic>(tensor: Tensor<D, K>) -> TensorData {
     data
 }
 
-/// `tensor` moved to `target`, counted when it crosses the link: from a GPU to the host as
-/// read back, from the host to a GPU as `traffic` (between two GPUs, both).
+/// Which way a [`move_to`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Towards host memory (counted as read back).
+    ToHost,
+    /// Towards the compute device (counted as `traffic` up).
+    ToDevice,
+}
+
+/// `tensor` moved to `target`, and the bytes copied: counted whenever the two devices differ
+/// (a copy from one memory to another: over PCIe for a GPU, between two heaps for two CPU
+/// backends), 0 otherwise.
 pub fn move_to<const D: usize, K: Basic>(
     tensor: Tensor<D, K>,
     target: &Device,
+    direction: Direction,
     traffic: Traffic,
-) -> Tensor<D, K> {
-    let bytes = tensor.dtype().size() * tensor.shape().num_elements();
-    if is_across_link(&tensor.device()) {
-        READ_BACK.fetch_add(bytes as u64, Ordering::Relaxed);
+) -> (Tensor<D, K>, u64) {
+    let mut bytes = 0;
+    if tensor.device() != *target {
+        bytes = (tensor.dtype().size() * tensor.shape().num_elements()) as u64;
+        match direction {
+            Direction::ToHost => {
+                READ_BACK.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Direction::ToDevice => count_up(bytes as usize, traffic),
+        }
     }
-    if is_across_link(target) {
-        count_up(bytes, traffic);
-    }
-    tensor.to_device(target)
+    (tensor.to_device(target), bytes)
 }

@@ -16,6 +16,8 @@ use crate::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
 
 /// The scales of a resident NF4 tensor.
 #[derive(Debug, Clone)]
+// Read by the kernel's launch only, which CPU-only builds do not compile.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
 enum ResidentScales {
     /// `[num_blocks]` f32.
     Plain(Tensor<1>),
@@ -29,6 +31,7 @@ enum ResidentScales {
 
 /// Codes and scales of one `[out, in]` NF4 weight on a GPU device.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
 pub struct ResidentNf4 {
     /// `[out, in]`.
     shape: [usize; 2],

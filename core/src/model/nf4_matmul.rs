@@ -12,6 +12,10 @@
 //! Where the transient comes from: on a GPU the codes are resident on the device and a cubecl
 //! kernel dequantizes them there (`kernels/nf4_dequantize.rs`); on the CPU backends the host
 //! codes are decoded in place.
+//!
+//! Compute dtype (bitsandbytes' `compute_dtype`): inside an autocast region on a GPU the
+//! kernel dequantizes straight to bf16/f16 and both products run in that dtype, with an f32
+//! result. The CPU backends keep f32 (burn Flex's 16-bit GEMM widens to f32: no gain).
 
 use burn::tensor::{Device, FloatDType, Tensor};
 use burn_autodiff::Autodiff;
@@ -24,6 +28,7 @@ use burn_backend::{Backend, TensorMetadata};
 
 use burn_dispatch::{DispatchDevice, DispatchKindConversion, DispatchTensor};
 
+use super::autocast::compute_dtype;
 use super::matmul_wt::matmul_wt;
 use super::nf4_weight::Nf4Weight;
 
@@ -96,7 +101,19 @@ where
 /// without the custom op, and by the memory tests to measure what the custom op saves.
 pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
     let device = x.device();
-    matmul_wt(x, weight.dequantized(&device, FloatDType::F32))
+    match half_on(&device) {
+        Some(dtype) => {
+            let w = weight.dequantized(&device, dtype);
+            matmul_wt(x.cast(dtype), w).cast(FloatDType::F32)
+        }
+        None => matmul_wt(x, weight.dequantized(&device, FloatDType::F32)),
+    }
+}
+
+/// The 16-bit dtype NF4 products compute in on `device`: the autocast dtype on a GPU, else
+/// none (f32).
+fn half_on(device: &Device) -> Option<FloatDType> {
+    compute_dtype().filter(|_| crate::device::is_gpu(device))
 }
 
 /// `a · b` on one backend's primitives.
@@ -111,27 +128,51 @@ where
     DispatchTensor: DispatchKindConversion<B>,
     B::Device: Into<DispatchDevice>,
 {
-    /// The packed weight (shared with the layer, not a copy), and `a · b`.
-    type State = (Nf4Weight, Product<B>);
+    /// The packed weight (shared with the layer, not a copy), `a · b`, and the compute dtype
+    /// of the forward (None: f32).
+    type State = (Nf4Weight, Product<B>, Option<FloatDType>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (weight, x_w) = ops.state;
+        let (weight, x_w, half) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |grad_out| {
             // grad_out: [N, out]; W: [out, in] → ∂x: [N, in]
-            let w = weight_primitive::<B>(&weight, &grad_out);
-            x_w(grad_out, w)
+            product_in::<B>(half, grad_out, &weight, x_w)
         });
     }
 }
 
-/// The dequantized `[out, in]` weight as backend `B`'s primitive, on the device of `like` (a
-/// transient: dropped after its product).
-fn weight_primitive<B: Backend>(weight: &Nf4Weight, like: &FloatTensor<B>) -> FloatTensor<B>
+/// `a · W` (or `a · Wᵀ`, as `product` takes it) with W dequantized on `a`'s device, computed
+/// in `half` when given (the result cast back to f32).
+fn product_in<B: Backend>(
+    half: Option<FloatDType>,
+    a: FloatTensor<B>,
+    weight: &Nf4Weight,
+    product: Product<B>,
+) -> FloatTensor<B>
 where
     DispatchTensor: DispatchKindConversion<B>,
     B::Device: Into<DispatchDevice>,
 {
-    let w = weight.dequantized(&Device::new(like.device()), FloatDType::F32);
+    let dtype = half.unwrap_or(FloatDType::F32);
+    let w = weight_primitive::<B>(weight, &a, dtype); // transient
+    match half {
+        Some(half) => B::float_cast(product(B::float_cast(a, half), w), FloatDType::F32),
+        None => product(a, w),
+    }
+}
+
+/// The dequantized `[out, in]` weight in `dtype` as backend `B`'s primitive, on the device of
+/// `like` (a transient: dropped after its product).
+fn weight_primitive<B: Backend>(
+    weight: &Nf4Weight,
+    like: &FloatTensor<B>,
+    dtype: FloatDType,
+) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+    B::Device: Into<DispatchDevice>,
+{
+    let w = weight.dequantized(&Device::new(like.device()), dtype);
     w.try_into_primitive::<B>()
         .expect("the weight is made on the product's own device and backend")
 }
@@ -150,14 +191,16 @@ where
     B::Device: Into<DispatchDevice>,
 {
     let guard = x.node();
-    let w = weight_primitive::<B>(weight, x.primitive()); // [out, in], transient
+    let inner = x.into_primitive();
+    let half = half_on(&Device::new(inner.device()));
     let prep = Nf4MatmulBackward
         .prepare::<NoCheckpointing>([guard])
         .compute_bound()
         .stateful();
-    let y = x_wt(x.into_primitive(), w); // [N, out]; the transient W is dropped here
+    // [N, out]; the transient W ([out, in]) is dropped inside.
+    let y = product_in::<B>(half, inner, weight, x_wt);
     match prep {
-        OpsKind::Tracked(prep) => prep.finish((weight.clone(), x_w), y),
+        OpsKind::Tracked(prep) => prep.finish((weight.clone(), x_w, half), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     }
 }

@@ -18,7 +18,11 @@ use burn::module::ParamId;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::device::link::{self, Traffic};
+use crate::device::link::{
+    self,
+    Direction::{ToDevice, ToHost},
+    Traffic,
+};
 
 /// Bytes that crossed the host link, counted at each copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,17 +82,21 @@ impl HostOffload {
         rule: impl FnOnce(Tensor<1>, Tensor<1>) -> Tensor<1>,
     ) -> Tensor<1> {
         let device = p.device();
-        let before = link::counted();
         let master = match self.masters.remove(&id) {
             Some(master) => master,
-            None => link::move_to(p, &self.host, Traffic::Optimizer),
+            None => {
+                let (master, bytes) = link::move_to(p, &self.host, ToHost, Traffic::Optimizer);
+                self.traffic.to_host += bytes;
+                master
+            }
         };
-        let updated = rule(master, link::move_to(g, &self.host, Traffic::Optimizer));
-        let on_device = link::move_to(updated.clone(), &device, Traffic::Optimizer);
+        let (g, bytes) = link::move_to(g, &self.host, ToHost, Traffic::Optimizer);
+        self.traffic.to_host += bytes;
+        let updated = rule(master, g);
+        let (on_device, bytes) =
+            link::move_to(updated.clone(), &device, ToDevice, Traffic::Optimizer);
+        self.traffic.to_device += bytes;
         self.masters.insert(id, updated);
-        let moved = link::counted().since(&before);
-        self.traffic.to_host += moved.read_back;
-        self.traffic.to_device += moved.optimizer_up;
         on_device
     }
 }

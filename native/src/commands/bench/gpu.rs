@@ -6,7 +6,7 @@
 //! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
 //! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
 //!
-//! Products compute in f32 (NF4 dequantized to f32 on the device); the peak is read at marks
+//! First, one weight's dequantization three ways (`gpu_dequant.rs`). Products compute in f32 (NF4 dequantized to f32 on the device); the peak is read at marks
 //! between operations, a lower bound of the true one.
 
 use anyhow::{Context, Result, bail};
@@ -97,6 +97,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         kind.backend_name(),
         args.runs.max(2)
     );
+    // The dequantization alone, the three ways (a TinyLlama MLP weight; SmolLM2's for --smoke).
+    let shape = if args.smoke {
+        [1536, 576]
+    } else {
+        [5632, 2048]
+    };
+    super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
     for case in cases(args.smoke) {
         let s = &case.scenario;
         let report: MeasurementReport = measure(

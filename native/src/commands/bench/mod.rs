@@ -8,7 +8,10 @@
 
 mod cases;
 mod generate;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu_dequant;
 mod matmul;
 mod process_memory;
 mod reference;
@@ -24,7 +27,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         BenchCase::Matmul => matmul::run(args),
         BenchCase::Generate => generate::run(args),
         BenchCase::Suite => suite::run(args),
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
         BenchCase::Gpu => gpu::run(args),
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        BenchCase::Gpu => anyhow::bail!(
+            "this build has no GPU backend; rebuild with `--features wgpu` or `--features cuda` \
+             (scripts/bench-gpu.sh does)"
+        ),
     }
 }
 
