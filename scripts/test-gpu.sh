@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU-backend tests: the wgpu test binary (`tests/tests/gpu`: optimizer offload, QLoRA's
-# NF4 backward, the step peak and the roofline probe on a device pool) and `napkin measure
-# --device wgpu` with offload and with QLoRA. With no GPU it installs Mesa's lavapipe (Debian
+# The GPU-backend tests: the wgpu test binary (`tests/tests/gpu`: NF4 resident on the device
+# and dequantized there bit for bit, no weight upload per step, 16-bit QLoRA, optimizer
+# offload, QLoRA's NF4 backward, efficient attention, the step peak and the roofline probe on a
+# device pool), `napkin measure --device wgpu` with offload and with QLoRA, and the GPU
+# benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
-# Builds the wgpu feature (dev profile; about 26 minutes cold on 2 cores).
+# Builds the wgpu feature (dev profile): about an hour cold on 2 cores, so it is not part of
+# scripts/test.sh (CI's 90 minutes); warm, the tests and commands below take about 4 minutes.
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,9 @@ cargo test -p napkin-tests --features wgpu --test gpu --locked -- --nocapture
 cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
     --offload optimizer --seq-len 64 --steps 2
 
-# QLoRA on the device (NF4 codes on the host; the products' transient weights on the device).
+# QLoRA on the device (NF4 codes resident there, dequantized by napkin's kernel per product).
 cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
-    --lora-r 8 --nf4 --seq-len 64 --steps 2
+    --lora-r 8 --nf4 --double-quant --seq-len 64 --steps 2
+
+# The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
+cargo run -q -p napkin --features wgpu --locked -- bench gpu --device wgpu --smoke --runs 3

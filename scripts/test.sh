@@ -25,6 +25,9 @@ cargo fmt --all -- --check
 step "tests (workspace, dev profile: dependencies optimised)"
 cargo test --workspace --locked
 
+step "the CUDA backend type-checks (no toolkit or GPU needed; scripts/check-cuda.sh says why)"
+bash scripts/check-cuda.sh
+
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
 RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
 

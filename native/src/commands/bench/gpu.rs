@@ -138,9 +138,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             );
         }
         println!(
-            "  step {seconds:.3} s median: {:.0} tokens/s, {:.2} TFLOP/s ({:.0} % of this device's measured f32 GEMM rate{})",
+            "  step {seconds:.3} s median: {:.0} tokens/s, {:.1} GFLOP/s ({:.0} % of this device's measured f32 GEMM rate{})",
             tokens / seconds,
-            flops / seconds / 1e12,
+            flops / seconds / 1e9,
             100.0 * flops / seconds / report.this_machine.f32_flops,
             match &preset {
                 Some(p) => format!(

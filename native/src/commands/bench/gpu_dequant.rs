@@ -6,8 +6,8 @@
 //! - the host path the GPU backends had before: dequantized by the CPU, the f32 weight uploaded.
 //!
 //! Dispatches are the kernel launches each way makes (burn's cubecl backend runs one kernel per
-//! op; fusion is not compiled in); device bytes are read from the pool at marks after each
-//! stage (transients alive at once); times are medians to a sync.
+//! op; fusion is not compiled in); the device peak is read from the pool at marks after each op
+//! with its input still alive; times are medians to a sync.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +29,8 @@ fn shift(j: u32) -> u32 {
     8 * (j / 2) + if j % 2 == 0 { 4 } else { 0 }
 }
 
-/// The weight dequantized with burn's integer ops; `mark` after each stage.
+/// The weight dequantized with burn's integer ops; `mark` after each op, while its input is
+/// still alive (what the device holds at that op's end).
 fn with_int_ops(
     words: &Tensor<1, Int>,
     absmax: &Tensor<1>,
@@ -48,13 +49,17 @@ fn with_int_ops(
         })
         .collect(); // 16 dispatches, 8 × [n / 8]
     mark();
-    let codes: Tensor<2, Int> = Tensor::stack(parts, 1); // [n / 8, 8], one dispatch
+    let codes: Tensor<2, Int> = Tensor::stack(parts.clone(), 1); // [n / 8, 8], one dispatch
     mark();
-    let values = codebook.clone().select(0, codes.reshape([n])); // [n], one gather
+    drop(parts);
+    let flat = codes.reshape([n]);
+    let values = codebook.clone().select(0, flat.clone()); // [n], one gather
     mark();
+    drop(flat);
     let blocks = n / block_size;
-    let w = values.reshape([blocks, block_size]) * absmax.clone().reshape([blocks, 1]);
+    let w = values.clone().reshape([blocks, block_size]) * absmax.clone().reshape([blocks, 1]);
     mark();
+    drop(values);
     w.reshape(shape)
 }
 
