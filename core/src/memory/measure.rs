@@ -17,6 +17,7 @@ use crate::model::autocast::linear_matmul;
 use crate::model::fused::kernels_on;
 use crate::model::{Llama, TokenBatch, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
+use crate::predict::link::step_link;
 use crate::predict::offload::host_transfer;
 use crate::predict::sharding::Offload;
 use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
@@ -111,6 +112,10 @@ pub struct MeasurementReport {
     /// (`device::link`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_per_step: Option<LinkBytes>,
+    /// On a GPU: the host → device bytes of the last step beside `predict::link`'s (when it
+    /// predicts them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_up: Option<Comparison>,
 }
 
 /// Optimizer offload as measured: the host's bytes (counting allocator) and the bytes copied
@@ -539,6 +544,15 @@ pub fn measure(
         this_machine: machine,
         trace: rec.events,
         offload,
+        link_up: link_per_step
+            .zip(step_link(s))
+            .map(|(measured, predicted)| {
+                Comparison::new(
+                    "host → device per step (ids, labels, RoPE tables, mask; weights resident)",
+                    predicted.up(),
+                    measured.up(),
+                )
+            }),
         link_per_step,
     })
 }

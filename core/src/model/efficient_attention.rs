@@ -22,7 +22,7 @@
 //! block's probabilities for the backward (no memory saving).
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_autodiff::Autodiff;
@@ -43,13 +43,22 @@ pub use crate::config::ATTENTION_TILE as TILE;
 
 /// The causal (and, for packed rows, same-segment) visibility of a batch, kept as segment ids
 /// so that a tile's additive mask is built only when that tile needs one.
+///
+/// Without packing a tile's mask depends only on its size and the offset between its query
+/// and key positions, so each distinct one is built and uploaded once per batch and shared by
+/// every layer and pass (forward, recompute, backward) through the clones of this mask.
 #[derive(Debug, Clone)]
 pub struct TiledMask {
     batch: usize,
     seq: usize,
     /// `[B, T]` segment ids; None when no row is packed.
     segments: Option<Arc<[u32]>>,
+    /// The causal tiles made so far: (|q|, |k|, q.start − k.start) → the mask on its device.
+    causal: Arc<Mutex<Vec<(CausalTile, Tensor<4>)>>>,
 }
+
+/// What an unpacked tile's mask depends on: its query and key counts and their offset.
+type CausalTile = (usize, usize, isize);
 
 impl TiledMask {
     /// The mask of a batch.
@@ -60,6 +69,7 @@ impl TiledMask {
             segments: batch
                 .is_packed()
                 .then(|| Arc::from(batch.segments.as_slice())),
+            causal: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -81,6 +91,28 @@ impl TiledMask {
     }
 
     fn tile(&self, q: &Range<usize>, k: &Range<usize>, device: &Device) -> Option<Tensor<4>> {
+        if self.segments.is_some() {
+            return self.build_tile(q, k, device);
+        }
+        // Every key of the tile is visible (no future key): no mask.
+        if k.end <= q.start + 1 {
+            return None;
+        }
+        let key = (q.len(), k.len(), q.start as isize - k.start as isize);
+        let mut made = self.causal.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, mask)) = made
+            .iter()
+            .find(|(at, mask)| *at == key && mask.device() == *device)
+        {
+            return Some(mask.clone());
+        }
+        let mask = self.build_tile(q, k, device)?;
+        made.push((key, mask.clone()));
+        Some(mask)
+    }
+
+    /// A tile's mask built on the host and uploaded.
+    fn build_tile(&self, q: &Range<usize>, k: &Range<usize>, device: &Device) -> Option<Tensor<4>> {
         let (tq, tk) = (q.len(), k.len());
         let rows = if self.segments.is_some() {
             self.batch

@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::link::causal_tile_mask_values;
 use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget};
 
 /// What the step trains, which decides what is tracked.
@@ -314,6 +315,13 @@ pub fn kept_activations(
                 // Split into heads: reshape + transpose.
                 let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
                 if attention == AttentionKind::Efficient {
+                    // On burn's ops the causal tile masks are made in the first block's forward
+                    // and held by the batch's context for every layer and pass.
+                    let masks = causal_tile_mask_values(t);
+                    if layer == 0 && r.kernels == Kernels::BurnOps && !packed && masks > 0 {
+                        let masks = r.produce("attention_tile_masks", masks, false);
+                        r.keep(masks);
+                    }
                     // One op: keeps its three inputs, its output and the row log-sum-exps.
                     let tracked = q.tracked || k.tracked || v.tracked;
                     let out = r.produce("attention_output", n * h * dh, tracked);

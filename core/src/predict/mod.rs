@@ -10,6 +10,7 @@
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
 //! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
 //! - `offload`: bytes offload keeps on the host and moves over PCIe / NVLink-C2C each step.
+//! - `link`: what a step sends over the host link on a GPU when the weights are resident.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
@@ -19,6 +20,7 @@ pub mod accelerate;
 pub mod activations;
 pub mod bert;
 pub mod inventory;
+pub mod link;
 pub mod offload;
 pub mod precision;
 pub mod rules;

@@ -140,6 +140,10 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
         r.this_machine.bandwidth / 1e9,
         100.0 * t.efficiency
     );
+    if let Some(c) = &r.link_up {
+        println!();
+        row(c);
+    }
     if let Some(l) = &r.link_per_step {
         println!(
             "  host link in the last step (counted at each transfer): up {} (weights {}, data {}, optimizer {}), read back {}",

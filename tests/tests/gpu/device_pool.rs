@@ -134,7 +134,9 @@ fn the_roofline_gemm_probe_waits_for_the_product() {
 /// ops, the backward recomputing each block) keeps `q`, `k`, `v`, its output and one
 /// log-sum-exp per row, so each block's kept activations drop by the `[B, H, T, T]` terms the
 /// eager attention keeps — measured by the device pool, each block within 5 % of the
-/// prediction, and the drop within 5 % of the predicted drop.
+/// prediction, and the drop within 5 % of the predicted drop (measured on lavapipe: every
+/// block to the byte, 6,813,696 B, the first one with the shared causal tile mask, 65,536 B
+/// more; 2.8× the prediction before the op ran on the GPU backends).
 #[test]
 fn efficient_attention_on_the_device_keeps_no_t_by_t_tensor() {
     use napkin_core::config::AttentionKind;

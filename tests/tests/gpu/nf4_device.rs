@@ -214,15 +214,46 @@ fn a_qlora_step_on_wgpu_uploads_no_weights() {
         let _ = device.sync();
         per_step.push(link::counted().since(&before));
     }
-    eprintln!("link per QLoRA step on wgpu: {per_step:?}");
+    let predicted = napkin_core::predict::link::step_link(&s).expect("an unpacked batch");
+    eprintln!("link per QLoRA step on wgpu: {per_step:?}; predicted {predicted:?}");
     for (i, t) in per_step.iter().enumerate() {
         assert_eq!(t.weights_up, 0, "step {i} uploaded weights: {t:?}");
-        assert!(t.data_up > 0, "step {i}: the batch must be uploaded");
+        assert_eq!(t.data_up, predicted.up(), "step {i}: the batch's bytes");
+        assert_eq!(t.read_back, predicted.read_back, "step {i}: the loss");
     }
-    assert_eq!(
-        per_step[1], per_step[2],
-        "the same batch moves the same bytes"
+}
+
+/// The efficient attention's causal tile masks are made once per batch and shared by every
+/// layer and pass: a step at T = 300 (two full diagonal tiles and a partial one, four layers,
+/// forward + recompute + backward) uploads one full tile and one partial tile, as predicted.
+#[test]
+fn efficient_attention_uploads_each_distinct_tile_mask_once() {
+    use napkin_core::config::AttentionKind;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device();
+    let train = device.clone().autodiff();
+    let s = Scenario {
+        lora: Some(LoraConfig {
+            r: 4,
+            ..LoraConfig::default()
+        }),
+        attention: AttentionKind::Efficient,
+        checkpointing: true,
+        ..Scenario::new(LlamaConfig::tiny_smol(), 2, 300)
+    };
+    train.seed(7);
+    let model = random_model(&s, &train).expect("a LoRA model");
+    let micro = synthetic_micro_batches(&s).unwrap();
+    let before = link::counted();
+    drop(
+        forward_backward(&model, &micro, s.checkpointing, Accumulation::TokenWeighted)
+            .expect("a step"),
     );
+    let moved = link::counted().since(&before);
+    let predicted = napkin_core::predict::link::step_link(&s).expect("an unpacked batch");
+    eprintln!("efficient attention, T = 300: moved {moved:?}, predicted {predicted:?}");
+    assert_eq!(moved.weights_up, 0);
+    assert_eq!(moved.data_up, predicted.up());
 }
 
 /// QLoRA in 16 bits on the device (bitsandbytes' `compute_dtype`): under autocast the kernel
