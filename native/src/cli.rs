@@ -362,6 +362,10 @@ pub struct MeasureArgs {
     /// Optimizer steps to run.
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
+    /// f32, or bf16 / f16 mixed precision (autocast: the linear layers in 16 bits; bf16 where
+    /// the device has it, else f16).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
     /// Compute device: cpu, flex, ndarray, wgpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,

@@ -316,6 +316,7 @@ impl SandboxState {
             attention: self.attention,
             // bf16 autocast stores a frozen float base in bf16 (an NF4 base is already 4-bit).
             half_base: self.precision == Precision::Bf16Autocast && self.lora && !self.nf4,
+            half_compute: self.precision == Precision::Bf16Autocast,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         }
     }

@@ -169,6 +169,7 @@ pub fn training_scenario(request: &TrainRequest) -> Result<Scenario, TrainError>
     // The page trains in f32: burn Flex's bf16 GEMM widens to f32 on the CPU (README), so a
     // bf16 run here would measure nothing the prediction says.
     scenario.half_base = false;
+    scenario.half_compute = false;
     scenario.seq_len = scenario
         .seq_len
         .min(MAX_TRAIN_SEQ_LEN)

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::meter::{Meter, MeterMethod};
 use crate::device::link::{self, LinkBytes};
 use crate::error::{Error, Result};
-use crate::model::autocast::linear_matmul;
+use crate::model::autocast::{autocast, half_dtype, linear_matmul};
 use crate::model::fused::kernels_on;
 use crate::model::{Llama, TokenBatch, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
@@ -249,6 +249,9 @@ pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
     if let Some(lora) = &s.lora {
         model = model.with_lora(lora)?;
     }
+    if s.half_base {
+        model = model.cast_frozen_base(half_dtype(device));
+    }
     Ok(model)
 }
 
@@ -294,6 +297,9 @@ pub fn measure(
         ..s.clone()
     };
     let mut meter = Meter::for_device(device)?;
+    // Mixed precision: every forward and backward below (recomputations included) runs its
+    // linear layers in 16 bits, as the trainer's do.
+    let precision = autocast(s.half_compute.then(|| half_dtype(device)));
     if offload_to.is_some() && meter.method() != MeterMethod::DevicePool {
         return Err(Error::Input(
             "offload needs a device with its own memory (wgpu or cuda): on a CPU backend the \
@@ -501,6 +507,7 @@ pub fn measure(
             all.measured,
         ));
     }
+    drop(precision);
     let machine = this_machine(device, probe);
     let predicted_time = roofline(
         &step_work(s),

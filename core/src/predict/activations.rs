@@ -52,8 +52,31 @@ pub struct Kept {
     pub name: String,
     /// The block that produced it (None: embedding, head, loss, tables).
     pub layer: Option<usize>,
-    /// f32 values.
+    /// Values.
     pub values: u64,
+    /// Bytes per value: 4 (f32), or 2 for the bf16/f16 cast copies a product keeps under
+    /// autocast.
+    pub bytes_per_value: u64,
+}
+
+impl Kept {
+    /// Bytes.
+    pub fn bytes(&self) -> u64 {
+        self.values * self.bytes_per_value
+    }
+}
+
+/// How the linear layers compute, which decides what their products keep.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinearCompute {
+    /// Inside a bf16/f16 autocast region (`model/autocast.rs`): a product casts its input and
+    /// weight to 16 bits and keeps those copies (2 bytes a value) instead of the f32 tensors;
+    /// its 16-bit output is cast back to f32 (a cast keeps nothing).
+    pub half: bool,
+    /// The block linears' base is NF4: one custom op that keeps nothing, in any dtype.
+    pub nf4_base: bool,
+    /// The frozen dense base is stored in 16 bits already: its "cast" is the weight itself.
+    pub half_base: bool,
 }
 
 /// What a forward keeps: the tensors, and how many ops it records in the autodiff graph.
@@ -85,15 +108,28 @@ struct Replay {
     recorded: BTreeMap<Option<usize>, u64>,
     /// Fused CPU kernels or burn's ops for the element-wise layers.
     kernels: Kernels,
+    /// How the linear layers compute.
+    compute: LinearCompute,
 }
 
 impl Replay {
     fn produce(&mut self, name: &str, values: u64, tracked: bool) -> Value {
+        self.produce_as(name, values, tracked, 4)
+    }
+
+    fn produce_as(
+        &mut self,
+        name: &str,
+        values: u64,
+        tracked: bool,
+        bytes_per_value: u64,
+    ) -> Value {
         self.record(tracked, 1);
         self.produced.push(Kept {
             name: format!("{}{name}", self.prefix),
             layer: self.layer,
             values,
+            bytes_per_value,
         });
         Value {
             id: Some(self.produced.len() - 1),
@@ -206,11 +242,36 @@ impl Replay {
         self.fused("swiglu", &[gate, up], values)
     }
 
+    /// `x·Wᵀ` for `x` of `n` rows of `inp` and a `[out, inp]` weight (`weight`: None for the
+    /// block linears' NF4 base, else whether it trains): f32, or under autocast the product of
+    /// the two 16-bit casts, cast back to f32.
+    fn product(&mut self, name: &str, x: Value, weight: Weight, n: u64, shape: [u64; 2]) -> Value {
+        let [out, inp] = shape;
+        let w = match weight {
+            // One custom op (`model/nf4_matmul.rs`): it keeps the codes, which are resident.
+            Weight::Nf4 => return self.produce(name, n * out, x.tracked),
+            Weight::Dense { trainable, .. } => Self::param(trainable),
+        };
+        if !self.compute.half {
+            return self.binary(name, x, w, n * out);
+        }
+        let x16 = self.produce_as(&format!("{name}.input_16"), n * inp, x.tracked, 2);
+        let w16 = match weight {
+            Weight::Dense {
+                stored_half: true, ..
+            } => w,
+            _ => self.produce_as(&format!("{name}.weight_16"), out * inp, w.tracked, 2),
+        };
+        let y16 = self.binary(&format!("{name}.output_16"), x16, w16, n * out);
+        self.stateless(name, &[y16], n * out)
+    }
+
     /// A bias-free linear `x·Wᵀ` over `n` rows, with an optional LoRA adapter of rank `r`.
-    fn linear(&mut self, x: Value, n: u64, out: u64, base_trainable: bool, lora: Lora) -> Value {
+    fn linear(&mut self, x: Value, n: u64, shape: [u64; 2], base: Weight, lora: Lora) -> Value {
+        let [out, inp] = shape;
         let x = self.view(x, 1); // [B, T, in] → [B·T, in]
-        let y = self.binary("base_output", x, Self::param(base_trainable), n * out);
-        let Some((r, inp, dropout)) = lora else {
+        let y = self.product("base_output", x, base, n, shape);
+        let Some((r, _, dropout)) = lora else {
             return self.view(y, 1); // back to [B, T, out]
         };
         let x = if dropout {
@@ -220,12 +281,24 @@ impl Replay {
         } else {
             x
         };
-        let down = self.binary("lora_A.output", x, Self::param(true), n * r);
-        let up = self.binary("lora_B.output", down, Self::param(true), n * out);
+        let trains = Weight::Dense {
+            trainable: true,
+            stored_half: false,
+        };
+        let down = self.product("lora_A.output", x, trains, n, [r, inp]);
+        let up = self.product("lora_B.output", down, trains, n, [out, r]);
         let scaled = self.stateless("lora_scaled", &[up], n * out);
         let y = self.stateless("output", &[y, scaled], n * out);
         self.view(y, 1)
     }
+}
+
+/// A product's weight: the NF4 base of a block linear, or a dense one (trainable or not;
+/// stored in 16 bits already or not).
+#[derive(Debug, Clone, Copy)]
+enum Weight {
+    Nf4,
+    Dense { trainable: bool, stored_half: bool },
 }
 
 /// (r, in features, dropout > 0) of a linear's adapter.
@@ -241,6 +314,7 @@ pub fn kept_activations(
     packed: bool,
     attention: AttentionKind,
     kernels: Kernels,
+    compute: LinearCompute,
 ) -> ForwardKeeps {
     let c = config;
     let (b, t) = (b as u64, t as u64);
@@ -257,7 +331,17 @@ pub fn kept_activations(
     );
     let mut r = Replay {
         kernels,
+        compute,
         ..Replay::default()
+    };
+    let base = if compute.nf4_base {
+        Weight::Nf4
+    } else {
+        Weight::Dense {
+            trainable: trainable.block_linears,
+            // `Llama::cast_frozen_base`: the frozen block linears only.
+            stored_half: compute.half_base && !trainable.block_linears,
+        }
     };
     let frozen_norms = trainable.embedding_and_norms;
     let lora_of = |target: LoraTarget, inp: usize| -> Lora {
@@ -290,7 +374,7 @@ pub fn kept_activations(
             let attn = r.scoped("self_attn", |r| {
                 let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
                     let lora = lora_of(target, inp);
-                    r.scoped(name, |r| r.linear(x, n, out, trainable.block_linears, lora))
+                    r.scoped(name, |r| r.linear(x, n, [out, inp as u64], base, lora))
                 };
                 let q = linear(r, "q_proj", LoraTarget::QProj, h1, h * dh, c.hidden_size);
                 let k = linear(r, "k_proj", LoraTarget::KProj, h1, hkv * dh, c.hidden_size);
@@ -358,7 +442,7 @@ pub fn kept_activations(
             let mlp = r.scoped("mlp", |r| {
                 let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
                     let lora = lora_of(target, inp);
-                    r.scoped(name, |r| r.linear(x, n, out, trainable.block_linears, lora))
+                    r.scoped(name, |r| r.linear(x, n, [out, inp as u64], base, lora))
                 };
                 let gate = linear(r, "gate_proj", LoraTarget::GateProj, h2, f, c.hidden_size);
                 let up = linear(r, "up_proj", LoraTarget::UpProj, h2, f, c.hidden_size);
@@ -380,7 +464,11 @@ pub fn kept_activations(
     let head_trainable = trainable.embedding_and_norms;
     let logits = r.scoped("lm_head", |r| {
         let normed = r.view(normed, 1);
-        let logits = r.binary("output", normed, Replay::param(head_trainable), n * v);
+        let head = Weight::Dense {
+            trainable: head_trainable,
+            stored_half: false,
+        };
+        let logits = r.product("output", normed, head, n, [v, d]);
         r.view(logits, 1)
     });
     // Loss. Fused: one op that keeps the logits themselves (counted once, as the step's
@@ -431,7 +519,16 @@ mod tests {
             lora: Some(&lora),
         };
         let c = LlamaConfig::smollm2_135m();
-        kept_activations(&c, trainable, 1, 64, false, AttentionKind::Eager, kernels)
+        kept_activations(
+            &c,
+            trainable,
+            1,
+            64,
+            false,
+            AttentionKind::Eager,
+            kernels,
+            LinearCompute::default(),
+        )
     }
 
     fn total(kept: &[Kept], layer: Option<usize>) -> u64 {
@@ -515,6 +612,7 @@ mod efficient_attention_tests {
                 false,
                 attention,
                 Kernels::FusedCpu,
+                LinearCompute::default(),
             )
             .tensors
             .iter()
@@ -537,7 +635,8 @@ mod efficient_attention_tests {
                 64,
                 false,
                 AttentionKind::Efficient,
-                Kernels::FusedCpu
+                Kernels::FusedCpu,
+                LinearCompute::default(),
             )
             .tensors
             .iter()

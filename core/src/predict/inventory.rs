@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::activations::{Trainable, kept_activations};
+use super::activations::{LinearCompute, Trainable, kept_activations};
 use super::workspace;
 use crate::config::{
     AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
@@ -116,6 +116,9 @@ pub struct Scenario {
     pub seq_len: usize,
     /// Frozen base stored in 2-byte floats (mixed precision with LoRA).
     pub half_base: bool,
+    /// The linear layers compute in bf16/f16 (napkin's autocast): each product keeps the
+    /// 2-byte cast copies of its operands instead of the f32 tensors.
+    pub half_compute: bool,
     /// Block-level gradient checkpointing.
     pub checkpointing: bool,
     /// Micro-batches per optimizer step (1: none).
@@ -139,6 +142,7 @@ impl Scenario {
             micro_batch,
             seq_len,
             half_base: false,
+            half_compute: false,
             checkpointing: false,
             accumulation: 1,
             packed: false,
@@ -315,6 +319,11 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         s.packed,
         s.attention,
         s.kernels,
+        LinearCompute {
+            half: s.half_compute,
+            nf4_base: s.nf4.is_some(),
+            half_base: s.half_base,
+        },
     );
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.
     let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();
@@ -325,10 +334,10 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
     for kept in keeps.tensors {
         out.push(Entry {
             phases: kept_phases(kept.layer),
+            bytes: kept.bytes(),
             name: kept.name,
             layer: kept.layer,
             kind: Kind::SavedActivations,
-            bytes: F32 * kept.values,
         });
     }
     let graph_ops = keeps

@@ -453,14 +453,14 @@ fn inventory_section(
     config: &LlamaConfig,
     optimizer: OptimizerKind,
 ) -> Result<serde_json::Value> {
-    let scenario = args.scenario.scenario(config.clone(), optimizer)?;
+    let half = matches!(precision_of(args)?, Precision::Mixed);
+    let scenario = super::with_autocast(args.scenario.scenario(config.clone(), optimizer)?, half);
     let entries = inventory(&scenario);
     let totals = totals_by_kind(&entries);
     let timeline = step_timeline(&scenario);
     let per_layer = per_layer(&entries, config.num_hidden_layers);
     let seed = scenario_seed_estimate(&scenario, Precision::Fp32);
     let work = step_work(&scenario);
-    let half = matches!(precision_of(args)?, Precision::Mixed);
     let tokens = (args.scenario.micro_batch
         * args.scenario.seq_len
         * args.scenario.accumulation.max(1)) as f64;

@@ -11,6 +11,7 @@ use napkin_core::memory::measure::{
     Comparison, MachineProbe, MeasurementReport, measure, random_model,
 };
 use napkin_core::model::Llama;
+use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::offload::{HostTransfer, host_links};
 use napkin_core::predict::units::accelerate_units;
 
@@ -27,7 +28,21 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         (None, Some(path)) => (super::model_config(path)?, Some(path.clone())),
         (None, None) => bail!("give --model PATH or --preset NAME"),
     };
-    let scenario = args.scenario.scenario(config.clone(), optimizer)?;
+    let half = match args.dtype.as_str() {
+        "f32" | "fp32" | "float32" => false,
+        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => {
+            if !kind.supports_half_precision() {
+                bail!(
+                    "--dtype {}: {} computes in f32 only; use --device flex, wgpu or cuda",
+                    args.dtype,
+                    kind.backend_name()
+                );
+            }
+            true
+        }
+        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    };
+    let scenario = super::with_autocast(args.scenario.scenario(config.clone(), optimizer)?, half);
     let train_device = device.clone().autodiff();
     let build = || -> napkin_core::error::Result<Llama> {
         train_device.seed(7);
@@ -38,6 +53,9 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         model.attention = scenario.attention;
         if let Some(lora) = &lora {
             model = model.with_lora(lora)?;
+        }
+        if scenario.half_base {
+            model = model.cast_frozen_base(half_dtype(&train_device));
         }
         Ok(model)
     };

@@ -62,7 +62,7 @@ impl ScenarioArgs {
         })
     }
 
-    /// The predictor's scenario for a model of `config`.
+    /// The predictor's scenario for a model of `config` (f32; see [`with_autocast`]).
     pub fn scenario(&self, config: LlamaConfig, optimizer: OptimizerKind) -> Result<Scenario> {
         if self.micro_batch == 0 || self.seq_len < 2 {
             bail!("--micro-batch must be at least 1 and --seq-len at least 2");
@@ -77,5 +77,15 @@ impl ScenarioArgs {
             kernels: self.kernels.parse().context("--kernels")?,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
+    }
+}
+
+/// `s` trained under bf16/f16 autocast when `half`, as `napkin train --dtype` runs it: the linear
+/// layers compute in 16 bits, and a LoRA run stores its frozen dense base in 16 bits.
+pub fn with_autocast(s: Scenario, half: bool) -> Scenario {
+    Scenario {
+        half_compute: half,
+        half_base: half && s.lora.is_some() && s.nf4.is_none(),
+        ..s
     }
 }
