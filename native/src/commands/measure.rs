@@ -164,12 +164,8 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
     }
     if let Some(l) = &r.link_per_step {
         println!(
-            "  host link in the last step (counted at each transfer): up {} (weights {}, data {}, optimizer {}), read back {}",
-            accelerate_units(l.up() as f64),
-            accelerate_units(l.weights_up as f64),
-            accelerate_units(l.data_up as f64),
-            accelerate_units(l.optimizer_up as f64),
-            accelerate_units(l.read_back as f64)
+            "  host link in the last step (counted at each transfer): {}",
+            super::link_summary(l)
         );
     }
     if let Some(trace) = &args.trace {

@@ -89,3 +89,16 @@ pub fn with_autocast(s: Scenario, half: bool) -> Scenario {
         ..s
     }
 }
+
+/// Bytes over the host link in words: up in all (by kind), and read back.
+pub fn link_summary(l: &napkin_core::device::link::LinkBytes) -> String {
+    use napkin_core::predict::units::accelerate_units as units;
+    format!(
+        "up {} (weights {}, data {}, optimizer {}), read back {}",
+        units(l.up() as f64),
+        units(l.weights_up as f64),
+        units(l.data_up as f64),
+        units(l.optimizer_up as f64),
+        units(l.read_back as f64)
+    )
+}

@@ -13,6 +13,12 @@ use napkin_core::predict::inventory::Scenario;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
 
+/// A small roofline probe: most tests here check memory, not speed.
+const SMALL_PROBE: MachineProbe = MachineProbe {
+    gemm_n: 64,
+    copy_bytes: 1 << 20,
+};
+
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
 /// - the activations one forward keeps are the predicted ones within 0.1 % (replayed as burn's
 ///   ops, the graph in host memory: measured 5,280,544 B for full fine-tuning against
@@ -48,10 +54,7 @@ fn the_step_peak_and_the_activations_on_a_device_pool() {
             },
         ),
     ];
-    let probe = MachineProbe {
-        gemm_n: 64,
-        copy_bytes: 1 << 20,
-    };
+    let probe = SMALL_PROBE;
     for (what, s) in cases {
         let r = measure(&s, &device, 2, probe, None, || {
             train.seed(7);
@@ -143,10 +146,7 @@ fn efficient_attention_on_the_device_keeps_no_t_by_t_tensor() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
     let train = device.clone().autodiff();
-    let probe = MachineProbe {
-        gemm_n: 64,
-        copy_bytes: 1 << 20,
-    };
+    let probe = SMALL_PROBE;
     let blocks = |attention| {
         let s = Scenario {
             attention,
@@ -206,10 +206,7 @@ fn mixed_precision_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
     let train = device.clone().autodiff();
-    let probe = MachineProbe {
-        gemm_n: 64,
-        copy_bytes: 1 << 20,
-    };
+    let probe = SMALL_PROBE;
     let qlora = Scenario {
         lora: Some(LoraConfig {
             r: 8,

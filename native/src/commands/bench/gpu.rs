@@ -152,13 +152,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         );
         if let Some(l) = &report.link_per_step {
-            println!(
-                "  host link per step: up {} (weights {}, data {}), read back {}",
-                accelerate_units(l.up() as f64),
-                accelerate_units(l.weights_up as f64),
-                accelerate_units(l.data_up as f64),
-                accelerate_units(l.read_back as f64)
-            );
+            println!("  host link per step: {}", super::super::link_summary(l));
         }
     }
     Ok(())
