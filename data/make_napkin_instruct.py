@@ -20,11 +20,6 @@ def alpaca(instruction, output, input_text=None):
     examples.append(example)
 
 
-def chat(user, assistant):
-    examples.append({"messages": [{"role": "user", "content": user},
-                                  {"role": "assistant", "content": assistant}]})
-
-
 # Arithmetic: 120 examples.
 for _ in range(120):
     a, b = rng.randint(2, 99), rng.randint(2, 99)
@@ -34,7 +29,7 @@ for _ in range(120):
     if rng.random() < 0.5:
         alpaca(f"What is {a} {op} {b}?", f"{a} {symbol} {b} = {value}.")
     else:
-        chat(f"Compute {a} {symbol} {b}.", f"{a} {symbol} {b} = {value}.")
+        alpaca(f"Compute {a} {symbol} {b}.", f"{a} {symbol} {b} = {value}.")
 
 # Weight memory by dtype (1 GB = 10^9 bytes): 60 examples.
 bytes_per_param = {"float32": 4, "bfloat16": 2, "int8": 1, "4-bit NF4": 0.5}
@@ -81,7 +76,7 @@ capitals = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Germa
             ("Turkey", "Ankara"), ("Netherlands", "Amsterdam"), ("Denmark", "Copenhagen"),
             ("Hungary", "Budapest"), ("Czechia", "Prague")]
 for country, city in capitals:
-    chat(f"What is the capital of {country}?", f"The capital of {country} is {city}.")
+    alpaca(f"What is the capital of {country}?", f"The capital of {country} is {city}.")
 
 # A glossary of the subject, written by the napkin authors.
 glossary = [
@@ -102,7 +97,7 @@ glossary = [
     ("What is RoPE?", "Rotary position embedding: queries and keys are rotated by angles proportional to their position."),
 ]
 for question, answer in glossary:
-    chat(question, answer)
+    alpaca(question, answer)
 
 rng.shuffle(examples)
 with open("napkin-instruct.jsonl", "w", encoding="utf-8") as f:

@@ -200,9 +200,30 @@ pub struct TrainArgs {
     /// A `.gguf` file, a HF folder or a napkin NF4 folder.
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// `.jsonl` (alpaca, chat `messages` or `text` lines) or plain `.txt`.
+    /// `.jsonl` or `.json` records (alpaca, sharegpt, chat `messages`, prompt/completion,
+    /// text), or plain `.txt` / `.md`.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// The records' format (default auto: the first record's).
+    #[arg(long, value_name = "FORMAT",
+          value_parser = clap::builder::PossibleValuesParser::new(napkin_core::data::DataFormat::NAMES))]
+    pub data_format: Option<String>,
+    /// Learn the prompts too, not only the replies / completions.
+    #[arg(long)]
+    pub train_on_inputs: bool,
+    /// Held-out data to evaluate on (any format --data takes).
+    #[arg(long, value_name = "FILE", conflicts_with = "val_fraction")]
+    pub eval_data: Option<PathBuf>,
+    /// Hold out this fraction of --data for evaluation (seeded).
+    #[arg(long, value_name = "F")]
+    pub val_fraction: Option<f64>,
+    /// Evaluate every N steps and after the last (0: only after the last). Default 50.
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
+    /// Stop after N evaluations without a lower held-out loss; the best step's weights are
+    /// kept in OUT/best. Default 0 (never).
+    #[arg(long, value_name = "N")]
+    pub early_stopping: Option<usize>,
     /// Output folder: checkpoints, metrics.jsonl, run_config.toml, the final adapter.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -267,6 +288,13 @@ pub struct TrainArgs {
     /// Warm-up steps. Default 5.
     #[arg(long)]
     pub warmup_steps: Option<u64>,
+    /// Warm-up as a fraction of the run's steps (wins over --warmup-steps).
+    #[arg(long, value_name = "R")]
+    pub warmup_ratio: Option<f64>,
+    /// The decay after the warm-up. Default cosine.
+    #[arg(long, value_name = "KIND",
+          value_parser = clap::builder::PossibleValuesParser::new(napkin_core::train::ScheduleKind::NAMES))]
+    pub lr_scheduler: Option<String>,
     /// Optimizer steps.
     #[arg(long)]
     pub steps: Option<u64>,
@@ -292,7 +320,8 @@ pub struct TrainArgs {
     /// Checkpoint every N steps (0: only at the end). Default 50.
     #[arg(long)]
     pub save_every: Option<u64>,
-    /// Print one line per step instead of a progress bar.
+    /// Print one line per step instead of a progress bar (the default when stderr is not a
+    /// terminal).
     #[arg(long)]
     pub plain: bool,
     /// Start even when the predicted peak memory is more than what is available.

@@ -323,3 +323,237 @@ fn a_run_that_cannot_fit_is_refused_up_front() {
     let (ok, stderr) = run(&bad);
     assert!(!ok && stderr.contains("--memory-limit"), "{stderr}");
 }
+
+/// (step, eval_loss) of every evaluation in metrics.jsonl.
+fn eval_losses(out: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["eval_loss"].as_f64()?)))
+        .collect()
+}
+
+/// Full fine-tuning of the tiny fixture with a plain-text held-out file: the held-out loss
+/// logged after the last step equals `napkin eval` of the saved model on the same text.
+#[test]
+fn the_held_out_loss_equals_napkin_eval_on_the_same_text() {
+    let out = Scratch::new("eval-equals");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let held_out = "The capital of Italy is Rome. Low-rank adapters train a few weights.";
+    let eval_file = out.0.join("held-out.txt");
+    std::fs::write(&eval_file, held_out).unwrap();
+    let mut args = train_args(&out.0.join("run"), 3);
+    for (flag, value) in [
+        ("--lora-r", "0"),
+        ("--optimizer", "adamw"),
+        ("--lr", "1e-3"),
+    ] {
+        let i = args.iter().position(|a| a == flag).unwrap();
+        args[i + 1] = value.to_string();
+    }
+    args.retain(|a| a != "--nf4");
+    args.extend(
+        [
+            "--eval-data",
+            eval_file.to_str().unwrap(),
+            "--eval-every",
+            "2",
+        ]
+        .map(String::from),
+    );
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("held out: 1 sample ("), "{stderr}");
+    let evals = eval_losses(&out.0.join("run"));
+    assert_eq!(
+        evals.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [2, 3],
+        "every 2 steps and after the last"
+    );
+    let f = fixtures();
+    let eval = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args([
+            "eval",
+            "--model",
+            out.0.join("run").to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--text",
+            held_out,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    let want = report["loss"].as_f64().unwrap();
+    let got = evals[1].1;
+    assert!(
+        (got - want).abs() < 1e-5 * want.abs().max(1.0),
+        "held-out loss {got} vs napkin eval {want}"
+    );
+}
+
+/// Early stopping on a held-out text of tokens the training data never shows: as QLoRA
+/// learns the instruction data, their probability falls and the held-out loss rises. The run
+/// stops after `patience` evaluations without a new best, says why, and `best/` holds the
+/// weights of the lowest held-out loss. A run resumed from the checkpoint before the stop
+/// repeats the same evaluations and stops at the same step (the early-stopping state is in
+/// every checkpoint).
+#[test]
+fn early_stopping_stops_on_a_rising_held_out_loss_and_keeps_the_best() {
+    let out = Scratch::new("early-stop");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let eval_file = out.0.join("unseen.txt");
+    std::fs::write(
+        &eval_file,
+        "Ωμέγα ψυχή ξένος ζωή φως. Ωμέγα ψυχή ξένος ζωή φως.",
+    )
+    .unwrap();
+    let run_dir = out.0.join("run");
+    let mut args = train_args(&run_dir, 40);
+    let i = args.iter().position(|a| a == "--save-every").unwrap();
+    args[i + 1] = "1".into();
+    args.extend(
+        [
+            "--eval-data",
+            eval_file.to_str().unwrap(),
+            "--eval-every",
+            "1",
+            "--early-stopping",
+            "3",
+        ]
+        .map(String::from),
+    );
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let evals = eval_losses(&run_dir);
+    let stop = evals.last().unwrap().0;
+    assert!(stop < 40, "stopped before the last step: {evals:?}");
+    assert!(
+        stderr.contains(&format!("stopped early after step {stop} of 40")),
+        "{stderr}"
+    );
+    let (best_step, best_loss) = evals
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    assert_eq!(
+        stop,
+        best_step + 3,
+        "three evaluations without a new best: {evals:?}"
+    );
+    assert!(
+        evals.last().unwrap().1 > best_loss,
+        "the held-out loss rose: {evals:?}"
+    );
+    let best = read_checkpoint(&run_dir.join("best")).unwrap();
+    assert_eq!(best.step, best_step);
+    assert_eq!(best.eval.best_loss, Some(best_loss));
+    assert!(run_dir.join("best/adapter_model.safetensors").is_file());
+
+    // Resume from the checkpoint before the stop: the same evaluations, the same stop.
+    let resumed = out.0.join("resumed");
+    std::fs::create_dir_all(&resumed).unwrap();
+    for entry in std::fs::read_dir(&run_dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        if path.is_dir() {
+            if name.to_string_lossy() == format!("checkpoint-{stop:06}") {
+                continue;
+            }
+            std::fs::create_dir_all(resumed.join(&name)).unwrap();
+            for f in std::fs::read_dir(&path).unwrap() {
+                let f = f.unwrap().path();
+                std::fs::copy(&f, resumed.join(&name).join(f.file_name().unwrap())).unwrap();
+            }
+        } else {
+            std::fs::copy(&path, resumed.join(&name)).unwrap();
+        }
+    }
+    let mut again = args.clone();
+    let i = again.iter().position(|a| a == "--out").unwrap();
+    again[i + 1] = resumed.to_str().unwrap().into();
+    again.push("--resume".into());
+    let (ok, stderr) = run(&again);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!("resuming after step {}", stop - 1)),
+        "{stderr}"
+    );
+    assert_eq!(eval_losses(&resumed), evals);
+    assert_eq!(losses(&resumed), losses(&run_dir));
+}
+
+/// Data files as users have them: a JSON array of alpaca records trains (it used to be read
+/// as plain text), a held-out fraction is split off and reported, and an unknown extension
+/// or a mixed file is refused naming the file and line.
+#[test]
+fn data_files_are_read_by_format_and_refused_clearly() {
+    let out = Scratch::new("formats");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let text = std::fs::read_to_string(repo().join("data/napkin-instruct.jsonl")).unwrap();
+    let records: Vec<&str> = text.lines().take(40).collect();
+    let array = out.0.join("alpaca_data.json");
+    std::fs::write(&array, format!("[\n{}\n]\n", records.join(",\n"))).unwrap();
+    let with_data = |data: &Path, extra: &[&str]| {
+        let mut args = train_args(&out.0.join("run"), 2);
+        let i = args.iter().position(|a| a == "--data").unwrap();
+        args[i + 1] = data.to_str().unwrap().into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let (ok, stderr) = run(&with_data(
+        &array,
+        &["--val-fraction", "0.1", "--eval-every", "1"],
+    ));
+    assert!(ok, "{stderr}");
+    // 40 records: 4 held out, and of the other 36, 5 whose reply starts beyond T = 96 (after
+    // the template's default system prompt) are dropped.
+    assert!(
+        stderr.contains("data: 31 alpaca samples")
+            && stderr.contains("5 with nothing to learn, dropped"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("held out: 4 samples (0.1 of the data, seeded)"),
+        "{stderr}"
+    );
+    assert_eq!(eval_losses(&out.0.join("run")).len(), 2);
+
+    let csv = out.0.join("data.csv");
+    std::fs::write(&csv, "instruction,output\n").unwrap();
+    let mixed = out.0.join("mixed.jsonl");
+    std::fs::write(&mixed, format!("{}\n{{\"text\": \"t\"}}\n", records[0])).unwrap();
+    for (args, needle) in [
+        (
+            with_data(&csv, &[]),
+            "data.csv:0: unknown extension `.csv`".to_string(),
+        ),
+        (
+            with_data(&mixed, &[]),
+            "mixed.jsonl:2: this record is text but the file is alpaca".to_string(),
+        ),
+        (
+            with_data(&array, &["--data-format", "sharegpt"]),
+            "alpaca_data.json:2: this record is alpaca but the file is sharegpt".to_string(),
+        ),
+        (
+            with_data(&array, &["--early-stopping", "2"]),
+            "--early-stopping".to_string(),
+        ),
+        (
+            with_data(&array, &["--val-fraction", "1.5"]),
+            "--val-fraction".to_string(),
+        ),
+    ] {
+        let (ok, stderr) = run(&args);
+        assert!(!ok && stderr.contains(&needle), "{needle}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -1,16 +1,10 @@
-//! Instruction data in JSONL, one example a line, in the shapes people have:
-//!
-//! - alpaca: `{"instruction": "...", "input": "..." (optional), "output": "..."}`
-//! - chat: `{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}`
-//! - plain: `{"text": "..."}` (causal LM, every token a label)
+//! One training example and how it becomes tokens and labels.
 //!
 //! Conversations are rendered with the model's chat template and the loss is taken on the
-//! assistant replies only: each piece of the rendered text is tokenized on its own, and only
-//! the pieces that are replies (with the template's end-of-turn marker) keep their labels.
-
-use std::path::Path;
-
-use serde_json::Value;
+//! assistant replies only (unless `train_on_inputs`): each piece of the rendered text is
+//! tokenized on its own, and only the pieces that are replies (with the template's end-of-turn
+//! marker) keep their labels. Raw prompt/completion pairs learn the completion; plain text
+//! learns every token. Both end with the tokenizer's EOS, so the model learns to stop.
 
 use super::sample::Sample;
 use crate::chat::{ChatFormat, Message};
@@ -25,101 +19,59 @@ pub enum Conversation {
     Chat(Vec<Message>),
     /// Plain text, all learned.
     Text(String),
-}
-
-/// Reads a JSONL file of examples. Blank lines are skipped; any other line that is not one of
-/// the three shapes is an error naming the file and line.
-pub fn read_jsonl(path: &Path) -> Result<Vec<Conversation>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    parse_jsonl(&text, path)
-}
-
-/// Parses JSONL text (`path` only names it in errors).
-pub fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<Conversation>> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = |message: String| Error::Data {
-            path: path.to_path_buf(),
-            line: i + 1,
-            message,
-        };
-        let value: Value =
-            serde_json::from_str(line).map_err(|e| at(format!("not valid JSON: {e}")))?;
-        out.push(conversation(&value).map_err(at)?);
-    }
-    if out.is_empty() {
-        return Err(Error::Data {
-            path: path.to_path_buf(),
-            line: 0,
-            message: "no examples in the file".into(),
-        });
-    }
-    Ok(out)
-}
-
-fn conversation(value: &Value) -> std::result::Result<Conversation, String> {
-    let field = |name: &str| -> std::result::Result<Option<String>, String> {
-        match value.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("`{name}` must be a string")),
-        }
-    };
-    if let Some(messages) = value.get("messages") {
-        let list = messages
-            .as_array()
-            .ok_or("`messages` must be a list of {role, content}")?;
-        let mut out = Vec::with_capacity(list.len());
-        for (k, m) in list.iter().enumerate() {
-            let role = m.get("role").and_then(Value::as_str);
-            let content = m.get("content").and_then(Value::as_str);
-            match (role, content) {
-                (Some(role @ ("system" | "user" | "assistant")), Some(content)) => {
-                    out.push(Message::new(role, content))
-                }
-                (Some(role), Some(_)) => {
-                    return Err(format!(
-                        "message {k}: role `{role}` is not system, user or assistant"
-                    ));
-                }
-                _ => return Err(format!("message {k} needs string `role` and `content`")),
-            }
-        }
-        if !out.iter().any(|m| m.role == "assistant") {
-            return Err("the conversation has no assistant message to learn".into());
-        }
-        return Ok(Conversation::Chat(out));
-    }
-    if let Some(instruction) = field("instruction")? {
-        let output = field("output")?.ok_or("an alpaca example needs `output`")?;
-        let user = match field("input")? {
-            Some(input) if !input.trim().is_empty() => format!("{instruction}\n\n{input}"),
-            _ => instruction,
-        };
-        let mut messages = Vec::new();
-        if let Some(system) = field("system")? {
-            messages.push(Message::new("system", &system));
-        }
-        messages.push(Message::new("user", &user));
-        messages.push(Message::new("assistant", &output));
-        return Ok(Conversation::Chat(messages));
-    }
-    if let Some(text) = field("text")? {
-        return Ok(Conversation::Text(text));
-    }
-    Err("expected `messages`, `instruction` + `output`, or `text`".into())
+    /// Raw text: the prompt is context, the completion is learned.
+    Completion {
+        /// Context (learned only with `train_on_inputs`).
+        prompt: String,
+        /// The text to learn.
+        completion: String,
+    },
 }
 
 impl Conversation {
-    /// Tokens and labels: with a chat format, only the assistant replies are labels.
-    pub fn render(&self, format: &ChatFormat, tokenizer: &TextTokenizer) -> Result<Sample> {
+    /// Whether rendering it needs a chat template.
+    pub fn needs_chat_format(&self) -> bool {
+        matches!(self, Conversation::Chat(_))
+    }
+
+    /// Tokens and labels. Chat examples need `format`; only the replies are labels unless
+    /// `train_on_inputs`.
+    pub fn render(
+        &self,
+        format: Option<&ChatFormat>,
+        tokenizer: &TextTokenizer,
+        train_on_inputs: bool,
+    ) -> Result<Sample> {
+        let eos: Vec<u32> = tokenizer.eos_ids.first().copied().into_iter().collect();
         let messages = match self {
-            Conversation::Text(text) => return Ok(Sample::causal(tokenizer.encode(text)?)),
+            Conversation::Text(text) => {
+                let mut ids = tokenizer.encode(text)?;
+                ids.extend(&eos);
+                return Ok(Sample::causal(ids));
+            }
+            Conversation::Completion { prompt, completion } => {
+                let prompt = tokenizer.encode(prompt)?;
+                let mut completion = tokenizer.encode(completion)?;
+                completion.extend(&eos);
+                let labels = prompt
+                    .iter()
+                    .map(|&id| {
+                        if train_on_inputs {
+                            i64::from(id)
+                        } else {
+                            IGNORE_INDEX
+                        }
+                    })
+                    .chain(completion.iter().map(|&id| i64::from(id)))
+                    .collect();
+                let ids = prompt.into_iter().chain(completion).collect();
+                return Ok(Sample { ids, labels });
+            }
             Conversation::Chat(messages) => messages,
         };
+        let format = format.ok_or_else(|| {
+            Error::Input("a chat example needs a chat format to be rendered".into())
+        })?;
         let mut ids = Vec::new();
         let mut labels = Vec::new();
         let mut push = |text: &str, learn: bool| -> Result<()> {
@@ -148,7 +100,7 @@ impl Conversation {
                     "the chat template does not render conversations incrementally".into(),
                 ));
             };
-            push(context, false)?;
+            push(context, train_on_inputs)?;
             push(reply, true)?;
             rendered = full;
         }

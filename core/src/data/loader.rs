@@ -22,10 +22,31 @@ pub struct LoaderState {
     pub batch_in_epoch: u64,
 }
 
+/// What the data set turned into, for the summary printed before training.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DataSummary {
+    /// Samples trained on.
+    pub samples: usize,
+    /// Samples dropped: no token to learn within the sequence length.
+    pub dropped: usize,
+    /// Samples longer than the sequence length (cut to it).
+    pub truncated: usize,
+    /// Tokens of the kept samples after truncation.
+    pub tokens: usize,
+    /// Of those, tokens the loss learns.
+    pub label_tokens: usize,
+    /// Micro-batches per epoch.
+    pub batches_per_epoch: usize,
+    /// Real tokens over the token slots of an epoch's micro-batches (1 − padding).
+    pub fill: f64,
+}
+
 /// Micro-batches of `B × T` tokens.
 #[derive(Debug, Clone)]
 pub struct DataLoader {
     samples: Vec<Sample>,
+    dropped: usize,
+    truncated: usize,
     seq_len: usize,
     micro_batch: usize,
     packing: bool,
@@ -48,14 +69,10 @@ impl DataLoader {
                 "sequence length {seq_len} and micro-batch {micro_batch}: need T ≥ 2 and B ≥ 1"
             )));
         }
-        let samples: Vec<Sample> = samples
-            .into_iter()
-            .filter(|s| {
-                let mut s = s.clone();
-                s.truncate(seq_len);
-                s.label_tokens() > 0
-            })
-            .collect();
+        let given = samples.len();
+        let truncated = samples.iter().filter(|s| s.len() > seq_len).count();
+        let samples = learnable(samples, seq_len);
+        let dropped = given - samples.len();
         if samples.is_empty() {
             return Err(Error::Input(
                 "no sample has a token to learn within the sequence length".into(),
@@ -63,6 +80,8 @@ impl DataLoader {
         }
         let mut loader = DataLoader {
             samples,
+            dropped,
+            truncated,
             seq_len,
             micro_batch,
             packing,
@@ -93,6 +112,31 @@ impl DataLoader {
     /// Samples in the data set.
     pub fn num_samples(&self) -> usize {
         self.samples.len()
+    }
+
+    /// Samples, tokens, truncation and padding of the data set as it is trained on.
+    pub fn summary(&self) -> DataSummary {
+        let cut = |s: &Sample| {
+            let mut s = s.clone();
+            s.truncate(self.seq_len);
+            s
+        };
+        let tokens: usize = self.samples.iter().map(|s| s.len().min(self.seq_len)).sum();
+        let slots: usize = self
+            .epoch_batches
+            .iter()
+            .flatten()
+            .map(|row| row.ids.len())
+            .sum();
+        DataSummary {
+            samples: self.samples.len(),
+            dropped: self.dropped,
+            truncated: self.truncated,
+            tokens,
+            label_tokens: self.samples.iter().map(|s| cut(s).label_tokens()).sum(),
+            batches_per_epoch: self.epoch_batches.len(),
+            fill: tokens as f64 / slots.max(1) as f64,
+        }
     }
 
     /// The next micro-batch (a new epoch starts when one is used up).
@@ -129,4 +173,40 @@ impl DataLoader {
                 .collect()
         };
     }
+}
+
+/// The samples with a token to learn within `seq_len` (the others would add nothing).
+fn learnable(samples: Vec<Sample>, seq_len: usize) -> Vec<Sample> {
+    samples
+        .into_iter()
+        .filter(|s| {
+            let mut s = s.clone();
+            s.truncate(seq_len);
+            s.label_tokens() > 0
+        })
+        .collect()
+}
+
+/// Micro-batches of `samples` in their order, by the same rules as training (packed or one
+/// per row, truncated to `seq_len`): the held-out set, read the same way at every evaluation.
+/// Samples with nothing to learn are left out.
+pub fn ordered_batches(
+    samples: Vec<Sample>,
+    seq_len: usize,
+    rows_per_batch: usize,
+    packing: bool,
+) -> Vec<MicroBatch> {
+    let samples = learnable(samples, seq_len);
+    let rows: Vec<Vec<Row>> = if packing {
+        pack(&samples, seq_len)
+            .chunks(rows_per_batch.max(1))
+            .map(<[Row]>::to_vec)
+            .collect()
+    } else {
+        samples
+            .chunks(rows_per_batch.max(1))
+            .map(|group| pad_each(group, seq_len))
+            .collect()
+    };
+    rows.iter().map(|r| micro_batch(r)).collect()
 }

@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainConfig;
+use super::eval::EvalState;
 use super::optimizer::{StateData, StateTensor};
 use crate::data::LoaderState;
 use crate::error::{Error, Result};
@@ -23,6 +24,8 @@ use crate::error::{Error, Result};
 pub const STATE_FILE: &str = "trainer_state.json";
 /// The optimizer state's file name.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The folder holding the weights of the step with the lowest held-out loss.
+pub const BEST_DIR: &str = "best";
 
 /// What `trainer_state.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +42,9 @@ pub struct TrainerState {
     /// Steps without overflow since the loss scale last changed.
     #[serde(default)]
     pub good_steps: u64,
+    /// The best held-out loss so far and the evaluations since (early stopping).
+    #[serde(default)]
+    pub eval: EvalState,
     /// FNV-1a 64 checksum of every other file in the folder, by name.
     pub checksums: BTreeMap<String, String>,
 }
@@ -119,11 +125,23 @@ pub fn read_optimizer(path: &Path) -> Result<Vec<StateTensor>> {
 /// their checksums. Returns the folder.
 pub fn write_checkpoint(
     out: &Path,
+    state: TrainerState,
+    files: &[(String, Vec<u8>)],
+) -> Result<PathBuf> {
+    let name = checkpoint_name(state.step);
+    write_folder(out, &name, state, files)
+}
+
+/// Writes `out/name` crash-safely (see [`write_checkpoint`]); an older folder of that name is
+/// replaced only once the new one is complete.
+pub fn write_folder(
+    out: &Path,
+    name: &str,
     mut state: TrainerState,
     files: &[(String, Vec<u8>)],
 ) -> Result<PathBuf> {
-    let final_dir = out.join(checkpoint_name(state.step));
-    let tmp_dir = out.join(format!(".{}.tmp", checkpoint_name(state.step)));
+    let final_dir = out.join(name);
+    let tmp_dir = out.join(format!(".{name}.tmp"));
     let _ = fs::remove_dir_all(&tmp_dir);
     fs::create_dir_all(&tmp_dir).map_err(|e| Error::io(&tmp_dir, e))?;
     let write = |name: &str, bytes: &[u8]| -> Result<()> {

@@ -7,7 +7,9 @@ use burn::tensor::FloatDType;
 use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
+use super::schedule::ScheduleKind;
 use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::predict::inventory::Scenario;
@@ -18,8 +20,23 @@ use crate::predict::inventory::Scenario;
 pub struct TrainConfig {
     /// A `.gguf` file, a HF folder or a napkin NF4 folder.
     pub model: PathBuf,
-    /// Training data: `.jsonl` (alpaca, chat `messages` or `text` lines) or plain `.txt`.
+    /// Training data: `.jsonl` or `.json` records (alpaca, sharegpt, chat `messages`,
+    /// prompt/completion or text), or plain `.txt` / `.md`.
     pub data: PathBuf,
+    /// The records' format: `auto` (from the first record), `alpaca`, `sharegpt`, `messages`,
+    /// `prompt-completion` or `text`.
+    pub data_format: DataFormat,
+    /// Learn the prompts too, not only the replies / completions.
+    pub train_on_inputs: bool,
+    /// Held-out data to evaluate on (any format `data` takes).
+    pub eval_data: Option<PathBuf>,
+    /// Hold out this fraction of `data` (seeded) instead of `eval_data` (0: none).
+    pub val_fraction: f64,
+    /// Evaluate every N optimizer steps, and after the last (0: only after the last).
+    pub eval_every: u64,
+    /// Stop after N evaluations in a row without a lower held-out loss (0: never); the best
+    /// step's weights are kept in `best/`.
+    pub early_stopping: usize,
     /// Output folder: checkpoints, metrics, the final adapter (or model).
     pub out: PathBuf,
     /// A `tokenizer.json` instead of the model's own.
@@ -60,8 +77,12 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// SGD momentum.
     pub momentum: f64,
-    /// Linear warm-up steps before the cosine decay.
+    /// Linear warm-up steps before the decay.
     pub warmup_steps: u64,
+    /// The warm-up as a fraction of the run's steps (wins over `warmup_steps` when set).
+    pub warmup_ratio: Option<f64>,
+    /// The decay after the warm-up: `constant`, `linear` or `cosine`.
+    pub lr_scheduler: ScheduleKind,
     /// Optimizer steps (wins over `epochs`).
     pub steps: Option<u64>,
     /// Passes over the data when `steps` is not given.
@@ -89,6 +110,12 @@ impl Default for TrainConfig {
         TrainConfig {
             model: PathBuf::new(),
             data: PathBuf::new(),
+            data_format: DataFormat::Auto,
+            train_on_inputs: false,
+            eval_data: None,
+            val_fraction: 0.0,
+            eval_every: 50,
+            early_stopping: 0,
             out: PathBuf::new(),
             tokenizer: None,
             chat_format: None,
@@ -110,6 +137,8 @@ impl Default for TrainConfig {
             weight_decay: 0.0,
             momentum: 0.9,
             warmup_steps: 5,
+            warmup_ratio: None,
+            lr_scheduler: ScheduleKind::Cosine,
             steps: None,
             epochs: None,
             max_grad_norm: 1.0,
@@ -227,6 +256,48 @@ impl TrainConfig {
         {
             return bad("--epochs", format!("must be positive, found {e}"));
         }
+        if !(0.0..1.0).contains(&self.val_fraction) {
+            return bad(
+                "--val-fraction",
+                format!(
+                    "must be at least 0 and below 1, found {}",
+                    self.val_fraction
+                ),
+            );
+        }
+        if self.eval_data.is_some() && self.val_fraction > 0.0 {
+            return bad(
+                "--eval-data/--val-fraction",
+                "give one source of held-out data, not both".into(),
+            );
+        }
+        if self.early_stopping > 0 && !self.has_eval() {
+            return bad(
+                "--early-stopping",
+                "watches the held-out loss: give --eval-data FILE or --val-fraction F".into(),
+            );
+        }
+        if let Some(r) = self.warmup_ratio
+            && !(0.0..1.0).contains(&r)
+        {
+            return bad(
+                "--warmup-ratio",
+                format!("must be at least 0 and below 1, found {r}"),
+            );
+        }
         Ok(())
+    }
+
+    /// Whether the run evaluates on held-out data.
+    pub fn has_eval(&self) -> bool {
+        self.eval_data.is_some() || self.val_fraction > 0.0
+    }
+
+    /// Warm-up steps in a run of `total_steps` (`warmup_ratio` rounded up, as transformers).
+    pub fn warmup_for(&self, total_steps: u64) -> u64 {
+        match self.warmup_ratio {
+            Some(r) => (r * total_steps as f64).ceil() as u64,
+            None => self.warmup_steps,
+        }
     }
 }

@@ -1,10 +1,11 @@
-//! Training: one step's forward and backward (accumulation, checkpointing), gradients, and the
-//! optimizers. The loop, data and checkpoints grow here.
+//! Training: one step's forward and backward (accumulation, checkpointing), gradients, the
+//! optimizers, the learning-rate schedule, held-out evaluation, checkpoints and the loop.
 
 pub mod adamw;
 pub mod adamw8bit;
 pub mod checkpoint;
 pub mod config;
+pub mod eval;
 mod fused_adamw;
 pub mod grads;
 pub mod offload;
@@ -16,10 +17,11 @@ pub mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use config::TrainConfig;
+pub use eval::{EvalReport, EvalState, held_out_loss};
 pub use grads::ParamGrads;
 pub use offload::{HostOffload, LinkTraffic};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, trainable_ids};
-pub use schedule::LrSchedule;
+pub use schedule::{LrSchedule, ScheduleKind};
 pub use step::{
     Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_marked,
     forward_backward_unread,

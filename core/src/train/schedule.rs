@@ -1,12 +1,68 @@
-//! The learning-rate schedule: linear warm-up, then cosine decay to zero, with Hugging Face's
-//! semantics (`get_cosine_schedule_with_warmup`): optimizer step s (from 0) uses
-//! `lr · s / W` while s < W, then `lr · ½(1 + cos(π (s − W) / (S − W)))`.
+//! The learning-rate schedule, with Hugging Face's semantics (`get_*_schedule_with_warmup`):
+//! optimizer step s (from 0) uses `lr · s / W` while s < W (linear warm-up), then, with
+//! p = (s − W) / (S − W):
+//!
+//! - `constant`: `lr`;
+//! - `linear`: `lr · (1 − p)`;
+//! - `cosine`: `lr · ½(1 + cos(π p))`.
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// Warm-up and cosine decay over a run of `total_steps`.
+use crate::error::{Error, Result};
+
+/// The shape of the decay after the warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    /// The peak for the rest of the run.
+    Constant,
+    /// Straight down to zero at the last step.
+    Linear,
+    /// Half a cosine down to zero at the last step.
+    #[default]
+    Cosine,
+}
+
+impl ScheduleKind {
+    /// Every name `--lr-scheduler` accepts.
+    pub const NAMES: [&'static str; 3] = ["constant", "linear", "cosine"];
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ScheduleKind::Constant => "constant",
+            ScheduleKind::Linear => "linear",
+            ScheduleKind::Cosine => "cosine",
+        })
+    }
+}
+
+impl FromStr for ScheduleKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "constant" => Ok(ScheduleKind::Constant),
+            "linear" => Ok(ScheduleKind::Linear),
+            "cosine" => Ok(ScheduleKind::Cosine),
+            _ => Err(Error::config(
+                "--lr-scheduler",
+                format!("unknown schedule `{s}`: expected constant, linear or cosine"),
+            )),
+        }
+    }
+}
+
+/// Warm-up and decay over a run of `total_steps`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LrSchedule {
+    /// The decay after the warm-up.
+    #[serde(default)]
+    pub kind: ScheduleKind,
     /// The peak learning rate.
     pub peak: f64,
     /// W: warm-up steps.
@@ -23,7 +79,13 @@ impl LrSchedule {
         }
         let decay_steps = self.total_steps.saturating_sub(self.warmup_steps).max(1);
         let progress = ((step - self.warmup_steps) as f64 / decay_steps as f64).min(1.0);
-        self.peak * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        match self.kind {
+            ScheduleKind::Constant => self.peak,
+            ScheduleKind::Linear => self.peak * (1.0 - progress),
+            ScheduleKind::Cosine => {
+                self.peak * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+            }
+        }
     }
 }
 
@@ -34,6 +96,7 @@ mod tests {
     #[test]
     fn warms_up_linearly_then_follows_half_a_cosine() {
         let s = LrSchedule {
+            kind: ScheduleKind::Cosine,
             peak: 1e-3,
             warmup_steps: 10,
             total_steps: 110,
@@ -50,5 +113,44 @@ mod tests {
             (10..110).all(|i| s.lr_at(i + 1) <= s.lr_at(i)),
             "decays monotonically"
         );
+    }
+
+    /// transformers' `get_linear_schedule_with_warmup` and
+    /// `get_constant_schedule_with_warmup` (lr 1e-3, W = 10, S = 110): the multipliers
+    /// `s / W`, then `(S − s) / (S − W)` or 1.
+    #[test]
+    fn linear_and_constant_follow_transformers() {
+        let at = |kind, step| {
+            LrSchedule {
+                kind,
+                peak: 1e-3,
+                warmup_steps: 10,
+                total_steps: 110,
+            }
+            .lr_at(step)
+        };
+        for (step, linear, constant) in [
+            (0, 0.0, 0.0),
+            (4, 4e-4, 4e-4),
+            (10, 1e-3, 1e-3),
+            (35, 7.5e-4, 1e-3),
+            (60, 5e-4, 1e-3),
+            (109, 1e-5, 1e-3),
+            (110, 0.0, 1e-3),
+        ] {
+            assert!(
+                (at(ScheduleKind::Linear, step) - linear).abs() < 1e-15,
+                "linear at {step}"
+            );
+            assert!(
+                (at(ScheduleKind::Constant, step) - constant).abs() < 1e-15,
+                "constant at {step}"
+            );
+        }
+        assert_eq!(
+            "Linear".parse::<ScheduleKind>().unwrap(),
+            ScheduleKind::Linear
+        );
+        assert!("step".parse::<ScheduleKind>().is_err());
     }
 }

@@ -7,9 +7,12 @@
 //! 3. stop on a non-finite loss, before any weight changes; with f16, undo the loss scale and
 //!    skip the update (halving the scale) when a gradient overflowed;
 //! 4. clip the gradients to a global norm;
-//! 5. read the learning rate off the warm-up + cosine schedule;
+//! 5. read the learning rate off the schedule (warm-up, then constant, linear or cosine);
 //! 6. let the optimizer (AdamW, 8-bit AdamW or SGD) update the trainable weights — with LoRA
 //!    only the adapters, whose base stays frozen (and NF4-quantized with QLoRA).
+//!
+//! Between steps the caller may evaluate on held-out data (`evaluate`, `record_eval`): the
+//! best step's weights go to `best/`, and early stopping ends the run (`is_done`).
 
 use std::path::{Path, PathBuf};
 use web_time::Instant;
@@ -19,18 +22,19 @@ use serde::Serialize;
 
 use super::AdamWConfig;
 use super::checkpoint::{
-    OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
-    write_checkpoint,
+    BEST_DIR, OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
+    write_checkpoint, write_folder,
 };
 use super::config::TrainConfig;
+use super::eval::{EvalReport, EvalState, held_out_loss};
 use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
 use super::schedule::LrSchedule;
-use super::step::{Accumulation, forward_backward_scaled};
+use super::step::{Accumulation, MicroBatch, forward_backward_scaled};
 use crate::chat::ChatFormat;
 use crate::config::LoraConfig;
-use crate::data::instruct::{Conversation, read_jsonl};
+use crate::data::loader::ordered_batches;
 use crate::data::text::text_samples;
-use crate::data::{DataLoader, Sample};
+use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf::hf_files;
@@ -66,6 +70,19 @@ pub struct StepReport {
 /// skip that update), double after this many steps without one.
 const SCALE_GROWTH_INTERVAL: u64 = 2000;
 
+/// What the training and held-out data turned into.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DataReport {
+    /// The training file's record format (None: plain text).
+    pub format: Option<DataFormat>,
+    /// The training set as the loader sees it.
+    pub train: DataSummary,
+    /// Held-out samples (0: no evaluation).
+    pub held_out_samples: usize,
+    /// Held-out micro-batches per evaluation.
+    pub held_out_batches: usize,
+}
+
 /// A run in progress.
 #[derive(Debug)]
 pub struct Trainer {
@@ -81,6 +98,11 @@ pub struct Trainer {
     pub schedule: LrSchedule,
     /// Optimizer steps completed.
     pub step: u64,
+    /// The best held-out loss so far (early stopping).
+    pub eval: EvalState,
+    /// The data, summarised.
+    pub data: DataReport,
+    eval_batches: Vec<MicroBatch>,
     lora: Option<LoraConfig>,
     device: Device,
     compute: Option<FloatDType>,
@@ -127,7 +149,27 @@ impl Trainer {
             Some(file) => TextTokenizer::from_file(file)?,
             None => tokenizer_for_model(&config.model, None)?,
         };
-        let samples = load_samples(&config, &tokenizer)?;
+        let (format, samples) =
+            load_samples(&config.data, config.data_format, &config, &tokenizer)?;
+        let (samples, held_out) = match &config.eval_data {
+            Some(path) => (
+                samples,
+                load_samples(path, DataFormat::Auto, &config, &tokenizer)?.1,
+            ),
+            None if config.val_fraction > 0.0 => {
+                hold_out(samples, config.val_fraction, config.seed)?
+            }
+            None => (samples, Vec::new()),
+        };
+        let held_out_samples = held_out.len();
+        let eval_batches =
+            ordered_batches(held_out, config.seq_len, config.micro_batch, config.pack);
+        if config.has_eval() && eval_batches.is_empty() {
+            return Err(Error::config(
+                "--eval-data",
+                "no held-out sample has a token to learn within the sequence length".to_string(),
+            ));
+        }
         let mut loader = DataLoader::new(
             samples,
             config.seq_len,
@@ -135,6 +177,12 @@ impl Trainer {
             config.pack,
             config.seed,
         )?;
+        let data = DataReport {
+            format,
+            train: loader.summary(),
+            held_out_samples,
+            held_out_batches: eval_batches.len(),
+        };
 
         // The model with its tricks. Resuming full fine-tuning starts from the saved weights.
         device.seed(config.seed);
@@ -178,9 +226,11 @@ impl Trainer {
             1.0
         };
         let mut good_steps = 0;
+        let mut eval = EvalState::default();
         if let Some((dir, state)) = &found {
             loss_scale = state.loss_scale;
             good_steps = state.good_steps;
+            eval = state.eval;
             check_same_run(&config, &state.config)?;
             let ids = trainable_ids(&model);
             let tensors = read_optimizer(&dir.join(OPTIMIZER_FILE))?;
@@ -194,8 +244,11 @@ impl Trainer {
             (epochs * per_epoch).ceil().max(1.0) as u64
         });
         let schedule = LrSchedule {
+            kind: config.lr_scheduler,
             peak: config.lr,
-            warmup_steps: config.warmup_steps.min(total_steps.saturating_sub(1)),
+            warmup_steps: config
+                .warmup_for(total_steps)
+                .min(total_steps.saturating_sub(1)),
             total_steps,
         };
         Ok((
@@ -206,6 +259,9 @@ impl Trainer {
                 loader,
                 schedule,
                 step,
+                eval,
+                data,
+                eval_batches,
                 lora,
                 device,
                 compute,
@@ -221,9 +277,56 @@ impl Trainer {
         self.schedule.total_steps
     }
 
-    /// Whether the run is complete.
+    /// Whether the run is complete: every step taken, or stopped early.
     pub fn is_done(&self) -> bool {
-        self.step >= self.schedule.total_steps
+        self.step >= self.schedule.total_steps || self.stopped_early()
+    }
+
+    /// Whether early stopping ended the run.
+    pub fn stopped_early(&self) -> bool {
+        self.eval.should_stop(self.config.early_stopping)
+    }
+
+    /// Whether the run evaluates after the step just taken (every `eval_every` steps and after
+    /// the last).
+    pub fn eval_due(&self) -> bool {
+        let every = self.config.eval_every;
+        !self.eval_batches.is_empty()
+            && self.step > 0
+            && ((every > 0 && self.step % every == 0) || self.step >= self.schedule.total_steps)
+    }
+
+    /// The held-out loss of the current weights, in the run's compute precision.
+    pub fn evaluate(&self) -> Result<EvalReport> {
+        let _precision = autocast(self.compute);
+        held_out_loss(&self.model, &self.eval_batches)
+    }
+
+    /// Records an evaluation of the current step for early stopping; a new best writes the
+    /// weights to `best/` (crash-safely). Returns whether it was a new best.
+    pub fn record_eval(&mut self, report: &EvalReport) -> Result<bool> {
+        let improved = self.eval.record(self.step, report.loss);
+        if improved {
+            write_folder(
+                &self.config.out,
+                BEST_DIR,
+                self.state(),
+                &self.weight_files()?,
+            )?;
+        }
+        Ok(improved)
+    }
+
+    fn state(&self) -> TrainerState {
+        TrainerState {
+            step: self.step,
+            loader: self.loader.state(),
+            config: self.config.clone(),
+            loss_scale: self.loss_scale,
+            good_steps: self.good_steps,
+            eval: self.eval,
+            checksums: Default::default(),
+        }
     }
 
     /// One optimizer step (see the module documentation for the order of things).
@@ -323,15 +426,7 @@ impl Trainer {
             OPTIMIZER_FILE.to_string(),
             optimizer_bytes(&self.optimizer.export_state(&ids))?,
         ));
-        let state = TrainerState {
-            step: self.step,
-            loader: self.loader.state(),
-            config: self.config.clone(),
-            loss_scale: self.loss_scale,
-            good_steps: self.good_steps,
-            checksums: Default::default(),
-        };
-        let dir = write_checkpoint(&self.config.out, state, &files)?;
+        let dir = write_checkpoint(&self.config.out, self.state(), &files)?;
         prune(&self.config.out, self.config.keep_checkpoints)?;
         Ok(dir)
     }
@@ -382,13 +477,14 @@ fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
             c.pack,
             c.seed,
             c.dtype.clone(),
+            (c.data_format, c.train_on_inputs, c.val_fraction.to_bits()),
         )
     };
     if key(now) != key(saved) {
         return Err(Error::config(
             "--resume",
             format!(
-                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed or dtype); use another --out or the same settings",
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs or held-out fraction); use another --out or the same settings",
                 now.out.display()
             ),
         ));
@@ -396,33 +492,29 @@ fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// Reads and tokenizes the data file.
-pub fn load_samples(config: &TrainConfig, tokenizer: &TextTokenizer) -> Result<Vec<Sample>> {
-    let path = &config.data;
-    let is_jsonl = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
-    if !is_jsonl {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        return text_samples(&text, tokenizer, config.seq_len);
-    }
-    let conversations = read_jsonl(path)?;
-    let needs_format = conversations
-        .iter()
-        .any(|c| matches!(c, Conversation::Chat(_)));
-    let format = if needs_format {
+/// Reads and tokenizes a data file: its record format (None: plain text) and its samples.
+pub fn load_samples(
+    path: &Path,
+    format: DataFormat,
+    config: &TrainConfig,
+    tokenizer: &TextTokenizer,
+) -> Result<(Option<DataFormat>, Vec<Sample>)> {
+    let (format, examples) = match read_data(path, format)? {
+        DataContent::PlainText(text) => {
+            return Ok((None, text_samples(&text, tokenizer, config.seq_len)?));
+        }
+        DataContent::Records { format, examples } => (format, examples),
+    };
+    let chat = if examples.iter().any(|c| c.needs_chat_format()) {
         Some(chat_format(config, tokenizer, path)?)
     } else {
         None
     };
-    conversations
+    let samples = examples
         .iter()
-        .map(|c| match (&format, c) {
-            (Some(f), c) => c.render(f, tokenizer),
-            (None, Conversation::Text(t)) => Ok(Sample::causal(tokenizer.encode(t)?)),
-            (None, Conversation::Chat(_)) => unreachable!("a chat example implies a format"),
-        })
-        .collect()
+        .map(|c| c.render(chat.as_ref(), tokenizer, config.train_on_inputs))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((Some(format), samples))
 }
 
 fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> Result<ChatFormat> {

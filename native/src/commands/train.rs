@@ -2,11 +2,12 @@
 //!
 //! Settings come from the defaults, then `--config FILE` (TOML), then the flags. The run
 //! writes into `--out`: `run_config.toml` (the settings used), `metrics.jsonl` (one line per
-//! step), `checkpoint-NNNNNN/` folders (crash-safe, see `napkin_core::train::checkpoint`), and
-//! at the end the adapter (or the full model), and with `--merge` the merged model.
+//! step, with the held-out loss on evaluation steps), `checkpoint-NNNNNN/` folders (crash-safe,
+//! see `napkin_core::train::checkpoint`), `best/` (the weights of the lowest held-out loss),
+//! and at the end the adapter (or the full model), and with `--merge` the merged model.
 
 use std::fs;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,8 @@ use napkin_core::exercises::{Dimension, answer::parse_quantity};
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes};
 use napkin_core::memory::preflight::{available_memory, check_fits};
-use napkin_core::train::{StepReport, TrainConfig, Trainer};
+use napkin_core::train::checkpoint::BEST_DIR;
+use napkin_core::train::{EvalReport, StepReport, TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
@@ -46,17 +48,16 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             trainer.total_steps()
         );
     }
+    eprintln!("{}", data_summary(&trainer));
     eprintln!(
-        "{} samples, {} micro-batches of {}×{} per epoch; {} trainable parameters; {} steps",
-        trainer.loader.num_samples(),
-        trainer.loader.batches_per_epoch(),
-        config.micro_batch,
-        config.seq_len,
+        "{} trainable parameters; {} steps",
         trainer.model.trainable_parameters(),
         trainer.total_steps()
     );
 
-    let bar = progress_bar(&trainer, args.plain);
+    // Without a terminal (a log file, CI) a bar would print nothing: print lines instead.
+    let plain = args.plain || !std::io::stderr().is_terminal();
+    let bar = progress_bar(&trainer, plain);
     let mut metrics = fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -73,18 +74,34 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
         };
         tokens_total += report.tokens;
-        let line = metrics_line(&report);
+        let eval = if trainer.eval_due() {
+            let e = trainer.evaluate()?;
+            let best = trainer.record_eval(&e)?;
+            Some((e, best))
+        } else {
+            None
+        };
+        let line = metrics_line(&report, eval.as_ref());
         writeln!(metrics, "{line}").context("writing metrics.jsonl")?;
         metrics.flush().context("writing metrics.jsonl")?;
+        let eval_text = match &eval {
+            Some((e, best)) => format!(
+                "  eval {:.4} (ppl {:.2}){}",
+                e.loss,
+                e.perplexity,
+                if *best { " best" } else { "" }
+            ),
+            None => String::new(),
+        };
         let message = format!(
-            "loss {:.4}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (peak {:.0})",
+            "loss {:.4}{eval_text}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (peak {:.0})",
             report.loss,
             report.lr,
             report.tokens as f64 / report.seconds.max(1e-9),
             live_bytes() as f64 / MIB,
             peak_bytes() as f64 / MIB
         );
-        if args.plain {
+        if plain {
             eprintln!("step {}/{}  {message}", report.step, trainer.total_steps());
         } else {
             bar.set_position(report.step);
@@ -97,6 +114,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
     }
     bar.finish();
+    if trainer.stopped_early() {
+        eprintln!(
+            "stopped early after step {} of {}: the held-out loss has not improved for {} evaluations (best {:.4} after step {}, its weights in {})",
+            trainer.step,
+            trainer.total_steps(),
+            config.early_stopping,
+            trainer.eval.best_loss.unwrap_or(f64::NAN),
+            trainer.eval.best_step,
+            config.out.join(BEST_DIR).display()
+        );
+    }
     let written = trainer.save_final(args.merge)?;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
@@ -177,7 +205,20 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         dtype,
         device
     );
-    set!(save_every);
+    set!(save_every, val_fraction, eval_every, early_stopping);
+    c.train_on_inputs |= args.train_on_inputs;
+    if let Some(f) = &args.data_format {
+        c.data_format = f.parse()?;
+    }
+    if let Some(e) = &args.eval_data {
+        c.eval_data = Some(e.clone());
+    }
+    if let Some(r) = args.warmup_ratio {
+        c.warmup_ratio = Some(r);
+    }
+    if let Some(k) = &args.lr_scheduler {
+        c.lr_scheduler = k.parse()?;
+    }
     if let Some(t) = &args.tokenizer {
         c.tokenizer = Some(t.clone());
     }
@@ -208,8 +249,64 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     Ok(c)
 }
 
-fn metrics_line(report: &StepReport) -> String {
-    json!({
+/// What the data turned into, in a line or two.
+fn data_summary(trainer: &Trainer) -> String {
+    let d = &trainer.data;
+    let c = &trainer.config;
+    let t = &d.train;
+    let kind = match d.format {
+        Some(f) => format!("{f} samples"),
+        None => "windows of plain text".to_string(),
+    };
+    let mut text = format!(
+        "data: {} {kind} ({} longer than {} tokens, cut; {} with nothing to learn, dropped): {} tokens, {} learned; {} {:.1} % of the token slots, {} of {}×{} per epoch",
+        t.samples,
+        t.truncated,
+        c.seq_len,
+        t.dropped,
+        t.tokens,
+        t.label_tokens,
+        if c.pack {
+            "packed into"
+        } else {
+            "padded: real tokens fill"
+        },
+        100.0 * t.fill,
+        plural(t.batches_per_epoch, "micro-batch", "micro-batches"),
+        c.micro_batch,
+        c.seq_len,
+    );
+    if d.held_out_samples > 0 {
+        let source = match &c.eval_data {
+            Some(path) => path.display().to_string(),
+            None => format!("{} of the data, seeded", c.val_fraction),
+        };
+        text.push_str(&format!(
+            "\nheld out: {} ({source}), {} per evaluation, {}",
+            plural(d.held_out_samples, "sample", "samples"),
+            plural(d.held_out_batches, "micro-batch", "micro-batches"),
+            match c.eval_every {
+                0 => "after the last step".to_string(),
+                1 => "after every step".to_string(),
+                n => format!("every {n} steps and after the last"),
+            }
+        ));
+        if c.early_stopping > 0 {
+            text.push_str(&format!(
+                "; early stopping after {} without a new best",
+                c.early_stopping
+            ));
+        }
+    }
+    text
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn metrics_line(report: &StepReport, eval: Option<&(EvalReport, bool)>) -> String {
+    let mut line = json!({
         "step": report.step,
         "loss": report.loss,
         "lr": report.lr,
@@ -222,8 +319,14 @@ fn metrics_line(report: &StepReport) -> String {
         "tokens_per_second": report.tokens as f64 / report.seconds.max(1e-9),
         "heap_bytes": live_bytes(),
         "peak_heap_bytes": peak_bytes(),
-    })
-    .to_string()
+    });
+    if let Some((e, best)) = eval {
+        line["eval_loss"] = json!(e.loss);
+        line["eval_perplexity"] = json!(e.perplexity);
+        line["eval_tokens"] = json!(e.tokens);
+        line["eval_best"] = json!(best);
+    }
+    line.to_string()
 }
 
 /// On resume, drops metric lines after the checkpoint's step (and a torn last line).

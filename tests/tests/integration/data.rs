@@ -1,13 +1,15 @@
 //! Training data: packing without leakage between samples, padding, loss on replies only,
-//! JSONL errors that name the line, and a seeded loader that resumes exactly.
+//! every record format as JSON lines and arrays, errors that name the file and line, and a
+//! seeded loader that resumes exactly.
 
 use std::path::Path;
 
 use napkin_core::Error;
 use napkin_core::chat::{ChatFormat, Message};
-use napkin_core::data::instruct::parse_jsonl;
 use napkin_core::data::packing::micro_batch;
-use napkin_core::data::{Conversation, DataLoader, Sample, pack, pad_each};
+use napkin_core::data::{
+    Conversation, DataContent, DataFormat, DataLoader, Sample, pack, pad_each, parse_data,
+};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::GgufFile;
 use napkin_core::io::load_hf_llama;
@@ -127,7 +129,7 @@ fn only_the_replies_are_learned() {
     let Conversation::Chat(messages) = &chat else {
         unreachable!()
     };
-    let sample = chat.render(&format, &tokenizer).unwrap();
+    let sample = chat.render(Some(&format), &tokenizer, false).unwrap();
     assert_eq!(
         tokenizer.decode(&sample.ids).unwrap(),
         format.render(messages, false)
@@ -144,52 +146,273 @@ fn only_the_replies_are_learned() {
     assert_eq!(learned, ["Paris.<|im_end|>\n", "Rome.<|im_end|>\n"]);
 }
 
+/// Every record format, as JSON lines and as a JSON array, gives the same conversations; the
+/// format is the first record's and is named in the result.
 #[test]
-fn jsonl_shapes_parse_and_bad_lines_name_themselves() {
-    let path = Path::new("train.jsonl");
-    let good = concat!(
-        r#"{"instruction": "Add", "input": "2 and 3", "output": "5"}"#,
-        "\n\n",
-        r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}"#,
-        "\n",
-        r#"{"text": "plain"}"#,
-        "\n"
-    );
-    let parsed = parse_jsonl(good, path).unwrap();
-    assert_eq!(
-        parsed[0],
+fn every_record_format_parses_as_lines_and_as_an_array() {
+    let chat = |user: &str, reply: &str| {
         Conversation::Chat(vec![
-            Message::new("user", "Add\n\n2 and 3"),
-            Message::new("assistant", "5")
+            Message::new("user", user),
+            Message::new("assistant", reply),
         ])
-    );
-    assert_eq!(parsed[2], Conversation::Text("plain".into()));
-    for (text, line, needle) in [
-        ("{\"text\": \"a\"}\n{not json", 2, "not valid JSON"),
-        (r#"{"instruction": "x"}"#, 1, "needs `output`"),
+    };
+    let cases: [(&str, [&str; 2], DataFormat, [Conversation; 2]); 5] = [
         (
-            r#"{"messages": [{"role": "bot", "content": "x"}]}"#,
+            "alpaca",
+            [
+                r#"{"instruction": "Add", "input": "2 and 3", "output": "5"}"#,
+                r#"{"instruction": "Hi", "input": "", "output": "Hello", "system": "Be brief."}"#,
+            ],
+            DataFormat::Alpaca,
+            [
+                chat("Add\n\n2 and 3", "5"),
+                Conversation::Chat(vec![
+                    Message::new("system", "Be brief."),
+                    Message::new("user", "Hi"),
+                    Message::new("assistant", "Hello"),
+                ]),
+            ],
+        ),
+        (
+            "sharegpt",
+            [
+                r#"{"conversations": [{"from": "human", "value": "Add 2 and 3"}, {"from": "gpt", "value": "5"}]}"#,
+                r#"{"system": "Be brief.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "Bye"}, {"from": "gpt", "value": "Bye"}]}"#,
+            ],
+            DataFormat::Sharegpt,
+            [
+                chat("Add 2 and 3", "5"),
+                Conversation::Chat(vec![
+                    Message::new("system", "Be brief."),
+                    Message::new("user", "Hi"),
+                    Message::new("assistant", "Hello"),
+                    Message::new("user", "Bye"),
+                    Message::new("assistant", "Bye"),
+                ]),
+            ],
+        ),
+        (
+            "messages",
+            [
+                r#"{"messages": [{"role": "user", "content": "Add 2 and 3"}, {"role": "assistant", "content": "5"}]}"#,
+                r#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}"#,
+            ],
+            DataFormat::Messages,
+            [chat("Add 2 and 3", "5"), chat("Hi", "Hello")],
+        ),
+        (
+            "prompt-completion",
+            [
+                r#"{"prompt": "2 + 3 =", "completion": " 5"}"#,
+                r#"{"prompt": "Hi", "completion": " there"}"#,
+            ],
+            DataFormat::PromptCompletion,
+            [
+                Conversation::Completion {
+                    prompt: "2 + 3 =".into(),
+                    completion: " 5".into(),
+                },
+                Conversation::Completion {
+                    prompt: "Hi".into(),
+                    completion: " there".into(),
+                },
+            ],
+        ),
+        (
+            "text",
+            [r#"{"text": "plain"}"#, r#"{"text": "more"}"#],
+            DataFormat::Text,
+            [
+                Conversation::Text("plain".into()),
+                Conversation::Text("more".into()),
+            ],
+        ),
+    ];
+    for (name, records, format, expected) in cases {
+        let lines = format!("{}\n\n{}\n", records[0], records[1]);
+        let array = format!("[\n  {},\n  {}\n]\n", records[0], records[1]);
+        for (file, text) in [("d.jsonl", &lines), ("d.json", &array), ("d.json", &lines)] {
+            let got = parse_data(text, Path::new(file), DataFormat::Auto);
+            let want = DataContent::Records {
+                format,
+                examples: expected.to_vec(),
+            };
+            assert_eq!(got.as_ref().ok(), Some(&want), "{name} in {file}: {got:?}");
+            let given = parse_data(text, Path::new(file), name.parse().unwrap());
+            assert_eq!(given.ok(), Some(want), "{name} given");
+        }
+    }
+}
+
+/// Bad records, mixed files, tool turns and unknown files are errors naming the file and the
+/// line (of a JSONL line, or of the array element), never a silent fallback to plain text.
+#[test]
+fn bad_data_files_are_errors_that_name_file_and_line() {
+    let alpaca = r#"{"instruction": "x", "output": "y"}"#;
+    let cases: Vec<(&str, String, DataFormat, usize, &str)> = vec![
+        ("d.jsonl", format!("{alpaca}\n{{not json"), DataFormat::Auto, 2, "not valid JSON"),
+        ("d.jsonl", r#"{"instruction": "x"}"#.into(), DataFormat::Auto, 1, "needs `output`"),
+        (
+            "d.jsonl",
+            format!("{alpaca}\n{alpaca}\n{}", r#"{"text": "t"}"#),
+            DataFormat::Auto,
+            3,
+            "this record is text but the file is alpaca (detected from line 1",
+        ),
+        (
+            "d.json",
+            format!("[\n{alpaca},\n\n{}\n]", r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}"#),
+            DataFormat::Auto,
+            4,
+            "this record is messages but the file is alpaca",
+        ),
+        (
+            "d.jsonl",
+            alpaca.into(),
+            DataFormat::Sharegpt,
+            1,
+            "this record is alpaca but the file is sharegpt (--data-format)",
+        ),
+        (
+            "d.jsonl",
+            r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "{}"}, {"role": "assistant", "content": "y"}]}"#.into(),
+            DataFormat::Auto,
+            1,
+            "turn 1: role `tool` is tool use",
+        ),
+        (
+            "d.jsonl",
+            r#"{"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "{}"}]}"#.into(),
+            DataFormat::Auto,
+            1,
+            "role `function_call` is tool use",
+        ),
+        (
+            "d.jsonl",
+            r#"{"conversations": [{"from": "robot", "value": "x"}]}"#.into(),
+            DataFormat::Auto,
+            1,
+            "`from: robot` is not system, human or gpt",
+        ),
+        (
+            "d.jsonl",
+            r#"{"messages": [{"role": "bot", "content": "x"}]}"#.into(),
+            DataFormat::Auto,
             1,
             "role `bot`",
         ),
         (
-            r#"{"messages": [{"role": "user", "content": "x"}]}"#,
+            "d.jsonl",
+            r#"{"messages": [{"role": "user", "content": "x"}]}"#.into(),
+            DataFormat::Auto,
             1,
-            "no assistant",
+            "no assistant turn",
         ),
-        (r#"{"prompt": "x"}"#, 1, "expected `messages`"),
-        ("\n\n", 0, "no examples"),
-    ] {
-        match parse_jsonl(text, path) {
+        ("d.jsonl", r#"{"question": "x"}"#.into(), DataFormat::Auto, 1, "expected `messages`, `conversations`"),
+        ("d.jsonl", r#"{"prompt": "x", "completion": 3}"#.into(), DataFormat::Auto, 1, "`completion` must be a string, found a number"),
+        ("d.json", "[\n  1\n]".into(), DataFormat::Alpaca, 2, "must be a JSON object"),
+        ("d.json", format!("[{alpaca} {alpaca}]"), DataFormat::Auto, 1, "expected `,` or `]`"),
+        ("d.json", format!("[\n{alpaca},\n"), DataFormat::Auto, 3, "the array ends early"),
+        ("d.json", format!("[{alpaca}] x"), DataFormat::Auto, 1, "text after the array"),
+        ("d.jsonl", "\n\n".into(), DataFormat::Auto, 0, "no examples"),
+        ("d.json", "[]".into(), DataFormat::Auto, 0, "no examples"),
+        ("d.csv", "a,b".into(), DataFormat::Auto, 0, "unknown extension `.csv`: expected .jsonl"),
+        ("data", "x".into(), DataFormat::Auto, 0, "no extension"),
+        ("d.txt", "x".into(), DataFormat::Alpaca, 0, "a plain-text file holds no alpaca records"),
+    ];
+    for (file, text, format, line, needle) in cases {
+        match parse_data(&text, Path::new(file), format) {
             Err(Error::Data {
-                line: got, message, ..
+                line: got,
+                message,
+                path,
             }) => {
-                assert_eq!(got, line, "{text}");
-                assert!(message.contains(needle), "{message}");
+                assert_eq!(
+                    (got, path.as_path()),
+                    (line, Path::new(file)),
+                    "{text}: {message}"
+                );
+                assert!(message.contains(needle), "{text}: {message}");
             }
             other => panic!("{text}: expected a data error, got {other:?}"),
         }
     }
+    assert_eq!(
+        parse_data("words", Path::new("notes.TXT"), DataFormat::Auto).unwrap(),
+        DataContent::PlainText("words".into())
+    );
+    assert!("chatml".parse::<DataFormat>().is_err());
+    assert_eq!(
+        "prompt_completion".parse::<DataFormat>().unwrap(),
+        DataFormat::PromptCompletion
+    );
+}
+
+/// What each kind of example learns: text and completions end with the EOS token (learned);
+/// a completion's prompt is context unless `train_on_inputs`, as is a chat's non-reply text.
+#[test]
+fn completions_learn_the_completion_and_text_ends_with_eos() {
+    let gguf = GgufFile::open(&smollm2_path()).unwrap();
+    let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
+    let eos = tokenizer.eos_ids[0];
+    let learned = |s: &Sample| -> String {
+        let ids: Vec<u32> = s
+            .labels
+            .iter()
+            .filter(|&&l| l != IGNORE_INDEX)
+            .map(|&l| l as u32)
+            .collect();
+        tokenizer.decode(&ids).unwrap()
+    };
+    let text = Conversation::Text("The cat sat.".into())
+        .render(None, &tokenizer, false)
+        .unwrap();
+    assert_eq!(text.ids.last(), Some(&eos));
+    assert_eq!(
+        text.ids[..text.len() - 1],
+        tokenizer.encode("The cat sat.").unwrap()
+    );
+    assert_eq!(
+        text.label_tokens(),
+        text.len() - 1,
+        "every token but the first is learned"
+    );
+
+    let pair = Conversation::Completion {
+        prompt: "Q: 2 + 3?\nA:".into(),
+        completion: " 5".into(),
+    };
+    let prompt_len = tokenizer.encode("Q: 2 + 3?\nA:").unwrap().len();
+    let sample = pair.render(None, &tokenizer, false).unwrap();
+    assert_eq!(sample.ids.last(), Some(&eos));
+    assert!(
+        sample.labels[..prompt_len]
+            .iter()
+            .all(|&l| l == IGNORE_INDEX)
+    );
+    assert_eq!(
+        learned(&sample),
+        format!(" 5{}", tokenizer.decode(&[eos]).unwrap())
+    );
+    let all = pair.render(None, &tokenizer, true).unwrap();
+    assert_eq!(all.ids, sample.ids);
+    assert_eq!(
+        all.label_tokens(),
+        all.len() - 1,
+        "train_on_inputs learns the prompt"
+    );
+
+    let format = ChatFormat::detect(tokenizer.chat_template.as_deref()).unwrap();
+    let chat = Conversation::Chat(vec![
+        Message::new("user", "Capital of France?"),
+        Message::new("assistant", "Paris."),
+    ]);
+    let inputs_too = chat.render(Some(&format), &tokenizer, true).unwrap();
+    assert_eq!(inputs_too.label_tokens(), inputs_too.len() - 1);
+    assert!(
+        chat.render(None, &tokenizer, false).is_err(),
+        "a chat needs a format"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use napkin_core::config::LlamaConfig;
-use napkin_core::data::instruct::parse_jsonl;
+use napkin_core::data::parse_jsonl;
 use napkin_core::device::DeviceKind;
 use napkin_core::exercises::{check, instance};
 use napkin_core::io::load_model;

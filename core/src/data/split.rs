@@ -1,0 +1,50 @@
+//! The held-out split: a seeded, reproducible fraction of the samples kept out of training to
+//! measure the loss on text the model did not fit.
+
+use super::sample::Sample;
+use crate::error::{Error, Result};
+use crate::model::generate::SplitMix64;
+
+/// Splits `samples` into (train, held out): `round(fraction · n)` samples (at least one) chosen
+/// by a generator seeded with `seed`, each side in the original order. The same samples and
+/// seed give the same split, so a resumed run evaluates on the same text.
+pub fn hold_out(
+    samples: Vec<Sample>,
+    fraction: f64,
+    seed: u64,
+) -> Result<(Vec<Sample>, Vec<Sample>)> {
+    if !(fraction > 0.0 && fraction < 1.0) {
+        return Err(Error::config(
+            "--val-fraction",
+            format!("must be between 0 and 1 (exclusive), found {fraction}"),
+        ));
+    }
+    let n = samples.len();
+    let held = ((fraction * n as f64).round() as usize).max(1);
+    if held >= n {
+        return Err(Error::config(
+            "--val-fraction",
+            format!("{fraction} of {n} samples leaves none to train on"),
+        ));
+    }
+    // A seeded Fisher–Yates shuffle of the indices; the first `held` are held out.
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = SplitMix64(seed ^ 0x5EED_0F_E7A1_0000);
+    for i in (1..n).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    let mut is_held = vec![false; n];
+    for &i in &order[..held] {
+        is_held[i] = true;
+    }
+    let (mut train, mut eval) = (Vec::with_capacity(n - held), Vec::with_capacity(held));
+    for (sample, held) in samples.into_iter().zip(is_held) {
+        if held {
+            eval.push(sample)
+        } else {
+            train.push(sample)
+        }
+    }
+    Ok((train, eval))
+}
