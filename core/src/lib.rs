@@ -22,6 +22,7 @@ pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod predict;
+pub mod report;
 pub mod tokenizer;
 pub mod train;
 pub mod tricks;

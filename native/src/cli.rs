@@ -32,6 +32,18 @@ pub enum Command {
     Train(Box<TrainArgs>),
     /// Micro-benchmarks (printed figures, not tests).
     Bench(BenchArgs),
+    /// A training run's curves, samples, settings and memory as one HTML page.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A `napkin train` output folder (metrics.jsonl, run_config.toml).
+    #[arg(value_name = "OUT_DIR")]
+    pub run: PathBuf,
+    /// Where to write the page (default OUT_DIR/report.html).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 /// Where the model comes from.
@@ -224,6 +236,14 @@ pub struct TrainArgs {
     /// kept in OUT/best. Default 0 (never).
     #[arg(long, value_name = "N")]
     pub early_stopping: Option<usize>,
+    /// A prompt answered greedily at each evaluation (through the chat template), logged to
+    /// metrics.jsonl and printed; repeatable. With no held-out data, answered every
+    /// --eval-every steps.
+    #[arg(long = "sample-prompt", value_name = "TEXT")]
+    pub sample_prompts: Vec<String>,
+    /// Most tokens generated per sample prompt. Default 48.
+    #[arg(long, value_name = "N")]
+    pub sample_tokens: Option<usize>,
     /// Output folder: checkpoints, metrics.jsonl, run_config.toml, the final adapter.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

@@ -26,6 +26,7 @@ fn main() -> ExitCode {
         cli::Command::Measure(args) => commands::measure::run(&args),
         cli::Command::Train(args) => commands::train::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),
+        cli::Command::Report(args) => commands::report::run(&args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

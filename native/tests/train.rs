@@ -80,7 +80,7 @@ fn losses(out: &Path) -> Vec<(u64, f64)> {
     let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
         .collect()
 }
 
@@ -358,6 +358,10 @@ fn the_held_out_loss_equals_napkin_eval_on_the_same_text() {
             eval_file.to_str().unwrap(),
             "--eval-every",
             "2",
+            "--sample-prompt",
+            "Hi",
+            "--sample-tokens",
+            "6",
         ]
         .map(String::from),
     );
@@ -367,8 +371,8 @@ fn the_held_out_loss_equals_napkin_eval_on_the_same_text() {
     let evals = eval_losses(&out.0.join("run"));
     assert_eq!(
         evals.iter().map(|e| e.0).collect::<Vec<_>>(),
-        [2, 3],
-        "every 2 steps and after the last"
+        [0, 2, 3],
+        "before training, every 2 steps and after the last"
     );
     let f = fixtures();
     let eval = Command::new(env!("CARGO_BIN_EXE_napkin"))
@@ -391,11 +395,62 @@ fn the_held_out_loss_equals_napkin_eval_on_the_same_text() {
     );
     let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
     let want = report["loss"].as_f64().unwrap();
-    let got = evals[1].1;
+    let got = evals[2].1;
     assert!(
         (got - want).abs() < 1e-5 * want.abs().max(1.0),
         "held-out loss {got} vs napkin eval {want}"
     );
+
+    // The sample logged after the last step is `napkin generate`'s greedy answer from the
+    // saved model to the same prompt through ChatML.
+    let metrics = std::fs::read_to_string(out.0.join("run/metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(last["samples"][0]["prompt"], "Hi");
+    let sample = last["samples"][0]["completion"].as_str().unwrap();
+    let generated = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args([
+            "generate",
+            "--model",
+            out.0.join("run").to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--prompt",
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+            "--max-new-tokens",
+            "6",
+        ])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    let stdout = String::from_utf8_lossy(&generated.stdout);
+    assert_eq!(
+        stdout.strip_suffix('\n'),
+        Some(sample),
+        "logged sample vs napkin generate"
+    );
+
+    // The report written at the end draws these numbers: one training point per step, one
+    // held-out point per evaluation (the baseline included), the sample, the memory check;
+    // nothing outside the page is loaded.
+    let page = std::fs::read_to_string(out.0.join("run/report.html")).unwrap();
+    let points_of = |class: &str| -> usize {
+        let tag = format!("<polyline class=\"series {class}\" fill=\"none\" points=\"");
+        let at = page.find(&tag).unwrap_or_else(|| panic!("no {class} line")) + tag.len();
+        page[at..page[at..].find('"').unwrap() + at]
+            .split(' ')
+            .count()
+    };
+    assert_eq!(points_of("train"), 3, "training loss at steps 1, 2, 3");
+    assert_eq!(points_of("eval"), 3, "held-out loss at steps 0, 2, 3");
+    assert!(page.contains("<td>Hi</td>"), "the sample prompt");
+    assert!(
+        page.contains("measured / predicted"),
+        "the memory check on a CPU run"
+    );
+    let no_namespace = page.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+    for external in ["http:", "https:", "<script", "src=", "<link", "url("] {
+        assert!(!no_namespace.contains(external), "{external} in the report");
+    }
 }
 
 /// Early stopping on a held-out text of tokens the training data never shows: as QLoRA
@@ -438,7 +493,8 @@ fn early_stopping_stops_on_a_rising_held_out_loss_and_keeps_the_best() {
         stderr.contains(&format!("stopped early after step {stop} of 40")),
         "{stderr}"
     );
-    let (best_step, best_loss) = evals
+    assert_eq!(evals[0].0, 0, "the baseline before training");
+    let (best_step, best_loss) = evals[1..]
         .iter()
         .copied()
         .min_by(|a, b| a.1.total_cmp(&b.1))
@@ -524,7 +580,7 @@ fn data_files_are_read_by_format_and_refused_clearly() {
         stderr.contains("held out: 4 samples (0.1 of the data, seeded)"),
         "{stderr}"
     );
-    assert_eq!(eval_losses(&out.0.join("run")).len(), 2);
+    assert_eq!(eval_losses(&out.0.join("run")).len(), 3, "steps 0, 1 and 2");
 
     let csv = out.0.join("data.csv");
     std::fs::write(&csv, "instruction,output\n").unwrap();

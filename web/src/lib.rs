@@ -1,10 +1,10 @@
 //! napkin-web: the browser sandbox. The state (`state.rs`: plain data, an action enum, a
 //! reducer, the view model from napkin-core's predictor), the training job the page runs in a
-//! Web Worker (`training.rs`), the import of `napkin measure` JSON (`import.rs`) and the chart
-//! geometry (`chart.rs`) are plain Rust, tested natively; the yew components (`app/`) and the
-//! worker's entry point (`worker.rs`) exist only in the WebAssembly build.
+//! Web Worker (`training.rs`) and the import of `napkin measure` JSON (`import.rs`) are plain
+//! Rust, tested natively; the chart geometry is napkin-core's (`report::chart`, shared with
+//! `napkin report`); the yew components (`app/`) and the worker's entry point (`worker.rs`)
+//! exist only in the WebAssembly build.
 
-pub mod chart;
 pub mod import;
 pub mod page;
 pub mod state;

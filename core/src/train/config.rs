@@ -37,6 +37,11 @@ pub struct TrainConfig {
     /// Stop after N evaluations in a row without a lower held-out loss (0: never); the best
     /// step's weights are kept in `best/`.
     pub early_stopping: usize,
+    /// Prompts answered greedily at each evaluation (through the chat template when the
+    /// model has one), logged beside the held-out loss.
+    pub sample_prompts: Vec<String>,
+    /// Most tokens generated per sample prompt.
+    pub sample_tokens: usize,
     /// Output folder: checkpoints, metrics, the final adapter (or model).
     pub out: PathBuf,
     /// A `tokenizer.json` instead of the model's own.
@@ -116,6 +121,8 @@ impl Default for TrainConfig {
             val_fraction: 0.0,
             eval_every: 50,
             early_stopping: 0,
+            sample_prompts: Vec::new(),
+            sample_tokens: 48,
             out: PathBuf::new(),
             tokenizer: None,
             chat_format: None,

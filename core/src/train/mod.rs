@@ -10,6 +10,7 @@ mod fused_adamw;
 pub mod grads;
 pub mod offload;
 pub mod optimizer;
+pub mod samples;
 pub mod schedule;
 pub mod sgd;
 pub mod step;
@@ -21,6 +22,7 @@ pub use eval::{EvalReport, EvalState, held_out_loss};
 pub use grads::ParamGrads;
 pub use offload::{HostOffload, LinkTraffic};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, trainable_ids};
+pub use samples::{SamplePrompts, SampleText};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use step::{
     Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_marked,

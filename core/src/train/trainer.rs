@@ -28,6 +28,7 @@ use super::checkpoint::{
 use super::config::TrainConfig;
 use super::eval::{EvalReport, EvalState, held_out_loss};
 use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
+use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
 use super::step::{Accumulation, MicroBatch, forward_backward_scaled};
 use crate::chat::ChatFormat;
@@ -103,6 +104,7 @@ pub struct Trainer {
     /// The data, summarised.
     pub data: DataReport,
     eval_batches: Vec<MicroBatch>,
+    sample_prompts: Option<SamplePrompts>,
     lora: Option<LoraConfig>,
     device: Device,
     compute: Option<FloatDType>,
@@ -177,6 +179,18 @@ impl Trainer {
             config.pack,
             config.seed,
         )?;
+        let sample_prompts = if config.sample_prompts.is_empty() {
+            None
+        } else {
+            // Through the chat template when there is one; raw text otherwise.
+            let format = chat_format(&config, &tokenizer, &config.data).ok();
+            Some(SamplePrompts::new(
+                &config.sample_prompts,
+                format.as_ref(),
+                std::sync::Arc::new(tokenizer),
+                config.sample_tokens,
+            )?)
+        };
         let data = DataReport {
             format,
             train: loader.summary(),
@@ -262,6 +276,7 @@ impl Trainer {
                 eval,
                 data,
                 eval_batches,
+                sample_prompts,
                 lora,
                 device,
                 compute,
@@ -282,24 +297,42 @@ impl Trainer {
         self.step >= self.schedule.total_steps || self.stopped_early()
     }
 
+    /// Whether the run has held-out data to evaluate on.
+    pub fn has_eval(&self) -> bool {
+        !self.eval_batches.is_empty()
+    }
+
     /// Whether early stopping ended the run.
     pub fn stopped_early(&self) -> bool {
         self.eval.should_stop(self.config.early_stopping)
     }
 
-    /// Whether the run evaluates after the step just taken (every `eval_every` steps and after
-    /// the last).
+    /// Whether the run evaluates (or answers its sample prompts) after the step just taken:
+    /// every `eval_every` steps and after the last.
     pub fn eval_due(&self) -> bool {
         let every = self.config.eval_every;
-        !self.eval_batches.is_empty()
+        (!self.eval_batches.is_empty() || self.sample_prompts.is_some())
             && self.step > 0
             && ((every > 0 && self.step % every == 0) || self.step >= self.schedule.total_steps)
     }
 
-    /// The held-out loss of the current weights, in the run's compute precision.
-    pub fn evaluate(&self) -> Result<EvalReport> {
+    /// The held-out loss of the current weights, in the run's compute precision (None
+    /// without held-out data).
+    pub fn evaluate(&self) -> Result<Option<EvalReport>> {
+        if self.eval_batches.is_empty() {
+            return Ok(None);
+        }
         let _precision = autocast(self.compute);
-        held_out_loss(&self.model, &self.eval_batches)
+        held_out_loss(&self.model, &self.eval_batches).map(Some)
+    }
+
+    /// Greedy answers to the sample prompts with the current weights (empty without any).
+    pub fn sample(&self) -> Result<Vec<SampleText>> {
+        let _precision = autocast(self.compute);
+        match &self.sample_prompts {
+            Some(p) => p.generate(&self.model),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Records an evaluation of the current step for early stopping; a new best writes the

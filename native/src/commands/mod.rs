@@ -8,6 +8,7 @@ pub mod generate;
 pub mod inspect;
 pub mod measure;
 pub mod quantize;
+pub mod report;
 pub mod train;
 
 use std::path::Path;

@@ -16,10 +16,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use napkin_core::device::DeviceKind;
 use napkin_core::exercises::{Dimension, answer::parse_quantity};
 use napkin_core::io::atomic::write_atomic;
-use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes};
+use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes, reset_peak};
 use napkin_core::memory::preflight::{available_memory, check_fits};
 use napkin_core::train::checkpoint::BEST_DIR;
-use napkin_core::train::{EvalReport, StepReport, TrainConfig, Trainer};
+use napkin_core::train::{EvalReport, SampleText, StepReport, TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
@@ -63,10 +63,45 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         .append(true)
         .open(&metrics_path)
         .with_context(|| format!("opening {}", metrics_path.display()))?;
+    if trainer.step == 0 && (trainer.has_eval() || !config.sample_prompts.is_empty()) {
+        // The baseline before any update: where the curves start (not a candidate for best/).
+        let eval = trainer.evaluate()?;
+        let samples = trainer.sample()?;
+        let mut line = json!({ "step": 0 });
+        if let Some(e) = &eval {
+            line["eval_loss"] = json!(e.loss);
+            line["eval_perplexity"] = json!(e.perplexity);
+            line["eval_tokens"] = json!(e.tokens);
+            bar.suspend(|| {
+                eprintln!(
+                    "before training: eval {:.4} (ppl {:.2})",
+                    e.loss, e.perplexity
+                )
+            });
+        }
+        if !samples.is_empty() {
+            line["samples"] = json!(samples);
+        }
+        for s in &samples {
+            bar.suspend(|| {
+                eprintln!(
+                    "  sample before training: {:?} → {:?}",
+                    s.prompt, s.completion
+                )
+            });
+        }
+        writeln!(metrics, "{line}").context("writing metrics.jsonl")?;
+    }
     let started = Instant::now();
     let mut tokens_total = 0usize;
+    let mut run_peak = peak_bytes();
     while !trainer.is_done() {
-        let report = match trainer.train_step() {
+        // The step's own heap peak, beside the running one.
+        reset_peak();
+        let stepped = trainer.train_step();
+        let step_peak = peak_bytes();
+        run_peak = run_peak.max(step_peak);
+        let report = match stepped {
             Ok(r) => r,
             Err(e) => {
                 bar.abandon();
@@ -74,14 +109,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
         };
         tokens_total += report.tokens;
-        let eval = if trainer.eval_due() {
-            let e = trainer.evaluate()?;
-            let best = trainer.record_eval(&e)?;
-            Some((e, best))
-        } else {
-            None
+        let due = trainer.eval_due();
+        let eval = match due.then(|| trainer.evaluate()).transpose()?.flatten() {
+            Some(e) => Some((e, trainer.record_eval(&e)?)),
+            None => None,
         };
-        let line = metrics_line(&report, eval.as_ref());
+        let samples = if due { trainer.sample()? } else { Vec::new() };
+        let line = metrics_line(&report, step_peak, run_peak, eval.as_ref(), &samples);
         writeln!(metrics, "{line}").context("writing metrics.jsonl")?;
         metrics.flush().context("writing metrics.jsonl")?;
         let eval_text = match &eval {
@@ -94,18 +128,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             None => String::new(),
         };
         let message = format!(
-            "loss {:.4}{eval_text}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (peak {:.0})",
+            "loss {:.4}{eval_text}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (step peak {:.0})",
             report.loss,
             report.lr,
             report.tokens as f64 / report.seconds.max(1e-9),
             live_bytes() as f64 / MIB,
-            peak_bytes() as f64 / MIB
+            step_peak as f64 / MIB
         );
         if plain {
             eprintln!("step {}/{}  {message}", report.step, trainer.total_steps());
         } else {
             bar.set_position(report.step);
             bar.set_message(message);
+        }
+        for s in &samples {
+            bar.suspend(|| {
+                eprintln!(
+                    "  sample after step {}: {:?} → {:?}",
+                    report.step, s.prompt, s.completion
+                )
+            });
         }
         let at_end = trainer.is_done();
         if (config.save_every > 0 && report.step % config.save_every == 0) || at_end {
@@ -131,11 +173,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         "done: {} steps in {seconds:.1} s, {:.0} tokens/s, peak heap {:.1} MiB",
         trainer.step,
         tokens_total as f64 / seconds.max(1e-9),
-        peak_bytes() as f64 / MIB
+        run_peak.max(peak_bytes()) as f64 / MIB
     );
     for path in written {
         eprintln!("wrote {}", path.display());
     }
+    let page = super::report::write_report(&config.out, &config.out.join("report.html"))?;
+    eprintln!("wrote {} (napkin report)", page.display());
     Ok(())
 }
 
@@ -205,7 +249,16 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         dtype,
         device
     );
-    set!(save_every, val_fraction, eval_every, early_stopping);
+    set!(
+        save_every,
+        val_fraction,
+        eval_every,
+        early_stopping,
+        sample_tokens
+    );
+    if !args.sample_prompts.is_empty() {
+        c.sample_prompts = args.sample_prompts.clone();
+    }
     c.train_on_inputs |= args.train_on_inputs;
     if let Some(f) = &args.data_format {
         c.data_format = f.parse()?;
@@ -305,7 +358,13 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn metrics_line(report: &StepReport, eval: Option<&(EvalReport, bool)>) -> String {
+fn metrics_line(
+    report: &StepReport,
+    step_peak: usize,
+    run_peak: usize,
+    eval: Option<&(EvalReport, bool)>,
+    samples: &[SampleText],
+) -> String {
     let mut line = json!({
         "step": report.step,
         "loss": report.loss,
@@ -318,13 +377,17 @@ fn metrics_line(report: &StepReport, eval: Option<&(EvalReport, bool)>) -> Strin
         "skipped": report.skipped,
         "tokens_per_second": report.tokens as f64 / report.seconds.max(1e-9),
         "heap_bytes": live_bytes(),
-        "peak_heap_bytes": peak_bytes(),
+        "peak_heap_bytes": run_peak,
+        "step_peak_heap_bytes": step_peak,
     });
     if let Some((e, best)) = eval {
         line["eval_loss"] = json!(e.loss);
         line["eval_perplexity"] = json!(e.perplexity);
         line["eval_tokens"] = json!(e.tokens);
         line["eval_best"] = json!(best);
+    }
+    if !samples.is_empty() {
+        line["samples"] = json!(samples);
     }
     line.to_string()
 }

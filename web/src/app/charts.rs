@@ -8,8 +8,8 @@ use napkin_core::memory::measure::MeasurementReport;
 use yew::prelude::*;
 
 use super::format::bytes;
-use crate::chart::{STACK_KINDS, polyline, stacked_bars, timeline};
 use crate::state::View;
+use napkin_core::report::chart::{STACK_KINDS, polyline, stacked_bars, timeline};
 
 const W: f64 = 640.0;
 const H: f64 = 220.0;

@@ -1,10 +1,12 @@
-//! Chart geometry, computed natively and tested: the per-layer stacked bars (predicted, with
-//! the measured activations beside them), the step timeline as a polyline with its peak, and
-//! the loss curve. The components only turn these numbers into SVG elements.
+//! Chart geometry, one implementation for the browser sandbox and `napkin report`: the
+//! per-layer stacked bars (predicted, with the measured activations beside them), the step
+//! timeline as a polyline with its peak, and line charts with axes (loss, held-out loss,
+//! learning rate, … per step). The page's components and the report's SVG writer only turn
+//! these numbers into elements.
 
-use napkin_core::memory::measure::Comparison;
-use napkin_core::predict::inventory::LayerBytes;
-use napkin_core::predict::timeline::Event;
+use crate::memory::measure::Comparison;
+use crate::predict::inventory::LayerBytes;
+use crate::predict::timeline::Event;
 
 /// The stacked kinds, bottom to top, with their CSS class.
 pub const STACK_KINDS: [(&str, &str); 6] = [
@@ -173,6 +175,173 @@ pub fn timeline(events: &[Event], width: f64, height: f64) -> Polyline {
     polyline(&bytes, width, height)
 }
 
+/// One series of a line chart: (x, y) points, x increasing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Shown in the legend.
+    pub label: String,
+    /// CSS class (the colour and dash of the line).
+    pub class: &'static str,
+    /// Points in data units.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart in a `width` × `height` box (y grows downwards, as in SVG).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineChart {
+    /// Box width.
+    pub width: f64,
+    /// Box height.
+    pub height: f64,
+    /// One polyline per series: label, class, SVG `points`, and the points as chart
+    /// coordinates (for markers).
+    pub lines: Vec<ChartLine>,
+    /// Ticks on the x axis: position and label.
+    pub x_ticks: Vec<(f64, String)>,
+    /// Ticks on the y axis: position and label.
+    pub y_ticks: Vec<(f64, String)>,
+}
+
+/// One series placed in the chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChartLine {
+    /// The series' label.
+    pub label: String,
+    /// The series' class.
+    pub class: &'static str,
+    /// `x,y x,y …` in chart units.
+    pub points: String,
+    /// The same points as numbers.
+    pub xy: Vec<(f64, f64)>,
+}
+
+/// About five round tick values covering `[lo, hi]` (steps of 1, 2 or 5 × 10^k).
+pub fn nice_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo.is_finite() && hi.is_finite()) {
+        return Vec::new();
+    }
+    let span = (hi - lo).abs().max(hi.abs() * 1e-9).max(f64::MIN_POSITIVE);
+    let raw = span / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|s| span / s <= 6.0)
+        .unwrap_or(10.0 * magnitude);
+    let first = (lo / step).floor() * step;
+    let mut ticks = Vec::new();
+    let mut k = 0.0;
+    loop {
+        let t = first + k * step;
+        ticks.push(t);
+        if t >= hi - step * 1e-9 {
+            break;
+        }
+        k += 1.0;
+    }
+    ticks
+}
+
+/// A tick label: at most four significant digits, scientific outside 1e-3 … 1e5.
+pub fn tick_label(v: f64) -> String {
+    let a = v.abs();
+    if v == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e5).contains(&a) {
+        format!("{v:.1e}")
+    } else {
+        let decimals = (3 - a.log10().floor() as i32).clamp(0, 6) as usize;
+        let text = format!("{v:.decimals$}");
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text
+        }
+    }
+}
+
+/// Places `series` on shared axes in a `width` × `height` box: x spans the points' range, y
+/// the rounded range of their finite values (non-finite points are left out).
+pub fn line_chart(series: &[Series], width: f64, height: f64) -> LineChart {
+    let finite = || {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter().copied())
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+    };
+    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
+    for (x, y) in finite() {
+        x_lo = x_lo.min(x);
+        x_hi = x_hi.max(x);
+        y_lo = y_lo.min(y);
+        y_hi = y_hi.max(y);
+    }
+    if x_lo > x_hi {
+        return LineChart {
+            width,
+            height,
+            lines: Vec::new(),
+            x_ticks: Vec::new(),
+            y_ticks: Vec::new(),
+        };
+    }
+    if x_hi == x_lo {
+        x_hi = x_lo + 1.0;
+    }
+    if y_hi == y_lo {
+        let pad = y_lo.abs().max(1.0) * 0.05;
+        (y_lo, y_hi) = (y_lo - pad, y_hi + pad);
+    }
+    let y_ticks = nice_ticks(y_lo, y_hi);
+    let (y_min, y_max) = (
+        y_ticks.first().copied().unwrap_or(y_lo),
+        y_ticks.last().copied().unwrap_or(y_hi),
+    );
+    let px = |x: f64| (x - x_lo) / (x_hi - x_lo) * width;
+    let py = |y: f64| height - (y - y_min) / (y_max - y_min) * height;
+    let x_ticks = nice_ticks(x_lo, x_hi)
+        .into_iter()
+        .filter(|&t| t >= x_lo - 1e-9 && t <= x_hi + 1e-9)
+        .map(|t| (px(t), tick_label(t)))
+        .collect();
+    let lines = series
+        .iter()
+        .map(|s| {
+            let xy: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|&(x, y)| (px(x), py(y)))
+                .collect();
+            ChartLine {
+                label: s.label.clone(),
+                class: s.class,
+                points: xy
+                    .iter()
+                    .map(|(x, y)| format!("{x:.1},{y:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                xy,
+            }
+        })
+        .collect();
+    LineChart {
+        width,
+        height,
+        lines,
+        x_ticks,
+        y_ticks: y_ticks
+            .into_iter()
+            .map(|t| (py(t), tick_label(t)))
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +390,40 @@ mod tests {
         assert_eq!(p.points, "0.0,30.0 50.0,0.0 100.0,20.0");
         assert_eq!(p.peak, Some((50.0, 0.0, 1)));
         assert!(polyline(&[], 10.0, 10.0).peak.is_none());
+    }
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        assert_eq!(nice_ticks(0.43, 2.38), [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+        assert_eq!(
+            nice_ticks(1.0, 30.0),
+            [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
+        );
+        assert_eq!(nice_ticks(0.0, 1e-3).len(), 6);
+        assert_eq!(tick_label(2.5), "2.5");
+        assert_eq!(tick_label(1.2e-4), "1.2e-4");
+        assert_eq!(tick_label(20.0), "20");
+    }
+
+    #[test]
+    fn a_line_chart_maps_data_to_its_box_on_shared_axes() {
+        let train = Series {
+            label: "loss".into(),
+            class: "train",
+            points: vec![(1.0, 2.0), (2.0, 1.0), (3.0, f64::NAN)],
+        };
+        let eval = Series {
+            label: "held-out".into(),
+            class: "eval",
+            points: vec![(0.0, 2.4), (3.0, 1.2)],
+        };
+        let c = line_chart(&[train, eval], 300.0, 100.0);
+        // x: 0..3 → 0..300; y: ticks 1.0..2.5 (step 0.5) → 100..0.
+        assert_eq!(c.lines[0].points, "100.0,33.3 200.0,100.0", "NaN left out");
+        assert_eq!(c.lines[1].xy[0], (0.0, 100.0 - (2.4 - 1.0) / 1.5 * 100.0));
+        assert_eq!(c.y_ticks.first().map(|t| t.1.as_str()), Some("1"));
+        assert_eq!(c.y_ticks.last(), Some(&(0.0, "2.5".to_string())));
+        assert!(c.x_ticks.iter().all(|(x, _)| (0.0..=300.0).contains(x)));
+        assert!(line_chart(&[], 10.0, 10.0).lines.is_empty());
     }
 }
