@@ -2,7 +2,56 @@
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::{Args, Parser, Subcommand};
+
+/// A flag's values, each with the other spellings it accepts: listed in `--help`, offered by
+/// shell completion, and checked before anything runs.
+fn one_of(values: &'static [(&'static str, &'static [&'static str])]) -> PossibleValuesParser {
+    PossibleValuesParser::new(
+        values
+            .iter()
+            .map(|&(name, aliases)| PossibleValue::new(name).aliases(aliases.iter().copied())),
+    )
+}
+
+const DEVICES: &[(&str, &[&str])] = &[
+    ("cpu", &[]),
+    ("wgpu", &["gpu"]),
+    ("cuda", &[]),
+    ("flex", &[]),
+    ("ndarray", &["openblas"]),
+];
+const OPTIMIZERS: &[(&str, &[&str])] = &[
+    ("adamw", &[]),
+    ("adamw8bit", &["adamw-8bit", "adamw_8bit"]),
+    ("sgd", &[]),
+];
+const DTYPES: &[(&str, &[&str])] = &[
+    ("f32", &["fp32", "float32"]),
+    ("bf16", &["bfloat16"]),
+    ("f16", &["fp16", "float16"]),
+];
+const ATTENTION: &[(&str, &[&str])] = &[("eager", &[]), ("efficient", &["flash"])];
+const CHAT_FORMATS: &[(&str, &[&str])] = &[("chatml", &[]), ("llama2", &[]), ("zephyr", &[])];
+const OFFLOAD: &[(&str, &[&str])] = &[("none", &[]), ("optimizer", &[])];
+
+const TRAIN_EXAMPLES: &str = "\
+Examples:
+  # QLoRA of SmolLM2-135M on a CPU, a tenth held out, samples at each evaluation
+  napkin train --model models/SmolLM2-135M-Instruct.Q4_1.gguf --data data/napkin-instruct.jsonl \\
+      --out runs/smol --nf4 --double-quant --lora-r 16 --lr 1e-3 --checkpointing \\
+      --val-fraction 0.1 --eval-every 10 --sample-prompt \"Compute 3 + 63.\"
+  # the same settings from a file (examples/*.toml); flags win over its keys
+  napkin train --config examples/qlora-smollm2-cpu.toml --steps 20
+  # continue a killed run from its newest intact checkpoint
+  napkin train --config examples/qlora-smollm2-cpu.toml --resume
+  # look at a run
+  napkin report runs/smol
+
+Every flag is also a key of the TOML file (underscores for dashes); `--offload optimizer` is
+`offload_optimizer = true`, `--no-pack` is `pack = false`, and `--sample-prompt` (repeatable) is
+`sample_prompts = [...]`.";
 
 /// napkin: GPU-poor LLM fine-tuning, with the napkin math next to the measurement.
 #[derive(Debug, Parser)]
@@ -29,11 +78,21 @@ pub enum Command {
     /// Run real training steps and print predicted vs measured memory per block and per kind.
     Measure(MeasureArgs),
     /// Fine-tune a model (LoRA, QLoRA or full) on a data file, with checkpoints and resume.
+    #[command(after_help = TRAIN_EXAMPLES)]
     Train(Box<TrainArgs>),
     /// Micro-benchmarks (printed figures, not tests).
     Bench(BenchArgs),
     /// A training run's curves, samples, settings and memory as one HTML page.
     Report(ReportArgs),
+    /// A shell completion script on stdout, e.g. `napkin completions bash > ~/.local/share/bash-completion/completions/napkin`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]
@@ -256,8 +315,8 @@ pub struct TrainArgs {
     /// A tokenizer.json instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
-    /// chatml, llama2 or zephyr instead of the model's chat template.
-    #[arg(long)]
+    /// A chat format instead of the model's chat template.
+    #[arg(long, value_parser = one_of(CHAT_FORMATS), ignore_case = true)]
     pub chat_format: Option<String>,
     /// LoRA rank (0: full fine-tuning). Default 16.
     #[arg(long)]
@@ -277,12 +336,15 @@ pub struct TrainArgs {
     /// With --nf4: quantize the scales too.
     #[arg(long)]
     pub double_quant: bool,
+    /// With --nf4: weights per absmax block. Default 64.
+    #[arg(long, value_name = "N")]
+    pub nf4_block_size: Option<usize>,
     /// Recompute decoder blocks in the backward (gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
     /// eager (default; keeps the T×T attention probabilities) or efficient (tiled online
     /// softmax: keeps none, recomputes them in the backward).
-    #[arg(long, value_name = "KIND")]
+    #[arg(long, value_name = "KIND", value_parser = one_of(ATTENTION), ignore_case = true)]
     pub attention: Option<String>,
     /// Rows per micro-batch. Default 1.
     #[arg(long)]
@@ -296,9 +358,12 @@ pub struct TrainArgs {
     /// One sample per row, padded, instead of packing.
     #[arg(long)]
     pub no_pack: bool,
-    /// adamw (default), adamw8bit or sgd.
-    #[arg(long)]
+    /// The optimizer. Default adamw.
+    #[arg(long, value_parser = one_of(OPTIMIZERS), ignore_case = true)]
     pub optimizer: Option<String>,
+    /// SGD momentum. Default 0.9.
+    #[arg(long)]
+    pub momentum: Option<f64>,
     /// Peak learning rate. Default 2e-4.
     #[arg(long)]
     pub lr: Option<f64>,
@@ -327,19 +392,22 @@ pub struct TrainArgs {
     /// Seed of the adapters, the data order and dropout. Default 42.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Compute precision (f32).
-    #[arg(long)]
+    /// Compute precision: f32 (default), or bf16 / f16 mixed precision.
+    #[arg(long, value_parser = one_of(DTYPES), ignore_case = true)]
     pub dtype: Option<String>,
-    /// cpu (default), wgpu, cuda.
-    #[arg(long)]
+    /// Where to train. Default cpu.
+    #[arg(long, value_parser = one_of(DEVICES), ignore_case = true)]
     pub device: Option<String>,
     /// `optimizer`: keep the optimizer state and f32 master weights in host memory and
     /// update there (wgpu / cuda only); `none` (default).
-    #[arg(long, value_name = "WHAT")]
+    #[arg(long, value_name = "WHAT", value_parser = one_of(OFFLOAD), ignore_case = true)]
     pub offload: Option<String>,
     /// Checkpoint every N steps (0: only at the end). Default 50.
     #[arg(long)]
     pub save_every: Option<u64>,
+    /// How many checkpoints to keep (the newest). Default 2.
+    #[arg(long, value_name = "N")]
+    pub keep_checkpoints: Option<usize>,
     /// Print one line per step instead of a progress bar (the default when stderr is not a
     /// terminal).
     #[arg(long)]

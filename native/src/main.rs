@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         cli::Command::Train(args) => commands::train::run(&args),
         cli::Command::Bench(args) => commands::bench::run(&args),
         cli::Command::Report(args) => commands::report::run(&args),
+        cli::Command::Completions(args) => commands::completions::run(&args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -241,10 +241,24 @@ fn bad_training_settings_are_one_line_errors() {
     let out = Scratch::new("bad");
     for (flag, value, needle) in [
         ("--dtype", "bf16", "computes in f32 only"),
-        ("--dtype", "f8", "unknown precision"),
-        ("--optimizer", "adam9", "unknown optimizer"),
+        ("--dtype", "f8", "possible values: f32, bf16, f16"),
+        (
+            "--optimizer",
+            "adam9",
+            "possible values: adamw, adamw8bit, sgd",
+        ),
         ("--lora-r", "0", "QLoRA needs LoRA adapters"),
-        ("--chat-format", "alpaca", "unknown format"),
+        (
+            "--chat-format",
+            "alpaca",
+            "possible values: chatml, llama2, zephyr",
+        ),
+        (
+            "--data-format",
+            "csv",
+            "possible values: auto, alpaca, sharegpt",
+        ),
+        ("--device", "tpu", "possible values: cpu, wgpu, cuda"),
     ] {
         let mut args = train_args(&out.0, 2);
         match args.iter().position(|a| a == flag) {
@@ -611,5 +625,81 @@ fn data_files_are_read_by_format_and_refused_clearly() {
         let (ok, stderr) = run(&args);
         assert!(!ok && stderr.contains(&needle), "{needle}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// Every shipped example configuration parses as a run's settings and passes the checks that
+/// need no model; the CPU QLoRA one runs a step from the repository root as its comment says
+/// (its model is the GGUF `scripts/fetch-smollm2.sh` fetches).
+#[test]
+fn the_example_configs_parse_and_the_cpu_one_runs() {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(repo().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let config: napkin_core::train::TrainConfig =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        config
+            .validate()
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        names.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "full-ft-smollm2-cpu.toml",
+            "lora-tinyllama-gpu.toml",
+            "qlora-smollm2-cpu.toml"
+        ]
+    );
+    let out = Scratch::new("example");
+    let output = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .current_dir(repo())
+        .args([
+            "train",
+            "--config",
+            "examples/qlora-smollm2-cpu.toml",
+            "--steps",
+            "1",
+            "--val-fraction",
+            "0.02",
+            "--sample-tokens",
+            "4",
+            "--seq-len",
+            "64",
+            "--out",
+            out.0.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("sample after step 1"), "{stderr}");
+    assert!(out.0.join("report.html").is_file());
+}
+
+/// `napkin completions` writes each shell's script with the flags and their fixed values.
+#[test]
+fn completions_list_the_flags_and_their_values() {
+    for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_napkin"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for needle in [
+            "data-format",
+            "early-stopping",
+            "sharegpt",
+            "adamw8bit",
+            "efficient",
+        ] {
+            assert!(script.contains(needle), "{shell}: {needle}");
+        }
     }
 }

@@ -121,7 +121,7 @@ svg.chart{width:100%;height:auto}.grid{stroke:#e6e9ee}.axis{stroke:#6b7480}\
 .train{stroke:#2b6cb0}.eval{stroke:#c05621;stroke-dasharray:5 3}.peak{stroke:#805ad5;stroke-dasharray:2 2}\
 .marker{stroke:none}.marker.train{fill:#2b6cb0}.marker.eval{fill:#c05621}.marker.peak{fill:#805ad5}\
 table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d4d9e0;padding:.25rem .6rem;text-align:left;vertical-align:top}\
-td.num{text-align:right;font-variant-numeric:tabular-nums}.note{color:#56606b}\
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{white-space:pre-wrap}.note{color:#56606b}\
 ";
 
 /// The page.
@@ -246,12 +246,19 @@ pub fn run_report_html(r: &RunReport) -> String {
         h.push_str("<h2>Sample generations (greedy)</h2><table><tr><th>after step</th><th>prompt</th><th>answer</th></tr>");
         for m in sampled {
             for (prompt, answer) in &m.samples {
+                let answer = if answer.trim().is_empty() {
+                    format!(
+                        "<span class=\"note\">(only white space: {:?})</span>",
+                        answer
+                    )
+                } else {
+                    escape(answer)
+                };
                 let _ = write!(
                     h,
-                    "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td class=\"num\">{}</td><td>{}</td><td class=\"text\">{answer}</td></tr>",
                     m.step,
                     escape(prompt),
-                    escape(answer)
                 );
             }
         }

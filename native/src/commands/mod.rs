@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod completions;
 pub mod estimate;
 pub mod eval;
 pub mod exercise;
