@@ -32,7 +32,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     preflight(args, &config)?;
     fs::create_dir_all(&config.out)
         .with_context(|| format!("creating {}", config.out.display()))?;
-    let (mut trainer, skipped) = Trainer::new(config, args.resume)?;
+    let plain = args.plain || !std::io::stderr().is_terminal();
+    let what = format!(
+        "loading {}{}, reading the data",
+        config.model.display(),
+        if config.nf4 {
+            " and quantizing it to NF4"
+        } else {
+            ""
+        }
+    );
+    let loaded = working(&what, plain, || Trainer::new(config, args.resume));
+    let (mut trainer, skipped) = loaded?;
     for damaged in &skipped {
         eprintln!("warning: skipped a damaged checkpoint: {damaged}");
     }
@@ -55,8 +66,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         trainer.total_steps()
     );
 
-    // Without a terminal (a log file, CI) a bar would print nothing: print lines instead.
-    let plain = args.plain || !std::io::stderr().is_terminal();
+    // Without a terminal (a log file, CI) a bar would print nothing: lines instead.
     let bar = progress_bar(&trainer, plain);
     let mut metrics = fs::OpenOptions::new()
         .create(true)
@@ -329,6 +339,14 @@ fn data_summary(trainer: &Trainer) -> String {
         c.micro_batch,
         c.seq_len,
     );
+    if t.dropped > 0 {
+        text.push_str(&format!(
+            "\nwarning: {} of {} samples have no token to learn within the first {} (a long prompt or template pushes the reply past it): raise --seq-len to train on them",
+            t.dropped,
+            t.samples + t.dropped,
+            c.seq_len
+        ));
+    }
     if d.held_out_samples > 0 {
         let source = match &c.eval_data {
             Some(path) => path.display().to_string(),
@@ -409,6 +427,29 @@ fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
         .collect();
     write_atomic(path, kept.as_bytes())?;
     Ok(())
+}
+
+/// Runs `work` under a spinner with the elapsed time (a line before and after without a
+/// terminal), so a long load does not look like a hang.
+fn working<T>(what: &str, plain: bool, work: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    if plain {
+        eprintln!("{what}...");
+        let out = work();
+        eprintln!("  done in {:.1} s", start.elapsed().as_secs_f64());
+        return out;
+    }
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    spinner.set_message(what.to_string());
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let out = work();
+    spinner.finish_and_clear();
+    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
+    out
 }
 
 fn progress_bar(trainer: &Trainer, plain: bool) -> ProgressBar {
