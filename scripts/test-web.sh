@@ -58,17 +58,19 @@ if [ ! -x "$napkin" ]; then
     cargo build --quiet --locked -p napkin
 fi
 "$napkin" measure --preset tiny-smol --seq-len 64 --steps 1 --json > web/e2e/artifacts/measure.json
-CHROMIUM="$chromium" \
-    NAPKIN_MEASURE_JSON="$root/web/e2e/artifacts/measure.json" \
-    NAPKIN_CONFIG_JSON="$fixtures/tiny-smol/config.json" \
-    node web/e2e/sandbox.test.mjs
-
-# `napkin report`'s page from a small run of the CLI (tiny fixture, held-out split, a sample
-# prompt), opened from disk in the same Chromium: drawn, self-contained, screenshotted.
+# A small run of the CLI (tiny fixture, held-out split, a sample prompt): its metrics.jsonl
+# is imported by the page, and `napkin report`'s page is opened from disk in the same
+# Chromium (drawn, self-contained, screenshotted).
 run_dir=web/e2e/artifacts/train-run
 rm -rf "$run_dir"
 "$napkin" train --model "$fixtures/tiny-smol" --tokenizer "$fixtures/tokenizer/tokenizer.json" \
     --chat-format chatml --data data/napkin-instruct.jsonl --out "$run_dir" --lora-r 8 \
     --lr 3e-3 --seq-len 96 --micro-batch 2 --steps 12 --val-fraction 0.1 --eval-every 4 \
     --sample-prompt "Compute 3 + 63." --sample-tokens 8 --plain 2> web/e2e/artifacts/train-run.log
+CHROMIUM="$chromium" \
+    NAPKIN_MEASURE_JSON="$root/web/e2e/artifacts/measure.json" \
+    NAPKIN_METRICS_JSONL="$root/$run_dir/metrics.jsonl" \
+    NAPKIN_CONFIG_JSON="$fixtures/tiny-smol/config.json" \
+    node web/e2e/sandbox.test.mjs
+
 CHROMIUM="$chromium" node web/e2e/report.test.mjs "$run_dir/report.html"

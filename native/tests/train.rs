@@ -448,14 +448,14 @@ fn the_held_out_loss_equals_napkin_eval_on_the_same_text() {
     // nothing outside the page is loaded.
     let page = std::fs::read_to_string(out.0.join("run/report.html")).unwrap();
     let points_of = |class: &str| -> usize {
-        let tag = format!("<polyline class=\"series {class}\" fill=\"none\" points=\"");
+        let tag = format!("<polyline class=\"c-series {class}\" fill=\"none\" points=\"");
         let at = page.find(&tag).unwrap_or_else(|| panic!("no {class} line")) + tag.len();
         page[at..page[at..].find('"').unwrap() + at]
             .split(' ')
             .count()
     };
-    assert_eq!(points_of("train"), 3, "training loss at steps 1, 2, 3");
-    assert_eq!(points_of("eval"), 3, "held-out loss at steps 0, 2, 3");
+    assert_eq!(points_of("c-train"), 3, "training loss at steps 1, 2, 3");
+    assert_eq!(points_of("c-eval"), 3, "held-out loss at steps 0, 2, 3");
     assert!(page.contains("<td>Hi</td>"), "the sample prompt");
     assert!(
         page.contains("measured / predicted"),

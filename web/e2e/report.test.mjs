@@ -36,7 +36,7 @@ try {
 
   const charts = await page.$$eval('figure', (figures) => figures.map((f) => ({
     title: f.querySelector('figcaption').textContent,
-    lines: [...f.querySelectorAll('polyline.series')].map((l) => {
+    lines: [...f.querySelectorAll('polyline.c-series')].map((l) => {
       const box = l.getBoundingClientRect();
       return { class: l.getAttribute('class'), points: l.points.numberOfItems,
         width: box.width, first: l.points.numberOfItems ? l.points.getItem(0).y : null,
@@ -49,7 +49,7 @@ try {
     for (const l of c.lines) assert.ok(l.width > 100, `${c.title}: ${l.class} drawn (${l.width} px)`);
   }
   const [train, held] = charts[0].lines;
-  assert.equal(held.class, 'series eval');
+  assert.equal(held.class, 'c-series c-eval');
   assert.ok(train.last > train.first, 'the training loss falls (lower on screen: larger y)');
   assert.ok(held.points >= 2, 'the held-out loss: the baseline and the evaluations');
   assert.ok(await page.isVisible('text=Sample generations'));

@@ -3,13 +3,15 @@
 // renders; turning NF4 on lowers a block's predicted weight bytes by the ratio napkin math
 // gives; a run in the page trains a tiny Llama with falling losses and shows measured
 // per-layer numbers beside the predictions; a dropped config.json and a `napkin measure`
-// report load; the exercise mode checks an answer; no request leaves 127.0.0.1 and the CSP
+// report and a `napkin train` run's metrics.jsonl load (its curves drawn with axes); the
+// exercise mode checks an answer; no request leaves 127.0.0.1 and the CSP
 // blocks one that tries. With the WebGPU module built, the same run on WebGPU (Chromium's
 // SwiftShader adapter, offered with --enable-unsafe-webgpu) gives the CPU run's losses.
 // Writes artifacts/sandbox.png and artifacts/e2e-report.json.
 //
 // Usage: node sandbox.test.mjs
-//   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_CONFIG_JSON, NAPKIN_WEBGPU=0 without that module)
+//   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_CONFIG_JSON, NAPKIN_METRICS_JSONL, NAPKIN_WEBGPU=0
+//   without that module)
 import assert from 'node:assert/strict';
 import { mkdtemp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -166,6 +168,19 @@ try {
   if (process.env.NAPKIN_MEASURE_JSON) {
     await page.setInputFiles('#measurement-file', process.env.NAPKIN_MEASURE_JSON);
     await page.waitForSelector('#files .measured-row');
+  }
+  if (process.env.NAPKIN_METRICS_JSONL) {
+    step('a napkin train run\'s metrics.jsonl is drawn with axes');
+    await page.setInputFiles('#metrics-file', process.env.NAPKIN_METRICS_JSONL);
+    await page.waitForSelector('#imported-loss svg');
+    const curves = await page.$$eval('#imported-loss polyline.c-series',
+      (lines) => lines.map((l) => ({ class: l.getAttribute('class'), points: l.points.numberOfItems,
+        width: l.getBoundingClientRect().width })));
+    assert.deepEqual(curves.map((c) => c.class), ['c-series c-train', 'c-series c-eval']);
+    assert.ok(curves.every((c) => c.points >= 2 && c.width > 100), JSON.stringify(curves));
+    assert.ok(await page.$$eval('#imported-loss .c-tick', (t) => t.length) >= 4, 'axis ticks');
+    assert.ok(await page.$$eval('#loss-chart .c-tick', (t) => t.length) >= 4, 'the page run\'s loss has axes too');
+    report.imported_run = await page.textContent('#imported-run');
   }
   await page.setInputFiles('#measurement-file',
     { name: 'junk.json', mimeType: 'application/json', buffer: Buffer.from('{"kinds": 1}') });

@@ -4,6 +4,7 @@
 
 use napkin_core::exercises::{Instance, catalog, check, instance};
 use napkin_core::memory::measure::MeasurementReport;
+use napkin_core::report::run::MetricRow;
 
 use napkin_core::memory::meter::MeterMethod;
 
@@ -80,6 +81,8 @@ pub struct Page {
     pub run: Run,
     /// A `napkin measure --json` report loaded from a file, with its file name.
     pub imported: Option<(String, MeasurementReport)>,
+    /// A `napkin train` run's metrics loaded from a file, with its file name.
+    pub imported_run: Option<(String, Vec<MetricRow>)>,
     /// The last refused file, in words.
     pub import_error: Option<String>,
     /// The exercise mode, when open.
@@ -101,6 +104,8 @@ pub enum PageAction {
     WorkerError(String),
     /// A measurement file was read and parsed.
     Imported(String, Box<MeasurementReport>),
+    /// A run's metrics.jsonl was read and parsed.
+    ImportedRun(String, Vec<MetricRow>),
     /// A dropped file was refused.
     ImportFailed(String),
     /// Open an exercise (unknown ids are ignored).
@@ -172,6 +177,10 @@ pub fn reduce_page(page: &Page, action: PageAction) -> Page {
         PageAction::WorkerError(message) => p.run.status = RunStatus::Failed(message),
         PageAction::Imported(name, report) => {
             p.imported = Some((name, *report));
+            p.import_error = None;
+        }
+        PageAction::ImportedRun(name, rows) => {
+            p.imported_run = Some((name, rows));
             p.import_error = None;
         }
         PageAction::ImportFailed(message) => p.import_error = Some(message),

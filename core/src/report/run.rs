@@ -111,18 +111,33 @@ const CHART_W: f64 = 520.0;
 const CHART_H: f64 = 200.0;
 const MIB: f64 = 1024.0 * 1024.0;
 
-const STYLE: &str = "\
-body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1180px;padding:0 1rem;color:#1d232b}\
-h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem}\
-.grid-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:1rem}\
-figure{margin:0;border:1px solid #d4d9e0;border-radius:6px;padding:.5rem}figcaption{font-weight:600}\
-svg.chart{width:100%;height:auto}.grid{stroke:#e6e9ee}.axis{stroke:#6b7480}\
-.tick,.legend,.axis-name{font-size:11px;fill:#3b434d}.series{fill:none;stroke-width:1.8}\
-.train{stroke:#2b6cb0}.eval{stroke:#c05621;stroke-dasharray:5 3}.peak{stroke:#805ad5;stroke-dasharray:2 2}\
-.marker{stroke:none}.marker.train{fill:#2b6cb0}.marker.eval{fill:#c05621}.marker.peak{fill:#805ad5}\
-table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d4d9e0;padding:.25rem .6rem;text-align:left;vertical-align:top}\
-td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{white-space:pre-wrap}.note{color:#56606b}\
-";
+/// The chart classes of [`line_chart_svg`](super::svg::line_chart_svg), as a literal for
+/// `concat!`.
+macro_rules! chart_style {
+    () => {
+        concat!(
+            "svg.c-chart{width:100%;height:auto}.c-grid{stroke:#e6e9ee}.c-axis{stroke:#6b7480}",
+            ".c-tick,.c-legend,.c-axis-name{font-size:11px;fill:#3b434d}.c-series{fill:none;stroke-width:1.8}",
+            ".c-train{stroke:#2b6cb0}.c-eval{stroke:#c05621;stroke-dasharray:5 3}.c-peak{stroke:#805ad5;stroke-dasharray:2 2}",
+            ".c-marker{stroke:none}.c-marker.c-train{fill:#2b6cb0}.c-marker.c-eval{fill:#c05621}.c-marker.c-peak{fill:#805ad5}",
+        )
+    };
+}
+
+const STYLE: &str = concat!(
+    "body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1180px;padding:0 1rem;color:#1d232b}",
+    "h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem}",
+    ".grid-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:1rem}",
+    "figure{margin:0;border:1px solid #d4d9e0;border-radius:6px;padding:.5rem}figcaption{font-weight:600}",
+    "table{border-collapse:collapse;margin:.5rem 0}",
+    "td,th{border:1px solid #d4d9e0;padding:.25rem .6rem;text-align:left;vertical-align:top}",
+    "td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{white-space:pre-wrap}.note{color:#56606b}",
+    chart_style!()
+);
+
+/// The chart classes (a page drawing [`line_chart_svg`](super::svg::line_chart_svg) charts
+/// needs them in its stylesheet; the browser sandbox's has them).
+pub const CHART_STYLE: &str = chart_style!();
 
 /// The page.
 pub fn run_report_html(r: &RunReport) -> String {
@@ -184,34 +199,34 @@ pub fn run_report_html(r: &RunReport) -> String {
     }
 
     h.push_str("<h2>Curves</h2><div class=\"grid-charts\">");
-    let mut loss = vec![series("training loss", "train", &|m| m.loss)];
+    let mut loss = vec![series("training loss", "c-train", &|m| m.loss)];
     if r.rows.iter().any(|m| m.eval_loss.is_some()) {
-        loss.push(series("held-out loss", "eval", &|m| m.eval_loss));
+        loss.push(series("held-out loss", "c-eval", &|m| m.eval_loss));
     }
     h.push_str(&chart("Loss", "nats / token", loss));
     h.push_str(&chart(
         "Learning rate",
         "lr",
-        vec![series("learning rate", "train", &|m| m.lr)],
+        vec![series("learning rate", "c-train", &|m| m.lr)],
     ));
     h.push_str(&chart(
         "Gradient norm (before clipping)",
         "global norm",
-        vec![series("gradient norm", "train", &|m| m.grad_norm)],
+        vec![series("gradient norm", "c-train", &|m| m.grad_norm)],
     ));
     h.push_str(&chart(
         "Throughput",
         "tokens / s",
-        vec![series("tokens / s", "train", &|m| m.tokens_per_second)],
+        vec![series("tokens / s", "c-train", &|m| m.tokens_per_second)],
     ));
     h.push_str(&chart(
         "Heap memory",
         "MiB",
         vec![
-            series("live after the step", "train", &|m| {
+            series("live after the step", "c-train", &|m| {
                 m.heap_bytes.map(|b| b / MIB)
             }),
-            series("the step's peak", "peak", &|m| {
+            series("the step's peak", "c-peak", &|m| {
                 m.step_peak_heap_bytes.map(|b| b / MIB)
             }),
         ],

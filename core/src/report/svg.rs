@@ -1,6 +1,7 @@
 //! A [`LineChart`](super::chart::LineChart) as standalone SVG text, for pages written without
 //! a browser framework (`napkin report`): axes with their ticks, one polyline per series with
-//! a marker at each point, and a legend. Styling comes from the page's CSS classes.
+//! a marker at each point, and a legend. Styling comes from the page's CSS (classes `c-…`, so
+//! they never meet a page's own; a series' class is its caller's, `c-train` say).
 
 use std::fmt::Write;
 
@@ -35,7 +36,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
     let mut s = String::new();
     let _ = write!(
         s,
-        r#"<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}" xmlns="http://www.w3.org/2000/svg">"#,
+        r#"<svg class="c-chart" viewBox="0 0 {} {}" role="img" aria-label="{}" xmlns="http://www.w3.org/2000/svg">"#,
         w + LEFT + RIGHT,
         h + TOP + BOTTOM,
         escape(title)
@@ -46,7 +47,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
     for (y, label) in &chart.y_ticks {
         let _ = write!(
             s,
-            r#"<line class="grid" x1="0" y1="{y:.1}" x2="{w}" y2="{y:.1}"/><text class="tick" x="-6" y="{:.1}" text-anchor="end">{}</text>"#,
+            r#"<line class="c-grid" x1="0" y1="{y:.1}" x2="{w}" y2="{y:.1}"/><text class="c-tick" x="-6" y="{:.1}" text-anchor="end">{}</text>"#,
             y + 4.0,
             escape(label)
         );
@@ -54,7 +55,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
     for (x, label) in &chart.x_ticks {
         let _ = write!(
             s,
-            r#"<line class="axis" x1="{x:.1}" y1="{h}" x2="{x:.1}" y2="{}"/><text class="tick" x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            r#"<line class="c-axis" x1="{x:.1}" y1="{h}" x2="{x:.1}" y2="{}"/><text class="c-tick" x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
             h + 4.0,
             h + 16.0,
             escape(label)
@@ -62,11 +63,11 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
     }
     let _ = write!(
         s,
-        r#"<line class="axis" x1="0" y1="{h}" x2="{w}" y2="{h}"/><line class="axis" x1="0" y1="0" x2="0" y2="{h}"/>"#
+        r#"<line class="c-axis" x1="0" y1="{h}" x2="{w}" y2="{h}"/><line class="c-axis" x1="0" y1="0" x2="0" y2="{h}"/>"#
     );
     let _ = write!(
         s,
-        r#"<text class="axis-name" x="{w}" y="{}" text-anchor="end">{}</text><text class="axis-name" x="0" y="-8">{}</text>"#,
+        r#"<text class="c-axis-name" x="{w}" y="{}" text-anchor="end">{}</text><text class="c-axis-name" x="0" y="-8">{}</text>"#,
         h + 27.0,
         escape(x_name),
         escape(y_name)
@@ -75,7 +76,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
     for line in &chart.lines {
         let _ = write!(
             s,
-            r#"<polyline class="series {}" fill="none" points="{}"><title>{}</title></polyline>"#,
+            r#"<polyline class="c-series {}" fill="none" points="{}"><title>{}</title></polyline>"#,
             line.class,
             line.points,
             escape(&line.label)
@@ -84,7 +85,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
             for (x, y) in &line.xy {
                 let _ = write!(
                     s,
-                    r#"<circle class="marker {}" cx="{x:.1}" cy="{y:.1}" r="2.5"/>"#,
+                    r#"<circle class="c-marker {}" cx="{x:.1}" cy="{y:.1}" r="2.5"/>"#,
                     line.class
                 );
             }
@@ -96,7 +97,7 @@ pub fn line_chart_svg(chart: &LineChart, title: &str, x_name: &str, y_name: &str
         x -= 14.0 + 7.0 * line.label.chars().count() as f64;
         let _ = write!(
             s,
-            r#"<line class="series {}" x1="{x:.1}" y1="-10" x2="{:.1}" y2="-10"/><text class="legend" x="{:.1}" y="-6">{label}</text>"#,
+            r#"<line class="c-series {}" x1="{x:.1}" y1="-10" x2="{:.1}" y2="-10"/><text class="c-legend" x="{:.1}" y="-6">{label}</text>"#,
             line.class,
             x + 10.0,
             x + 13.0

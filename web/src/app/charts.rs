@@ -1,6 +1,7 @@
 //! SVG charts: predicted memory per layer (stacked by kind) with the measured activations
-//! beside each bar, the step timeline with its peak, and the loss curve. Geometry comes from
-//! `crate::chart`.
+//! beside each bar, the step timeline with its peak, and curves with axes (the loss of the run
+//! in the page, an imported run's metrics). Geometry comes from napkin-core's `report::chart`;
+//! the curves are the very SVG `napkin report` writes (`report::svg`).
 
 use std::rc::Rc;
 
@@ -9,7 +10,8 @@ use yew::prelude::*;
 
 use super::format::bytes;
 use crate::state::View;
-use napkin_core::report::chart::{STACK_KINDS, polyline, stacked_bars, timeline};
+use napkin_core::report::chart::{STACK_KINDS, Series, line_chart, stacked_bars, timeline};
+use napkin_core::report::svg::line_chart_svg;
 
 const W: f64 = 640.0;
 const H: f64 = 220.0;
@@ -138,18 +140,47 @@ pub fn timeline_chart(props: &TimelineProps) -> Html {
 }
 
 #[derive(Properties, PartialEq)]
+pub struct CurveProps {
+    /// The element's id.
+    pub id: AttrValue,
+    /// The chart's accessible name.
+    pub title: AttrValue,
+    /// What the y axis measures.
+    pub y_name: AttrValue,
+    /// The curves, on shared axes.
+    pub series: Vec<Series>,
+}
+
+/// Curves per optimizer step with axes, ticks and a legend.
+#[function_component(CurveChart)]
+pub fn curve_chart(props: &CurveProps) -> Html {
+    let geometry = line_chart(&props.series, W, 160.0);
+    // The SVG text is napkin-core's, every label escaped there: the same chart as the report.
+    let svg = line_chart_svg(&geometry, &props.title, "optimizer step", &props.y_name);
+    html! {
+        <div class="curve" id={props.id.clone()}>{ Html::from_html_unchecked(svg.into()) }</div>
+    }
+}
+
+#[derive(Properties, PartialEq)]
 pub struct LossProps {
     pub losses: Vec<f32>,
 }
 
+/// The loss of the run in the page, step by step.
 #[function_component(LossChart)]
 pub fn loss_chart(props: &LossProps) -> Html {
-    let values: Vec<f64> = props.losses.iter().map(|&l| l as f64).collect();
-    let line = polyline(&values, W, 120.0);
+    let series = vec![Series {
+        label: "training loss".into(),
+        class: "c-train",
+        points: props
+            .losses
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as f64 + 1.0, f64::from(l)))
+            .collect(),
+    }];
     html! {
-        <svg id="loss-chart" viewBox={format!("0 -10 {W} 140")} role="img" aria-label="loss per step">
-            <polyline class="loss" points={line.points} />
-            <text class="axis" x="0" y="0">{ format!("max {:.2}", line.max) }</text>
-        </svg>
+        <CurveChart id="loss-chart" title="loss per step" y_name="nats / token" {series} />
     }
 }
