@@ -84,6 +84,76 @@ pub struct DataReport {
     pub held_out_batches: usize,
 }
 
+/// The data side of a run: the training stream, the held-out batches, the sample prompts.
+struct TrainingData {
+    loader: DataLoader,
+    eval_batches: Vec<MicroBatch>,
+    sample_prompts: Option<SamplePrompts>,
+    report: DataReport,
+}
+
+impl TrainingData {
+    /// Tokenizes the data file (and the held-out file, or splits a held-out fraction off),
+    /// and the sample prompts.
+    fn read(config: &TrainConfig) -> Result<Self> {
+        let tokenizer = match &config.tokenizer {
+            Some(file) => TextTokenizer::from_file(file)?,
+            None => tokenizer_for_model(&config.model, None)?,
+        };
+        let (format, samples) = load_samples(&config.data, config.data_format, config, &tokenizer)?;
+        let (samples, held_out) = match &config.eval_data {
+            Some(path) => (
+                samples,
+                load_samples(path, DataFormat::Auto, config, &tokenizer)?.1,
+            ),
+            None if config.val_fraction > 0.0 => {
+                hold_out(samples, config.val_fraction, config.seed)?
+            }
+            None => (samples, Vec::new()),
+        };
+        let held_out_samples = held_out.len();
+        let eval_batches =
+            ordered_batches(held_out, config.seq_len, config.micro_batch, config.pack);
+        if config.has_eval() && eval_batches.is_empty() {
+            return Err(Error::config(
+                "--eval-data",
+                "no held-out sample has a token to learn within the sequence length".to_string(),
+            ));
+        }
+        let loader = DataLoader::new(
+            samples,
+            config.seq_len,
+            config.micro_batch,
+            config.pack,
+            config.seed,
+        )?;
+        let sample_prompts = if config.sample_prompts.is_empty() {
+            None
+        } else {
+            // Through the chat template when there is one; raw text otherwise.
+            let format = chat_format(config, &tokenizer, &config.data).ok();
+            Some(SamplePrompts::new(
+                &config.sample_prompts,
+                format.as_ref(),
+                std::sync::Arc::new(tokenizer),
+                config.sample_tokens,
+            )?)
+        };
+        let report = DataReport {
+            format,
+            train: loader.summary(),
+            held_out_samples,
+            held_out_batches: eval_batches.len(),
+        };
+        Ok(TrainingData {
+            loader,
+            eval_batches,
+            sample_prompts,
+            report,
+        })
+    }
+}
+
 /// A run in progress.
 #[derive(Debug)]
 pub struct Trainer {
@@ -147,56 +217,12 @@ impl Trainer {
         } else {
             (None, Vec::new())
         };
-        let tokenizer = match &config.tokenizer {
-            Some(file) => TextTokenizer::from_file(file)?,
-            None => tokenizer_for_model(&config.model, None)?,
-        };
-        let (format, samples) =
-            load_samples(&config.data, config.data_format, &config, &tokenizer)?;
-        let (samples, held_out) = match &config.eval_data {
-            Some(path) => (
-                samples,
-                load_samples(path, DataFormat::Auto, &config, &tokenizer)?.1,
-            ),
-            None if config.val_fraction > 0.0 => {
-                hold_out(samples, config.val_fraction, config.seed)?
-            }
-            None => (samples, Vec::new()),
-        };
-        let held_out_samples = held_out.len();
-        let eval_batches =
-            ordered_batches(held_out, config.seq_len, config.micro_batch, config.pack);
-        if config.has_eval() && eval_batches.is_empty() {
-            return Err(Error::config(
-                "--eval-data",
-                "no held-out sample has a token to learn within the sequence length".to_string(),
-            ));
-        }
-        let mut loader = DataLoader::new(
-            samples,
-            config.seq_len,
-            config.micro_batch,
-            config.pack,
-            config.seed,
-        )?;
-        let sample_prompts = if config.sample_prompts.is_empty() {
-            None
-        } else {
-            // Through the chat template when there is one; raw text otherwise.
-            let format = chat_format(&config, &tokenizer, &config.data).ok();
-            Some(SamplePrompts::new(
-                &config.sample_prompts,
-                format.as_ref(),
-                std::sync::Arc::new(tokenizer),
-                config.sample_tokens,
-            )?)
-        };
-        let data = DataReport {
-            format,
-            train: loader.summary(),
-            held_out_samples,
-            held_out_batches: eval_batches.len(),
-        };
+        let TrainingData {
+            mut loader,
+            eval_batches,
+            sample_prompts,
+            report: data,
+        } = TrainingData::read(&config)?;
 
         // The model with its tricks. Resuming full fine-tuning starts from the saved weights.
         device.seed(config.seed);
