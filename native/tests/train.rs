@@ -313,6 +313,28 @@ fn a_toml_config_is_read_and_flags_win() {
     ]);
     assert!(!ok);
     assert!(stderr.contains("learning_rate"), "{stderr}");
+
+    // A value outside a key's set is an error that lists the set.
+    for (line, needle) in [
+        (
+            "device = \"tpu\"",
+            "expected one of `cpu`, `flex`, `ndarray`",
+        ),
+        ("dtype = \"f8\"", "expected one of `f32`"),
+        ("data_format = \"csv\"", "expected one of `auto`, `alpaca`"),
+        (
+            "lr_scheduler = \"step\"",
+            "expected one of `constant`, `linear`, `cosine`",
+        ),
+    ] {
+        std::fs::write(&config, format!("model = \"x\"\n{line}\n")).unwrap();
+        let (ok, stderr) = run(&[
+            "train".into(),
+            "--config".into(),
+            config.to_str().unwrap().into(),
+        ]);
+        assert!(!ok && stderr.contains(needle), "{line}: {stderr}");
+    }
 }
 
 /// The pre-flight check: a run whose predicted peak is above `--memory-limit` is refused with

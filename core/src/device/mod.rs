@@ -18,7 +18,8 @@ use burn::tensor::Device;
 use crate::error::{Error, Result};
 
 /// A backend the user can ask for with `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     /// The fastest CPU backend compiled in.
     #[default]
@@ -26,8 +27,10 @@ pub enum DeviceKind {
     /// burn Flex on the CPU (pure Rust).
     Flex,
     /// burn NdArray with the system OpenBLAS on the CPU.
+    #[serde(alias = "openblas")]
     Ndarray,
     /// burn wgpu (Vulkan, Metal, DX12, WebGPU).
+    #[serde(alias = "gpu")]
     Wgpu,
     /// burn CUDA.
     Cuda,

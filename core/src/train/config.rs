@@ -14,6 +14,59 @@ use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::predict::inventory::Scenario;
 
+/// The precision the linear layers compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    /// Everything in f32.
+    #[default]
+    #[serde(alias = "fp32", alias = "float32")]
+    F32,
+    /// bf16 autocast: f32 parameters and optimizer state, bf16 products.
+    #[serde(alias = "bfloat16")]
+    Bf16,
+    /// f16 autocast, with dynamic loss scaling.
+    #[serde(alias = "fp16", alias = "float16")]
+    F16,
+}
+
+impl ComputeDtype {
+    /// The autocast precision (None: f32).
+    pub fn half(self) -> Option<FloatDType> {
+        match self {
+            ComputeDtype::F32 => None,
+            ComputeDtype::Bf16 => Some(FloatDType::BF16),
+            ComputeDtype::F16 => Some(FloatDType::F16),
+        }
+    }
+}
+
+impl std::fmt::Display for ComputeDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ComputeDtype::F32 => "f32",
+            ComputeDtype::Bf16 => "bf16",
+            ComputeDtype::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for ComputeDtype {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Ok(ComputeDtype::F32),
+            "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
+            "f16" | "fp16" | "float16" => Ok(ComputeDtype::F16),
+            other => Err(Error::config(
+                "--dtype",
+                format!("unknown precision `{other}`: expected f32, bf16 or f16"),
+            )),
+        }
+    }
+}
+
 /// A training run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -98,9 +151,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Compute precision of the linear layers: f32, or bf16 / f16 mixed precision (f32
     /// parameters and optimizer state; f16 adds dynamic loss scaling).
-    pub dtype: String,
+    pub dtype: ComputeDtype,
     /// cpu, wgpu, cuda (or flex, ndarray).
-    pub device: String,
+    pub device: DeviceKind,
     /// Keep the optimizer state and an f32 master copy of the trainable weights in host
     /// memory, updating there (GPU devices only: on the CPU it is already host memory).
     pub offload_optimizer: bool,
@@ -150,8 +203,8 @@ impl Default for TrainConfig {
             epochs: None,
             max_grad_norm: 1.0,
             seed: 42,
-            dtype: "f32".into(),
-            device: "cpu".into(),
+            dtype: ComputeDtype::F32,
+            device: DeviceKind::Cpu,
             offload_optimizer: false,
             save_every: 50,
             keep_checkpoints: 2,
@@ -196,10 +249,10 @@ impl TrainConfig {
             accumulation: self.accum.max(1),
             packed: self.pack,
             attention: self.attention,
-            // A device name that does not parse is refused when the device is opened.
-            kernels: match self.device.parse::<DeviceKind>() {
-                Ok(kind) if !kind.is_cpu() => Kernels::BurnOps,
-                _ => Kernels::FusedCpu,
+            kernels: if self.device.is_cpu() {
+                Kernels::FusedCpu
+            } else {
+                Kernels::BurnOps
             },
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
@@ -207,15 +260,7 @@ impl TrainConfig {
 
     /// The autocast precision `dtype` names (None: f32).
     pub fn compute_dtype(&self) -> Result<Option<FloatDType>> {
-        match self.dtype.to_ascii_lowercase().as_str() {
-            "f32" | "fp32" | "float32" => Ok(None),
-            "bf16" | "bfloat16" => Ok(Some(FloatDType::BF16)),
-            "f16" | "fp16" | "float16" => Ok(Some(FloatDType::F16)),
-            other => Err(Error::config(
-                "--dtype",
-                format!("unknown precision `{other}`: expected f32, bf16 or f16"),
-            )),
-        }
+        Ok(self.dtype.half())
     }
 
     /// Checks the settings that do not need the model or the data.

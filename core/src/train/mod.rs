@@ -17,7 +17,7 @@ pub mod step;
 pub mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use config::TrainConfig;
+pub use config::{ComputeDtype, TrainConfig};
 pub use eval::{EvalReport, EvalState, held_out_loss};
 pub use grads::ParamGrads;
 pub use offload::{HostOffload, LinkTraffic};

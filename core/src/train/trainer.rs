@@ -36,7 +36,6 @@ use crate::config::LoraConfig;
 use crate::data::loader::ordered_batches;
 use crate::data::text::text_samples;
 use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
-use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf::hf_files;
 use crate::io::load_model_with;
@@ -188,7 +187,7 @@ impl Trainer {
     /// trainer and the damaged checkpoints that were skipped.
     pub fn new(config: TrainConfig, resume: bool) -> Result<(Self, Vec<Error>)> {
         config.validate()?;
-        let kind = config.device.parse::<DeviceKind>()?;
+        let kind = config.device;
         let compute = config.compute_dtype()?;
         if compute.is_some() && !kind.supports_half_precision() {
             return Err(Error::config(
@@ -535,7 +534,7 @@ fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
             c.seq_len,
             c.pack,
             c.seed,
-            c.dtype.clone(),
+            c.dtype,
             (c.data_format, c.train_on_inputs, c.val_fraction.to_bits()),
         )
     };

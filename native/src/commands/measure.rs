@@ -2,6 +2,8 @@
 //! predictor's (per block and per kind), the step time beside the roofline bound, and the
 //! timeline as a Chrome trace.
 
+use std::io::IsTerminal;
+
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::device::DeviceKind;
@@ -59,13 +61,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         }
         Ok(model)
     };
-    if !args.json {
-        eprintln!(
-            "measuring {} step(s) on {} …",
-            args.steps.max(1),
-            kind.backend_name()
-        );
-    }
+
     let offload_to = if super::offload_optimizer(&args.offload)? {
         if kind.is_cpu() {
             bail!(
@@ -78,14 +74,27 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     } else {
         None
     };
-    let report = measure(
-        &scenario,
-        &device,
-        args.steps,
-        MachineProbe::NATIVE,
-        offload_to,
-        build,
-    )?;
+    let what = format!(
+        "measuring {} step(s) on {}",
+        args.steps.max(1),
+        kind.backend_name()
+    );
+    let run = || {
+        measure(
+            &scenario,
+            &device,
+            args.steps,
+            MachineProbe::NATIVE,
+            offload_to,
+            build,
+        )
+    };
+    // JSON on stdout stays alone: no progress lines with --json.
+    let report = if args.json {
+        run()
+    } else {
+        super::working(&what, !std::io::stderr().is_terminal(), run)
+    }?;
     if let Some(trace) = &args.trace {
         write_atomic(trace, &serde_json::to_vec(&report.chrome_trace())?)
             .with_context(|| format!("writing the trace {}", trace.display()))?;

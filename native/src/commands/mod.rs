@@ -104,3 +104,26 @@ pub fn link_summary(l: &napkin_core::device::link::LinkBytes) -> String {
         units(l.read_back as f64)
     )
 }
+
+/// Runs `work` under a spinner with the elapsed time (a line before and after without a
+/// terminal), so a long load does not look like a hang.
+pub fn working<T>(what: &str, plain: bool, work: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    if plain {
+        eprintln!("{what}...");
+        let out = work();
+        eprintln!("  done in {:.1} s", start.elapsed().as_secs_f64());
+        return out;
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    spinner.set_message(what.to_string());
+    spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+    let out = work();
+    spinner.finish_and_clear();
+    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
+    out
+}

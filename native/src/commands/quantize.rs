@@ -1,6 +1,8 @@
 //! `napkin quantize`: HF float checkpoint → napkin NF4 checkpoint (block linears in NF4,
 //! embeddings, norms and LM head in float, as bitsandbytes does).
 
+use std::io::IsTerminal;
+
 use anyhow::{Context, Result};
 use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
@@ -17,12 +19,19 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     };
     nf4.validate()?;
     let device = DeviceKind::Cpu.open()?;
-    let model = load_hf_llama(&args.model.model, &device)?;
+    let plain = !std::io::stderr().is_terminal();
+    let model = super::working(
+        &format!("loading {}", args.model.model.display()),
+        plain,
+        || load_hf_llama(&args.model.model, &device),
+    )?;
     let before = model_bytes(&model);
-    let model = model.quantize_nf4(&nf4)?;
+    let model = super::working("quantizing to NF4", plain, || model.quantize_nf4(&nf4))?;
     let after = model_bytes(&model);
-    save_quantized(&model, &nf4, &args.out)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    super::working(&format!("writing {}", args.out.display()), plain, || {
+        save_quantized(&model, &nf4, &args.out)
+    })
+    .with_context(|| format!("writing {}", args.out.display()))?;
 
     println!("wrote {}", args.out.display());
     println!("{:<16}{:>16}{:>16}", "bytes", "before", "after");

@@ -5,7 +5,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::predict::timeline::step_timeline;
 use napkin_core::report::run::{MemoryCheck, RunReport, parse_metrics, run_report_html};
@@ -81,7 +80,7 @@ pub fn write_report(run: &Path, out: &Path) -> Result<PathBuf> {
 }
 
 fn is_cpu(c: &TrainConfig) -> bool {
-    c.device.parse::<DeviceKind>().is_ok_and(|k| k.is_cpu())
+    c.device.is_cpu()
 }
 
 /// The predictor's step peak for the run's settings (needs the model's configuration).

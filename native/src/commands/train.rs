@@ -42,7 +42,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             ""
         }
     );
-    let loaded = working(&what, plain, || Trainer::new(config, args.resume));
+    let loaded = super::working(&what, plain, || Trainer::new(config, args.resume));
     let (mut trainer, skipped) = loaded?;
     for damaged in &skipped {
         eprintln!("warning: skipped a damaged checkpoint: {damaged}");
@@ -205,7 +205,7 @@ fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?
                 .value as u64,
         ),
-        None => match config.device.parse::<DeviceKind>()? {
+        None => match config.device {
             // The device's own memory, as its driver states it.
             kind @ (DeviceKind::Wgpu | DeviceKind::Cuda) => {
                 napkin_core::device::memory_capacity(&kind.open()?)
@@ -249,16 +249,13 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         micro_batch,
         accum
     );
-    set!(
-        seq_len,
-        lr,
-        weight_decay,
-        warmup_steps,
-        max_grad_norm,
-        seed,
-        dtype,
-        device
-    );
+    set!(seq_len, lr, weight_decay, warmup_steps, max_grad_norm, seed);
+    if let Some(d) = &args.dtype {
+        c.dtype = d.parse()?;
+    }
+    if let Some(d) = &args.device {
+        c.device = d.parse()?;
+    }
     set!(
         save_every,
         val_fraction,
@@ -427,29 +424,6 @@ fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
         .collect();
     write_atomic(path, kept.as_bytes())?;
     Ok(())
-}
-
-/// Runs `work` under a spinner with the elapsed time (a line before and after without a
-/// terminal), so a long load does not look like a hang.
-fn working<T>(what: &str, plain: bool, work: impl FnOnce() -> T) -> T {
-    let start = Instant::now();
-    if plain {
-        eprintln!("{what}...");
-        let out = work();
-        eprintln!("  done in {:.1} s", start.elapsed().as_secs_f64());
-        return out;
-    }
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_style(
-        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    spinner.set_message(what.to_string());
-    spinner.enable_steady_tick(Duration::from_millis(200));
-    let out = work();
-    spinner.finish_and_clear();
-    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
-    out
 }
 
 fn progress_bar(trainer: &Trainer, plain: bool) -> ProgressBar {
