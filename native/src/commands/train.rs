@@ -177,7 +177,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             config.out.join(BEST_DIR).display()
         );
     }
-    let written = trainer.save_final(args.merge)?;
+    let written = if args.merge {
+        super::working("writing the adapter and the merged model", plain, || {
+            trainer.save_final(true)
+        })?
+    } else {
+        trainer.save_final(false)?
+    };
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "done: {} steps in {seconds:.1} s, {:.0} tokens/s, peak heap {:.1} MiB",
