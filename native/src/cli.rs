@@ -138,6 +138,11 @@ pub struct EvalArgs {
     /// Text to score (needs a tokenizer: the GGUF's own, tokenizer.json beside the model, or --tokenizer).
     #[arg(long)]
     pub text: Option<String>,
+    /// A LoRA adapter folder (peft's adapter_config.json + adapter_model.safetensors, as
+    /// `napkin train` writes them) applied to the model; a `napkin train` output folder also
+    /// brings its NF4 base settings, so the model is the one that was trained.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// A tokenizer.json to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
@@ -233,6 +238,11 @@ pub struct GenerateArgs {
     /// The prompt (with --chat: the user's message).
     #[arg(long)]
     pub prompt: String,
+    /// A LoRA adapter folder (peft's adapter_config.json + adapter_model.safetensors, as
+    /// `napkin train` writes them) applied to the model; a `napkin train` output folder also
+    /// brings its NF4 base settings, so the model is the one that was trained.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// Wrap the prompt in the model's chat template (ChatML, Llama-2 or Zephyr).
     #[arg(long)]
     pub chat: bool,

@@ -725,3 +725,57 @@ fn completions_list_the_flags_and_their_values() {
         }
     }
 }
+
+/// What a QLoRA run trained can be used: `napkin eval --adapter OUT` rebuilds the same NF4
+/// base (from OUT/run_config.toml) under the adapter, and scores the held-out text exactly as
+/// the run's last evaluation did.
+#[test]
+fn eval_with_the_adapter_scores_as_the_run_did() {
+    let out = Scratch::new("adapter-eval");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let held_out = "Capital letters: GRADIENT. The capital of Peru is Lima.";
+    let eval_file = out.0.join("held-out.txt");
+    std::fs::write(&eval_file, held_out).unwrap();
+    let run_dir = out.0.join("run");
+    let mut args = train_args(&run_dir, 4);
+    args.extend(["--eval-data", eval_file.to_str().unwrap(), "--double-quant"].map(String::from));
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let trained = eval_losses(&run_dir).last().unwrap().1;
+    let f = fixtures();
+    let scored = |adapter: Option<&Path>| -> (f64, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_napkin"));
+        cmd.args([
+            "eval",
+            "--model",
+            f.join("tiny-smol").to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--text",
+            held_out,
+            "--json",
+        ]);
+        if let Some(a) = adapter {
+            cmd.args(["--adapter", a.to_str().unwrap()]);
+        }
+        let o = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["loss"].as_f64().unwrap(), stderr)
+    };
+    let (with_adapter, stderr) = scored(Some(&run_dir));
+    assert!(
+        stderr.contains("on an NF4 base (block 64, double quantization) as trained"),
+        "{stderr}"
+    );
+    assert!(
+        (with_adapter - trained).abs() < 1e-5 * trained,
+        "eval --adapter {with_adapter} vs the run's last evaluation {trained}"
+    );
+    let (base, _) = scored(None);
+    assert!(
+        (base - trained).abs() > 1e-3,
+        "the adapter changes the loss: {base} vs {trained}"
+    );
+}

@@ -2,7 +2,6 @@
 
 use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
-use napkin_core::io::load_model;
 use napkin_core::model::{TokenBatch, causal_lm_loss};
 use napkin_core::tokenizer::tokenizer_for_model;
 use napkin_core::values::scalar;
@@ -24,7 +23,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     }
     let device_kind: DeviceKind = args.device.parse()?;
     let device = device_kind.open()?;
-    let model = load_model(dir, &device)?;
+    let model = super::load_with_adapter(dir, args.adapter.as_deref(), &device)?;
     let batch = TokenBatch::single(&ids)?;
     batch.check_vocab(model.config.vocab_size)?;
 

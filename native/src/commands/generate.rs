@@ -6,7 +6,6 @@ use std::time::Instant;
 use anyhow::Result;
 use napkin_core::chat::{ChatFormat, Message};
 use napkin_core::device::DeviceKind;
-use napkin_core::io::load_model;
 use napkin_core::model::generate::Sampling;
 use napkin_core::tokenizer::tokenizer_for_model;
 
@@ -28,7 +27,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     let prompt_ids = tokenizer.encode(&prompt)?;
     let device = args.device.parse::<DeviceKind>()?.open()?;
-    let model = load_model(path, &device)?;
+    let model = super::load_with_adapter(path, args.adapter.as_deref(), &device)?;
     let sampling = Sampling {
         temperature: args.temperature,
         top_k: args.top_k,

@@ -127,3 +127,47 @@ pub fn working<T>(what: &str, plain: bool, work: impl FnOnce() -> T) -> T {
     eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
     out
 }
+
+/// The model at `path`, with the LoRA adapter in `adapter` when given. A `napkin train` output
+/// folder (its `run_config.toml` beside the adapter) brings the NF4 settings the base was
+/// trained with, so a QLoRA adapter meets the same quantized base.
+pub fn load_with_adapter(
+    path: &Path,
+    adapter: Option<&Path>,
+    device: &burn::tensor::Device,
+) -> Result<napkin_core::model::Llama> {
+    let Some(dir) = adapter else {
+        return Ok(napkin_core::io::load_model(path, device)?);
+    };
+    let run_config = dir.join("run_config.toml");
+    let nf4 = match std::fs::read_to_string(&run_config) {
+        Ok(text) => toml::from_str::<napkin_core::train::TrainConfig>(&text)
+            .with_context(|| format!("{}: not a run configuration", run_config.display()))?
+            .nf4_config(),
+        Err(_) => None,
+    };
+    let model = napkin_core::io::load_model_with(path, device, nf4.as_ref())?;
+    let (model, lora) = model
+        .load_lora(dir)
+        .with_context(|| format!("loading the adapter in {}", dir.display()))?;
+    eprintln!(
+        "adapter {}: r {}, α {}, {} target(s){}",
+        dir.display(),
+        lora.r,
+        lora.alpha,
+        lora.targets.len(),
+        match &nf4 {
+            Some(n) => format!(
+                ", on an NF4 base (block {}{}) as trained",
+                n.block_size,
+                if n.double_quant {
+                    ", double quantization"
+                } else {
+                    ""
+                }
+            ),
+            None => String::new(),
+        }
+    );
+    Ok(model)
+}
