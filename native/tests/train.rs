@@ -743,6 +743,14 @@ fn eval_with_the_adapter_scores_as_the_run_did() {
     assert!(ok, "{stderr}");
     let trained = eval_losses(&run_dir).last().unwrap().1;
     let f = fixtures();
+    let adapter_config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        adapter_config["base_model_name_or_path"].as_str(),
+        f.join("tiny-smol").to_str(),
+        "peft's AutoPeftModel finds the base from it"
+    );
     let scored = |adapter: Option<&Path>| -> (f64, String) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_napkin"));
         cmd.args([

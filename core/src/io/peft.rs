@@ -100,8 +100,9 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
     Ok(config)
 }
 
-/// The `adapter_config.json` peft writes for this config (keys peft reads; the rest default).
-pub fn adapter_config_json(config: &LoraConfig) -> Value {
+/// The `adapter_config.json` peft writes for this config (keys peft reads; the rest default),
+/// naming the base model when it is known (`AutoPeftModel` loads the base from it).
+pub fn adapter_config_json(config: &LoraConfig, base: Option<&str>) -> Value {
     let targets: Vec<&str> = config.targets.iter().map(|t| t.module_name()).collect();
     json!({
         "peft_type": "LORA",
@@ -119,7 +120,7 @@ pub fn adapter_config_json(config: &LoraConfig) -> Value {
         "modules_to_save": null,
         "rank_pattern": {},
         "alpha_pattern": {},
-        "base_model_name_or_path": null,
+        "base_model_name_or_path": base,
         "revision": null,
     })
 }
@@ -180,6 +181,16 @@ impl Llama {
 
     /// The peft files of the model's adapters, by file name, in memory.
     pub fn lora_files(&self, config: &LoraConfig) -> Result<Vec<(String, Vec<u8>)>> {
+        self.lora_files_on(config, None)
+    }
+
+    /// [`Llama::lora_files`] with the base model's name or path recorded in
+    /// `adapter_config.json`.
+    pub fn lora_files_on(
+        &self,
+        config: &LoraConfig,
+        base: Option<&str>,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
         for (path, _, adapter) in self.lora_adapters() {
             for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
@@ -197,7 +208,8 @@ impl Llama {
                 "the model has no LoRA adapters to save".into(),
             ));
         }
-        let json = serde_json::to_string_pretty(&adapter_config_json(config)).unwrap_or_default();
+        let json =
+            serde_json::to_string_pretty(&adapter_config_json(config, base)).unwrap_or_default();
         Ok(vec![
             ("adapter_model.safetensors".into(), serialize_f32(&tensors)?),
             ("adapter_config.json".into(), json.into_bytes()),

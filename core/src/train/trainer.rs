@@ -514,7 +514,9 @@ impl Trainer {
     /// The trained weights as files: the adapter, or the whole model.
     fn weight_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
         match &self.lora {
-            Some(lora) => self.model.lora_files(lora),
+            Some(lora) => self
+                .model
+                .lora_files_on(lora, Some(&self.config.model.display().to_string())),
             None => hf_files(&self.model),
         }
     }
