@@ -46,6 +46,16 @@ fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<Tokenizer, String> 
     }
 }
 
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("eos_ids", &self.eos_ids)
+            .field("chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
 impl TextTokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -168,6 +178,32 @@ impl TextTokenizer {
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
         })
+    }
+
+    /// The files that carry this tokenizer in a Hugging Face model folder: `tokenizer.json`
+    /// and a `tokenizer_config.json` with the EOS token and the chat template (when known), so
+    /// a folder napkin writes (a merged model) generates with the tokenizer it was trained with.
+    pub fn hf_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let json = self
+            .inner
+            .to_string(true)
+            .map_err(|e| Error::Input(format!("serializing the tokenizer: {e}")))?;
+        let eos = self
+            .eos_ids
+            .first()
+            .and_then(|&id| self.inner.id_to_token(id));
+        let config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "chat_template": self.chat_template,
+        });
+        Ok(vec![
+            ("tokenizer.json".into(), json.into_bytes()),
+            (
+                "tokenizer_config.json".into(),
+                serde_json::to_vec_pretty(&config).unwrap_or_default(),
+            ),
+        ])
     }
 
     /// Token ids of `text` (special tokens in the text are matched whole).

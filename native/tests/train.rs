@@ -738,7 +738,15 @@ fn eval_with_the_adapter_scores_as_the_run_did() {
     std::fs::write(&eval_file, held_out).unwrap();
     let run_dir = out.0.join("run");
     let mut args = train_args(&run_dir, 4);
-    args.extend(["--eval-data", eval_file.to_str().unwrap(), "--double-quant"].map(String::from));
+    args.extend(
+        [
+            "--eval-data",
+            eval_file.to_str().unwrap(),
+            "--double-quant",
+            "--merge",
+        ]
+        .map(String::from),
+    );
     let (ok, stderr) = run(&args);
     assert!(ok, "{stderr}");
     let trained = eval_losses(&run_dir).last().unwrap().1;
@@ -786,4 +794,48 @@ fn eval_with_the_adapter_scores_as_the_run_did() {
         (base - trained).abs() > 1e-3,
         "the adapter changes the loss: {base} vs {trained}"
     );
+
+    // `--merge` writes a complete folder: weights, config and the tokenizer it was trained
+    // with, so `eval` and `generate` need no --tokenizer; the merged model (the dequantized
+    // NF4 base plus B·A) scores as the adapter on its base.
+    let merged = run_dir.join("merged");
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(merged.join(file).is_file(), "merged/{file}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args([
+            "eval",
+            "--model",
+            merged.to_str().unwrap(),
+            "--text",
+            held_out,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let merged_loss = v["loss"].as_f64().unwrap();
+    assert!(
+        (merged_loss - with_adapter).abs() < 1e-4 * with_adapter,
+        "merged {merged_loss} vs adapter {with_adapter}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args([
+            "generate",
+            "--model",
+            merged.to_str().unwrap(),
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

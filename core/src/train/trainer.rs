@@ -85,6 +85,7 @@ pub struct DataReport {
 
 /// The data side of a run: the training stream, the held-out batches, the sample prompts.
 struct TrainingData {
+    tokenizer: std::sync::Arc<TextTokenizer>,
     loader: DataLoader,
     eval_batches: Vec<MicroBatch>,
     sample_prompts: Option<SamplePrompts>,
@@ -126,6 +127,7 @@ impl TrainingData {
             config.pack,
             config.seed,
         )?;
+        let tokenizer = std::sync::Arc::new(tokenizer);
         let sample_prompts = if config.sample_prompts.is_empty() {
             None
         } else {
@@ -134,7 +136,7 @@ impl TrainingData {
             Some(SamplePrompts::new(
                 &config.sample_prompts,
                 format.as_ref(),
-                std::sync::Arc::new(tokenizer),
+                tokenizer.clone(),
                 config.sample_tokens,
             )?)
         };
@@ -145,6 +147,7 @@ impl TrainingData {
             held_out_batches: eval_batches.len(),
         };
         Ok(TrainingData {
+            tokenizer,
             loader,
             eval_batches,
             sample_prompts,
@@ -174,6 +177,7 @@ pub struct Trainer {
     pub data: DataReport,
     eval_batches: Vec<MicroBatch>,
     sample_prompts: Option<SamplePrompts>,
+    tokenizer: std::sync::Arc<TextTokenizer>,
     lora: Option<LoraConfig>,
     device: Device,
     compute: Option<FloatDType>,
@@ -217,6 +221,7 @@ impl Trainer {
             (None, Vec::new())
         };
         let TrainingData {
+            tokenizer,
             mut loader,
             eval_batches,
             sample_prompts,
@@ -302,6 +307,7 @@ impl Trainer {
                 data,
                 eval_batches,
                 sample_prompts,
+                tokenizer,
                 lora,
                 device,
                 compute,
@@ -490,7 +496,7 @@ impl Trainer {
     }
 
     /// Writes the final result into `out`: the peft adapter (with LoRA) or the full model; with
-    /// `merge`, also the merged model in HF format under `out/merged`.
+    /// `merge`, also the merged model in HF format under `out/merged`, with the tokenizer.
     pub fn save_final(&self, merge: bool) -> Result<Vec<PathBuf>> {
         let out = &self.config.out;
         let mut written = Vec::new();
@@ -502,7 +508,10 @@ impl Trainer {
         if merge && self.lora.is_some() {
             let (merged, _) = self.model.clone().merge_lora();
             let dir = out.join("merged");
-            for (name, bytes) in hf_files(&merged)? {
+            // A complete folder: the weights, the config, and the tokenizer trained with.
+            let mut files = hf_files(&merged)?;
+            files.extend(self.tokenizer.hf_files()?);
+            for (name, bytes) in files {
                 let path = dir.join(&name);
                 crate::io::atomic::write_atomic(&path, &bytes)?;
                 written.push(path);
