@@ -54,7 +54,7 @@ pub fn write_report(run: &Path, out: &Path) -> Result<PathBuf> {
     let (memory, memory_note) = match (&config, measured) {
         (None, _) => (None, Some(format!("{} is missing or unreadable: no prediction.", config_path.display()))),
         (Some(_), None) => (None, Some("metrics.jsonl holds no step peak (written by an older napkin).".into())),
-        (Some(c), Some(measured)) => match predicted_peak(c) {
+        (Some(c), Some(measured)) => match predicted_peak(c, run) {
             Ok(predicted) if is_cpu(c) => (
                 Some(MemoryCheck {
                     measured_what: "the largest step's heap peak (counting allocator: every host allocation, the model and data included)".into(),
@@ -84,7 +84,50 @@ fn is_cpu(c: &TrainConfig) -> bool {
 }
 
 /// The predictor's step peak for the run's settings (needs the model's configuration).
-fn predicted_peak(c: &TrainConfig) -> Result<u64> {
-    let model = super::model_config(&c.model)?;
+fn predicted_peak(c: &TrainConfig, run: &Path) -> Result<u64> {
+    let model = super::model_config(&resolve(&c.model, run, &c.out))?;
     Ok(step_timeline(&c.scenario(model)?).peak.bytes)
+}
+
+/// A path of the run's settings as `napkin train` saw it: a relative path was relative to the
+/// folder it ran in, which is `run` with the relative `out` taken off its end (so the report
+/// finds the model from any folder).
+fn resolve(path: &Path, run: &Path, out: &Path) -> PathBuf {
+    if path.is_absolute() || out.is_absolute() {
+        return path.to_path_buf();
+    }
+    let Ok(mut started_in) = run.canonicalize() else {
+        return path.to_path_buf();
+    };
+    for _ in out
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+    {
+        if !started_in.pop() {
+            return path.to_path_buf();
+        }
+    }
+    started_in.join(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_path_is_found_from_the_folder_the_run_started_in() {
+        let root = std::env::temp_dir().join(format!("napkin-resolve-{}", std::process::id()));
+        let run = root.join("runs/smol");
+        fs::create_dir_all(&run).unwrap();
+        let root = root.canonicalize().unwrap();
+        assert_eq!(
+            resolve(Path::new("models/m.gguf"), &run, Path::new("runs/smol")),
+            root.join("models/m.gguf")
+        );
+        assert_eq!(
+            resolve(Path::new("/abs/m.gguf"), &run, Path::new("runs/smol")),
+            Path::new("/abs/m.gguf")
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -48,7 +48,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         eprintln!("warning: skipped a damaged checkpoint: {damaged}");
     }
     let config = trainer.config.clone();
-    let toml = toml::to_string_pretty(&config).context("writing the run settings")?;
+    // The run file names its files absolutely: `napkin report`, `eval --adapter` and a later
+    // `--config` find them from any folder.
+    let toml = toml::to_string_pretty(&with_absolute_paths(&config))
+        .context("writing the run settings")?;
     write_atomic(&config.out.join("run_config.toml"), toml.as_bytes())?;
     let metrics_path = config.out.join("metrics.jsonl");
     keep_metrics_up_to(&metrics_path, trainer.step)?;
@@ -313,6 +316,19 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         c.offload_optimizer = super::offload_optimizer(what)?;
     }
     Ok(c)
+}
+
+/// The settings with every file path made absolute (against the current folder).
+fn with_absolute_paths(config: &TrainConfig) -> TrainConfig {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    TrainConfig {
+        model: absolute(&config.model),
+        data: absolute(&config.data),
+        out: absolute(&config.out),
+        tokenizer: config.tokenizer.as_deref().map(absolute),
+        eval_data: config.eval_data.as_deref().map(absolute),
+        ..config.clone()
+    }
 }
 
 /// What the data turned into, in a line or two.
