@@ -1,8 +1,14 @@
 //! Chat templates: turning a conversation into the prompt text a chat model was trained on.
 //!
-//! Checkpoints ship their template as Jinja source. Rather than run arbitrary Jinja, napkin
-//! recognises the three formats its models use and renders them itself; anything else is a
-//! clear error, never a silently wrong prompt.
+//! Checkpoints ship their template as Jinja source (`tokenizer_config.json`'s `chat_template`,
+//! GGUF's `tokenizer.chat_template`). napkin renders that source itself with a Jinja engine
+//! (minijinja, with Python's string methods as transformers' sandbox offers them), the
+//! variables transformers passes (`messages`, `add_generation_prompt`, `bos_token`,
+//! `eos_token`) and its `raise_exception`: whatever format the model uses (ChatML, Llama-2,
+//! Llama-3, Mistral, Zephyr, …) comes out as the model's own template writes it. Three formats
+//! are also built in, for `--chat-format` when a model has no template.
+
+use minijinja::{Environment, ErrorKind, Value, context};
 
 use crate::error::{Error, Result};
 
@@ -25,9 +31,66 @@ impl Message {
     }
 }
 
-/// A recognised chat format.
+/// A checkpoint's Jinja chat template and the special tokens it may print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    /// The Jinja source.
+    pub source: String,
+    /// The text of the beginning-of-sequence token (`bos_token` in the template).
+    pub bos_token: Option<String>,
+    /// The text of the end-of-sequence token (`eos_token` in the template).
+    pub eos_token: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Renders `messages` (the prompt for the reply when `add_generation_prompt`).
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let mut env = Environment::new();
+        // transformers renders chat templates with both on.
+        if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+        {
+            env.set_syntax(syntax);
+        }
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| context! { role => m.role.clone(), content => m.content.clone() })
+            .collect();
+        env.render_str(
+            &self.source,
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.clone().unwrap_or_default(),
+                eos_token => self.eos_token.clone().unwrap_or_default(),
+            },
+        )
+        .map_err(|e| Error::Input(format!("the chat template: {}", describe(&e))))
+    }
+}
+
+/// A Jinja error in one line: its kind and detail (a template's `raise_exception` message).
+fn describe(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(detail) => format!("{detail} ({})", e.kind()),
+        None => e.kind().to_string(),
+    }
+}
+
+/// How a conversation becomes text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChatFormat {
+    /// The model's own Jinja template.
+    Template(ChatTemplate),
     /// ChatML (`<|im_start|>role\n...<|im_end|>\n`), as SmolLM2; with the system prompt the
     /// template inserts when the conversation has none.
     ChatMl {
@@ -41,33 +104,39 @@ pub enum ChatFormat {
 }
 
 impl ChatFormat {
-    /// Recognises the format of a Jinja chat template.
-    pub fn detect(template: Option<&str>) -> Result<Self> {
-        let Some(t) = template else {
+    /// The model's template (checked by rendering a short conversation with it), or an error
+    /// saying what to do when there is none or it does not render.
+    pub fn from_template(template: Option<ChatTemplate>) -> Result<Self> {
+        let Some(template) = template else {
             return Err(Error::Input(
-                "this model has no chat template; drop --chat to use a plain prompt".into(),
+                "this model has no chat template: give --chat-format chatml|llama2|zephyr, or write the prompt yourself".into(),
             ));
         };
-        if t.contains("<|im_start|>") {
-            Ok(ChatFormat::ChatMl {
-                default_system: default_chatml_system(t),
-            })
-        } else if t.contains("[INST]") {
-            Ok(ChatFormat::Llama2)
-        } else if t.contains("<|user|>") && t.contains("<|assistant|>") {
-            Ok(ChatFormat::Zephyr)
-        } else {
-            Err(Error::Input(
-                "this chat template is not one napkin can render (ChatML, Llama-2, Zephyr); drop --chat and write the prompt yourself".into(),
-            ))
-        }
+        template.render(
+            &[
+                Message::new("user", "Hi"),
+                Message::new("assistant", "Hello"),
+            ],
+            false,
+        )?;
+        Ok(ChatFormat::Template(template))
+    }
+
+    /// The format of a bare template source (no special tokens), as [`ChatFormat::from_template`].
+    pub fn detect(template: Option<&str>) -> Result<Self> {
+        Self::from_template(template.map(|source| ChatTemplate {
+            source: source.to_string(),
+            bos_token: None,
+            eos_token: None,
+        }))
     }
 
     /// The prompt for `messages`, ending where the assistant's reply begins when
     /// `add_generation_prompt` is set.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> String {
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let mut out = String::new();
         match self {
+            ChatFormat::Template(t) => return t.render(messages, add_generation_prompt),
             ChatFormat::ChatMl { default_system } => {
                 if let Some(system) = default_system
                     && messages.first().is_none_or(|m| m.role != "system")
@@ -109,26 +178,8 @@ impl ChatFormat {
                 }
             }
         }
-        out
+        Ok(out)
     }
-}
-
-/// The system prompt a ChatML template inserts by default: the literal text between
-/// `<|im_start|>system\n` and `<|im_end|>` inside the template, if there is one.
-fn default_chatml_system(template: &str) -> Option<String> {
-    let start = template
-        .find("<|im_start|>system\\n")
-        .map(|i| (i, "<|im_start|>system\\n".len()))
-        .or_else(|| {
-            template
-                .find("<|im_start|>system\n")
-                .map(|i| (i, "<|im_start|>system\n".len()))
-        })?;
-    let rest = &template[start.0 + start.1..];
-    let end = rest.find("<|im_end|>")?;
-    let text = &rest[..end];
-    // A literal prompt, not a Jinja expression such as `{{ message['content'] }}`.
-    (!text.contains("{{") && !text.is_empty()).then(|| text.to_string())
 }
 
 #[cfg(test)]
@@ -137,42 +188,115 @@ mod tests {
 
     const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+    /// A template in Llama-3's format, written for this test: the BOS token, a header per
+    /// turn, `<|eot_id|>` after each, the contents trimmed.
+    const LLAMA3_STYLE: &str = "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}";
+
+    /// A template in Mistral's format, written for this test: `[INST]` without Llama-2's
+    /// `<<SYS>>` block, alternation enforced with `raise_exception`, Python's `.strip()`.
+    const MISTRAL_STYLE: &str = "{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'].strip() + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}";
+
+    fn with_tokens(source: &str) -> ChatFormat {
+        ChatFormat::from_template(Some(ChatTemplate {
+            source: source.into(),
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+        }))
+        .unwrap()
+    }
+
+    /// SmolLM2's own template, rendered by the Jinja engine, gives what napkin's built-in
+    /// ChatML with the template's default system prompt gives (the renderer before this one).
     #[test]
-    fn chatml_renders_smollm2s_default_system_prompt() {
+    fn smollm2s_template_renders_as_the_built_in_chatml() {
         let format = ChatFormat::detect(Some(SMOLLM2)).unwrap();
-        let prompt = format.render(&[Message::new("user", "Hi")], true);
-        assert_eq!(
-            prompt,
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        );
-        let own = format.render(
-            &[
+        let built_in = ChatFormat::ChatMl {
+            default_system: Some(
+                "You are a helpful AI assistant named SmolLM, trained by Hugging Face".into(),
+            ),
+        };
+        let conversations = [
+            vec![Message::new("user", "Hi")],
+            vec![
                 Message::new("system", "Be brief."),
                 Message::new("user", "Hi"),
+                Message::new("assistant", "Hello"),
             ],
-            false,
+            vec![
+                Message::new("user", "2+2?"),
+                Message::new("assistant", "4"),
+                Message::new("user", "and 3+3?"),
+            ],
+        ];
+        for messages in &conversations {
+            for generation in [true, false] {
+                assert_eq!(
+                    format.render(messages, generation).unwrap(),
+                    built_in.render(messages, generation).unwrap()
+                );
+            }
+        }
+        assert_eq!(
+            format.render(&conversations[0], true).unwrap(),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert!(
-            own.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n") && !own.contains("SmolLM")
+    }
+
+    #[test]
+    fn llama3_and_mistral_formats_render_from_their_templates() {
+        let llama3 = with_tokens(LLAMA3_STYLE);
+        let msgs = [Message::new("system", " S "), Message::new("user", "U")];
+        assert_eq!(
+            llama3.render(&msgs, true).unwrap(),
+            "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
+        // Mistral is not Llama-2: no <<SYS>> block, its own alternation rule.
+        let mistral = with_tokens(MISTRAL_STYLE);
+        let chat = [
+            Message::new("user", " U1 "),
+            Message::new("assistant", "A1"),
+            Message::new("user", "U2"),
+        ];
+        assert_eq!(
+            mistral.render(&chat, true).unwrap(),
+            "<s>[INST] U1 [/INST]A1</s>[INST] U2 [/INST]"
+        );
+        let err = mistral
+            .render(
+                &[Message::new("system", "S"), Message::new("user", "U")],
+                true,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Conversation roles must alternate"), "{err}");
     }
 
     #[test]
     fn llama2_and_zephyr_formats() {
         let msgs = [Message::new("system", "S"), Message::new("user", "U")];
         assert_eq!(
-            ChatFormat::Llama2.render(&msgs, true),
+            ChatFormat::Llama2.render(&msgs, true).unwrap(),
             "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]"
         );
         assert_eq!(
-            ChatFormat::Zephyr.render(&msgs, true),
+            ChatFormat::Zephyr.render(&msgs, true).unwrap(),
             "<|system|>\nS</s>\n<|user|>\nU</s>\n<|assistant|>\n"
         );
     }
 
     #[test]
-    fn unknown_or_missing_templates_are_errors() {
+    fn missing_or_broken_templates_are_errors() {
         assert!(ChatFormat::detect(None).is_err());
-        assert!(ChatFormat::detect(Some("{{ bos }}{{ messages }}")).is_err());
+        let err = ChatFormat::detect(Some("{% for m in messages %}{{ m.content }}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the chat template: ") && err.contains("syntax error"),
+            "{err}"
+        );
+        let err = ChatFormat::detect(Some("{{ raise_exception('System role not supported') }}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("System role not supported"), "{err}");
     }
 }

@@ -27,6 +27,8 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     /// Ids that end generation.
     pub eos_ids: Vec<u32>,
+    /// The beginning-of-sequence id, when the checkpoint names one.
+    pub bos_id: Option<u32>,
     /// The chat template from the checkpoint, if any (Jinja source).
     pub chat_template: Option<String>,
 }
@@ -73,19 +75,23 @@ impl TextTokenizer {
             .and_then(|c| c.get("chat_template"))
             .and_then(|t| t.as_str())
             .map(str::to_string);
-        let eos_ids = config
-            .as_ref()
-            .and_then(|c| c.get("eos_token"))
-            .and_then(|t| {
-                t.as_str()
-                    .or_else(|| t.get("content").and_then(|c| c.as_str()))
-            })
-            .and_then(|t| inner.token_to_id(t))
-            .into_iter()
-            .collect();
+        // A special token is a string or `{"content": ...}`.
+        let special = |key: &str| {
+            config
+                .as_ref()
+                .and_then(|c| c.get(key))
+                .and_then(|t| {
+                    t.as_str()
+                        .or_else(|| t.get("content").and_then(|c| c.as_str()))
+                })
+                .and_then(|t| inner.token_to_id(t))
+        };
+        let eos_ids = special("eos_token").into_iter().collect();
+        let bos_id = special("bos_token");
         Ok(TextTokenizer {
             inner,
             eos_ids,
+            bos_id,
             chat_template,
         })
     }
@@ -172,12 +178,26 @@ impl TextTokenizer {
         Ok(TextTokenizer {
             inner,
             eos_ids,
+            bos_id: token("tokenizer.ggml.bos_token_id"),
             chat_template: gguf
                 .metadata
                 .get("tokenizer.chat_template")
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
         })
+    }
+
+    /// The checkpoint's chat template with the texts of its BOS and EOS tokens (None when the
+    /// checkpoint has no template).
+    pub fn template(&self) -> Option<crate::chat::ChatTemplate> {
+        let text = |id: Option<u32>| id.and_then(|id| self.inner.id_to_token(id));
+        self.chat_template
+            .as_ref()
+            .map(|source| crate::chat::ChatTemplate {
+                source: source.clone(),
+                bos_token: text(self.bos_id),
+                eos_token: text(self.eos_ids.first().copied()),
+            })
     }
 
     /// The files that carry this tokenizer in a Hugging Face model folder: `tokenizer.json`
@@ -192,8 +212,10 @@ impl TextTokenizer {
             .eos_ids
             .first()
             .and_then(|&id| self.inner.id_to_token(id));
+        let bos = self.bos_id.and_then(|id| self.inner.id_to_token(id));
         let config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": bos,
             "eos_token": eos,
             "chat_template": self.chat_template,
         });

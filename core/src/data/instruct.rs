@@ -90,8 +90,8 @@ impl Conversation {
             if message.role != "assistant" {
                 continue;
             }
-            let prompt = format.render(&messages[..i], true);
-            let full = format.render(&messages[..=i], false);
+            let prompt = format.render(&messages[..i], true)?;
+            let full = format.render(&messages[..=i], false)?;
             let (Some(context), Some(reply)) = (
                 prompt.strip_prefix(rendered.as_str()),
                 full.strip_prefix(prompt.as_str()),

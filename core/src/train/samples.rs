@@ -50,7 +50,7 @@ impl SamplePrompts {
             .iter()
             .map(|p| {
                 let text = match format {
-                    Some(f) => f.render(&[Message::new("user", p)], true),
+                    Some(f) => f.render(&[Message::new("user", p)], true)?,
                     None => p.clone(),
                 };
                 Ok((p.clone(), tokenizer.encode(&text)?))

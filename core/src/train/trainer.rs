@@ -597,7 +597,7 @@ fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> 
             "--chat-format",
             format!("unknown format `{other}`: expected chatml, llama2 or zephyr"),
         )),
-        None => ChatFormat::detect(tokenizer.chat_template.as_deref()).map_err(|e| {
+        None => ChatFormat::from_template(tokenizer.template()).map_err(|e| {
             Error::Input(format!(
                 "{}: chat examples need a chat template: {e} (or pass --chat-format)",
                 data.display()

@@ -15,13 +15,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let path = &args.model.model;
     let tokenizer = tokenizer_for_model(path, args.tokenizer.as_deref())?;
     let prompt = if args.chat {
-        let format = ChatFormat::detect(tokenizer.chat_template.as_deref())?;
+        let format = ChatFormat::from_template(tokenizer.template())?;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(Message::new("system", system));
         }
         messages.push(Message::new("user", &args.prompt));
-        format.render(&messages, true)
+        format.render(&messages, true)?
     } else {
         args.prompt.clone()
     };

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use napkin_core::Error;
-use napkin_core::chat::{ChatFormat, Message};
+use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::data::packing::micro_batch;
 use napkin_core::data::{
     Conversation, DataContent, DataFormat, DataLoader, Sample, pack, pad_each, parse_data,
@@ -119,7 +119,7 @@ fn padded_rows_match_samples_alone() {
 fn only_the_replies_are_learned() {
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
     let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
-    let format = ChatFormat::detect(tokenizer.chat_template.as_deref()).unwrap();
+    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
     let chat = Conversation::Chat(vec![
         Message::new("user", "Capital of France?"),
         Message::new("assistant", "Paris."),
@@ -132,7 +132,7 @@ fn only_the_replies_are_learned() {
     let sample = chat.render(Some(&format), &tokenizer, false).unwrap();
     assert_eq!(
         tokenizer.decode(&sample.ids).unwrap(),
-        format.render(messages, false)
+        format.render(messages, false).unwrap()
     );
     let learned: Vec<String> = sample
         .labels
@@ -144,6 +144,39 @@ fn only_the_replies_are_learned() {
         })
         .collect();
     assert_eq!(learned, ["Paris.<|im_end|>\n", "Rome.<|im_end|>\n"]);
+}
+
+/// A template in Llama-3's format (written for this test; Jinja with whitespace control)
+/// renders incrementally, so only the replies, each with its end-of-turn marker, are learned.
+#[test]
+fn a_llama3_style_template_learns_only_the_replies() {
+    let tokenizer =
+        TextTokenizer::from_file(&napkin_tests::fixture_root().join("tokenizer/tokenizer.json"))
+            .unwrap();
+    let format = ChatFormat::from_template(Some(ChatTemplate {
+        source: "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}".into(),
+        bos_token: Some("<|begin_of_text|>".into()),
+        eos_token: Some("<|eot_id|>".into()),
+    }))
+    .unwrap();
+    let chat = Conversation::Chat(vec![
+        Message::new("system", "Be brief."),
+        Message::new("user", "Capital of France?"),
+        Message::new("assistant", "Paris."),
+        Message::new("user", "And of Italy?"),
+        Message::new("assistant", "Rome."),
+    ]);
+    let sample = chat.render(Some(&format), &tokenizer, false).unwrap();
+    let learned: Vec<String> = sample
+        .labels
+        .split(|&l| l == IGNORE_INDEX)
+        .filter(|run| !run.is_empty())
+        .map(|run| {
+            let ids: Vec<u32> = run.iter().map(|&l| l as u32).collect();
+            tokenizer.decode(&ids).unwrap()
+        })
+        .collect();
+    assert_eq!(learned, ["Paris.<|eot_id|>", "Rome.<|eot_id|>"]);
 }
 
 /// Every record format, as JSON lines and as a JSON array, gives the same conversations; the
@@ -402,7 +435,7 @@ fn completions_learn_the_completion_and_text_ends_with_eos() {
         "train_on_inputs learns the prompt"
     );
 
-    let format = ChatFormat::detect(tokenizer.chat_template.as_deref()).unwrap();
+    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
     let chat = Conversation::Chat(vec![
         Message::new("user", "Capital of France?"),
         Message::new("assistant", "Paris."),

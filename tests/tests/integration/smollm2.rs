@@ -96,11 +96,13 @@ fn smollm2_chat_answers_paris_greedily() {
     use napkin_core::tokenizer::TextTokenizer;
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
     let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
-    let format = ChatFormat::detect(tokenizer.chat_template.as_deref()).unwrap();
-    let prompt = format.render(
-        &[Message::new("user", "What is the capital of France?")],
-        true,
-    );
+    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
+    let prompt = format
+        .render(
+            &[Message::new("user", "What is the capital of France?")],
+            true,
+        )
+        .unwrap();
     let model = load_gguf_llama(&gguf, &DeviceKind::Cpu.open().unwrap()).unwrap();
     let ids = model
         .generate(
