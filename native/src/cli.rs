@@ -328,6 +328,10 @@ pub struct TrainArgs {
     /// A chat format instead of the model's chat template.
     #[arg(long, value_parser = one_of(CHAT_FORMATS), ignore_case = true)]
     pub chat_format: Option<String>,
+    /// Continue training this LoRA adapter (a peft folder: a finished run's OUT, say); its
+    /// rank, alpha and targets become the run's.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// LoRA rank (0: full fine-tuning). Default 16.
     #[arg(long)]
     pub lora_r: Option<usize>,

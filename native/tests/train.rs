@@ -839,3 +839,46 @@ fn eval_with_the_adapter_scores_as_the_run_did() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// `--adapter` continues a finished run's adapter: the new run's baseline evaluation (before
+/// any update) is the first run's last one, and the adapter's rank and targets replace the
+/// flags', said in a line.
+#[test]
+fn train_continues_an_adapter() {
+    let out = Scratch::new("continue");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let eval_file = out.0.join("held-out.txt");
+    std::fs::write(&eval_file, "The capital of Peru is Lima.").unwrap();
+    let first = out.0.join("first");
+    let mut args = train_args(&first, 3);
+    args.extend(["--eval-data", eval_file.to_str().unwrap()].map(String::from));
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let last = *eval_losses(&first).last().unwrap();
+
+    let second = out.0.join("second");
+    let mut args = train_args(&second, 1);
+    let i = args.iter().position(|a| a == "--lora-r").unwrap();
+    args[i + 1] = "4".into();
+    args.extend(
+        [
+            "--eval-data",
+            eval_file.to_str().unwrap(),
+            "--adapter",
+            first.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("its r 8, α 32, targets"), "{stderr}");
+    assert!(stderr.contains("replace the run's r 4"), "{stderr}");
+    let baseline = eval_losses(&second)[0];
+    assert_eq!(baseline.0, 0);
+    assert!(
+        (baseline.1 - last.1).abs() < 1e-6 * last.1,
+        "the continued adapter starts where the first run ended: {} vs {}",
+        baseline.1,
+        last.1
+    );
+}

@@ -101,6 +101,9 @@ pub struct TrainConfig {
     pub tokenizer: Option<PathBuf>,
     /// `chatml`, `llama2` or `zephyr` instead of the model's chat template.
     pub chat_format: Option<String>,
+    /// A LoRA adapter folder (peft's files) to continue training; its rank, α and targets
+    /// become the run's.
+    pub adapter: Option<PathBuf>,
     /// LoRA rank; 0 trains every weight (full fine-tuning).
     pub lora_r: usize,
     /// LoRA α (the adapter output is scaled by α / r).
@@ -179,6 +182,7 @@ impl Default for TrainConfig {
             out: PathBuf::new(),
             tokenizer: None,
             chat_format: None,
+            adapter: None,
             lora_r: 16,
             lora_alpha: 32.0,
             lora_dropout: 0.0,
@@ -293,6 +297,13 @@ impl TrainConfig {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad("--lr", format!("must be positive, found {}", self.lr));
         }
+        if self.adapter.is_some() && self.lora_r == 0 {
+            return bad(
+                "--adapter",
+                "continues LoRA training: it cannot be combined with --lora-r 0 (full fine-tuning)"
+                    .into(),
+            );
+        }
         if self.nf4 && self.lora_r == 0 {
             return bad(
                 "--nf4",
@@ -338,6 +349,37 @@ impl TrainConfig {
             );
         }
         Ok(())
+    }
+
+    /// With `adapter`, takes the adapter's rank, α and targets as the run's (the
+    /// adapter's tensors have those shapes). Returns what changed, in words, when anything did.
+    pub fn adopt_adapter(&mut self) -> Result<Option<String>> {
+        let Some(dir) = &self.adapter else {
+            return Ok(None);
+        };
+        let lora = crate::io::peft::read_adapter_config(dir)?;
+        let targets: Vec<&str> = lora.targets.iter().map(|t| t.module_name()).collect();
+        let targets = targets.join(",");
+        let before = (
+            self.lora_r,
+            self.lora_alpha,
+            LoraTarget::parse_list(&self.targets).ok(),
+        );
+        let changed = before != (lora.r, lora.alpha, Some(lora.targets.clone()));
+        self.lora_r = lora.r;
+        self.lora_alpha = lora.alpha;
+        self.targets = targets.clone();
+        Ok(changed.then(|| {
+            format!(
+                "continuing the adapter in {}: its r {}, α {}, targets {} replace the run's r {}, α {}",
+                dir.display(),
+                lora.r,
+                lora.alpha,
+                targets,
+                before.0,
+                before.1
+            )
+        }))
     }
 
     /// Whether the run evaluates on held-out data.

@@ -239,9 +239,10 @@ impl Trainer {
         model.attention = config.attention;
         let lora = config.lora_config()?;
         if let Some(lora) = &lora {
-            model = match &found {
-                Some((dir, _)) => model.load_lora(dir)?.0,
-                None => model.with_lora(lora)?,
+            model = match (&found, &config.adapter) {
+                (Some((dir, _)), _) => model.load_lora(dir)?.0,
+                (None, Some(adapter)) => model.load_lora(adapter)?.0,
+                (None, None) => model.with_lora(lora)?,
             };
         }
 

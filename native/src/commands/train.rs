@@ -27,7 +27,10 @@ use crate::cli::TrainArgs;
 const MIB: f64 = 1024.0 * 1024.0;
 
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let config = settings(args)?;
+    let mut config = settings(args)?;
+    if let Some(change) = config.adopt_adapter()? {
+        eprintln!("{change}");
+    }
     config.validate()?;
     preflight(args, &config)?;
     fs::create_dir_all(&config.out)
@@ -281,6 +284,9 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     }
     if let Some(e) = &args.eval_data {
         c.eval_data = Some(e.clone());
+    }
+    if let Some(a) = &args.adapter {
+        c.adapter = Some(a.clone());
     }
     if let Some(r) = args.warmup_ratio {
         c.warmup_ratio = Some(r);
