@@ -435,7 +435,8 @@ fn metrics_line(
     line.to_string()
 }
 
-/// On resume, drops metric lines after the checkpoint's step (and a torn last line).
+/// On resume, drops metric lines after the checkpoint's step (and a torn last line); a run
+/// that starts from step 0 keeps none (it writes its baseline evaluation again).
 fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
     let Ok(text) = fs::read_to_string(path) else {
         return Ok(());
@@ -446,7 +447,7 @@ fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
             serde_json::from_str::<serde_json::Value>(line)
                 .ok()
                 .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
+                .is_some_and(|s| step > 0 && s <= step)
         })
         .map(|line| format!("{line}\n"))
         .collect();
