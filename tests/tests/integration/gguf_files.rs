@@ -121,3 +121,48 @@ fn malformed_gguf_files_are_typed_errors() {
     expect_error(&bad, "absurd tensor count", &["cannot fit"]);
     std::fs::remove_file(&path).unwrap();
 }
+
+/// Every ggml type napkin dequantizes, against gguf-py (llama.cpp's Python reader, from PyPI)
+/// on seeded random blocks (`tests/corpus/ggml/make_reference.py`): bit for bit.
+#[test]
+fn ggml_dequantization_equals_gguf_py() {
+    use napkin_core::io::gguf::dequant::GgmlType;
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
+    for (name, id) in [
+        ("Q4_0", 2),
+        ("Q4_1", 3),
+        ("Q5_0", 6),
+        ("Q5_1", 7),
+        ("Q8_0", 8),
+        ("Q3_K", 11),
+        ("Q4_K", 12),
+        ("Q5_K", 13),
+        ("Q6_K", 14),
+    ] {
+        let blocks = std::fs::read(corpus.join(format!("{name}.blocks"))).unwrap();
+        let expected: Vec<f32> = std::fs::read(corpus.join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let ty = GgmlType::from_id(id).unwrap();
+        let got = ty
+            .dequantize(&blocks, expected.len())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let differ = got
+            .iter()
+            .zip(&expected)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} values differ (first: {:?} vs {:?})",
+            expected.len(),
+            got.iter()
+                .zip(&expected)
+                .find(|(a, b)| a.to_bits() != b.to_bits()),
+            ()
+        );
+    }
+}

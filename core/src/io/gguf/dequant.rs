@@ -1,6 +1,8 @@
 //! ggml tensor types and their dequantization to f32, following llama.cpp's reference
-//! (`ggml-quants.c`, `dequantize_row_*`). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-//! Q6_K. Other ggml types are recognised and refused with a message that lists these.
+//! (`ggml-quants.c`, `dequantize_row_*`). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q3_K, Q4_K, Q5_K, Q6_K (so the common Q4_K_M, Q5_K_M, Q3_K_M, Q6_K and Q8_0 files
+//! load; checked against gguf-py's dequantizer by `tests/integration/gguf_files.rs`). Other
+//! ggml types are recognised and refused with a message that lists these.
 
 use half::{bf16, f16};
 
@@ -15,20 +17,29 @@ pub enum GgmlType {
     Q4_0,
     /// 3: blocks of 32: f16 d, f16 m, 16 bytes of 4-bit q; x = d·q + m.
     Q4_1,
+    /// 6: blocks of 32: f16 d, 32 high bits, 16 bytes of low nibbles; x = d·(q − 16).
+    Q5_0,
+    /// 7: blocks of 32: f16 d, f16 m, 32 high bits, 16 bytes of low nibbles; x = d·q + m.
+    Q5_1,
     /// 8: blocks of 32: f16 d, 32 × i8 q; x = d·q.
     Q8_0,
+    /// 11: super-blocks of 256: 32 bytes of high-bit masks, 64 bytes of 2-bit q, 12 bytes of
+    /// 6-bit scales, f16 d; x = d·(scale − 32)·(q − 4·[high bit unset]).
+    Q3K,
     /// 12: super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of q.
     Q4K,
+    /// 13: super-blocks of 256: as Q4_K, with 32 bytes of fifth bits before the nibbles.
+    Q5K,
     /// 14: super-blocks of 256: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 × i8 scales, f16 d.
     Q6K,
     /// 30: bfloat16.
     Bf16,
-    /// A type napkin recognises but does not dequantize (Q5_0, Q5_1, Q8_1, Q2_K, Q3_K, Q5_K, ...).
+    /// A type napkin recognises but does not dequantize (Q8_1, Q2_K, the IQ types, ...).
     Unsupported(u32),
 }
 
 /// The message for unsupported types.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K";
+pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K";
 
 impl GgmlType {
     /// The type of a GGUF id, `None` for ids no ggml version defines.
@@ -38,11 +49,15 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            11 => GgmlType::Q3K,
             12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::Bf16,
-            6 | 7 | 9..=11 | 13 | 15..=29 | 31..=41 => GgmlType::Unsupported(id),
+            9 | 10 | 15..=29 | 31..=41 => GgmlType::Unsupported(id),
             _ => return None,
         })
     }
@@ -54,8 +69,12 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::Bf16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q3K => (256, 110),
             GgmlType::Q4K => (256, 144),
+            GgmlType::Q5K => (256, 176),
             GgmlType::Q6K => (256, 210),
             GgmlType::Unsupported(_) => return None,
         })
@@ -111,12 +130,106 @@ impl GgmlType {
                     out.extend(qs.iter().map(|&q| (q & 0x0f) as f32 * d + m));
                     out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
                 }
+                GgmlType::Q5_0 => {
+                    let d = h(block, 0);
+                    let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    out.extend(fifth_bit_values(&block[6..22], high).map(|q| (q - 16) as f32 * d));
+                }
+                GgmlType::Q5_1 => {
+                    let (d, m) = (h(block, 0), h(block, 2));
+                    let high = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+                    out.extend(fifth_bit_values(&block[8..24], high).map(|q| q as f32 * d + m));
+                }
+                GgmlType::Q3K => dequantize_q3_k(block, &mut out),
                 GgmlType::Q4K => dequantize_q4_k(block, &mut out),
+                GgmlType::Q5K => dequantize_q5_k(block, &mut out),
                 GgmlType::Q6K => dequantize_q6_k(block, &mut out),
                 GgmlType::Unsupported(_) => unreachable!("refused above"),
             }
         }
         Ok(out)
+    }
+}
+
+/// The 32 five-bit values of a Q5_0/Q5_1 block: element j < 16 is the low nibble of `qs[j]`
+/// with bit j of `high` on top; element j + 16 the high nibble with bit j + 16.
+fn fifth_bit_values(qs: &[u8], high: u32) -> impl Iterator<Item = i32> + '_ {
+    let low = qs
+        .iter()
+        .enumerate()
+        .map(move |(j, &q)| ((q & 0x0f) as u32 | (((high >> j) & 1) << 4)) as i32);
+    let upper = qs
+        .iter()
+        .enumerate()
+        .map(move |(j, &q)| ((q >> 4) as u32 | (((high >> (j + 16)) & 1) << 4)) as i32);
+    low.chain(upper)
+}
+
+/// The 16 signed 6-bit scales of a Q3_K super-block: the low 4 bits of each are packed two
+/// to a byte in the first 8 bytes, the high 2 bits four to a byte in the last 4.
+fn q3_k_scales(packed: &[u8]) -> [i32; 16] {
+    let mut out = [0i32; 16];
+    for (i, scale) in out.iter_mut().enumerate() {
+        let low = if i < 8 {
+            packed[i] & 0x0f
+        } else {
+            packed[i - 8] >> 4
+        };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *scale = (low | (high << 4)) as i32 - 32;
+    }
+    out
+}
+
+fn dequantize_q3_k(block: &[u8], out: &mut Vec<f32>) {
+    let hmask = &block[0..32];
+    let qs = &block[32..96];
+    let scales = q3_k_scales(&block[96..108]);
+    let d = f16::from_le_bytes([block[108], block[109]]).to_f32();
+    // Two halves of 128 values, each 32 bytes of q read four times (2 bits each); the k-th
+    // read of the whole super-block takes bit k of each hmask byte as its high bit.
+    let mut is = 0;
+    let mut bit = 0;
+    for q in qs.chunks_exact(32) {
+        for shift in [0, 2, 4, 6] {
+            for part in [0..16, 16..32] {
+                let dl = d * scales[is] as f32;
+                is += 1;
+                out.extend(part.map(|l| {
+                    let low = ((q[l] >> shift) & 3) as i32;
+                    let minus = if hmask[l] & (1 << bit) != 0 { 0 } else { 4 };
+                    dl * (low - minus) as f32
+                }));
+            }
+            bit += 1;
+        }
+    }
+}
+
+fn dequantize_q5_k(block: &[u8], out: &mut Vec<f32>) {
+    let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+    let dmin = f16::from_le_bytes([block[2], block[3]]).to_f32();
+    let scales = &block[4..16];
+    let qh = &block[16..48];
+    let qs = &block[48..176];
+    // As Q4_K, with a fifth bit from qh: group g's low nibbles take bit 2g, its high nibbles
+    // bit 2g + 1.
+    for (g, q) in qs.chunks_exact(32).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * g, scales);
+        let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        let fifth = |l: usize, b: usize| if qh[l] & (1 << b) != 0 { 16.0 } else { 0.0 };
+        out.extend(
+            q.iter()
+                .enumerate()
+                .map(|(l, &b)| d1 * ((b & 0x0f) as f32 + fifth(l, 2 * g)) - min1),
+        );
+        out.extend(
+            q.iter()
+                .enumerate()
+                .map(|(l, &b)| d2 * ((b >> 4) as f32 + fifth(l, 2 * g + 1)) - min2),
+        );
     }
 }
 

@@ -1,0 +1,46 @@
+"""Writes the ggml dequantization oracle napkin's GGUF reader is checked against.
+
+For each quantization type: a few blocks of seeded random bytes (every byte pattern is a valid
+block once its f16 scales are finite; here they are set to small random values) and their
+dequantization by the `gguf` package from PyPI (gguf-py, llama.cpp's own Python reader, numpy).
+Files: `<type>.blocks` (the raw blocks) and `<type>.f32` (the expected values, little-endian).
+
+    python3 -m venv .venv-gguf && .venv-gguf/bin/pip install gguf==0.19.0 numpy==2.4.6
+    .venv-gguf/bin/python tests/corpus/ggml/make_reference.py
+"""
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+HERE = Path(__file__).parent
+BLOCKS = 6
+rng = np.random.default_rng(20261125)
+
+# Byte offsets of each block's f16 scales (d, and dmin/m where the type has one).
+HALF_OFFSETS = {
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "Q8_0": [0],
+    "Q3_K": [108],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
+
+for name, halves in HALF_OFFSETS.items():
+    qtype = GGMLQuantizationType[name]
+    per_block, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(BLOCKS, block_bytes), dtype=np.uint8)
+    for offset in halves:
+        scale = rng.uniform(-0.05, 0.05, size=BLOCKS).astype(np.float16)
+        raw[:, offset:offset + 2] = scale.view(np.uint8).reshape(BLOCKS, 2)
+    values = dequantize(raw.reshape(-1), qtype).astype("<f4")
+    assert values.size == BLOCKS * per_block and np.isfinite(values).all()
+    (HERE / f"{name}.blocks").write_bytes(raw.tobytes())
+    (HERE / f"{name}.f32").write_bytes(values.tobytes())
+    print(f"{name}: {BLOCKS} blocks of {per_block} values, {block_bytes} bytes each")
