@@ -154,15 +154,15 @@ fn ggml_dequantization_equals_gguf_py() {
             .zip(&expected)
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
+        let first = got
+            .iter()
+            .zip(&expected)
+            .find(|(a, b)| a.to_bits() != b.to_bits());
         assert_eq!(
             differ,
             0,
-            "{name}: {differ} of {} values differ (first: {:?} vs {:?})",
-            expected.len(),
-            got.iter()
-                .zip(&expected)
-                .find(|(a, b)| a.to_bits() != b.to_bits()),
-            ()
+            "{name}: {differ} of {} values differ; first (napkin, gguf-py): {first:?}",
+            expected.len()
         );
     }
 }
