@@ -29,7 +29,7 @@ pub fn hold_out(
     }
     // A seeded Fisher–Yates shuffle of the indices; the first `held` are held out.
     let mut order: Vec<usize> = (0..n).collect();
-    let mut rng = SplitMix64(seed ^ 0x5EED_0F_E7A1_0000);
+    let mut rng = SplitMix64(seed ^ 0x005E_ED0F_E7A1_0000);
     for i in (1..n).rev() {
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         order.swap(i, j);

@@ -18,6 +18,9 @@ use crate::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
 #[derive(Debug, Clone)]
 // Read by the kernel's launch only, which CPU-only builds do not compile.
 #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+// Two tensors by value (a burn tensor is 256 bytes) against one: one per NF4 weight, not worth
+// a box.
+#[allow(clippy::large_enum_variant)]
 enum ResidentScales {
     /// `[num_blocks]` f32.
     Plain(Tensor<1>),

@@ -306,6 +306,9 @@ type Lora = Option<(u64, u64, bool)>;
 
 /// Everything the forward of one micro-batch of `b` rows × `t` tokens keeps for the backward
 /// (blocks, head and loss), in production order.
+// Each argument is one axis the replay reads; `inventory.rs` passes them from its `Scenario`,
+// and the tests here vary them one at a time (taking a `Scenario` is the architecture issue's).
+#[allow(clippy::too_many_arguments)]
 pub fn kept_activations(
     config: &LlamaConfig,
     trainable: Trainable,

@@ -345,7 +345,8 @@ impl Trainer {
         let every = self.config.eval_every;
         (!self.eval_batches.is_empty() || self.sample_prompts.is_some())
             && self.step > 0
-            && ((every > 0 && self.step % every == 0) || self.step >= self.schedule.total_steps)
+            && ((every > 0 && self.step.is_multiple_of(every))
+                || self.step >= self.schedule.total_steps)
     }
 
     /// The held-out loss of the current weights, in the run's compute precision (None
