@@ -11,6 +11,7 @@
 use minijinja::{Environment, ErrorKind, Value, context};
 
 use crate::error::{Error, Result};
+use crate::tokenizer::TextTokenizer;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,17 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// The checkpoint's template with the texts of its BOS and EOS tokens (None when the
+    /// checkpoint has no template).
+    pub fn of(tokenizer: &TextTokenizer) -> Option<Self> {
+        let text = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id));
+        tokenizer.chat_template.as_ref().map(|source| ChatTemplate {
+            source: source.clone(),
+            bos_token: text(tokenizer.bos_id),
+            eos_token: text(tokenizer.eos_ids.first().copied()),
+        })
+    }
+
     /// Renders `messages` (the prompt for the reply when `add_generation_prompt`).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let mut env = Environment::new();

@@ -187,17 +187,9 @@ impl TextTokenizer {
         })
     }
 
-    /// The checkpoint's chat template with the texts of its BOS and EOS tokens (None when the
-    /// checkpoint has no template).
-    pub fn template(&self) -> Option<crate::chat::ChatTemplate> {
-        let text = |id: Option<u32>| id.and_then(|id| self.inner.id_to_token(id));
-        self.chat_template
-            .as_ref()
-            .map(|source| crate::chat::ChatTemplate {
-                source: source.clone(),
-                bos_token: text(self.bos_id),
-                eos_token: text(self.eos_ids.first().copied()),
-            })
+    /// The text of a token id (a special token's own spelling), if the vocabulary has it.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// The files that carry this tokenizer in a Hugging Face model folder: `tokenizer.json`
@@ -208,11 +200,8 @@ impl TextTokenizer {
             .inner
             .to_string(true)
             .map_err(|e| Error::Input(format!("serializing the tokenizer: {e}")))?;
-        let eos = self
-            .eos_ids
-            .first()
-            .and_then(|&id| self.inner.id_to_token(id));
-        let bos = self.bos_id.and_then(|id| self.inner.id_to_token(id));
+        let eos = self.eos_ids.first().and_then(|&id| self.token_text(id));
+        let bos = self.bos_id.and_then(|id| self.token_text(id));
         let config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": bos,

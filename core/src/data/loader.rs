@@ -116,11 +116,6 @@ impl DataLoader {
 
     /// Samples, tokens, truncation and padding of the data set as it is trained on.
     pub fn summary(&self) -> DataSummary {
-        let cut = |s: &Sample| {
-            let mut s = s.clone();
-            s.truncate(self.seq_len);
-            s
-        };
         let tokens: usize = self.samples.iter().map(|s| s.len().min(self.seq_len)).sum();
         let slots: usize = self
             .epoch_batches
@@ -133,7 +128,11 @@ impl DataLoader {
             dropped: self.dropped,
             truncated: self.truncated,
             tokens,
-            label_tokens: self.samples.iter().map(|s| cut(s).label_tokens()).sum(),
+            label_tokens: self
+                .samples
+                .iter()
+                .map(|s| s.label_tokens_within(self.seq_len))
+                .sum(),
             batches_per_epoch: self.epoch_batches.len(),
             fill: tokens as f64 / slots.max(1) as f64,
         }
@@ -154,12 +153,10 @@ impl DataLoader {
     }
 
     fn build_epoch(&mut self) {
-        let mut order: Vec<usize> = (0..self.samples.len()).collect();
-        let mut rng = SplitMix64(self.seed ^ self.state.epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        for i in (1..order.len()).rev() {
-            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-            order.swap(i, j);
-        }
+        let order = seeded_order(
+            self.samples.len(),
+            self.seed ^ self.state.epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
         let shuffled: Vec<Sample> = order.iter().map(|&i| self.samples[i].clone()).collect();
         self.epoch_batches = if self.packing {
             pack(&shuffled, self.seq_len)
@@ -175,15 +172,23 @@ impl DataLoader {
     }
 }
 
+/// `0..n` shuffled by a Fisher–Yates pass drawing from `SplitMix64(seed)`: the data order of
+/// an epoch, and the held-out split.
+pub(crate) fn seeded_order(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = SplitMix64(seed);
+    for i in (1..n).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
 /// The samples with a token to learn within `seq_len` (the others would add nothing).
 fn learnable(samples: Vec<Sample>, seq_len: usize) -> Vec<Sample> {
     samples
         .into_iter()
-        .filter(|s| {
-            let mut s = s.clone();
-            s.truncate(seq_len);
-            s.label_tokens() > 0
-        })
+        .filter(|s| s.label_tokens_within(seq_len) > 0)
         .collect()
 }
 

@@ -31,8 +31,14 @@ impl Sample {
 
     /// Labels that count in the shifted loss (not ignored, not the first token).
     pub fn label_tokens(&self) -> usize {
+        self.label_tokens_within(self.len())
+    }
+
+    /// [`Sample::label_tokens`] of the first `max_len` tokens (as after a truncation).
+    pub fn label_tokens_within(&self, max_len: usize) -> usize {
         self.labels
             .iter()
+            .take(max_len)
             .skip(1)
             .filter(|&&l| l != IGNORE_INDEX)
             .count()

@@ -1,9 +1,9 @@
 //! The held-out split: a seeded, reproducible fraction of the samples kept out of training to
 //! measure the loss on text the model did not fit.
 
+use super::loader::seeded_order;
 use super::sample::Sample;
 use crate::error::{Error, Result};
-use crate::model::generate::SplitMix64;
 
 /// Splits `samples` into (train, held out): `round(fraction · n)` samples (at least one) chosen
 /// by a generator seeded with `seed`, each side in the original order. The same samples and
@@ -27,13 +27,8 @@ pub fn hold_out(
             format!("{fraction} of {n} samples leaves none to train on"),
         ));
     }
-    // A seeded Fisher–Yates shuffle of the indices; the first `held` are held out.
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut rng = SplitMix64(seed ^ 0x005E_ED0F_E7A1_0000);
-    for i in (1..n).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    // The first `held` of a seeded shuffle are held out.
+    let order = seeded_order(n, seed ^ 0x005E_ED0F_E7A1_0000);
     let mut is_held = vec![false; n];
     for &i in &order[..held] {
         is_held[i] = true;

@@ -31,7 +31,7 @@ use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
 use super::step::{Accumulation, MicroBatch, forward_backward_scaled};
-use crate::chat::ChatFormat;
+use crate::chat::{ChatFormat, ChatTemplate};
 use crate::config::LoraConfig;
 use crate::data::loader::ordered_batches;
 use crate::data::text::text_samples;
@@ -599,7 +599,7 @@ fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> 
             "--chat-format",
             format!("unknown format `{other}`: expected chatml, llama2 or zephyr"),
         )),
-        None => ChatFormat::from_template(tokenizer.template()).map_err(|e| {
+        None => ChatFormat::from_template(ChatTemplate::of(tokenizer)).map_err(|e| {
             Error::Input(format!(
                 "{}: chat examples need a chat template: {e} (or pass --chat-format)",
                 data.display()

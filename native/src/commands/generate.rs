@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
-use napkin_core::chat::{ChatFormat, Message};
+use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::device::DeviceKind;
 use napkin_core::model::generate::Sampling;
 use napkin_core::tokenizer::tokenizer_for_model;
@@ -15,7 +15,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let path = &args.model.model;
     let tokenizer = tokenizer_for_model(path, args.tokenizer.as_deref())?;
     let prompt = if args.chat {
-        let format = ChatFormat::from_template(tokenizer.template())?;
+        let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer))?;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(Message::new("system", system));

@@ -34,11 +34,10 @@ pub fn write_report(run: &Path, out: &Path) -> Result<PathBuf> {
     })?;
     let (rows, unreadable_lines) = parse_metrics(&text);
     let config_path = run.join("run_config.toml");
-    let config: Option<TrainConfig> = fs::read_to_string(&config_path)
-        .ok()
-        .and_then(|t| toml::from_str(&t).ok());
-    let settings = fs::read_to_string(&config_path)
-        .ok()
+    let config_text = fs::read_to_string(&config_path).ok();
+    let config: Option<TrainConfig> = config_text.as_deref().and_then(|t| toml::from_str(t).ok());
+    let settings = config_text
+        .as_deref()
         .and_then(|t| t.parse::<toml::Table>().ok())
         .map(|table| {
             table

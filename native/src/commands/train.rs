@@ -84,19 +84,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         let eval = trainer.evaluate()?;
         let samples = trainer.sample()?;
         let mut line = json!({ "step": 0 });
+        add_eval(&mut line, eval.as_ref(), &samples);
         if let Some(e) = &eval {
-            line["eval_loss"] = json!(e.loss);
-            line["eval_perplexity"] = json!(e.perplexity);
-            line["eval_tokens"] = json!(e.tokens);
             bar.suspend(|| {
                 eprintln!(
                     "before training: eval {:.4} (ppl {:.2})",
                     e.loss, e.perplexity
                 )
             });
-        }
-        if !samples.is_empty() {
-            line["samples"] = json!(samples);
         }
         for s in &samples {
             bar.suspend(|| {
@@ -423,16 +418,23 @@ fn metrics_line(
         "peak_heap_bytes": run_peak,
         "step_peak_heap_bytes": step_peak,
     });
-    if let Some((e, best)) = eval {
+    if let Some((_, best)) = eval {
+        line["eval_best"] = json!(best);
+    }
+    add_eval(&mut line, eval.map(|(e, _)| e), samples);
+    line.to_string()
+}
+
+/// An evaluation's fields and the sample answers, added to a metrics line.
+fn add_eval(line: &mut serde_json::Value, eval: Option<&EvalReport>, samples: &[SampleText]) {
+    if let Some(e) = eval {
         line["eval_loss"] = json!(e.loss);
         line["eval_perplexity"] = json!(e.perplexity);
         line["eval_tokens"] = json!(e.tokens);
-        line["eval_best"] = json!(best);
     }
     if !samples.is_empty() {
         line["samples"] = json!(samples);
     }
-    line.to_string()
 }
 
 /// On resume, drops metric lines after the checkpoint's step (and a torn last line); a run

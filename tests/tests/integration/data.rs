@@ -24,6 +24,19 @@ fn tiny_model() -> Llama {
     load_hf_llama(&model_dirs()[0], &DeviceKind::Cpu.open().unwrap()).unwrap()
 }
 
+/// Each run of learned labels of `sample`, decoded.
+fn learned_pieces(sample: &Sample, tokenizer: &TextTokenizer) -> Vec<String> {
+    sample
+        .labels
+        .split(|&l| l == IGNORE_INDEX)
+        .filter(|run| !run.is_empty())
+        .map(|run| {
+            let ids: Vec<u32> = run.iter().map(|&l| l as u32).collect();
+            tokenizer.decode(&ids).unwrap()
+        })
+        .collect()
+}
+
 /// Three samples of different lengths with arbitrary ids below `vocab`.
 fn samples(vocab: u32) -> Vec<Sample> {
     [5usize, 9, 4]
@@ -119,7 +132,7 @@ fn padded_rows_match_samples_alone() {
 fn only_the_replies_are_learned() {
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
     let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
-    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
+    let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
     let chat = Conversation::Chat(vec![
         Message::new("user", "Capital of France?"),
         Message::new("assistant", "Paris."),
@@ -134,15 +147,7 @@ fn only_the_replies_are_learned() {
         tokenizer.decode(&sample.ids).unwrap(),
         format.render(messages, false).unwrap()
     );
-    let learned: Vec<String> = sample
-        .labels
-        .split(|&l| l == IGNORE_INDEX)
-        .filter(|run| !run.is_empty())
-        .map(|run| {
-            let ids: Vec<u32> = run.iter().map(|&l| l as u32).collect();
-            tokenizer.decode(&ids).unwrap()
-        })
-        .collect();
+    let learned = learned_pieces(&sample, &tokenizer);
     assert_eq!(learned, ["Paris.<|im_end|>\n", "Rome.<|im_end|>\n"]);
 }
 
@@ -167,15 +172,7 @@ fn a_llama3_style_template_learns_only_the_replies() {
         Message::new("assistant", "Rome."),
     ]);
     let sample = chat.render(Some(&format), &tokenizer, false).unwrap();
-    let learned: Vec<String> = sample
-        .labels
-        .split(|&l| l == IGNORE_INDEX)
-        .filter(|run| !run.is_empty())
-        .map(|run| {
-            let ids: Vec<u32> = run.iter().map(|&l| l as u32).collect();
-            tokenizer.decode(&ids).unwrap()
-        })
-        .collect();
+    let learned = learned_pieces(&sample, &tokenizer);
     assert_eq!(learned, ["Paris.<|eot_id|>", "Rome.<|eot_id|>"]);
 }
 
@@ -435,7 +432,7 @@ fn completions_learn_the_completion_and_text_ends_with_eos() {
         "train_on_inputs learns the prompt"
     );
 
-    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
+    let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
     let chat = Conversation::Chat(vec![
         Message::new("user", "Capital of France?"),
         Message::new("assistant", "Paris."),

@@ -91,12 +91,12 @@ fn kv_cached_generation_matches_full_forward_logits() {
 
 #[test]
 fn smollm2_chat_answers_paris_greedily() {
-    use napkin_core::chat::{ChatFormat, Message};
+    use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
     use napkin_core::model::generate::Sampling;
     use napkin_core::tokenizer::TextTokenizer;
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
     let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
-    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
+    let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
     let prompt = format
         .render(
             &[Message::new("user", "What is the capital of France?")],

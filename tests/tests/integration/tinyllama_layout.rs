@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use burn::tensor::Tensor;
-use napkin_core::chat::{ChatFormat, Message};
+use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::config::LlamaConfig;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_model;
@@ -236,7 +236,7 @@ fn a_tinyllama_layout_folder_loads_through_the_same_path() {
 
     // The chat template renders (Jinja, as transformers: trim_blocks, lstrip_blocks) as
     // TinyLlama-Chat expects, and as napkin's built-in Zephyr format.
-    let format = ChatFormat::from_template(tokenizer.template()).unwrap();
+    let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
     let messages = [
         Message::new("system", "Be brief."),
         Message::new("user", "Hi"),

@@ -209,17 +209,29 @@ fn dequantize_q3_k(block: &[u8], out: &mut Vec<f32>) {
 fn dequantize_q5_k(block: &[u8], out: &mut Vec<f32>) {
     let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
     let dmin = f16::from_le_bytes([block[2], block[3]]).to_f32();
-    let scales = &block[4..16];
-    let qh = &block[16..48];
-    let qs = &block[48..176];
-    // As Q4_K, with a fifth bit from qh: group g's low nibbles take bit 2g, its high nibbles
-    // bit 2g + 1.
+    k_groups(
+        d,
+        dmin,
+        &block[4..16],
+        &block[48..176],
+        Some(&block[16..48]),
+        out,
+    );
+}
+
+/// Q4_K and Q5_K's four groups of 64: 32 low nibbles with one (scale, min), 32 high nibbles
+/// with the next. Q5_K adds a fifth bit (16) from `qh`: group g's low nibbles take bit 2g, its
+/// high nibbles bit 2g + 1.
+fn k_groups(d: f32, dmin: f32, scales: &[u8], qs: &[u8], qh: Option<&[u8]>, out: &mut Vec<f32>) {
+    let fifth = |l: usize, bit: usize| match qh {
+        Some(qh) if qh[l] & (1 << bit) != 0 => 16.0,
+        _ => 0.0,
+    };
     for (g, q) in qs.chunks_exact(32).enumerate() {
         let (sc1, m1) = scale_min_k4(2 * g, scales);
         let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
         let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
         let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
-        let fifth = |l: usize, b: usize| if qh[l] & (1 << b) != 0 { 16.0 } else { 0.0 };
         out.extend(
             q.iter()
                 .enumerate()
@@ -248,17 +260,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 fn dequantize_q4_k(block: &[u8], out: &mut Vec<f32>) {
     let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
     let dmin = f16::from_le_bytes([block[2], block[3]]).to_f32();
-    let scales = &block[4..16];
-    let qs = &block[16..144];
-    // Four groups of 64: 32 low nibbles with one (scale, min), 32 high nibbles with the next.
-    for (g, q) in qs.chunks_exact(32).enumerate() {
-        let (sc1, m1) = scale_min_k4(2 * g, scales);
-        let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
-        out.extend(q.iter().map(|&b| d1 * (b & 0x0f) as f32 - min1));
-        out.extend(q.iter().map(|&b| d2 * (b >> 4) as f32 - min2));
-    }
+    k_groups(d, dmin, &block[4..16], &block[16..144], None, out);
 }
 
 fn dequantize_q6_k(block: &[u8], out: &mut Vec<f32>) {
