@@ -220,6 +220,26 @@ pub fn write_gguf(
                 out.extend(8u32.to_le_bytes());
                 string(&mut out, s);
             }
+            GgufTestValue::StrArray(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(8u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                for s in items {
+                    string(&mut out, s);
+                }
+            }
+            GgufTestValue::F32Array(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(6u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|v| out.extend(v.to_le_bytes()));
+            }
+            GgufTestValue::I32Array(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(5u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|v| out.extend(v.to_le_bytes()));
+            }
         }
     }
     let mut offset = 0u64;
@@ -254,6 +274,12 @@ pub enum GgufTestValue {
     F32(f32),
     /// string.
     Str(String),
+    /// array of strings.
+    StrArray(Vec<String>),
+    /// array of float32.
+    F32Array(Vec<f32>),
+    /// array of int32.
+    I32Array(Vec<i32>),
 }
 
 /// The reference `input_ids` as a batch, and the same ids as causal-LM labels.

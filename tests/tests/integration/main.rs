@@ -3,6 +3,7 @@
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
+//! - `gguf_tokenizers`: tokenizers built from GGUF metadata against llama.cpp's tokenizer tests.
 //! - `hostile_input`: thousands of mutated model, config, tokenizer, adapter, data files and
 //!   answers: typed errors, never a panic.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
@@ -19,6 +20,7 @@
 mod checkpoints;
 mod data;
 mod gguf_files;
+mod gguf_tokenizers;
 mod hostile_input;
 mod llama_parity;
 mod lora_parity;

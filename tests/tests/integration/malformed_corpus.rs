@@ -123,11 +123,96 @@ fn write_corpus() {
     bad.extend(&weights[header..]);
     folder("wrong-dtype", &config, &bad);
 
+    write_tokenizer_corpus(&put);
+
     put(
         "data/not-json.jsonl",
         b"{\"instruction\": \"Name a colour.\", \"output\": \"Blue.\"}\n{instruction: unquoted}\n",
     );
     std::fs::remove_dir_all(&good_hf).ok();
+}
+
+/// GGUFs that carry only a tokenizer (no tensors), each wrong in one way.
+fn write_tokenizer_corpus(put: &dyn Fn(&str, &[u8])) {
+    use napkin_tests::GgufTestValue::{F32Array, I32Array, Str, StrArray};
+    let strings = |items: &[&str]| StrArray(items.iter().map(|s| s.to_string()).collect());
+    let write = |name: &str, metadata: Vec<(&str, napkin_tests::GgufTestValue)>| {
+        let path = std::env::temp_dir().join(format!("napkin-corpus-{}.gguf", std::process::id()));
+        napkin_tests::write_gguf(&path, &metadata, &[]);
+        put(name, &std::fs::read(&path).unwrap());
+        std::fs::remove_file(&path).ok();
+    };
+    let byte_level = |pre: &str, merges: &[&str]| {
+        vec![
+            ("tokenizer.ggml.model", Str("gpt2".into())),
+            ("tokenizer.ggml.pre", Str(pre.into())),
+            (
+                "tokenizer.ggml.tokens",
+                strings(&["a", "b", "ab", "<|end|>"]),
+            ),
+            ("tokenizer.ggml.token_type", I32Array(vec![1, 1, 1, 3])),
+            ("tokenizer.ggml.merges", strings(merges)),
+        ]
+    };
+    write(
+        "gguf/tokenizer-unknown-pre.gguf",
+        byte_level("tekken", &["a b"]),
+    );
+    write(
+        "gguf/tokenizer-bad-merge.gguf",
+        byte_level("gpt-2", &["ab"]),
+    );
+    let sentencepiece = |scores: Vec<f32>| {
+        vec![
+            ("tokenizer.ggml.model", Str("llama".into())),
+            ("tokenizer.ggml.tokens", strings(&["<unk>", "▁", "a", "▁a"])),
+            ("tokenizer.ggml.token_type", I32Array(vec![2, 1, 1, 1])),
+            ("tokenizer.ggml.scores", F32Array(scores)),
+        ]
+    };
+    write(
+        "gguf/tokenizer-scores-short.gguf",
+        sentencepiece(vec![0.0, -1.0, -2.0]),
+    );
+    let mut unknown_model = sentencepiece(vec![0.0, -1.0, -2.0, -3.0]);
+    unknown_model[0].1 = Str("rwkv".into());
+    write("gguf/tokenizer-unknown-model.gguf", unknown_model);
+}
+
+/// The exact errors of the tokenizer-only GGUFs.
+fn tokenizer_corpus_errors(root: &Path) -> Vec<String> {
+    use napkin_core::io::gguf::GgufFile;
+    use napkin_core::tokenizer::TextTokenizer;
+    let cases: &[(&str, &str)] = &[
+        (
+            "gguf/tokenizer-unknown-pre.gguf",
+            "FILE: malformed checkpoint: tokenizer.ggml.pre `tekken` is not a pre-tokenizer napkin knows (known: gpt-2, mpt, olmo, llama3, llama-v3, llama-bpe, falcon3, dbrx, smaug-bpe, qwen2, stablelm2, smollm, starcoder, refact, command-r, deepseek-llm, deepseek-coder, falcon, default); pass the model's tokenizer.json with --tokenizer",
+        ),
+        (
+            "gguf/tokenizer-bad-merge.gguf",
+            "FILE: malformed checkpoint: merge `ab` is not two tokens",
+        ),
+        (
+            "gguf/tokenizer-scores-short.gguf",
+            "FILE: malformed checkpoint: tokenizer.ggml.scores has 3 entries for 4 tokens",
+        ),
+        (
+            "gguf/tokenizer-unknown-model.gguf",
+            "FILE: malformed checkpoint: tokenizer model `rwkv` is not supported (gpt2: byte-level BPE; llama: SentencePiece); pass a tokenizer.json",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (name, expected) in cases {
+        let path = root.join(name);
+        let got = match GgufFile::open(&path).and_then(|g| TextTokenizer::from_gguf(&g)) {
+            Ok(_) => "built a tokenizer".to_string(),
+            Err(e) => e.to_string().replace(&path.display().to_string(), "FILE"),
+        };
+        if got != *expected {
+            wrong.push(format!("{name}:\n  expected {expected}\n  got      {got}"));
+        }
+    }
+    wrong
 }
 
 #[test]
@@ -203,7 +288,7 @@ fn malformed_corpus_gives_the_exact_errors() {
             "FILE/model.safetensors: tensor `model.embed_tokens.weight` has dtype I32, expected one of F32, F16, BF16",
         ),
     ];
-    let mut wrong = Vec::new();
+    let mut wrong = tokenizer_corpus_errors(&root);
     for (name, expected) in cases {
         let got = load_error(name);
         if got != *expected {

@@ -1,26 +1,22 @@
-//! Tokenizers: Hugging Face `tokenizer.json` files, and the GPT-2–style byte-level BPE described
-//! in a GGUF file's metadata, both as a `tokenizers::Tokenizer`.
+//! Tokenizers: Hugging Face `tokenizer.json` files, and the tokenizers a GGUF file's metadata
+//! describes (`gguf.rs`: byte-level BPE with llama.cpp's pre-tokenizers, `pre_tokenizer.rs`;
+//! SentencePiece, `sentencepiece.rs`), all as a `tokenizers::Tokenizer`.
+
+mod gguf;
+mod pre_tokenizer;
+mod sentencepiece;
+
+pub use pre_tokenizer::KNOWN_PRE_TOKENIZERS;
 
 use std::path::Path;
 
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::io::gguf::GgufFile;
 
 /// A text's token ids, token strings and character spans (start, end), one of each per token.
 pub type DetailedEncoding = (Vec<u32>, Vec<String>, Vec<(usize, usize)>);
-
-/// GGUF token types (llama.cpp's `llama_token_type`): control and user-defined tokens are
-/// matched whole, before BPE.
-const TOKEN_TYPE_CONTROL: u64 = 3;
-const TOKEN_TYPE_USER_DEFINED: u64 = 4;
 
 /// A text tokenizer with the model's special tokens.
 pub struct TextTokenizer {
@@ -93,97 +89,6 @@ impl TextTokenizer {
             eos_ids,
             bos_id,
             chat_template,
-        })
-    }
-
-    /// Builds the tokenizer a GGUF file describes (`tokenizer.ggml.model = gpt2`): vocabulary,
-    /// merges, special tokens by token type, and the pre-tokenizer named by `tokenizer.ggml.pre`.
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let err = |m: String| Error::checkpoint(&gguf.path, m);
-        let model = gguf
-            .require("tokenizer.ggml.model")?
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if model != "gpt2" {
-            return Err(err(format!(
-                "tokenizer model `{model}` is not supported (gpt2-style byte-level BPE only); pass a tokenizer.json"
-            )));
-        }
-        let tokens = gguf
-            .require("tokenizer.ggml.tokens")?
-            .as_array()
-            .ok_or_else(|| err("tokenizer.ggml.tokens is not an array".into()))?;
-        let mut vocab = Vocab::default();
-        let mut specials = Vec::new();
-        let types = gguf
-            .metadata
-            .get("tokenizer.ggml.token_type")
-            .and_then(|v| v.as_array());
-        for (id, token) in tokens.iter().enumerate() {
-            let token = token
-                .as_str()
-                .ok_or_else(|| err(format!("token {id} is not a string")))?;
-            vocab.insert(token.to_string(), id as u32);
-            let kind = types.and_then(|t| t.get(id)).and_then(|v| v.as_u64());
-            if matches!(kind, Some(TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)) {
-                specials.push(AddedToken::from(token.to_string(), true));
-            }
-        }
-        let merges = gguf
-            .require("tokenizer.ggml.merges")?
-            .as_array()
-            .ok_or_else(|| err("tokenizer.ggml.merges is not an array".into()))?
-            .iter()
-            .map(|m| {
-                let m = m.as_str().unwrap_or_default();
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| err(format!("merge `{m}` is not two tokens")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| err(format!("building BPE: {e}")))?;
-        let mut inner = Tokenizer::new(bpe);
-        let byte_level = ByteLevel::new(false, true, true);
-        let pre = gguf
-            .metadata
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
-        // SmolLM's tokenizer.json splits every digit before byte-level BPE.
-        let pre_tokenizer: PreTokenizerWrapper = if pre == "smollm" {
-            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
-        } else {
-            byte_level.into()
-        };
-        inner.with_pre_tokenizer(Some(pre_tokenizer));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-        inner.add_special_tokens(&specials);
-        let token = |key: &str| {
-            gguf.metadata
-                .get(key)
-                .and_then(|v| v.as_u64())
-                .map(|v| v as u32)
-        };
-        let mut eos_ids: Vec<u32> = token("tokenizer.ggml.eos_token_id").into_iter().collect();
-        // Chat models end a turn with <|im_end|>, which may differ from the EOS id.
-        if let Some(id) = inner.token_to_id("<|im_end|>")
-            && !eos_ids.contains(&id)
-        {
-            eos_ids.push(id);
-        }
-        Ok(TextTokenizer {
-            inner,
-            eos_ids,
-            bos_id: token("tokenizer.ggml.bos_token_id"),
-            chat_template: gguf
-                .metadata
-                .get("tokenizer.chat_template")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
         })
     }
 

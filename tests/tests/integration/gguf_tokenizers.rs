@@ -1,0 +1,101 @@
+//! Tokenizers built from GGUF metadata against llama.cpp's tokenizer tests: for each vocabulary
+//! (`models/llama.cpp-vocab/`, fetched by `scripts/fetch-vocab.sh`) the test texts (`.inp`:
+//! digits, whitespace runs, tabs and newlines, accents, Cyrillic, CJK, emoji, code) must give the
+//! ids Hugging Face's tokenizer for that model gives them (`.out`), and decode back.
+
+use std::path::PathBuf;
+
+use napkin_core::io::gguf::GgufFile;
+use napkin_core::tokenizer::TextTokenizer;
+
+/// The separator of llama.cpp's `.inp` files.
+const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
+
+fn vocab_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llama.cpp-vocab")
+}
+
+/// The texts and expected ids of one vocabulary.
+fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
+    let base = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
+    let read = |ext: &str| {
+        let path = base.with_extension(format!("gguf.{ext}"));
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-vocab.sh)", path.display()))
+    };
+    let texts: Vec<String> = read("inp").split(SEPARATOR).map(str::to_string).collect();
+    // The file ends with a separator: the last piece is empty and is no case.
+    let texts = &texts[..texts.len() - 1];
+    let ids: Vec<Vec<u32>> = read("out")
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(texts.len(), ids.len(), "{name}: texts and id lines");
+    texts.iter().cloned().zip(ids).collect()
+}
+
+fn tokenizer(name: &str) -> TextTokenizer {
+    let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
+    TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Every case of `name` encodes to llama.cpp's expected ids; returns how many cases there were.
+fn check(name: &str) -> usize {
+    let tokenizer = tokenizer(name);
+    let cases = cases(name);
+    let mut wrong = Vec::new();
+    for (text, want) in &cases {
+        let got = tokenizer.encode(text).unwrap();
+        if &got != want {
+            wrong.push(format!(
+                "  {text:?}\n    napkin {got:?}\n    HF     {want:?}"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{name}: {} of {} texts tokenize differently:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
+    cases.len()
+}
+
+#[test]
+fn sentencepiece_gguf_tokenizers_match_hugging_face() {
+    // Llama 2 / TinyLlama / Mistral's kind, and Phi-3's: scores, byte fallback, `▁`.
+    for name in ["llama-spm", "phi-3"] {
+        assert!(check(name) > 40);
+    }
+}
+
+#[test]
+fn byte_level_gguf_tokenizers_match_hugging_face_for_each_pre_tokenizer() {
+    for name in [
+        "llama-bpe",
+        "qwen2",
+        "gpt-2",
+        "mpt",
+        "deepseek-llm",
+        "deepseek-coder",
+        "falcon",
+        "starcoder",
+        "refact",
+        "command-r",
+    ] {
+        assert!(check(name) > 40, "{name}");
+    }
+}
+
+#[test]
+fn gguf_tokenizers_decode_what_they_encode() {
+    for name in ["llama-spm", "llama-bpe", "qwen2"] {
+        let tokenizer = tokenizer(name);
+        for (text, _) in cases(name) {
+            let ids = tokenizer.encode(&text).unwrap();
+            assert_eq!(tokenizer.decode(&ids).unwrap(), text, "{name}: {text:?}");
+        }
+    }
+}
