@@ -30,6 +30,7 @@ HALF_OFFSETS = {
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "Q2_K": [80, 82],  # last, so the types above keep their random bytes
 }
 
 for name, halves in HALF_OFFSETS.items():

@@ -1,7 +1,7 @@
 //! ggml tensor types and their dequantization to f32, following llama.cpp's reference
 //! (`ggml-quants.c`, `dequantize_row_*`). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q3_K, Q4_K, Q5_K, Q6_K (so the common Q4_K_M, Q5_K_M, Q3_K_M, Q6_K and Q8_0 files
-//! load; checked against gguf-py's dequantizer by `tests/integration/gguf_files.rs`). Other
+//! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (so the common Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K and Q8_0
+//! files load; checked against gguf-py's dequantizer by `tests/integration/gguf_files.rs`). Other
 //! ggml types are recognised and refused with a message that lists these.
 
 use half::{bf16, f16};
@@ -23,6 +23,9 @@ pub enum GgmlType {
     Q5_1,
     /// 8: blocks of 32: f16 d, 32 × i8 q; x = d·q.
     Q8_0,
+    /// 10: super-blocks of 256: 16 bytes of 4-bit (scale, min) pairs, 64 bytes of 2-bit q, f16 d,
+    /// f16 dmin; x = d·scale·q − dmin·min.
+    Q2K,
     /// 11: super-blocks of 256: 32 bytes of high-bit masks, 64 bytes of 2-bit q, 12 bytes of
     /// 6-bit scales, f16 d; x = d·(scale − 32)·(q − 4·[high bit unset]).
     Q3K,
@@ -34,12 +37,13 @@ pub enum GgmlType {
     Q6K,
     /// 30: bfloat16.
     Bf16,
-    /// A type napkin recognises but does not dequantize (Q8_1, Q2_K, the IQ types, ...).
+    /// A type napkin recognises but does not dequantize (Q8_1, Q8_K, the IQ types, ...).
     Unsupported(u32),
 }
 
 /// The message for unsupported types.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K";
+pub const SUPPORTED: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
 
 impl GgmlType {
     /// The type of a GGUF id, `None` for ids no ggml version defines.
@@ -52,12 +56,13 @@ impl GgmlType {
             6 => GgmlType::Q5_0,
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2K,
             11 => GgmlType::Q3K,
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::Bf16,
-            9 | 10 | 15..=29 | 31..=41 => GgmlType::Unsupported(id),
+            9 | 15..=29 | 31..=41 => GgmlType::Unsupported(id),
             _ => return None,
         })
     }
@@ -72,6 +77,7 @@ impl GgmlType {
             GgmlType::Q5_0 => (32, 22),
             GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q2K => (256, 84),
             GgmlType::Q3K => (256, 110),
             GgmlType::Q4K => (256, 144),
             GgmlType::Q5K => (256, 176),
@@ -140,6 +146,7 @@ impl GgmlType {
                     let high = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
                     out.extend(fifth_bit_values(&block[8..24], high).map(|q| q as f32 * d + m));
                 }
+                GgmlType::Q2K => dequantize_q2_k(block, &mut out),
                 GgmlType::Q3K => dequantize_q3_k(block, &mut out),
                 GgmlType::Q4K => dequantize_q4_k(block, &mut out),
                 GgmlType::Q5K => dequantize_q5_k(block, &mut out),
@@ -179,6 +186,26 @@ fn q3_k_scales(packed: &[u8]) -> [i32; 16] {
         *scale = (low | (high << 4)) as i32 - 32;
     }
     out
+}
+
+fn dequantize_q2_k(block: &[u8], out: &mut Vec<f32>) {
+    let scales = &block[0..16];
+    let qs = &block[16..80];
+    let d = f16::from_le_bytes([block[80], block[81]]).to_f32();
+    let dmin = f16::from_le_bytes([block[82], block[83]]).to_f32();
+    // Two halves of 128 values, each 32 bytes of q read four times (2 bits each); each read
+    // is two groups of 16 with their own (scale, min) byte: scale low nibble, min high.
+    let mut is = 0;
+    for q in qs.chunks_exact(32) {
+        for shift in [0, 2, 4, 6] {
+            for part in [0..16, 16..32] {
+                let sc = scales[is];
+                is += 1;
+                let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
+                out.extend(part.map(|l| dl * ((q[l] >> shift) & 3) as f32 - ml));
+            }
+        }
+    }
 }
 
 fn dequantize_q3_k(block: &[u8], out: &mut Vec<f32>) {
@@ -361,12 +388,12 @@ mod tests {
 
     #[test]
     fn unsupported_types_name_the_supported_ones() {
-        // 10: Q2_K, recognised, not read.
-        let err = GgmlType::from_id(10)
+        // 16: IQ2_XXS, recognised, not read.
+        let err = GgmlType::from_id(16)
             .unwrap()
             .dequantize(&[], 0)
             .unwrap_err();
-        assert!(err.contains("Q5_K") && err.contains("Q3_K"), "{err}");
+        assert!(err.contains("Q2_K") && err.contains("Q5_K"), "{err}");
         assert_eq!(GgmlType::from_id(9999), None);
     }
 
