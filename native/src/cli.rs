@@ -32,6 +32,11 @@ const DTYPES: &[(&str, &[&str])] = &[
     ("bf16", &["bfloat16"]),
     ("f16", &["fp16", "float16"]),
 ];
+const WEIGHT_DTYPES: &[(&str, &[&str])] = &[
+    ("f32", &["fp32", "float32"]),
+    ("f16", &["fp16", "float16"]),
+    ("bf16", &["bfloat16"]),
+];
 const ATTENTION: &[(&str, &[&str])] = &[("eager", &[]), ("efficient", &["flash"])];
 const CHAT_FORMATS: &[(&str, &[&str])] = &[("chatml", &[]), ("llama2", &[]), ("zephyr", &[])];
 const OFFLOAD: &[(&str, &[&str])] = &[("none", &[]), ("optimizer", &[])];
@@ -319,9 +324,17 @@ pub struct TrainArgs {
     /// Continue from the newest intact checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
-    /// Also write the merged model (base + adapters) in HF format to OUT/merged.
+    /// Also write the merged model (base + adapters) to OUT/merged: a complete Hugging Face
+    /// folder (weights, config, generation config, tokenizer and chat template).
     #[arg(long)]
     pub merge: bool,
+    /// The merged weights' dtype. Default: the base's own (f16 for a quantized GGUF).
+    #[arg(long, value_parser = one_of(WEIGHT_DTYPES), ignore_case = true)]
+    pub merge_dtype: Option<String>,
+    /// Split the merged weights into shards of at most this size, with an index
+    /// (`500MB`, `2GiB`). Default 5GB.
+    #[arg(long, value_name = "SIZE")]
+    pub max_shard_size: Option<String>,
     /// A tokenizer.json instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,

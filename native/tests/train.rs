@@ -293,6 +293,12 @@ fn a_toml_config_is_read_and_flags_win() {
         config.to_str().unwrap().into(),
         "--lora-r".into(),
         "6".into(),
+        "--keep-checkpoints".into(),
+        "1".into(),
+        "--nf4-block-size".into(),
+        "32".into(),
+        "--momentum".into(),
+        "0.5".into(),
         "--plain".into(),
     ]);
     assert!(ok, "{stderr}");
@@ -302,6 +308,10 @@ fn a_toml_config_is_read_and_flags_win() {
     assert_eq!(saved["seq_len"].as_integer(), Some(64), "the file's value");
     assert_eq!(saved["optimizer"].as_str(), Some("sgd"));
     assert_eq!(saved["lora_alpha"].as_float(), Some(32.0), "a default");
+    // The flags for keys that were TOML-only before (they were once parsed and ignored).
+    assert_eq!(saved["keep_checkpoints"].as_integer(), Some(1));
+    assert_eq!(saved["nf4_block_size"].as_integer(), Some(32));
+    assert_eq!(saved["momentum"].as_float(), Some(0.5));
     assert_eq!(losses(&out.0).len(), 2);
 
     // An unknown key is an error that names it.

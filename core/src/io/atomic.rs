@@ -32,7 +32,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
-fn temp_path(path: &Path) -> PathBuf {
+/// The temporary name a file is written under before it is renamed to `path`.
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -4,6 +4,7 @@
 pub mod atomic;
 pub mod gguf;
 pub mod hf;
+pub mod hf_writer;
 pub mod peft;
 pub mod quantized;
 pub mod safetensors;

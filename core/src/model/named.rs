@@ -95,6 +95,51 @@ impl Llama {
     }
 }
 
+impl Llama {
+    /// One parameter by its Hugging Face name, made on its own (an NF4 linear is dequantized
+    /// alone): with `merge_lora`, a linear with an adapter is `W + s·B·A`. `None` for a name
+    /// the model does not have. Writers use it to hold one tensor at a time.
+    pub fn hf_tensor(&self, name: &str, merge_lora: bool) -> Option<ParamTensor> {
+        use ParamTensor::{Matrix, Vector};
+        let device = self.device();
+        let linear_value = |linear: &Linear| {
+            let weight = linear.dense_weight(&device);
+            match (&linear.lora, merge_lora) {
+                (Some(adapter), true) => weight + adapter.delta_weight(),
+                _ => weight,
+            }
+        };
+        match name {
+            "model.embed_tokens.weight" => return Some(Matrix(self.embed_tokens.val())),
+            "model.norm.weight" => return Some(Vector(self.norm.weight.val())),
+            "lm_head.weight" => return self.lm_head.as_ref().map(|h| Matrix(linear_value(h))),
+            _ => {}
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let block = self.layers.get(layer.parse::<usize>().ok()?)?;
+        let module = rest.strip_suffix(".weight")?;
+        match module {
+            "input_layernorm" => Some(Vector(block.input_layernorm.weight.val())),
+            "post_attention_layernorm" => Some(Vector(block.post_attention_layernorm.weight.val())),
+            _ => {
+                let (a, m) = (&block.self_attn, &block.mlp);
+                let linear = match module {
+                    "self_attn.q_proj" => &a.q_proj,
+                    "self_attn.k_proj" => &a.k_proj,
+                    "self_attn.v_proj" => &a.v_proj,
+                    "self_attn.o_proj" => &a.o_proj,
+                    "mlp.gate_proj" => &m.gate_proj,
+                    "mlp.up_proj" => &m.up_proj,
+                    "mlp.down_proj" => &m.down_proj,
+                    _ => return None,
+                };
+                Some(Matrix(linear_value(linear)))
+            }
+        }
+    }
+}
+
 /// A decoder-block linear layer with its HF module path (`model.layers.3.self_attn.q_proj`).
 pub struct NamedLinear<L> {
     /// HF module path.

@@ -12,6 +12,7 @@ use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget,
 use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
+use crate::io::hf_writer::WeightDtype;
 use crate::predict::inventory::Scenario;
 
 /// The precision the linear layers compute in.
@@ -164,6 +165,12 @@ pub struct TrainConfig {
     pub save_every: u64,
     /// How many checkpoints to keep (the newest).
     pub keep_checkpoints: usize,
+    /// The merged model's weight dtype (`--merge`): f32, f16 or bf16; unset: the base's own
+    /// float dtype (f16 for a quantized GGUF).
+    pub merge_dtype: Option<WeightDtype>,
+    /// The merged model is split into shards of at most this many bytes, with
+    /// `model.safetensors.index.json` (`--max-shard-size` takes `5GB`, `500MB`, `2GiB`).
+    pub max_shard_bytes: u64,
 }
 
 impl Default for TrainConfig {
@@ -212,6 +219,8 @@ impl Default for TrainConfig {
             offload_optimizer: false,
             save_every: 50,
             keep_checkpoints: 2,
+            merge_dtype: None,
+            max_shard_bytes: 5_000_000_000,
         }
     }
 }

@@ -38,6 +38,9 @@ use crate::data::text::text_samples;
 use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
 use crate::error::{Error, Result};
 use crate::io::hf::hf_files;
+use crate::io::hf_writer::{
+    WeightLayout, base_weight_dtype, generation_config_json, write_hf_weights,
+};
 use crate::io::load_model_with;
 use crate::model::Llama;
 use crate::model::autocast::autocast;
@@ -508,16 +511,34 @@ impl Trainer {
             written.push(path);
         }
         if merge && self.lora.is_some() {
-            let (merged, _) = self.model.clone().merge_lora();
-            let dir = out.join("merged");
-            // A complete folder: the weights, the config, and the tokenizer trained with.
-            let mut files = hf_files(&merged)?;
-            files.extend(self.tokenizer.hf_files()?);
-            for (name, bytes) in files {
-                let path = dir.join(&name);
-                crate::io::atomic::write_atomic(&path, &bytes)?;
-                written.push(path);
-            }
+            written.extend(self.write_merged(&out.join("merged"))?);
+        }
+        Ok(written)
+    }
+
+    /// A complete model folder with every adapter folded in: the weights tensor by tensor in
+    /// the base's dtype (or `merge_dtype`), sharded past `max_shard_bytes`; the config; the
+    /// generation config; the tokenizer trained with and its chat template.
+    fn write_merged(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        let dtype = match self.config.merge_dtype {
+            Some(dtype) => dtype,
+            None => base_weight_dtype(&self.config.model)?,
+        };
+        let layout = WeightLayout {
+            dtype,
+            max_shard_bytes: self.config.max_shard_bytes,
+            merge_lora: true,
+        };
+        let mut written = write_hf_weights(&self.model, dir, layout)?;
+        let mut files = self.tokenizer.hf_files()?;
+        files.push((
+            "generation_config.json".into(),
+            generation_config_json(self.tokenizer.bos_id, &self.tokenizer.eos_ids),
+        ));
+        for (name, bytes) in files {
+            let path = dir.join(&name);
+            crate::io::atomic::write_atomic(&path, &bytes)?;
+            written.push(path);
         }
         Ok(written)
     }

@@ -265,6 +265,9 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     }
     set!(
         save_every,
+        keep_checkpoints,
+        nf4_block_size,
+        momentum,
         val_fraction,
         eval_every,
         early_stopping,
@@ -315,6 +318,17 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     }
     if let Some(what) = &args.offload {
         c.offload_optimizer = super::offload_optimizer(what)?;
+    }
+    if let Some(d) = &args.merge_dtype {
+        c.merge_dtype = Some(d.parse()?);
+    }
+    if let Some(size) = &args.max_shard_size {
+        c.max_shard_bytes = parse_quantity(size, Dimension::Bytes)
+            .map_err(|e| anyhow::anyhow!("--max-shard-size: {e}"))?
+            .value as u64;
+        if c.max_shard_bytes == 0 {
+            anyhow::bail!("--max-shard-size: must be more than 0 bytes");
+        }
     }
     Ok(c)
 }

@@ -7,6 +7,7 @@
 //! - `hostile_input`: thousands of mutated model, config, tokenizer, adapter, data files and
 //!   answers: typed errors, never a panic.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
+//! - `merged_folder`: merged models written tensor by tensor: dtypes, shards, the index.
 //! - `mixed_precision`: bf16 / f16 autocast on Flex against f32; loss scaling.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
@@ -25,6 +26,7 @@ mod hostile_input;
 mod llama_parity;
 mod lora_parity;
 mod malformed_corpus;
+mod merged_folder;
 mod mixed_precision;
 mod nf4_parity;
 mod optimizers;

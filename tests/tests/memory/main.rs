@@ -478,3 +478,68 @@ fn half_precision_halves_the_frozen_base() {
     // saved beside the f32 tensors other ops keep, and Flex's bf16 GEMM widens its operands to
     // f32 internally. What half precision saves here is the resident base, asserted above.
 }
+
+/// Writing a merged QLoRA model holds one tensor at a time: the heap peak above the quantized
+/// model is a few times its largest tensor, not the merged model (measured against the
+/// in-memory merge, which holds the dense model and then its serialized bytes).
+#[test]
+fn writing_a_merged_model_holds_one_tensor_at_a_time() {
+    use napkin_core::io::hf::hf_files;
+    use napkin_core::io::hf_writer::{WeightDtype, WeightLayout, write_hf_weights};
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = LlamaConfig {
+        num_hidden_layers: 8,
+        ..LlamaConfig::small()
+    };
+    let nf4 = Nf4Config {
+        block_size: 64,
+        double_quant: true,
+    };
+    let lora = LoraConfig {
+        r: 8,
+        ..LoraConfig::default()
+    };
+    let model = build(&config, Some(&nf4), false).with_lora(&lora).unwrap();
+    let dense_bytes = 4 * config.num_parameters() as usize;
+    let largest = 4 * config
+        .hf_parameter_shapes()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .max()
+        .unwrap();
+    let out = std::env::temp_dir().join(format!("napkin-merged-mem-{}", std::process::id()));
+    let layout = WeightLayout {
+        dtype: WeightDtype::Bf16,
+        max_shard_bytes: 1 << 20,
+        merge_lora: true,
+    };
+    write_hf_weights(&model, &out, layout).unwrap(); // warm-up
+
+    let before = live_bytes();
+    reset_peak();
+    write_hf_weights(&model, &out, layout).unwrap();
+    let streamed = peak_bytes().saturating_sub(before);
+
+    reset_peak();
+    let (merged, _) = model.clone().merge_lora();
+    let files = hf_files(&merged).unwrap();
+    let in_memory = peak_bytes().saturating_sub(before);
+    drop((merged, files));
+    std::fs::remove_dir_all(&out).ok();
+    eprintln!(
+        "merged {} (dense f32 {}, largest tensor {}): streamed write peak +{}, in-memory merge + serialize +{}",
+        config.num_parameters(),
+        mib(dense_bytes as f64),
+        mib(largest as f64),
+        mib(streamed as f64),
+        mib(in_memory as f64)
+    );
+    assert!(
+        streamed <= 4 * largest,
+        "streamed write peak {streamed} B vs largest tensor {largest} B"
+    );
+    assert!(
+        in_memory >= dense_bytes,
+        "the in-memory path holds the dense model: {in_memory} vs {dense_bytes}"
+    );
+}
