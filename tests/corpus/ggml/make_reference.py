@@ -45,3 +45,17 @@ for name, halves in HALF_OFFSETS.items():
     (HERE / f"{name}.blocks").write_bytes(raw.tobytes())
     (HERE / f"{name}.f32").write_bytes(values.tobytes())
     print(f"{name}: {BLOCKS} blocks of {per_block} values, {block_bytes} bytes each")
+
+# Quantization: seeded rows (and a block of exact ties, a block of zeros) quantized by gguf-py,
+# whose Q8_0 and Q4_0 quantizers are bit-exact with llama.cpp's reference ones.
+# Files: `quantize.f32` (the input, shared) and `quantize-<type>.blocks` (the expected blocks).
+from gguf.quants import quantize  # noqa: E402
+
+values = rng.normal(0.0, 0.05, size=32 * 30).astype(np.float32)
+ties = np.array([127.0] + [k + 0.5 for k in range(-15, 16)], dtype=np.float32)
+values = np.concatenate([values, ties, np.zeros(32, dtype=np.float32)])
+(HERE / "quantize.f32").write_bytes(values.astype("<f4").tobytes())
+for name in ["Q8_0", "Q4_0"]:
+    blocks = quantize(values.reshape(1, -1), GGMLQuantizationType[name])
+    (HERE / f"quantize-{name}.blocks").write_bytes(blocks.tobytes())
+    print(f"quantize {name}: {values.size} values → {blocks.size} bytes")

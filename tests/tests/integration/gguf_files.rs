@@ -167,3 +167,30 @@ fn ggml_dequantization_equals_gguf_py() {
         );
     }
 }
+
+/// The quantizers napkin writes GGUF files with, against gguf-py's (bit-exact with llama.cpp's
+/// reference quantizers) on seeded rows, a block of exact ties and a block of zeros.
+#[test]
+fn ggml_quantization_equals_gguf_py() {
+    use napkin_core::io::gguf::dequant::GgmlType;
+    use napkin_core::io::gguf::quantize::quantize;
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
+    let values: Vec<f32> = std::fs::read(corpus.join("quantize.f32"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    for (name, ty) in [("Q8_0", GgmlType::Q8_0), ("Q4_0", GgmlType::Q4_0)] {
+        let expected = std::fs::read(corpus.join(format!("quantize-{name}.blocks"))).unwrap();
+        let got = quantize(ty, &values).unwrap();
+        assert_eq!(got.len(), expected.len(), "{name}");
+        let differ: Vec<usize> = (0..got.len()).filter(|&i| got[i] != expected[i]).collect();
+        assert!(
+            differ.is_empty(),
+            "{name}: {} of {} bytes differ, first at {:?}",
+            differ.len(),
+            got.len(),
+            differ.first()
+        );
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod dequant;
 pub mod llama;
+pub mod quantize;
 pub mod reader;
 
 pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};
