@@ -17,6 +17,7 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod exercises;
+pub mod export;
 pub mod io;
 pub mod kernels;
 pub mod memory;

@@ -76,6 +76,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Quantize a model's block linears to NF4 and write a napkin quantized checkpoint.
     Quantize(QuantizeArgs),
+    /// Write a model (with an adapter folded in) as a Hugging Face folder or a llama.cpp GGUF.
+    #[command(after_help = EXPORT_EXAMPLES)]
+    Export(ExportArgs),
     /// Napkin math: memory of training a model, from its configuration alone.
     Estimate(EstimateArgs),
     /// Course exercises: list them, show one, check an answer.
@@ -234,6 +237,53 @@ pub struct QuantizeArgs {
     /// Also quantize the scales to 8 bits (QLoRA's double quantization).
     #[arg(long)]
     pub double_quant: bool,
+}
+
+const EXPORT_EXAMPLES: &str = "\
+Examples:
+  # a QLoRA run's adapter folded into its base, as a Q8_0 GGUF for llama.cpp / Ollama
+  napkin export --model models/SmolLM2-135M-Instruct.Q4_1.gguf --adapter runs/smol \\
+      --format gguf --quant q8_0 --out smol-tuned.Q8_0.gguf
+  # the same as a Hugging Face folder in bf16, in shards of at most 2 GB
+  napkin export --model models/SmolLM2-135M-Instruct.Q4_1.gguf --adapter runs/smol \\
+      --format hf --dtype bf16 --max-shard-size 2GB --out smol-tuned/";
+
+const EXPORT_FORMATS: &[(&str, &[&str])] = &[("gguf", &[]), ("hf", &["safetensors"])];
+const GGUF_QUANTS: &[(&str, &[&str])] = &[
+    ("f32", &[]),
+    ("f16", &[]),
+    ("q8_0", &[]),
+    ("q4_0", &[]),
+    ("q4_k", &["q4_k_s"]),
+];
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A LoRA adapter folder (peft's, or a `napkin train` output, which also brings its NF4
+    /// base settings) folded into the weights.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
+    /// `gguf` (one file, for llama.cpp) or `hf` (a folder: safetensors, config, tokenizer).
+    #[arg(long, value_parser = one_of(EXPORT_FORMATS), ignore_case = true, default_value = "gguf")]
+    pub format: String,
+    /// The output file (gguf) or folder (hf).
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// gguf: the type of the 2-D weights (norms stay f32; a row that is not whole blocks
+    /// falls back to q8_0, then f16).
+    #[arg(long, value_parser = one_of(GGUF_QUANTS), ignore_case = true, default_value = "f16")]
+    pub quant: String,
+    /// hf: the weights' dtype. Default: the base's own (f16 for a quantized GGUF).
+    #[arg(long, value_parser = one_of(WEIGHT_DTYPES), ignore_case = true)]
+    pub dtype: Option<String>,
+    /// hf: split the weights into shards of at most this size, with an index (`2GB`).
+    #[arg(long, value_name = "SIZE", default_value = "5GB")]
+    pub max_shard_size: String,
+    /// A tokenizer.json instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         cli::Command::Eval(args) => commands::eval::run(&args),
         cli::Command::Generate(args) => commands::generate::run(&args),
         cli::Command::Quantize(args) => commands::quantize::run(&args),
+        cli::Command::Export(args) => commands::export::run(&args),
         cli::Command::Estimate(args) => commands::estimate::run(&args),
         cli::Command::Exercise(args) => commands::exercise::run(&args),
         cli::Command::Measure(args) => commands::measure::run(&args),

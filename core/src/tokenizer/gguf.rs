@@ -115,6 +115,13 @@ impl TextTokenizer {
                 .get("tokenizer.chat_template")
                 .and_then(GgufValue::as_str)
                 .map(str::to_string),
+            gguf_source: Some(
+                gguf.metadata
+                    .iter()
+                    .filter(|(key, _)| key.starts_with("tokenizer.ggml."))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
         })
     }
 }

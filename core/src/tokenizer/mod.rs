@@ -3,6 +3,7 @@
 //! SentencePiece, `sentencepiece.rs`), all as a `tokenizers::Tokenizer`.
 
 mod gguf;
+mod gguf_metadata;
 mod pre_tokenizer;
 mod sentencepiece;
 
@@ -27,6 +28,9 @@ pub struct TextTokenizer {
     pub bos_id: Option<u32>,
     /// The chat template from the checkpoint, if any (Jinja source).
     pub chat_template: Option<String>,
+    /// The `tokenizer.ggml.*` metadata it was built from, when it came from a GGUF (written
+    /// back unchanged when the model is exported to GGUF).
+    gguf_source: Option<Vec<(String, crate::io::gguf::GgufValue)>>,
 }
 
 /// Parses a `tokenizer.json`. The `tokenizers` crate panics on some malformed sections (a
@@ -89,6 +93,7 @@ impl TextTokenizer {
             eos_ids,
             bos_id,
             chat_template,
+            gguf_source: None,
         })
     }
 

@@ -8,11 +8,13 @@
 //! names (themselves taken from each model's `tokenizer.json`); each name with a test vocabulary
 //! in llama.cpp is checked against it in `tests/integration/gguf_tokenizers.rs`.
 
-use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{
+    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+};
 
 /// GPT-2's word split: contractions, letters, digits, other symbols, whitespace runs.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -90,9 +92,9 @@ pub const KNOWN_PRE_TOKENIZERS: &[&str] = &[
     "gpt-2",
     "mpt",
     "olmo",
+    "llama-bpe",
     "llama3",
     "llama-v3",
-    "llama-bpe",
     "falcon3",
     "dbrx",
     "smaug-bpe",
@@ -136,6 +138,35 @@ pub fn byte_level_pre_tokenizer(name: &str) -> Option<PreTokenizerWrapper> {
     Some(Sequence::new(steps).into())
 }
 
+/// Text that tells the table's rules apart: contractions in both cases, digit runs of every
+/// length, whitespace runs before words and at the end, newlines after punctuation, letters of
+/// several scripts, CJK, and symbols.
+const PROBE: &str = "I'm here, YOU'LL see: 1 22 333 4444 55555 x1y22   spaces\t\ttabs\n\n\
+    end.\r\n  \n(parens) [brackets] don't-stop ÄÖÜ café naïve Ωμέγα Привет 漢字かな 한국어 \
+    $100 +=-*/ <tag> `code` ~^| 🦀🦙 ...!?   ";
+
+/// The name of the table entry whose rule splits text as `pre` does (a tokenizer.json's
+/// pre-tokenizer), so a GGUF written from it can name its pre-tokenizer; `None` when no entry
+/// matches on a probe text.
+pub fn identify(pre: &PreTokenizerWrapper) -> Option<&'static str> {
+    let splits = |p: &PreTokenizerWrapper| -> Option<Vec<String>> {
+        let mut text = PreTokenizedString::from(PROBE);
+        p.pre_tokenize(&mut text).ok()?;
+        Some(
+            text.get_splits(OffsetReferential::Original, OffsetType::Byte)
+                .into_iter()
+                .map(|(piece, _, _)| piece.to_string())
+                .collect(),
+        )
+    };
+    let want = splits(pre)?;
+    TABLE.iter().find_map(|(names, _)| {
+        let name = names[0];
+        let candidate = byte_level_pre_tokenizer(name)?;
+        (splits(&candidate)? == want).then_some(name)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +197,25 @@ mod tests {
             assert!(byte_level_pre_tokenizer(name).is_some(), "{name}");
         }
         assert!(byte_level_pre_tokenizer("tekken").is_none());
+    }
+
+    #[test]
+    fn each_rule_is_identified_as_itself_and_told_apart_from_the_others() {
+        for (names, _) in TABLE {
+            let pre = byte_level_pre_tokenizer(names[0]).unwrap();
+            assert_eq!(identify(&pre), Some(names[0]));
+        }
+        // SmolLM's tokenizer.json form: digits split, then GPT-2's byte-level regex.
+        let smollm: PreTokenizerWrapper =
+            tokenizers::pre_tokenizers::sequence::Sequence::new(vec![
+                tokenizers::pre_tokenizers::digits::Digits::new(true).into(),
+                ByteLevel::new(false, true, true).into(),
+            ])
+            .into();
+        assert_eq!(identify(&smollm), Some("smollm"));
+        assert_eq!(
+            identify(&ByteLevel::new(false, true, true).into()),
+            Some("gpt-2")
+        );
     }
 }

@@ -37,10 +37,9 @@ use crate::data::loader::ordered_batches;
 use crate::data::text::text_samples;
 use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
 use crate::error::{Error, Result};
+use crate::export::write_hf_folder;
 use crate::io::hf::hf_files;
-use crate::io::hf_writer::{
-    WeightLayout, base_weight_dtype, generation_config_json, write_hf_weights,
-};
+use crate::io::hf_writer::{WeightLayout, base_weight_dtype};
 use crate::io::load_model_with;
 use crate::model::Llama;
 use crate::model::autocast::autocast;
@@ -529,18 +528,7 @@ impl Trainer {
             max_shard_bytes: self.config.max_shard_bytes,
             merge_lora: true,
         };
-        let mut written = write_hf_weights(&self.model, dir, layout)?;
-        let mut files = self.tokenizer.hf_files()?;
-        files.push((
-            "generation_config.json".into(),
-            generation_config_json(self.tokenizer.bos_id, &self.tokenizer.eos_ids),
-        ));
-        for (name, bytes) in files {
-            let path = dir.join(&name);
-            crate::io::atomic::write_atomic(&path, &bytes)?;
-            written.push(path);
-        }
-        Ok(written)
+        write_hf_folder(&self.model, &self.tokenizer, dir, layout)
     }
 
     /// The trained weights as files: the adapter, or the whole model.

@@ -5,6 +5,7 @@ pub mod completions;
 pub mod estimate;
 pub mod eval;
 pub mod exercise;
+pub mod export;
 pub mod generate;
 pub mod inspect;
 pub mod measure;
@@ -170,4 +171,16 @@ pub fn load_with_adapter(
         }
     );
     Ok(model)
+}
+
+/// `--max-shard-size`: a byte size with a unit (`5GB`, `500MB`, `2GiB`), more than zero.
+pub fn shard_bytes(text: &str) -> Result<u64> {
+    use napkin_core::exercises::{Dimension, answer::parse_quantity};
+    let bytes = parse_quantity(text, Dimension::Bytes)
+        .map_err(|e| anyhow::anyhow!("--max-shard-size: {e}"))?
+        .value as u64;
+    if bytes == 0 {
+        bail!("--max-shard-size: must be more than 0 bytes");
+    }
+    Ok(bytes)
 }

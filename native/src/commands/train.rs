@@ -323,12 +323,7 @@ fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         c.merge_dtype = Some(d.parse()?);
     }
     if let Some(size) = &args.max_shard_size {
-        c.max_shard_bytes = parse_quantity(size, Dimension::Bytes)
-            .map_err(|e| anyhow::anyhow!("--max-shard-size: {e}"))?
-            .value as u64;
-        if c.max_shard_bytes == 0 {
-            anyhow::bail!("--max-shard-size: must be more than 0 bytes");
-        }
+        c.max_shard_bytes = super::shard_bytes(size)?;
     }
     Ok(c)
 }

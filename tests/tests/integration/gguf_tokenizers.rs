@@ -99,3 +99,52 @@ fn gguf_tokenizers_decode_what_they_encode() {
         }
     }
 }
+
+/// Writes `tokenizer`'s GGUF metadata to a vocabulary-only GGUF and reads it back.
+fn through_gguf(tokenizer: &TextTokenizer, tag: &str) -> TextTokenizer {
+    let path = std::env::temp_dir().join(format!("napkin-vocab-{tag}-{}.gguf", std::process::id()));
+    napkin_core::io::gguf::writer::write_gguf(
+        &path,
+        &tokenizer.gguf_metadata().unwrap(),
+        &[],
+        |_| unreachable!("no tensors"),
+    )
+    .unwrap();
+    let back = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+    std::fs::remove_file(&path).ok();
+    back
+}
+
+/// A tokenizer as a `tokenizer.json` read back (what a Hugging Face folder gives napkin).
+fn as_tokenizer_json(tokenizer: &TextTokenizer, tag: &str) -> TextTokenizer {
+    let dir = std::env::temp_dir().join(format!("napkin-tokjson-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in tokenizer.hf_files().unwrap() {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let back = TextTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    back
+}
+
+/// A GGUF written by napkin carries a tokenizer that tokenizes as the one it was written from:
+/// copied through from a GGUF, or described from a tokenizer.json (SentencePiece scores from
+/// the merge order; the byte-level pre-tokenizer named by comparing splits).
+#[test]
+fn exported_gguf_tokenizers_tokenize_as_their_source() {
+    for name in ["llama-spm", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder"] {
+        let original = tokenizer(name);
+        let from_json = as_tokenizer_json(&original, name);
+        for (route, source) in [("gguf", &original), ("tokenizer.json", &from_json)] {
+            let back = through_gguf(source, &format!("{name}-{route}"));
+            for (text, want) in cases(name) {
+                assert_eq!(
+                    back.encode(&text).unwrap(),
+                    want,
+                    "{name} via {route}: {text:?}"
+                );
+            }
+        }
+    }
+}

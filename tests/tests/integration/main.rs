@@ -2,6 +2,7 @@
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
+//! - `gguf_export`: models written as GGUF and read back (every weight type).
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `gguf_tokenizers`: tokenizers built from GGUF metadata against llama.cpp's tokenizer tests.
 //! - `hostile_input`: thousands of mutated model, config, tokenizer, adapter, data files and
@@ -20,6 +21,7 @@
 
 mod checkpoints;
 mod data;
+mod gguf_export;
 mod gguf_files;
 mod gguf_tokenizers;
 mod hostile_input;

@@ -186,7 +186,7 @@ fn tokenizer_corpus_errors(root: &Path) -> Vec<String> {
     let cases: &[(&str, &str)] = &[
         (
             "gguf/tokenizer-unknown-pre.gguf",
-            "FILE: malformed checkpoint: tokenizer.ggml.pre `tekken` is not a pre-tokenizer napkin knows (known: gpt-2, mpt, olmo, llama3, llama-v3, llama-bpe, falcon3, dbrx, smaug-bpe, qwen2, stablelm2, smollm, starcoder, refact, command-r, deepseek-llm, deepseek-coder, falcon, default); pass the model's tokenizer.json with --tokenizer",
+            "FILE: malformed checkpoint: tokenizer.ggml.pre `tekken` is not a pre-tokenizer napkin knows (known: gpt-2, mpt, olmo, llama-bpe, llama3, llama-v3, falcon3, dbrx, smaug-bpe, qwen2, stablelm2, smollm, starcoder, refact, command-r, deepseek-llm, deepseek-coder, falcon, default); pass the model's tokenizer.json with --tokenizer",
         ),
         (
             "gguf/tokenizer-bad-merge.gguf",

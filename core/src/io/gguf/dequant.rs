@@ -67,6 +67,26 @@ impl GgmlType {
         })
     }
 
+    /// The GGUF id of a type napkin reads (`None` for an unsupported one).
+    pub fn id(self) -> Option<u32> {
+        Some(match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::Bf16 => 30,
+            GgmlType::Unsupported(_) => return None,
+        })
+    }
+
     /// (elements per block, bytes per block); `None` when unsupported.
     pub fn block(self) -> Option<(u64, u64)> {
         Some(match self {
@@ -384,6 +404,17 @@ mod tests {
         let got = GgmlType::Q6K.dequantize(&block, 256).unwrap();
         assert_eq!(got[0], 0.5 * 3.0 * (1 + 32 - 32) as f32); // q = 1 | 2<<4 = 33 → 1
         assert_eq!(got[64], 0.5 * -2.0 * (2 - 32) as f32);
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        for id in 0..=41 {
+            if let Some(t) = GgmlType::from_id(id)
+                && t.id().is_some()
+            {
+                assert_eq!(t.id(), Some(id));
+            }
+        }
     }
 
     #[test]

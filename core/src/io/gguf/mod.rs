@@ -2,9 +2,11 @@
 //! turning a llama-architecture file into a [`crate::model::Llama`] (`llama`).
 
 pub mod dequant;
+pub mod export;
 pub mod llama;
 pub mod quantize;
 pub mod reader;
+pub mod writer;
 
 pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};
 pub use reader::{GgufFile, GgufValue};

@@ -1,0 +1,197 @@
+//! A model as a llama.cpp GGUF file: llama.cpp's tensor names, Q and K rows permuted the way
+//! its converter permutes them, the architecture keys, the caller's tokenizer metadata, and the
+//! 2-D weights in the chosen type (norms stay F32). Tensors are made one at a time
+//! ([`Llama::hf_tensor`]; LoRA adapters folded in when asked), so the model is never held whole.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::dequant::GgmlType;
+use super::llama::{gguf_name, permute_rows};
+use super::quantize::quantize;
+use super::writer::{MetaValue, TensorEntry, write_gguf};
+use crate::config::RopeScaling;
+use crate::error::{Error, Result};
+use crate::model::Llama;
+
+/// The weight type of an exported GGUF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GgufQuant {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    /// Q4_K (the `Q4_K_S` file type: every 2-D weight in Q4_K).
+    Q4K,
+}
+
+impl GgufQuant {
+    /// The type of a 2-D weight with rows of `cols` values: this quant when whole blocks fit
+    /// a row, else the next that fits (Q4_K → Q8_0 → F16), as llama.cpp's quantizer falls back.
+    fn type_for_row(self, cols: usize) -> GgmlType {
+        let fits = |t: GgmlType| {
+            t.block()
+                .is_some_and(|(n, _)| cols.is_multiple_of(n as usize))
+        };
+        let wanted = match self {
+            GgufQuant::F32 => GgmlType::F32,
+            GgufQuant::F16 => GgmlType::F16,
+            GgufQuant::Q8_0 => GgmlType::Q8_0,
+            GgufQuant::Q4_0 => GgmlType::Q4_0,
+            GgufQuant::Q4K => GgmlType::Q4K,
+        };
+        [wanted, GgmlType::Q8_0, GgmlType::F16]
+            .into_iter()
+            .find(|&t| fits(t))
+            .unwrap_or(GgmlType::F32)
+    }
+
+    /// `general.file_type` (llama.cpp's `llama_ftype`).
+    fn file_type(self) -> u32 {
+        match self {
+            GgufQuant::F32 => 0,
+            GgufQuant::F16 => 1,
+            GgufQuant::Q4_0 => 2,
+            GgufQuant::Q8_0 => 7,
+            GgufQuant::Q4K => 14,
+        }
+    }
+}
+
+impl std::str::FromStr for GgufQuant {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(GgufQuant::F32),
+            "f16" => Ok(GgufQuant::F16),
+            "q8_0" => Ok(GgufQuant::Q8_0),
+            "q4_0" => Ok(GgufQuant::Q4_0),
+            "q4_k" | "q4_k_s" => Ok(GgufQuant::Q4K),
+            other => Err(Error::Input(format!(
+                "GGUF type `{other}`: expected f32, f16, q8_0, q4_0 or q4_k"
+            ))),
+        }
+    }
+}
+
+/// What an export wrote: how many tensors of each type.
+#[derive(Debug, Clone, Default)]
+pub struct ExportSummary {
+    /// (ggml type, tensors) in the order first met.
+    pub tensors_by_type: Vec<(GgmlType, usize)>,
+    /// Bytes of the file.
+    pub file_bytes: u64,
+}
+
+/// Writes `model` to `path` as a llama GGUF with `tokenizer` metadata (`tokenizer.ggml.*`,
+/// from [`crate::tokenizer::TextTokenizer::gguf_metadata`]), named `name`.
+pub fn export_gguf(
+    model: &Llama,
+    tokenizer: Vec<(String, MetaValue)>,
+    path: &Path,
+    quant: GgufQuant,
+    merge_lora: bool,
+    name: &str,
+) -> Result<ExportSummary> {
+    let c = &model.config;
+    if c.rope_scaling != RopeScaling::Default {
+        return Err(Error::Input(
+            "the model uses Llama 3's RoPE scaling, which napkin does not write to GGUF yet".into(),
+        ));
+    }
+    let u32_of = |v: usize| MetaValue::U32(v as u32);
+    let mut metadata: Vec<(String, MetaValue)> = vec![
+        (
+            "general.architecture".into(),
+            MetaValue::Str("llama".into()),
+        ),
+        ("general.name".into(), MetaValue::Str(name.into())),
+        (
+            "general.file_type".into(),
+            MetaValue::U32(quant.file_type()),
+        ),
+        ("general.quantization_version".into(), MetaValue::U32(2)),
+        ("llama.vocab_size".into(), u32_of(c.vocab_size)),
+        (
+            "llama.context_length".into(),
+            u32_of(c.max_position_embeddings),
+        ),
+        ("llama.embedding_length".into(), u32_of(c.hidden_size)),
+        ("llama.block_count".into(), u32_of(c.num_hidden_layers)),
+        (
+            "llama.feed_forward_length".into(),
+            u32_of(c.intermediate_size),
+        ),
+        ("llama.rope.dimension_count".into(), u32_of(c.head_dim)),
+        (
+            "llama.attention.head_count".into(),
+            u32_of(c.num_attention_heads),
+        ),
+        (
+            "llama.attention.head_count_kv".into(),
+            u32_of(c.num_key_value_heads),
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            MetaValue::F32(c.rms_norm_eps as f32),
+        ),
+        (
+            "llama.rope.freq_base".into(),
+            MetaValue::F32(c.rope_theta as f32),
+        ),
+    ];
+    metadata.extend(tokenizer);
+
+    let mut entries = Vec::new();
+    let mut hf_names = Vec::new();
+    for (hf, shape) in c.hf_parameter_shapes() {
+        let name = gguf_name(&hf)
+            .ok_or_else(|| Error::Input(format!("no GGUF name for tensor `{hf}`")))?;
+        let ggml_type = match shape.as_slice() {
+            [_, cols] => quant.type_for_row(*cols),
+            _ => GgmlType::F32,
+        };
+        entries.push(TensorEntry {
+            name,
+            shape,
+            ggml_type,
+        });
+        hf_names.push(hf);
+    }
+    let mut summary = ExportSummary::default();
+    for e in &entries {
+        match summary
+            .tensors_by_type
+            .iter_mut()
+            .find(|(t, _)| *t == e.ggml_type)
+        {
+            Some((_, n)) => *n += 1,
+            None => summary.tensors_by_type.push((e.ggml_type, 1)),
+        }
+    }
+    let hf_of: std::collections::HashMap<&str, &str> = entries
+        .iter()
+        .map(|e| e.name.as_str())
+        .zip(hf_names.iter().map(String::as_str))
+        .collect();
+    write_gguf(path, &metadata, &entries, |entry| {
+        let hf = hf_of[entry.name.as_str()];
+        let tensor = model
+            .hf_tensor(hf, merge_lora)
+            .ok_or_else(|| Error::Input(format!("the model has no tensor `{hf}`")))?;
+        let mut values = tensor.to_vec();
+        let cols = entry.shape.last().copied().unwrap_or(1);
+        if hf.ends_with("self_attn.q_proj.weight") {
+            values = permute_rows(&values, c.num_attention_heads, cols);
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            values = permute_rows(&values, c.num_key_value_heads, cols);
+        }
+        quantize(entry.ggml_type, &values)
+            .map_err(|e| Error::Input(format!("tensor `{}`: {e}", entry.name)))
+    })?;
+    summary.file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    Ok(summary)
+}
