@@ -160,6 +160,10 @@ pub struct EvalArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also write the logits, `[tokens, vocab]` f32, as a NumPy `.npy` file (to compare with
+    /// another implementation: `numpy.load(FILE)`).
+    #[arg(long, value_name = "FILE")]
+    pub logits: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -2,9 +2,10 @@
 
 use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
+use napkin_core::io::atomic::write_atomic;
 use napkin_core::model::{TokenBatch, causal_lm_loss};
 use napkin_core::tokenizer::tokenizer_for_model;
-use napkin_core::values::scalar;
+use napkin_core::values::{scalar, to_f32_vec};
 use serde_json::json;
 
 use crate::cli::EvalArgs;
@@ -28,7 +29,13 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     batch.check_vocab(model.config.vocab_size)?;
 
     let labels: Vec<i64> = ids.iter().map(|&id| id as i64).collect();
-    let loss = causal_lm_loss(model.forward(&batch), &labels)?;
+    let logits = model.forward(&batch); // [1, T, V]
+    if let Some(path) = &args.logits {
+        let [_, t, v] = logits.dims();
+        let values = to_f32_vec(logits.clone());
+        write_atomic(path, &npy_f32(&values, &[t, v]))?;
+    }
+    let loss = causal_lm_loss(logits, &labels)?;
     let tokens = loss.tokens;
     let loss = scalar(loss.mean());
     let perplexity = (loss as f64).exp();
@@ -50,4 +57,22 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         println!("device      {}", device_kind.backend_name());
     }
     Ok(())
+}
+
+/// A NumPy `.npy` (format 1.0) of little-endian f32 `values` with `shape`.
+fn npy_f32(values: &[f32], shape: &[usize]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        dims.join(", ")
+    );
+    // Magic (6) + version (2) + length (2) + header, padded with spaces to 64 bytes, then '\n'.
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    values.iter().for_each(|v| out.extend(v.to_le_bytes()));
+    out
 }
