@@ -24,7 +24,7 @@ command -v cargo-fuzz >/dev/null || cargo install --quiet --locked cargo-fuzz --
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
     targets=(gguf safetensors_folder config_json tokenizer_json adapter_config instruct_jsonl
-        run_config_toml answer browser_imports)
+        run_config_toml answer browser_imports chat_template)
 fi
 
 seed() { # target → seed folder with a few valid and malformed inputs
@@ -38,6 +38,8 @@ seed() { # target → seed folder with a few valid and malformed inputs
     adapter_config) cp "$fixtures"/tiny-smol/lora/adapter_config.json "$dir/" 2>/dev/null || true ;;
     instruct_jsonl) head -c 4000 data/napkin-instruct.jsonl > "$dir/instruct.jsonl"
         cp tests/corpus/malformed/data/*.jsonl "$dir/" ;;
+    chat_template) cp models/llama.cpp/templates/*.jinja "$dir/" 2>/dev/null || true
+        printf '%s' "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}" > "$dir/plain" ;;
     answer) printf '128.48 GB' > "$dir/a"; printf '5.6e10 bytes' > "$dir/b"; printf 'yes' > "$dir/c" ;;
     *) ;;
     esac

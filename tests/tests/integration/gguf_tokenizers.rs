@@ -1,5 +1,5 @@
 //! Tokenizers built from GGUF metadata against llama.cpp's tokenizer tests: for each vocabulary
-//! (`models/llama.cpp-vocab/`, fetched by `scripts/fetch-vocab.sh`) the test texts (`.inp`:
+//! (`models/llama.cpp/vocab/`, fetched by `scripts/fetch-llama-cpp-data.sh`) the test texts (`.inp`:
 //! digits, whitespace runs, tabs and newlines, accents, Cyrillic, CJK, emoji, code) must give the
 //! ids Hugging Face's tokenizer for that model gives them (`.out`), and decode back.
 
@@ -12,7 +12,7 @@ use napkin_core::tokenizer::TextTokenizer;
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 
 fn vocab_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llama.cpp-vocab")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llama.cpp/vocab")
 }
 
 /// The texts and expected ids of one vocabulary.
@@ -20,8 +20,12 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
     let base = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
     let read = |ext: &str| {
         let path = base.with_extension(format!("gguf.{ext}"));
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-vocab.sh)", path.display()))
+        std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run scripts/fetch-llama-cpp-data.sh)",
+                path.display()
+            )
+        })
     };
     let texts: Vec<String> = read("inp").split(SEPARATOR).map(str::to_string).collect();
     // The file ends with a separator: the last piece is empty and is no case.

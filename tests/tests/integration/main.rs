@@ -1,5 +1,6 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
+//! - `chat_templates`: real chat templates rendered as transformers renders them.
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_export`: models written as GGUF and read back (every weight type).
@@ -19,6 +20,7 @@
 //! - `tokenizers`: HF tokenizer.json and GGUF-built tokenizers.
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
+mod chat_templates;
 mod checkpoints;
 mod data;
 mod gguf_export;
