@@ -117,7 +117,8 @@ pub struct ReportArgs {
 #[derive(Debug, Args)]
 pub struct ModelArgs {
     /// A `.gguf` file, a Hugging Face model folder (config.json + model.safetensors or a sharded
-    /// index), or a napkin quantized checkpoint folder.
+    /// index; a Hugging Face cache folder `models--org--name` or one of its snapshots), or a
+    /// napkin quantized checkpoint folder.
     #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
 }

@@ -273,3 +273,43 @@ fn exercise_list_show_and_check() {
     let (ok, _, stderr) = napkin(&["exercise", "show", "no-such-id"]);
     assert!(!ok && stderr.contains("no exercise"), "{stderr}");
 }
+
+/// `--model` takes a Hugging Face cache folder (`models--org--name`: snapshots of symlinks into
+/// `blobs/`, `refs/main` naming the current one) or its snapshot, as `huggingface_hub` leaves
+/// them in `~/.cache/huggingface/hub`: the model and tokenizer are read through the links.
+#[test]
+fn a_hugging_face_cache_folder_is_a_model() {
+    let source = fixture("tiny-smol");
+    let cache = std::env::temp_dir().join(format!("napkin-hf-cache-{}", std::process::id()));
+    let repo = cache.join("models--napkin--tiny-smol");
+    let snapshot = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    for (i, file) in ["config.json", "model.safetensors"].iter().enumerate() {
+        let blob = repo.join(format!("blobs/{i:040}"));
+        std::fs::copy(source.join(file), &blob).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{i:040}"), snapshot.join(file)).unwrap();
+    }
+    let loss = |model: &std::path::Path| -> f64 {
+        let (ok, out, err) = napkin(&[
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "1,2,3,4,5",
+            "--json",
+        ]);
+        assert!(ok, "{}: {err}", model.display());
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["loss"]
+            .as_f64()
+            .unwrap()
+    };
+    let want = loss(&source);
+    assert_eq!(loss(&repo), want, "the cache folder");
+    assert_eq!(loss(&snapshot), want, "the snapshot");
+    let (ok, _, err) = napkin(&["inspect", "--model", repo.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    std::fs::remove_dir_all(&cache).ok();
+}

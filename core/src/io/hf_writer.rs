@@ -265,6 +265,7 @@ fn pretty(value: &Value) -> String {
 /// dtype": a Hugging Face folder's embedding dtype; a GGUF's F32/BF16 embedding, else f16 (the
 /// dtype llama.cpp's converter writes unquantized tensors in); napkin's NF4 folder keeps f32.
 pub fn base_weight_dtype(path: &Path) -> Result<WeightDtype> {
+    let path = &super::resolve_model_path(path)?;
     use super::gguf::GgufFile;
     use super::gguf::dequant::GgmlType;
     if path

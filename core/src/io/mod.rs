@@ -20,6 +20,37 @@ use crate::config::Nf4Config;
 use crate::error::Result;
 use crate::model::Llama;
 
+/// The model folder a path names: a Hugging Face cache folder (`models--org--name`, as
+/// `huggingface_hub` downloads into `~/.cache/huggingface/hub`) becomes the snapshot its
+/// `refs/main` points at (or its only snapshot); any other path is itself. A snapshot folder's
+/// files are symlinks into `blobs/`, which reading follows.
+pub fn resolve_model_path(path: &Path) -> Result<std::path::PathBuf> {
+    let snapshots = path.join("snapshots");
+    if !snapshots.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if let Ok(reference) = std::fs::read_to_string(path.join("refs").join("main")) {
+        let snapshot = snapshots.join(reference.trim());
+        if snapshot.is_dir() {
+            return Ok(snapshot);
+        }
+    }
+    let found: Vec<_> = std::fs::read_dir(&snapshots)
+        .map_err(|e| crate::Error::io(&snapshots, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(crate::Error::Input(format!(
+            "{}: a Hugging Face cache folder with {} snapshots and no usable refs/main; pass the snapshot folder (snapshots/<hash>)",
+            path.display(),
+            found.len()
+        ))),
+    }
+}
+
 /// Loads a model from a `.gguf` file, a Hugging Face folder or a napkin NF4 checkpoint folder.
 pub fn load_model(path: &Path, device: &Device) -> Result<Llama> {
     load_model_with(path, device, None)
@@ -28,6 +59,7 @@ pub fn load_model(path: &Path, device: &Device) -> Result<Llama> {
 /// As [`load_model`]; with `nf4`, the block linears are quantized to NF4 one by one as they
 /// are read (a napkin NF4 checkpoint is loaded as it was saved).
 pub fn load_model_with(path: &Path, device: &Device, nf4: Option<&Nf4Config>) -> Result<Llama> {
+    let path = &resolve_model_path(path)?;
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

@@ -184,6 +184,7 @@ pub fn tokenizer_for_model(model: &Path, explicit: Option<&Path>) -> Result<Text
     if let Some(path) = explicit {
         return TextTokenizer::from_file(path);
     }
+    let model = &crate::io::resolve_model_path(model)?;
     if model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

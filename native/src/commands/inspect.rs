@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::cli::InspectArgs;
 
 pub fn run(args: &InspectArgs) -> Result<()> {
-    let dir = &args.model.model;
+    let dir = &napkin_core::io::resolve_model_path(&args.model.model)?;
     let (config, on_disk) = if dir
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

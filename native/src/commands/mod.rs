@@ -24,6 +24,7 @@ use napkin_core::io::gguf::{GgufFile, gguf_config};
 
 /// A model's configuration without reading its weights: GGUF metadata or config.json.
 pub fn model_config(path: &Path) -> Result<LlamaConfig> {
+    let path = &napkin_core::io::resolve_model_path(path)?;
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

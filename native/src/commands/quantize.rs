@@ -23,7 +23,12 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     let model = super::working(
         &format!("loading {}", args.model.model.display()),
         plain,
-        || load_hf_llama(&args.model.model, &device),
+        || {
+            load_hf_llama(
+                &napkin_core::io::resolve_model_path(&args.model.model)?,
+                &device,
+            )
+        },
     )?;
     let before = model_bytes(&model);
     let model = super::working("quantizing to NF4", plain, || model.quantize_nf4(&nf4))?;
