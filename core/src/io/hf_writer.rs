@@ -251,7 +251,7 @@ fn remove_stale_weights(dir: &Path, written: &[PathBuf]) -> Result<()> {
             || name == "model.safetensors.index.json"
             || (name.starts_with("model-") && name.ends_with(".safetensors"));
         if weights && !written.contains(&entry.path()) {
-            fs::remove_file(entry.path()).map_err(|e| Error::io(&entry.path(), e))?;
+            fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
         }
     }
     Ok(())
