@@ -84,26 +84,68 @@ impl Conversation {
             ids.extend(piece);
             Ok(())
         };
-        // Walk the conversation: the text up to each reply is context, the reply is learned.
-        let mut rendered = String::new();
+        // The whole conversation rendered once; each reply's span in it is found by rendering:
+        // it starts where the prompt for it (the turns before, with the generation prompt)
+        // stops agreeing with the whole (DeepSeek-R1's prompt opens a `<think>` the history
+        // drops), and ends where the conversation up to and with it ends — less the text a
+        // template closes every conversation with (Phi-3's EOS), found by rendering none.
+        let full = format.render(messages, false)?;
+        let closing_text = format.render(&[], false).unwrap_or_default();
+        let mut cursor = 0;
         for (i, message) in messages.iter().enumerate() {
             if message.role != "assistant" {
                 continue;
             }
             let prompt = format.render(&messages[..i], true)?;
-            let full = format.render(&messages[..=i], false)?;
-            let (Some(context), Some(reply)) = (
-                prompt.strip_prefix(rendered.as_str()),
-                full.strip_prefix(prompt.as_str()),
-            ) else {
-                return Err(Error::Input(
-                    "the chat template does not render conversations incrementally".into(),
-                ));
+            let upto = format.render(&messages[..=i], false)?;
+            let start = common_prefix(&prompt, &full).max(cursor);
+            let end = if full.starts_with(&upto) {
+                upto.len()
+            } else {
+                let closing = common_suffix(&upto, &closing_text);
+                let open = &upto[..upto.len() - closing];
+                if closing > 0 && full.starts_with(open) {
+                    open.len()
+                } else {
+                    common_prefix(&upto, &full)
+                }
             };
-            push(context, train_on_inputs)?;
-            push(reply, true)?;
-            rendered = full;
+            if end <= start {
+                return Err(Error::Input(format!(
+                    "the chat template renders assistant turn {} nowhere in the conversation",
+                    i + 1
+                )));
+            }
+            push(&full[cursor..start], train_on_inputs)?;
+            push(&full[start..end], true)?;
+            cursor = end;
+        }
+        if cursor < full.len() && cursor > 0 {
+            push(&full[cursor..], train_on_inputs)?;
         }
         Ok(Sample { ids, labels })
     }
+}
+
+/// The length in bytes of the longest common prefix of `a` and `b`, on a character boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !a.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+/// The length in bytes of the longest common suffix of `a` and `b`, on a character boundary.
+fn common_suffix(a: &str, b: &str) -> usize {
+    let mut n = a
+        .bytes()
+        .rev()
+        .zip(b.bytes().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    while !a.is_char_boundary(a.len() - n) {
+        n -= 1;
+    }
+    n
 }

@@ -64,3 +64,70 @@ fn real_templates_render_as_transformers_renders_them() {
     );
     assert!(checked >= 40, "{checked}");
 }
+
+/// Reply-only labels through each real template: the spans are found by rendering (the
+/// prompt for each reply, then the conversation with it), so whatever the format, the learned
+/// tokens are the replies (with the template's end-of-turn text) and nothing of the prompts —
+/// also where a reply's prompt is not a prefix of the conversation (DeepSeek-R1's `<think>`)
+/// or every conversation ends with an EOS (Phi-3.5).
+#[test]
+fn real_templates_learn_only_the_replies() {
+    use napkin_core::chat::ChatFormat;
+    use napkin_core::data::instruct::Conversation;
+    use napkin_core::tokenizer::TextTokenizer;
+    let tokenizer =
+        TextTokenizer::from_file(&napkin_tests::fixture_root().join("tokenizer/tokenizer.json"))
+            .unwrap();
+    let expected: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/corpus/chat_templates/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let conversation = Conversation::Chat(vec![
+        Message::new("user", "What is the capital of France?"),
+        Message::new("assistant", "Paris."),
+        Message::new("user", "And of Peru?"),
+        Message::new("assistant", "Lima."),
+    ]);
+    for (name, spec) in expected.as_object().unwrap() {
+        let path = root().join(format!("models/llama.cpp/templates/{name}.jinja"));
+        let format = ChatFormat::from_template(Some(ChatTemplate {
+            source: std::fs::read_to_string(&path).unwrap(),
+            bos_token: spec["bos_token"].as_str().map(str::to_string),
+            eos_token: spec["eos_token"].as_str().map(str::to_string),
+        }))
+        .unwrap();
+        let sample = conversation
+            .render(Some(&format), &tokenizer, false)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let learned: Vec<u32> = sample
+            .labels
+            .iter()
+            .filter(|&&l| l >= 0)
+            .map(|&l| l as u32)
+            .collect();
+        let learned = tokenizer.decode(&learned).unwrap();
+        let everything = tokenizer.decode(&sample.ids).unwrap();
+        let (paris, lima) = (
+            learned.find("Paris.").unwrap(),
+            learned.find("Lima.").unwrap(),
+        );
+        assert!(paris < lima, "{name}: {learned:?}");
+        for prompt in ["capital of France", "Peru", "user"] {
+            assert!(
+                !learned.contains(prompt),
+                "{name} learns {prompt:?}: {learned:?}"
+            );
+            assert!(everything.contains(prompt) || prompt == "user", "{name}");
+        }
+        // The learned text is each reply and what the template closes a turn with (the same
+        // after both; the last may add what closes the conversation, Phi-3.5's EOS):
+        // "Paris.<|eot_id|>Lima.<|eot_id|>".
+        let after_paris = &learned[paris + "Paris.".len()..lima];
+        let after_lima = &learned[lima + "Lima.".len()..];
+        assert!(paris == 0, "{name}: {learned:?}");
+        assert!(
+            !after_paris.is_empty() && after_lima.starts_with(after_paris),
+            "{name}: {learned:?}"
+        );
+    }
+}
