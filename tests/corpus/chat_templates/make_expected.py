@@ -2,7 +2,8 @@
 checked against (tests/integration/chat_templates.rs).
 
 The templates are llama.cpp's copies of the models' own (models/llama.cpp/templates/, fetched by
-scripts/fetch-llama-cpp-data.sh); each is rendered on a few conversations with and without the
+scripts/fetch-llama-cpp-data.sh), SmolLM2's from its GGUF (scripts/fetch-smollm2.sh) and
+TinyLlama-Chat's Zephyr template (tinyllama-zephyr.jinja beside this script); each is rendered on a few conversations with and without the
 generation prompt by `transformers.utils.chat_template_utils.render_jinja_template`, the
 function `apply_chat_template` calls. A template that refuses a conversation (Gemma 2 has no
 system role) records the refusal. `date_string` is fixed so Llama 3.1's date line is the
@@ -18,10 +19,13 @@ from pathlib import Path
 from transformers.utils.chat_template_utils import render_jinja_template
 
 HERE = Path(__file__).parent
-TEMPLATES = HERE.parents[2] / "models" / "llama.cpp" / "templates"
+ROOT = HERE.parents[2]
+SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # The special-token texts each model's tokenizer_config.json gives the template.
 TOKENS = {
+    "SmolLM2-135M-Instruct": ("<|im_start|>", "<|im_end|>"),
+    "TinyLlama-1.1B-Chat-zephyr": ("<s>", "</s>"),
     "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
     "meta-llama-Llama-3.2-3B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
     "Qwen-Qwen2.5-7B-Instruct": (None, "<|im_end|>"),
@@ -44,9 +48,28 @@ CONVERSATIONS = [
     ([USER, REPLY, USER2, {"role": "assistant", "content": "Lima."}], False),
 ]
 
+
+
+def template_path(name):
+    """Where a template's source is, relative to the repository root."""
+    if name == "SmolLM2-135M-Instruct":
+        return f"gguf:{SMOLLM2}"
+    if name == "TinyLlama-1.1B-Chat-zephyr":
+        return "tests/corpus/chat_templates/tinyllama-zephyr.jinja"
+    return f"models/llama.cpp/templates/{name}.jinja"
+
+
+def read_template(where):
+    if where.startswith("gguf:"):
+        from gguf import GGUFReader
+        return GGUFReader(ROOT / where[5:]).fields["tokenizer.chat_template"].contents()
+    return (ROOT / where).read_text()
+
+
 out = {}
 for name, (bos, eos) in TOKENS.items():
-    source = (TEMPLATES / f"{name}.jinja").read_text()
+    where = template_path(name)
+    source = read_template(where)
     cases = []
     for messages, generation in CONVERSATIONS:
         case = {"messages": messages, "add_generation_prompt": generation}
@@ -58,6 +81,6 @@ for name, (bos, eos) in TOKENS.items():
         except Exception as e:  # the template's own raise_exception
             case["error"] = str(e)
         cases.append(case)
-    out[name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
+    out[name] = {"source": where, "bos_token": bos, "eos_token": eos, "cases": cases}
     print(f"{name}: {sum('text' in c for c in cases)} rendered, {sum('error' in c for c in cases)} refused")
 (HERE / "expected.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")

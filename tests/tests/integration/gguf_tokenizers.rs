@@ -152,3 +152,25 @@ fn exported_gguf_tokenizers_tokenize_as_their_source() {
         }
     }
 }
+
+/// Special tokens written in the text are matched whole (one id each), before the model
+/// splits the rest, as Hugging Face's tokenizers match added special tokens.
+#[test]
+fn special_tokens_in_text_stay_whole() {
+    for (name, open, close) in [
+        ("llama-bpe", "<|begin_of_text|>", "<|eot_id|>"),
+        ("qwen2", "<|im_start|>", "<|im_end|>"),
+        ("llama-spm", "<s>", "</s>"),
+        ("phi-3", "<|user|>", "<|end|>"),
+    ] {
+        let tokenizer = tokenizer(name);
+        let (a, b) = (
+            tokenizer.token_to_id(open).unwrap(),
+            tokenizer.token_to_id(close).unwrap(),
+        );
+        let ids = tokenizer.encode(&format!("{open}Hi there{close}")).unwrap();
+        assert_eq!(ids.first(), Some(&a), "{name}: {ids:?}");
+        assert_eq!(ids.last(), Some(&b), "{name}: {ids:?}");
+        assert!(ids.len() <= 5, "{name}: {ids:?}");
+    }
+}
