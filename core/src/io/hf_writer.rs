@@ -8,14 +8,14 @@
 //! not the model. Each file is written beside its final name and renamed when complete.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::atomic::{temp_path, write_atomic};
+use super::atomic::{write_atomic, write_atomic_with};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 
@@ -208,11 +208,8 @@ fn write_shard(
         .map_err(|e| Error::Input(format!("safetensors header: {e}")))?;
     // The data starts on an 8-byte boundary; the header is padded with spaces.
     header.resize(header.len().next_multiple_of(8), b' ');
-    let tmp = temp_path(path);
-    let result = (|| {
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        let io = |e| Error::io(&tmp, e);
+    write_atomic_with(path, |out, tmp| {
+        let io = |e| Error::io(tmp, e);
         out.write_all(&(header.len() as u64).to_le_bytes())
             .map_err(io)?;
         out.write_all(&header).map_err(io)?;
@@ -231,14 +228,8 @@ fn write_shard(
             dtype.extend_bytes(&tensor.to_vec(), &mut bytes);
             out.write_all(&bytes).map_err(io)?;
         }
-        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-        file.sync_all().map_err(io)?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+        Ok(())
+    })
 }
 
 /// Removes `model.safetensors`, the index and `model-*-of-*.safetensors` files in `dir` that

@@ -3,14 +3,13 @@
 //! tensor aligned to 32 bytes. The data is produced one tensor at a time by the caller, so a
 //! model is never held whole; the file is written beside its name and renamed when complete.
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 use super::dequant::GgmlType;
 use super::reader::GgufValue;
 use crate::error::{Error, Result};
-use crate::io::atomic::temp_path;
+use crate::io::atomic::write_atomic_with;
 
 /// The alignment of the data section and of every tensor in it (GGUF's default).
 pub const ALIGNMENT: u64 = 32;
@@ -189,14 +188,8 @@ pub fn write_gguf(
     }
     header.resize(header.len().next_multiple_of(ALIGNMENT as usize), 0);
 
-    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let tmp = temp_path(path);
-    let result = (|| {
-        let io = |e| Error::io(&tmp, e);
-        let file = File::create(&tmp).map_err(io)?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+    write_atomic_with(path, |out, tmp| {
+        let io = |e| Error::io(tmp, e);
         out.write_all(&header).map_err(io)?;
         for (t, &size) in tensors.iter().zip(&sizes) {
             let bytes = data(t)?;
@@ -211,12 +204,6 @@ pub fn write_gguf(
             let padding = size.next_multiple_of(ALIGNMENT) - size;
             out.write_all(&vec![0u8; padding as usize]).map_err(io)?;
         }
-        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-        file.sync_all().map_err(io)?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+        Ok(())
+    })
 }
