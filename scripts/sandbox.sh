@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The sandbox, from nothing: builds the browser app (scripts/web-build.sh installs what it
-# needs) and serves it on 127.0.0.1. Open the printed URL. NAPKIN_WEBGPU=0 skips the WebGPU
-# module (burn wgpu: about 15 minutes more of the first build on two cores); the page then
-# trains on the CPU only.
-# Usage: scripts/sandbox.sh [port]   (default 8080)
+# needs) and serves it on 127.0.0.1 (or, for a workshop room, `--host 0.0.0.0`: every learner
+# on the network opens one of the printed URLs). NAPKIN_WEBGPU=0 skips the WebGPU module (burn
+# wgpu: about 15 minutes more of the first build on two cores); the page then trains on the
+# CPU only.
+# Usage: scripts/sandbox.sh [--host ADDR] [--port N] [N]   (default 127.0.0.1:8080)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/web-build.sh"
@@ -11,4 +12,4 @@ if ! command -v node >/dev/null; then
     echo "error: Node.js is needed to serve the page (Debian: apt-get install nodejs)" >&2
     exit 1
 fi
-exec node "$root/web/serve.mjs" "${1:-8080}"
+exec node "$root/web/serve.mjs" "$@"

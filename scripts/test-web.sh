@@ -49,6 +49,8 @@ if [ "${NAPKIN_WEBGPU:-1}" = 1 ]; then
 fi
 
 (cd web/e2e && npm ci --silent --no-audit --no-fund)
+# The server a workshop uses: compression, revalidation, ranges, another loopback address.
+node web/e2e/serve.test.mjs
 mkdir -p web/e2e/artifacts
 # A report written by the CLI, for the page's import (the same JSON a real GPU run writes).
 # After `cargo test --workspace` the CLI is already built with the workspace's features; a

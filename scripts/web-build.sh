@@ -64,6 +64,12 @@ trap - EXIT
 
 total=$(du -cb "$dist"/* | tail -1 | cut -f1)
 echo "bundle: web/dist, $total bytes"
+# Brotli and gzip copies for web/serve.mjs (and any static server) to send compressed.
+if command -v node >/dev/null; then
+    node "$root/web/compress.mjs" "$dist" | tail -n 1
+else
+    echo "(node not found: no precompressed .br/.gz files; the page is served uncompressed)"
+fi
 for module in "${modules[@]}"; do
     wasm_bytes=$(stat -c %s "$dist/${module}_bg.wasm")
     gzip_bytes=$(gzip -9 -c "$dist/${module}_bg.wasm" | wc -c)
