@@ -44,6 +44,15 @@ const step = (name) => console.log(`e2e: ${name}`);
 try {
   const requests = [];
   context.on('request', (r) => requests.push(r.url()));
+  // How the page's module travels: the browser accepts brotli, the server sends its copy.
+  const moduleEncodings = [];
+  context.on('response', (r) => {
+    if (r.url().endsWith('napkin_web_bg.wasm')) {
+      const seen = { encoding: r.headers()['content-encoding'] };
+      moduleEncodings.push(seen);
+      r.request().sizes().then((sizes) => { seen.bytes = sizes.responseBodySize; }, () => {});
+    }
+  });
   const page = context.pages()[0] ?? await context.newPage();
   const consoleErrors = [];
   page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
@@ -55,6 +64,8 @@ try {
   await page.waitForSelector('body[data-ready="true"]', { timeout: 60_000 });
   await page.waitForSelector('#controls');
   report.first_render_ms = await page.evaluate(() => window.napkinFirstRenderMs);
+  assert.equal(moduleEncodings[0]?.encoding, 'br', 'the page module is sent brotli-compressed');
+  report.module_bytes_transferred = moduleEncodings[0]?.bytes;
   report.load_wall_ms = Date.now() - t0;
   assert.match(await page.textContent('#peak'), /Step peak/);
 
