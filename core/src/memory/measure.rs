@@ -241,11 +241,12 @@ pub fn this_machine(device: &Device, probe: MachineProbe) -> DevicePreset {
 /// base, then the LoRA adapters), on the autodiff `device`: what the sandbox trains and what
 /// `napkin measure --preset` measures.
 pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
-    let mut model = Llama::init(&s.config, device);
+    // An NF4 base is quantized block by block as it is made: no f32 copy of the whole model.
+    let mut model = match &s.nf4 {
+        Some(nf4) => Llama::init_nf4(&s.config, device, nf4)?,
+        None => Llama::init(&s.config, device),
+    };
     model.attention = s.attention;
-    if let Some(nf4) = &s.nf4 {
-        model = model.quantize_nf4(nf4)?;
-    }
     if let Some(lora) = &s.lora {
         model = model.with_lora(lora)?;
     }

@@ -12,10 +12,27 @@ use burn::tensor::{Device, FloatDType, Tensor};
 use super::linear::{BaseWeight, Linear, Nf4Weight};
 use super::llama::Llama;
 use super::lora::LoraAdapter;
-use crate::config::{LoraConfig, LoraTarget, Nf4Config};
+use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::error::{Error, Result};
 use crate::tricks::nf4::Nf4Tensor;
 use crate::values::to_f32_vec;
+
+/// Replaces a dense base weight by its NF4 quantization (the float weight is dropped).
+fn quantize_linear(
+    linear: &mut Linear,
+    config: &Nf4Config,
+    device: &Device,
+    path: &str,
+) -> Result<()> {
+    if let BaseWeight::Dense(w) = &linear.base {
+        let [out, inp] = w.shape().dims::<2>();
+        let values = to_f32_vec(w.val());
+        let q = Nf4Tensor::quantize(&values, &[out, inp], config)
+            .map_err(|e| Error::Input(format!("{path}: {e}")))?;
+        linear.base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), device));
+    }
+    Ok(())
+}
 
 /// Adapters taken out of a model by [`Llama::merge_lora`], keyed by HF module path.
 pub type DetachedAdapters = Vec<(String, LoraAdapter)>;
@@ -49,16 +66,36 @@ impl Llama {
         config.validate()?;
         let device = self.device();
         for named in self.block_linears_mut() {
-            let linear = named.linear;
-            if let BaseWeight::Dense(w) = &linear.base {
-                let [out, inp] = w.shape().dims::<2>();
-                let values = to_f32_vec(w.val());
-                let q = Nf4Tensor::quantize(&values, &[out, inp], config)
-                    .map_err(|e| Error::Input(format!("{}: {e}", named.path)))?;
-                linear.base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), &device));
-            }
+            quantize_linear(named.linear, config, &device, &named.path)?;
         }
         Ok(self)
+    }
+
+    /// A randomly initialised model whose block linears are NF4 from the start: each block is
+    /// quantized as soon as it is made, so the f32 weights of only one block exist at a time
+    /// (a TinyLlama-sized model never holds its 4.4 GB of f32 block weights). The values are
+    /// those of [`Llama::init`] followed by [`quantize_nf4`](Self::quantize_nf4): the same
+    /// random draws in the same order.
+    pub fn init_nf4(config: &LlamaConfig, device: &Device, nf4: &Nf4Config) -> Result<Self> {
+        nf4.validate()?;
+        Llama::init_blocks(config, device, |layer, block| {
+            let a = &mut block.self_attn;
+            let m = &mut block.mlp;
+            let seven = [
+                &mut a.q_proj,
+                &mut a.k_proj,
+                &mut a.v_proj,
+                &mut a.o_proj,
+                &mut m.gate_proj,
+                &mut m.up_proj,
+                &mut m.down_proj,
+            ];
+            for (target, linear) in LoraTarget::ALL.into_iter().zip(seven) {
+                let path = format!("model.layers.{layer}.{}", target.block_path());
+                quantize_linear(linear, nf4, device, &path)?;
+            }
+            Ok(())
+        })
     }
 
     /// Freezes the base and attaches freshly initialised adapters (peft defaults: A

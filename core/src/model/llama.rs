@@ -47,22 +47,39 @@ impl Llama {
     /// A randomly initialised model (HF init: N(0, 0.02) for linears and the embedding, unit
     /// norms). Call `device.seed(..)` first for a reproducible draw.
     pub fn init(config: &LlamaConfig, device: &Device) -> Self {
+        match Llama::init_blocks::<std::convert::Infallible>(config, device, |_, _| Ok(())) {
+            Ok(model) => model,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`init`](Self::init), with `each(layer, block)` applied to every decoder block as soon
+    /// as it is made (before the next block's random draws).
+    pub(crate) fn init_blocks<E>(
+        config: &LlamaConfig,
+        device: &Device,
+        mut each: impl FnMut(usize, &mut DecoderBlock) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Self, E> {
         let embed = Tensor::random(
             [config.vocab_size, config.hidden_size],
             Distribution::Normal(0.0, 0.02),
             device,
         );
-        Llama {
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for layer in 0..config.num_hidden_layers {
+            let mut block = DecoderBlock::init(config, device);
+            each(layer, &mut block)?;
+            layers.push(block);
+        }
+        Ok(Llama {
             embed_tokens: Param::from_tensor(embed),
-            layers: (0..config.num_hidden_layers)
-                .map(|_| DecoderBlock::init(config, device))
-                .collect(),
+            layers,
             norm: RmsNorm::init(config.hidden_size, config.rms_norm_eps, device),
             lm_head: (!config.tie_word_embeddings)
                 .then(|| Linear::init(config.vocab_size, config.hidden_size, device)),
             config: config.clone(),
             attention: AttentionKind::default(),
-        }
+        })
     }
 
     /// The device the weights live on.

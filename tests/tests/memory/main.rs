@@ -543,3 +543,67 @@ fn writing_a_merged_model_holds_one_tensor_at_a_time() {
         "the in-memory path holds the dense model: {in_memory} vs {dense_bytes}"
     );
 }
+
+/// A random NF4 model is quantized block by block as it is made (`Llama::init_nf4`, used by
+/// `napkin measure --preset` and the sandbox): the same codes as initialising in f32 and then
+/// quantizing, with a heap peak of about one f32 block above the quantized model instead of
+/// the whole f32 model.
+#[test]
+fn a_random_nf4_model_never_holds_its_f32_weights() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = LlamaConfig {
+        num_hidden_layers: 8,
+        ..LlamaConfig::small()
+    };
+    let nf4 = Nf4Config {
+        block_size: 64,
+        double_quant: true,
+    };
+    let device = DeviceKind::Cpu.open().unwrap();
+    drop(build(&config, Some(&nf4), false)); // warm-up
+
+    let before = live_bytes();
+    reset_peak();
+    device.seed(7);
+    let whole = Llama::init(&config, &device).quantize_nf4(&nf4).unwrap();
+    let whole_peak = peak_bytes().saturating_sub(before);
+    let whole_codes: Vec<Vec<u8>> = whole
+        .block_linears()
+        .iter()
+        .map(|n| match &n.linear.base {
+            BaseWeight::Nf4(w) => w.quantized.packed.clone(),
+            BaseWeight::Dense(_) => panic!("{} is not NF4", n.path),
+        })
+        .collect();
+    drop(whole);
+
+    let before = live_bytes();
+    reset_peak();
+    device.seed(7);
+    let streamed = Llama::init_nf4(&config, &device, &nf4).unwrap();
+    let streamed_peak = peak_bytes().saturating_sub(before);
+    let streamed_codes: Vec<Vec<u8>> = streamed
+        .block_linears()
+        .iter()
+        .map(|n| match &n.linear.base {
+            BaseWeight::Nf4(w) => w.quantized.packed.clone(),
+            BaseWeight::Dense(_) => panic!("{} is not NF4", n.path),
+        })
+        .collect();
+    assert!(
+        streamed_codes == whole_codes,
+        "the same random draws, the same codes"
+    );
+
+    let block_f32 = 4 * config.block_parameters() as usize;
+    eprintln!(
+        "random NF4 model, 8 blocks: heap peak +{} block by block, +{} f32 first (one f32 block {})",
+        mib(streamed_peak as f64),
+        mib(whole_peak as f64),
+        mib(block_f32 as f64)
+    );
+    assert!(
+        whole_peak.saturating_sub(streamed_peak) >= 6 * block_f32,
+        "block by block {streamed_peak} B vs f32 first {whole_peak} B"
+    );
+}
