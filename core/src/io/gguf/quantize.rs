@@ -1,8 +1,8 @@
 //! f32 → ggml blocks, for writing GGUF files: F32, F16, BF16, Q8_0 and Q4_0 as llama.cpp's
 //! reference quantizers compute them (`quantize_row_*_ref`; equal to gguf-py's quantizer bit
-//! for bit, `tests/corpus/ggml`), and Q4_K by napkin's own min/max rule (llama.cpp searches
-//! each group's scale iteratively; any Q4_K block is read the same way, so files interoperate,
-//! and the error is bounded by a test).
+//! for bit, `tests/corpus/ggml`), and Q4_K by napkin's own least-squares fit of each group
+//! (not llama.cpp's search, so not its bytes; any Q4_K block is read the same way, so files
+//! interoperate, and the error is bounded by tests).
 
 use half::{bf16, f16};
 
@@ -64,18 +64,62 @@ fn q4_0(block: &[f32], out: &mut Vec<u8>) {
     out.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
 }
 
+/// A group's step and offset for x ≈ step·q − offset (q in 0..=15, offset ≥ 0): levels are
+/// tried for 21 step sizes around (x_max − min(0, x_min)) / 15, and for each the step and
+/// offset that fit them in least squares; the pair with the smallest squared error wins.
+fn fit_group(x: &[f32]) -> (f32, f32) {
+    let lo = x.iter().fold(0.0f32, |m, &v| m.min(v));
+    let hi = x.iter().fold(lo, |m, &v| m.max(v));
+    if hi <= lo {
+        return (0.0, -lo);
+    }
+    let n = x.len() as f32;
+    let sum_x: f32 = x.iter().sum();
+    let mut best = ((hi - lo) / 15.0, -lo, f32::INFINITY);
+    for k in 0..=20 {
+        let inverse = (14.0 + 0.1 * k as f32) / (hi - lo);
+        let levels: Vec<f32> = x
+            .iter()
+            .map(|&v| ((v - lo) * inverse).round().clamp(0.0, 15.0))
+            .collect();
+        let (sum_l, sum_ll, sum_lx) = levels.iter().zip(x).fold((0.0, 0.0, 0.0), |a, (&l, &v)| {
+            (a.0 + l, a.1 + l * l, a.2 + l * v)
+        });
+        let det = n * sum_ll - sum_l * sum_l;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut step = (n * sum_lx - sum_l * sum_x) / det;
+        let mut shift = (sum_x - step * sum_l) / n;
+        if shift > 0.0 {
+            // The offset cannot be negative: fit the step alone.
+            shift = 0.0;
+            step = sum_lx / sum_ll;
+        }
+        if step <= 0.0 {
+            continue;
+        }
+        let err: f32 = levels
+            .iter()
+            .zip(x)
+            .map(|(&l, &v)| (step * l + shift - v).powi(2))
+            .sum();
+        if err < best.2 {
+            best = (step, -shift, err);
+        }
+    }
+    (best.0, best.1)
+}
+
 /// Q4_K: eight groups of 32, x ≈ d·sc·q − dmin·m with 6-bit sc and m per group and 4-bit q.
-/// Each group's range [min(0, x_min), x_max] is split in 15 steps; the super-block scales d and
-/// dmin make the largest step and offset 63; q is rounded against the stored (f16, 6-bit)
-/// scales, so the file decodes to the nearest level it can express.
+/// Each group's step and offset are fitted (`fit_group`); the super-block scales d and dmin
+/// make the largest step and offset 63; q is rounded against the stored (f16, 6-bit) scales,
+/// so the file decodes to the nearest level it can express.
 fn q4_k(block: &[f32], out: &mut Vec<u8>) {
     let mut steps = [0.0f32; 8];
     let mut offsets = [0.0f32; 8];
     for (g, group) in block.chunks_exact(32).enumerate() {
-        let lo = group.iter().fold(0.0f32, |m, &v| m.min(v));
-        let hi = group.iter().fold(lo, |m, &v| m.max(v));
-        steps[g] = (hi - lo) / 15.0;
-        offsets[g] = -lo;
+        (steps[g], offsets[g]) = fit_group(group);
     }
     let d = f16::from_f32(steps.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
     let dmin = f16::from_f32(offsets.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
@@ -179,6 +223,30 @@ mod tests {
                 "group {g}: {worst} vs step {step}"
             );
         }
+    }
+
+    /// On weight-like (Gaussian) values Q4_K's fitted groups beat Q4_0 (measured RMS error
+    /// 1.41e-3 against 1.70e-3; the plain min/max range gave 1.55e-3).
+    #[test]
+    fn q4_k_beats_q4_0_on_gaussian_weights() {
+        let mut state = 7u64;
+        let mut gaussian = || {
+            let mut sum = 0.0f32;
+            for _ in 0..12 {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                sum += (state >> 40) as f32 / (1u64 << 24) as f32;
+            }
+            (sum - 6.0) * 0.02
+        };
+        let x: Vec<f32> = (0..256 * 64).map(|_| gaussian()).collect();
+        let error = |t: GgmlType| {
+            let back = t.dequantize(&quantize(t, &x).unwrap(), x.len()).unwrap();
+            rms(&back, &x)
+        };
+        let (q4_0, q4_k) = (error(GgmlType::Q4_0), error(GgmlType::Q4K));
+        assert!(q4_k < 0.9 * q4_0, "Q4_K {q4_k} vs Q4_0 {q4_0}");
     }
 
     #[test]
