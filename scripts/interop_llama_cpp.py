@@ -1,4 +1,4 @@
-"""llama.cpp (llama-cpp-python) loads napkin's Q8_0 GGUF export and answers a chat prompt
+"""llama.cpp (llama-cpp-python) loads a GGUF napkin exported and answers a chat prompt
 greedily as `napkin generate` does on the same file (called by scripts/interop.sh)."""
 
 import subprocess
@@ -19,7 +19,7 @@ theirs = out["choices"][0]["message"]["content"].strip()
 ours = subprocess.run(
     [napkin, "generate", "--model", gguf, "--chat", "--prompt", prompt, "--max-new-tokens", "16"],
     check=True, capture_output=True, text=True).stdout.strip()
-print(f"  llama.cpp on napkin's Q8_0 export: {theirs!r}")
-print(f"  napkin    on napkin's Q8_0 export: {ours!r}")
+print(f"  llama.cpp on napkin's export: {theirs!r}")
+print(f"  napkin    on napkin's export:  {ours!r}")
 print(f"  {'the same' if theirs == ours else 'DIFFERENT'}")
 sys.exit(0 if theirs == ours else 1)
