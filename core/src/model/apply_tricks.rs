@@ -79,18 +79,7 @@ impl Llama {
     pub fn init_nf4(config: &LlamaConfig, device: &Device, nf4: &Nf4Config) -> Result<Self> {
         nf4.validate()?;
         Llama::init_blocks(config, device, |layer, block| {
-            let a = &mut block.self_attn;
-            let m = &mut block.mlp;
-            let seven = [
-                &mut a.q_proj,
-                &mut a.k_proj,
-                &mut a.v_proj,
-                &mut a.o_proj,
-                &mut m.gate_proj,
-                &mut m.up_proj,
-                &mut m.down_proj,
-            ];
-            for (target, linear) in LoraTarget::ALL.into_iter().zip(seven) {
+            for (target, linear) in LoraTarget::ALL.into_iter().zip(block.linears_mut()) {
                 let path = format!("model.layers.{layer}.{}", target.block_path());
                 quantize_linear(linear, nf4, device, &path)?;
             }

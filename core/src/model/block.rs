@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::attention::{Attention, AttentionMask, LayerKvCache};
+use super::linear::Linear;
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
 use super::rope::RopeTables;
@@ -23,6 +24,22 @@ pub struct DecoderBlock {
 }
 
 impl DecoderBlock {
+    /// The seven linears, mutably, in module order (`LoraTarget::ALL`'s order: q, k, v, o,
+    /// gate, up, down).
+    pub fn linears_mut(&mut self) -> [&mut Linear; 7] {
+        let a = &mut self.self_attn;
+        let m = &mut self.mlp;
+        [
+            &mut a.q_proj,
+            &mut a.k_proj,
+            &mut a.v_proj,
+            &mut a.o_proj,
+            &mut m.gate_proj,
+            &mut m.up_proj,
+            &mut m.down_proj,
+        ]
+    }
+
     /// A fresh block.
     pub fn init(config: &LlamaConfig, device: &Device) -> Self {
         DecoderBlock {

@@ -184,18 +184,7 @@ impl Llama {
     pub fn block_linears_mut(&mut self) -> Vec<NamedLinear<&mut Linear>> {
         let mut out = Vec::with_capacity(7 * self.layers.len());
         for (layer, block) in self.layers.iter_mut().enumerate() {
-            let a = &mut block.self_attn;
-            let m = &mut block.mlp;
-            let seven = [
-                &mut a.q_proj,
-                &mut a.k_proj,
-                &mut a.v_proj,
-                &mut a.o_proj,
-                &mut m.gate_proj,
-                &mut m.up_proj,
-                &mut m.down_proj,
-            ];
-            for (target, linear) in LoraTarget::ALL.into_iter().zip(seven) {
+            for (target, linear) in LoraTarget::ALL.into_iter().zip(block.linears_mut()) {
                 out.push(NamedLinear {
                     path: format!("model.layers.{layer}.{}", target.block_path()),
                     layer,
