@@ -48,54 +48,13 @@ impl Llama {
     /// A tied model has no `lm_head.weight` entry: its head is `model.embed_tokens.weight`.
     /// NF4 weights appear dequantized (transient copies, for export and comparison).
     pub fn hf_parameters(&self) -> Vec<(String, ParamTensor)> {
-        use ParamTensor::{Matrix, Vector};
-        let device = self.device();
-        let mut out = vec![(
-            "model.embed_tokens.weight".to_string(),
-            Matrix(self.embed_tokens.val()),
-        )];
-        for (i, block) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let attn = &block.self_attn;
-            let mlp = &block.mlp;
-            out.push((
-                format!("{p}.input_layernorm.weight"),
-                Vector(block.input_layernorm.weight.val()),
-            ));
-            for (name, linear) in [
-                ("self_attn.q_proj", &attn.q_proj),
-                ("self_attn.k_proj", &attn.k_proj),
-                ("self_attn.v_proj", &attn.v_proj),
-                ("self_attn.o_proj", &attn.o_proj),
-                ("mlp.gate_proj", &mlp.gate_proj),
-                ("mlp.up_proj", &mlp.up_proj),
-                ("mlp.down_proj", &mlp.down_proj),
-            ] {
-                out.push((
-                    format!("{p}.{name}.weight"),
-                    Matrix(linear.dense_weight(&device)),
-                ));
-            }
-            out.push((
-                format!("{p}.post_attention_layernorm.weight"),
-                Vector(block.post_attention_layernorm.weight.val()),
-            ));
-        }
-        out.push((
-            "model.norm.weight".to_string(),
-            Vector(self.norm.weight.val()),
-        ));
-        if let Some(lm_head) = &self.lm_head {
-            out.push((
-                "lm_head.weight".to_string(),
-                Matrix(lm_head.dense_weight(&device)),
-            ));
-        }
-        out
+        self.config
+            .hf_parameter_shapes()
+            .into_iter()
+            .filter_map(|(name, _)| self.hf_tensor(&name, false).map(|t| (name, t)))
+            .collect()
     }
-}
 
-impl Llama {
     /// One parameter by its Hugging Face name, made on its own (an NF4 linear is dequantized
     /// alone): with `merge_lora`, a linear with an adapter is `W + s·B·A`. `None` for a name
     /// the model does not have. Writers use it to hold one tensor at a time.

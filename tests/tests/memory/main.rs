@@ -544,6 +544,18 @@ fn writing_a_merged_model_holds_one_tensor_at_a_time() {
     );
 }
 
+/// The packed NF4 codes of every block linear, in module order.
+fn nf4_codes(model: &Llama) -> Vec<Vec<u8>> {
+    model
+        .block_linears()
+        .iter()
+        .map(|n| match &n.linear.base {
+            BaseWeight::Nf4(w) => w.quantized.packed.clone(),
+            BaseWeight::Dense(_) => panic!("{} is not NF4", n.path),
+        })
+        .collect()
+}
+
 /// A random NF4 model is quantized block by block as it is made (`Llama::init_nf4`, used by
 /// `napkin measure --preset` and the sandbox): the same codes as initialising in f32 and then
 /// quantizing, with a heap peak of about one f32 block above the quantized model instead of
@@ -567,14 +579,7 @@ fn a_random_nf4_model_never_holds_its_f32_weights() {
     device.seed(7);
     let whole = Llama::init(&config, &device).quantize_nf4(&nf4).unwrap();
     let whole_peak = peak_bytes().saturating_sub(before);
-    let whole_codes: Vec<Vec<u8>> = whole
-        .block_linears()
-        .iter()
-        .map(|n| match &n.linear.base {
-            BaseWeight::Nf4(w) => w.quantized.packed.clone(),
-            BaseWeight::Dense(_) => panic!("{} is not NF4", n.path),
-        })
-        .collect();
+    let whole_codes = nf4_codes(&whole);
     drop(whole);
 
     let before = live_bytes();
@@ -582,14 +587,7 @@ fn a_random_nf4_model_never_holds_its_f32_weights() {
     device.seed(7);
     let streamed = Llama::init_nf4(&config, &device, &nf4).unwrap();
     let streamed_peak = peak_bytes().saturating_sub(before);
-    let streamed_codes: Vec<Vec<u8>> = streamed
-        .block_linears()
-        .iter()
-        .map(|n| match &n.linear.base {
-            BaseWeight::Nf4(w) => w.quantized.packed.clone(),
-            BaseWeight::Dense(_) => panic!("{} is not NF4", n.path),
-        })
-        .collect();
+    let streamed_codes = nf4_codes(&streamed);
     assert!(
         streamed_codes == whole_codes,
         "the same random draws, the same codes"
