@@ -90,7 +90,8 @@ impl Conversation {
         // drops), and ends where the conversation up to and with it ends — less the text a
         // template closes every conversation with (Phi-3's EOS), found by rendering none.
         let full = format.render(messages, false)?;
-        let closing_text = format.render(&[], false).unwrap_or_default();
+        // Rendered only for a template that needs it (most render each prefix as a prefix).
+        let mut closing_text: Option<String> = None;
         let mut cursor = 0;
         for (i, message) in messages.iter().enumerate() {
             if message.role != "assistant" {
@@ -102,7 +103,9 @@ impl Conversation {
             let end = if full.starts_with(&upto) {
                 upto.len()
             } else {
-                let closing = common_suffix(&upto, &closing_text);
+                let closing_text = closing_text
+                    .get_or_insert_with(|| format.render(&[], false).unwrap_or_default());
+                let closing = common_suffix(&upto, closing_text);
                 let open = &upto[..upto.len() - closing];
                 if closing > 0 && full.starts_with(open) {
                     open.len()
