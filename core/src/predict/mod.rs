@@ -23,6 +23,7 @@ pub mod inventory;
 pub mod link;
 pub mod offload;
 pub mod precision;
+pub mod pytorch;
 pub mod rules;
 pub mod seed;
 pub mod sharding;

@@ -34,6 +34,7 @@ mod merged_folder;
 mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
+mod pytorch_profile;
 mod quantized_checkpoint;
 mod smollm2;
 mod smollm2_reference;

@@ -1,0 +1,291 @@
+//! The predictor's PyTorch profile: the memory of one Hugging Face training step as PyTorch
+//! spends it, for learners who come from `transformers` + `peft` + `bitsandbytes` on a GPU.
+//!
+//! napkin's own inventory (`predict::inventory`) replays napkin's engine; this one replays
+//! PyTorch's: what autograd saves for `LlamaForCausalLM` (eager or sdpa attention), peft's LoRA
+//! (dropout included), bitsandbytes' `Linear4bit` (nf4 or fp4, its compute dtype, and what
+//! `MatMul4Bit` keeps in the release you run), HF gradient checkpointing (reentrant or not; HF
+//! skips it in eval mode), `prepare_model_for_kbit_training` (which casts the other parameters
+//! to f32), and the order the backward allocates and frees in. The figures are checked
+//! against PyTorch measured on the CPU (`tests/corpus/pytorch_profile`).
+//!
+//! - `tape`: autograd's saving and freeing rules, op by op, and the backward walk.
+//! - `llama`: the HF forward written onto the tape.
+
+pub mod llama;
+pub mod tape;
+
+use serde::Serialize;
+
+use crate::config::{LlamaConfig, LoraConfig, LoraTarget};
+
+/// Where the step runs (the kernels differ in what they save).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TorchDevice {
+    /// The CPU (flash attention for the CPU; dropout keeps a mask of the input's dtype).
+    Cpu,
+    /// CUDA (flash or memory-efficient attention; dropout keeps a one-byte mask).
+    Cuda,
+}
+
+/// A torch dtype of the hidden states or of the 4-bit compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TorchDtype {
+    /// `torch.float32`.
+    F32,
+    /// `torch.bfloat16`.
+    Bf16,
+    /// `torch.float16`.
+    F16,
+}
+
+impl TorchDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> u64 {
+        match self {
+            TorchDtype::F32 => 4,
+            TorchDtype::Bf16 | TorchDtype::F16 => 2,
+        }
+    }
+}
+
+/// `attn_implementation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Attention {
+    /// `eager`: the scores and probabilities are tensors; softmax keeps `[B, H, T, T]` in f32.
+    Eager,
+    /// `sdpa`: `scaled_dot_product_attention`, one fused kernel.
+    Sdpa,
+}
+
+/// HF gradient checkpointing (`gradient_checkpointing_kwargs={"use_reentrant": …}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Checkpointing {
+    /// `use_reentrant=True` (HF's default): the layer runs under `no_grad`; its output needs a
+    /// gradient only if its input does.
+    Reentrant,
+    /// `use_reentrant=False`.
+    NonReentrant,
+}
+
+/// The 4-bit data type of bitsandbytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Quant4bit {
+    /// NormalFloat4.
+    Nf4,
+    /// bitsandbytes' 4-bit float, its default `bnb_4bit_quant_type`.
+    Fp4,
+}
+
+/// What the step trains.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Method {
+    /// Every parameter.
+    Full,
+    /// peft LoRA adapters over a frozen model.
+    Lora,
+    /// LoRA over bitsandbytes 4-bit block linears (`load_in_4bit`).
+    QLora {
+        /// nf4 or fp4.
+        quant: Quant4bit,
+        /// `bnb_4bit_use_double_quant`: 8-bit absmax with f32 scales per 256.
+        double_quant: bool,
+        /// bitsandbytes' block size (64).
+        block_size: u64,
+    },
+}
+
+/// Behaviours that changed between releases of the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Stack {
+    /// bitsandbytes before 0.43.2 kept each `Linear4bit`'s cast input on the autograd context
+    /// (fixed by "fix QLoRA mem bug: delete useless buffered activation", July 2024).
+    pub bnb_keeps_input: bool,
+    /// transformers before the sdpa path passed `enable_gqa` copied k and v to every head
+    /// (`repeat_kv`) before `scaled_dot_product_attention`.
+    pub sdpa_repeats_kv: bool,
+}
+
+impl Stack {
+    /// torch 2.15, transformers 5.23, peft 0.21, bitsandbytes 0.50: the releases the fixtures
+    /// were measured with.
+    pub const MEASURED: Stack = Stack {
+        bnb_keeps_input: false,
+        sdpa_repeats_kv: false,
+    };
+    /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
+    pub const SPRING_2024: Stack = Stack {
+        bnb_keeps_input: true,
+        sdpa_repeats_kv: true,
+    };
+}
+
+/// One training step as a PyTorch user sets it up.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PyTorchSetup {
+    /// B.
+    pub batch: usize,
+    /// T.
+    pub seq: usize,
+    /// Full, LoRA or QLoRA.
+    pub method: Method,
+    /// The adapters (LoRA and QLoRA).
+    pub lora: Option<LoraConfig>,
+    /// The dtype of the hidden states and the non-quantized weights (f32 after
+    /// `prepare_model_for_kbit_training`).
+    pub dtype: TorchDtype,
+    /// `bnb_4bit_compute_dtype`.
+    pub compute_dtype: TorchDtype,
+    /// `model.train()` (dropout and checkpointing run) or eval mode, where `from_pretrained`
+    /// leaves a model.
+    pub training: bool,
+    /// Gradient checkpointing, when enabled.
+    pub checkpointing: Option<Checkpointing>,
+    /// `enable_input_require_grads`: the embedding output is made to need a gradient.
+    pub input_require_grads: bool,
+    /// The attention implementation.
+    pub attention: Attention,
+    /// CPU or CUDA.
+    pub device: TorchDevice,
+    /// The releases' behaviours.
+    pub stack: Stack,
+}
+
+impl PyTorchSetup {
+    /// peft's defaults on a Llama: r 8, α 8 … here with the rank, α and dropout given, on
+    /// `q_proj` and `v_proj` (peft's default targets for Llama).
+    pub fn peft_default_targets() -> Vec<LoraTarget> {
+        vec![LoraTarget::QProj, LoraTarget::VProj]
+    }
+
+    /// QLoRA as `prepare_model_for_kbit_training(model, use_gradient_checkpointing=…)` leaves
+    /// it: the other parameters in f32, checkpointing enabled (HF's reentrant default) and the
+    /// embedding output hooked to need a gradient when `checkpointing` is on.
+    pub fn qlora_prepared(
+        batch: usize,
+        seq: usize,
+        quant: Quant4bit,
+        lora: LoraConfig,
+        checkpointing: bool,
+    ) -> Self {
+        PyTorchSetup {
+            batch,
+            seq,
+            method: Method::QLora {
+                quant,
+                double_quant: false,
+                block_size: 64,
+            },
+            lora: Some(lora),
+            dtype: TorchDtype::F32,
+            compute_dtype: TorchDtype::Bf16,
+            training: true,
+            checkpointing: checkpointing.then_some(Checkpointing::Reentrant),
+            input_require_grads: checkpointing,
+            attention: Attention::Sdpa,
+            device: TorchDevice::Cuda,
+            stack: Stack::MEASURED,
+        }
+    }
+
+    /// Checkpointing as it runs: HF only checkpoints in training mode.
+    pub fn active_checkpointing(&self) -> Option<Checkpointing> {
+        self.checkpointing.filter(|_| self.training)
+    }
+}
+
+/// The profile's figures for one step, in bytes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PyTorchStep {
+    /// Parameters and buffers (4-bit codes, their absmax and second-level scales included).
+    pub weights: u64,
+    /// The trainable parameters (each gets a `.grad` of the same size).
+    pub trainable: u64,
+    /// Saved tensors per decoder layer (a tensor shared by layers counts in the first).
+    pub saved_per_layer: Vec<u64>,
+    /// Saved tensors outside the layers (embedding, final norm, head, loss).
+    pub saved_outside: u64,
+    /// What the forward leaves allocated above the weights: saved tensors, logits and loss.
+    pub alive_after_forward: u64,
+    /// The highest allocation of forward and backward above the weights.
+    pub peak_above_weights: u64,
+}
+
+impl PyTorchStep {
+    /// `torch.cuda.max_memory_allocated()` after the step, from an empty device: weights plus
+    /// the peak above them.
+    pub fn peak_allocated(&self) -> u64 {
+        self.weights + self.peak_above_weights
+    }
+}
+
+/// Replays one step of `config` under `setup`.
+pub fn predict(config: &LlamaConfig, setup: &PyTorchSetup) -> PyTorchStep {
+    let recorded = llama::record(config, setup);
+    let per = recorded.tape.saved_per_layer();
+    let saved_per_layer = (0..config.num_hidden_layers)
+        .map(|l| per.get(&Some(l)).copied().unwrap_or(0))
+        .collect();
+    let (weights, trainable) = parameter_bytes(config, setup);
+    PyTorchStep {
+        weights,
+        trainable,
+        saved_per_layer,
+        saved_outside: per.get(&None).copied().unwrap_or(0),
+        alive_after_forward: recorded.tape.alive_after_forward(),
+        peak_above_weights: recorded.tape.backward_peak(recorded.loss),
+    }
+}
+
+/// (weights, trainable) in bytes.
+fn parameter_bytes(config: &LlamaConfig, setup: &PyTorchSetup) -> (u64, u64) {
+    let w = setup.dtype.bytes();
+    let d = config.hidden_size as u64;
+    let layers = config.num_hidden_layers as u64;
+    let embedding = config.embedding_parameters() + config.lm_head_parameters();
+    let norms = (2 * layers + 1) * d;
+    // The rotary `inv_freq` and its original copy: d/2 f32 values each.
+    let buffers = config.head_dim as u64 * 4;
+    let linear_shapes = config.block_linears().map(|(_, out, inp)| (out * inp) as u64);
+    let linears = layers * linear_shapes.iter().sum::<u64>();
+    let adapters = setup.lora.as_ref().map_or(0, |lora| {
+        layers * lora_parameters(config, lora) * 4
+    });
+    let dense = (embedding + norms) * w + buffers;
+    let (linear_bytes, trainable) = match setup.method {
+        Method::Full => (linears * w, (embedding + norms + linears) * w),
+        Method::Lora => (linears * w, adapters),
+        Method::QLora {
+            double_quant,
+            block_size,
+            ..
+        } => {
+            // Each weight is quantized on its own.
+            let blocks = layers
+                * linear_shapes
+                    .iter()
+                    .map(|v| v.div_ceil(block_size))
+                    .sum::<u64>();
+            // Codes two to a byte; absmax f32 per block, or one byte per block plus an f32
+            // scale per 256 blocks with double quantization (and a 256-entry f32 code book).
+            let absmax = if double_quant {
+                blocks + blocks.div_ceil(256) * 4
+            } else {
+                blocks * 4
+            };
+            (linears.div_ceil(2) + absmax, adapters)
+        }
+    };
+    (dense + linear_bytes + adapters, trainable)
+}
+
+/// LoRA parameters of one layer.
+fn lora_parameters(config: &LlamaConfig, lora: &LoraConfig) -> u64 {
+    config
+        .block_linears()
+        .iter()
+        .zip(LoraTarget::ALL)
+        .filter(|(_, target)| lora.targets.contains(target))
+        .map(|(&(_, fan_out, fan_in), _)| (lora.r * (fan_in + fan_out)) as u64)
+        .sum()
+}

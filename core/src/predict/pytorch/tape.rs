@@ -1,0 +1,528 @@
+//! A replay of PyTorch's autograd bookkeeping: what each op saves, and what the backward
+//! allocates and frees, in bytes.
+//!
+//! The forward is written onto the tape op by op (see `llama.rs`). Each op records
+//! - the tensors it saves for its backward, under PyTorch's rules (`derivatives.yaml`): a
+//!   product saves each operand when the *other* one needs a gradient; `pow`, `silu`, `mm`'s
+//!   input save their input; `rsqrt`, `softmax`, `log_softmax` save their result; additions,
+//!   casts, views, concatenations and products with a Python scalar save nothing;
+//! - the values whose gradient it produces, and the parameters it accumulates a `.grad` into.
+//!
+//! A *storage* is one allocation (views share it); a *value* is one autograd input (a view is
+//! its own value but no bytes). A saved storage is counted once however many ops save it,
+//! under the decoder layer that saves it first.
+//!
+//! The backward then runs the tape in reverse, as PyTorch's engine does on one device: each
+//! op allocates the gradients of its tracked inputs, a second gradient arriving for the same
+//! value is summed into a new buffer, a `.grad` is allocated on its first arrival and kept,
+//! and a saved storage is freed after the last op that saves it has run. The highest point of
+//! that walk is the step's peak above the weights.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Where a saved tensor is counted: a decoder layer, or outside the layers.
+pub type Layer = Option<usize>;
+
+/// One value in the replay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Val {
+    /// The allocation that holds it.
+    pub storage: usize,
+    /// Autograd's identity of this value (views of one storage differ).
+    pub value: usize,
+    /// Bytes of this value (its gradient has the same size).
+    pub bytes: u64,
+    /// Whether a gradient flows to it.
+    pub tracked: bool,
+}
+
+/// A parameter (kept by reference: saving it costs nothing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Param {
+    /// An identity, so tied weights share one `.grad`.
+    pub id: usize,
+    /// Bytes of the parameter (its `.grad` has the same size).
+    pub bytes: u64,
+    /// `requires_grad`.
+    pub trainable: bool,
+}
+
+/// How an op hands the gradient back to one input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum GradRule {
+    /// A new buffer of the input's size (most ops).
+    Allocates,
+    /// The output's gradient itself (additions, views): no bytes.
+    PassesThrough,
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    /// The values whose gradient this op's backward produces, and how.
+    inputs: Vec<(Val, GradRule)>,
+    /// Parameters this op accumulates into.
+    params: Vec<Param>,
+    /// The op's outputs (their gradients are consumed by this op's backward).
+    outputs: Vec<Val>,
+    /// Storages this op saves.
+    saved: Vec<usize>,
+    /// Bytes the backward holds for a moment beyond the input gradients (a broadcast product's
+    /// full-size gradient before it is summed down, a score gradient inside attention).
+    scratch: u64,
+}
+
+/// The forward as recorded.
+#[derive(Debug, Default)]
+pub struct Tape {
+    storage_bytes: Vec<u64>,
+    values: usize,
+    ops: Vec<Op>,
+    /// The layer that saved each storage first.
+    saved_by: BTreeMap<usize, Layer>,
+    layer: Layer,
+    /// Storages the caller holds after the forward (the logits, the loss).
+    retained: BTreeSet<usize>,
+}
+
+impl Tape {
+    /// Sets the layer the next saved tensors are counted under.
+    pub fn enter(&mut self, layer: Layer) {
+        self.layer = layer;
+    }
+
+    /// A new tensor of `bytes`, produced by an op that needs no gradient bookkeeping of its own
+    /// (an input, a table, a mask).
+    pub fn input(&mut self, bytes: u64, tracked: bool) -> Val {
+        let storage = self.storage_bytes.len();
+        self.storage_bytes.push(bytes);
+        self.values += 1;
+        Val {
+            storage,
+            value: self.values - 1,
+            bytes,
+            tracked,
+        }
+    }
+
+    /// `embedding(ids, table)`: saves the ids when the table trains, whose backward scatters the
+    /// output's gradient into a dense `.grad` of the table. `hooked`: the output is made to need
+    /// a gradient (`enable_input_require_grads`) even when the table is frozen.
+    pub fn embedding(&mut self, ids: Val, table: Param, out_bytes: u64, hooked: bool) -> Val {
+        let out = self.input(out_bytes, table.trainable || hooked);
+        if table.trainable {
+            self.record(vec![], vec![table], vec![out], vec![ids.storage], 0);
+        }
+        out
+    }
+
+    /// A view of `x` with the same bytes (reshape, transpose, unsqueeze): no storage, and its
+    /// gradient is a view of the output's.
+    pub fn view(&mut self, x: Val) -> Val {
+        self.values += 1;
+        let out = Val {
+            value: self.values - 1,
+            ..x
+        };
+        if x.tracked {
+            self.record(vec![(x, GradRule::PassesThrough)], vec![], vec![out], vec![], 0);
+        }
+        out
+    }
+
+    /// A view of part of `x` (a slice): no storage, but its backward writes the gradient into a
+    /// zero tensor of `x`'s size.
+    pub fn slice(&mut self, x: Val, bytes: u64) -> Val {
+        self.values += 1;
+        let out = Val {
+            value: self.values - 1,
+            bytes,
+            ..x
+        };
+        if x.tracked {
+            self.record(vec![(x, GradRule::Allocates)], vec![], vec![out], vec![], 0);
+        }
+        out
+    }
+
+    /// An op that writes a new tensor of `bytes` from `inputs` and saves nothing: a cast, a
+    /// copy, negation, a product with a Python scalar, a concatenation (whose backward only
+    /// slices), a row reduction.
+    pub fn fresh(&mut self, inputs: &[Val], bytes: u64, rule: FreshGrad) -> Val {
+        let tracked = inputs.iter().any(|v| v.tracked);
+        let out = self.input(bytes, tracked);
+        if tracked {
+            let grad = match rule {
+                FreshGrad::Allocates => GradRule::Allocates,
+                FreshGrad::PassesThrough => GradRule::PassesThrough,
+            };
+            let ins = inputs
+                .iter()
+                .filter(|v| v.tracked)
+                .map(|&v| (v, grad))
+                .collect();
+            self.record(ins, vec![], vec![out], vec![], 0);
+        }
+        out
+    }
+
+    /// `a + b` (with broadcasting of `b` allowed): saves nothing, both get the output's
+    /// gradient (a broadcast operand's is summed down into a new buffer).
+    pub fn add(&mut self, a: Val, b: Val) -> Val {
+        let out = self.input(a.bytes.max(b.bytes), a.tracked || b.tracked);
+        let ins = [a, b]
+            .into_iter()
+            .filter(|v| v.tracked)
+            .map(|v| {
+                let rule = if v.bytes == out.bytes {
+                    GradRule::PassesThrough
+                } else {
+                    GradRule::Allocates
+                };
+                (v, rule)
+            })
+            .collect::<Vec<_>>();
+        if out.tracked {
+            self.record(ins, vec![], vec![out], vec![], 0);
+        }
+        out
+    }
+
+    /// `a * b` (element-wise, `b` may broadcast): saves `a` if `b` needs a gradient and `b` if
+    /// `a` does.
+    pub fn mul(&mut self, a: Val, b: Val) -> Val {
+        let out = self.input(a.bytes.max(b.bytes), a.tracked || b.tracked);
+        if out.tracked {
+            let mut saved = vec![];
+            if b.tracked {
+                saved.push(a.storage);
+            }
+            if a.tracked {
+                saved.push(b.storage);
+            }
+            // A broadcast operand's gradient is the full-size product summed down.
+            let scratch = if [a, b].iter().any(|v| v.tracked && v.bytes < out.bytes) {
+                out.bytes
+            } else {
+                0
+            };
+            let ins = [a, b]
+                .into_iter()
+                .filter(|v| v.tracked)
+                .map(|v| (v, GradRule::Allocates))
+                .collect();
+            self.record(ins, vec![], vec![out], saved, scratch);
+        }
+        out
+    }
+
+    /// `x * w` with a parameter `w` (a norm's weight): saves `x` if `w` trains.
+    pub fn mul_param(&mut self, x: Val, w: Param) -> Val {
+        let out = self.input(x.bytes, x.tracked || w.trainable);
+        self.product_with_param(x, w, out, 0);
+        out
+    }
+
+    /// `x · Wᵀ` (`F.linear`, `mm`): saves `x` if `W` trains; the output has `out_bytes`.
+    pub fn linear(&mut self, x: Val, w: Param, out_bytes: u64) -> Val {
+        let out = self.input(out_bytes, x.tracked || w.trainable);
+        self.product_with_param(x, w, out, 0);
+        out
+    }
+
+    fn product_with_param(&mut self, x: Val, w: Param, out: Val, scratch: u64) {
+        if !out.tracked {
+            return;
+        }
+        let saved = if w.trainable { vec![x.storage] } else { vec![] };
+        let ins = if x.tracked {
+            vec![(x, GradRule::Allocates)]
+        } else {
+            vec![]
+        };
+        let params = if w.trainable { vec![w] } else { vec![] };
+        self.record(ins, params, vec![out], saved, scratch);
+    }
+
+    /// A batched product `a @ b` of two tensors: the same saving rule as `mul`.
+    pub fn matmul(&mut self, a: Val, b: Val, out_bytes: u64) -> Val {
+        let out = self.input(out_bytes, a.tracked || b.tracked);
+        if out.tracked {
+            let mut saved = vec![];
+            if b.tracked {
+                saved.push(a.storage);
+            }
+            if a.tracked {
+                saved.push(b.storage);
+            }
+            let ins = [a, b]
+                .into_iter()
+                .filter(|v| v.tracked)
+                .map(|v| (v, GradRule::Allocates))
+                .collect();
+            self.record(ins, vec![], vec![out], saved, 0);
+        }
+        out
+    }
+
+    /// A one-input op that saves its input when it needs a gradient (`pow`, `silu`).
+    pub fn saves_input(&mut self, x: Val, out_bytes: u64) -> Val {
+        let out = self.input(out_bytes, x.tracked);
+        if x.tracked {
+            self.record(
+                vec![(x, GradRule::Allocates)],
+                vec![],
+                vec![out],
+                vec![x.storage],
+                0,
+            );
+        }
+        out
+    }
+
+    /// A one-input op that saves its result (`rsqrt`, `softmax`, `log_softmax`).
+    pub fn saves_output(&mut self, x: Val, out_bytes: u64) -> Val {
+        let out = self.input(out_bytes, x.tracked);
+        if x.tracked {
+            self.record(
+                vec![(x, GradRule::Allocates)],
+                vec![],
+                vec![out],
+                vec![out.storage],
+                0,
+            );
+        }
+        out
+    }
+
+    /// A custom op with explicit bookkeeping: `outputs` of the given bytes, `saved` storages
+    /// (its own outputs may be among them, by index into `outputs`), `scratch` bytes held during
+    /// its backward. Used for fused kernels (attention, the loss, dropout, bitsandbytes).
+    pub fn custom(&mut self, spec: CustomOp<'_>) -> Vec<Val> {
+        let tracked = spec.inputs.iter().any(|v| v.tracked);
+        let outputs: Vec<Val> = spec
+            .outputs
+            .iter()
+            .map(|&bytes| self.input(bytes, tracked))
+            .collect();
+        if tracked {
+            let mut saved: Vec<usize> = spec.saved_inputs.iter().map(|v| v.storage).collect();
+            saved.extend(spec.saved_outputs.iter().map(|&i| outputs[i].storage));
+            saved.extend(spec.saved_extra.iter().map(|v| v.storage));
+            let ins = spec
+                .inputs
+                .iter()
+                .filter(|v| v.tracked)
+                .map(|&v| (v, GradRule::Allocates))
+                .collect();
+            self.record(ins, vec![], outputs.clone(), saved, spec.scratch);
+        }
+        outputs
+    }
+
+    /// A checkpointed block: its forward keeps only the input `x`; its backward reruns the block
+    /// with gradients on, which holds `recompute_peak` bytes for a moment (the block's saved
+    /// tensors and its own backward), and accumulates into the block's trainable `params`.
+    /// Under the reentrant variant the output needs a gradient only if `x` does.
+    pub fn checkpoint(&mut self, x: Val, out_bytes: u64, params: Vec<Param>, recompute_peak: u64) -> Val {
+        let out = self.input(out_bytes, x.tracked);
+        if x.tracked {
+            self.record(
+                vec![(x, GradRule::Allocates)],
+                params,
+                vec![out],
+                vec![x.storage],
+                recompute_peak,
+            );
+        }
+        out
+    }
+
+    /// The trainable parameters recorded so far.
+    pub fn trainable_params(&self) -> Vec<Param> {
+        let mut seen = BTreeSet::new();
+        self.ops
+            .iter()
+            .flat_map(|op| op.params.iter().copied())
+            .filter(|p| seen.insert(p.id))
+            .collect()
+    }
+
+    /// Marks a storage the caller holds after the forward.
+    pub fn retain(&mut self, x: Val) {
+        self.retained.insert(x.storage);
+    }
+
+    fn record(
+        &mut self,
+        inputs: Vec<(Val, GradRule)>,
+        params: Vec<Param>,
+        outputs: Vec<Val>,
+        saved: Vec<usize>,
+        scratch: u64,
+    ) {
+        for &storage in &saved {
+            self.saved_by.entry(storage).or_insert(self.layer);
+        }
+        self.ops.push(Op {
+            inputs,
+            params,
+            outputs,
+            saved,
+            scratch,
+        });
+    }
+
+    /// Saved bytes per layer (index `None`: outside the layers).
+    pub fn saved_per_layer(&self) -> BTreeMap<Layer, u64> {
+        let mut per = BTreeMap::new();
+        for (&storage, &layer) in &self.saved_by {
+            *per.entry(layer).or_insert(0) += self.storage_bytes[storage];
+        }
+        per
+    }
+
+    /// What the forward leaves allocated: every saved storage and the retained outputs.
+    pub fn alive_after_forward(&self) -> u64 {
+        let alive: BTreeSet<usize> = self
+            .saved_by
+            .keys()
+            .chain(self.retained.iter())
+            .copied()
+            .collect();
+        alive.iter().map(|&s| self.storage_bytes[s]).sum()
+    }
+
+    /// The backward walk from a loss `loss`: the highest allocation above the weights, the
+    /// trainable parameters' gradients included.
+    pub fn backward_peak(&self, loss: Val) -> u64 {
+        let mut live = self.alive_after_forward();
+        let mut peak = live;
+        // Ops still to run that save each storage.
+        let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
+        for op in &self.ops {
+            for &s in &op.saved {
+                *pending.entry(s).or_insert(0) += 1;
+            }
+        }
+        // Gradient buffers: value → (buffer, bytes); buffers shared by pass-through are counted
+        // once and freed when their last holder is consumed.
+        let mut grad_of: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut buffers: Vec<(u64, usize)> = vec![];
+        let mut param_grads: BTreeSet<usize> = BTreeSet::new();
+        buffers.push((loss.bytes, 1));
+        grad_of.insert(loss.value, 0);
+        live += loss.bytes;
+
+        for op in self.ops.iter().rev() {
+            let outputs_with_grad: Vec<usize> = op
+                .outputs
+                .iter()
+                .filter_map(|o| grad_of.get(&o.value).copied())
+                .collect();
+            if outputs_with_grad.is_empty() {
+                // Nothing reached this op (its output was not used by the loss).
+                for &s in &op.saved {
+                    Self::release_saved(&mut pending, &self.retained, s, &mut live, &self.storage_bytes);
+                }
+                continue;
+            }
+            let incoming = outputs_with_grad[0];
+            peak = peak.max(live + op.scratch);
+            for &(input, rule) in &op.inputs {
+                let (buffer, new_bytes) = match rule {
+                    GradRule::PassesThrough => {
+                        buffers[incoming].1 += 1;
+                        (incoming, 0)
+                    }
+                    GradRule::Allocates => {
+                        buffers.push((input.bytes, 1));
+                        (buffers.len() - 1, input.bytes)
+                    }
+                };
+                live += new_bytes;
+                peak = peak.max(live + op.scratch);
+                if let Some(&old) = grad_of.get(&input.value) {
+                    // A second gradient: `old + new` into a fresh buffer, both released.
+                    buffers.push((input.bytes, 1));
+                    live += input.bytes;
+                    peak = peak.max(live + op.scratch);
+                    for b in [old, buffer] {
+                        Self::release_buffer(&mut buffers, b, &mut live);
+                    }
+                    grad_of.insert(input.value, buffers.len() - 1);
+                } else {
+                    grad_of.insert(input.value, buffer);
+                }
+            }
+            for p in &op.params {
+                // The first gradient becomes `.grad`; a later one is summed in place.
+                live += p.bytes;
+                peak = peak.max(live + op.scratch);
+                if !param_grads.insert(p.id) {
+                    live -= p.bytes;
+                }
+            }
+            for &s in &op.saved {
+                Self::release_saved(&mut pending, &self.retained, s, &mut live, &self.storage_bytes);
+            }
+            for o in &op.outputs {
+                if let Some(b) = grad_of.remove(&o.value) {
+                    Self::release_buffer(&mut buffers, b, &mut live);
+                }
+            }
+        }
+        peak
+    }
+
+    fn release_saved(
+        pending: &mut BTreeMap<usize, usize>,
+        retained: &BTreeSet<usize>,
+        storage: usize,
+        live: &mut u64,
+        bytes: &[u64],
+    ) {
+        if let Some(count) = pending.get_mut(&storage) {
+            *count -= 1;
+            if *count == 0 {
+                pending.remove(&storage);
+                if !retained.contains(&storage) {
+                    *live -= bytes[storage];
+                }
+            }
+        }
+    }
+
+    fn release_buffer(buffers: &mut [(u64, usize)], buffer: usize, live: &mut u64) {
+        let entry = &mut buffers[buffer];
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            *live -= entry.0;
+        }
+    }
+}
+
+/// How a `fresh` op's backward hands the gradient to its inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FreshGrad {
+    /// A new buffer per input (casts, copies, scalar products, negation, reductions).
+    Allocates,
+    /// The output's gradient itself (a concatenation's slices are views of it).
+    PassesThrough,
+}
+
+/// A custom op's bookkeeping (see [`Tape::custom`]).
+#[derive(Debug, Default)]
+pub struct CustomOp<'a> {
+    /// Inputs (the tracked ones get a gradient of their size).
+    pub inputs: &'a [Val],
+    /// Bytes of each output.
+    pub outputs: &'a [u64],
+    /// Inputs it saves.
+    pub saved_inputs: &'a [Val],
+    /// Outputs it saves (indices into `outputs`).
+    pub saved_outputs: &'a [usize],
+    /// Other tensors it saves (a dropout mask made on the side).
+    pub saved_extra: &'a [Val],
+    /// Bytes its backward holds for a moment.
+    pub scratch: u64,
+}

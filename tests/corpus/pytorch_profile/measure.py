@@ -1,0 +1,205 @@
+"""Measure what PyTorch keeps and allocates for one training step of a Hugging Face Llama.
+
+For every case of the grid: a randomly initialised `LlamaForCausalLM` of the given shape,
+trained fully, with peft LoRA, or as QLoRA (bitsandbytes `Linear4bit` through
+`prepare_model_for_kbit_training`), one forward and one backward on the CPU. Two boundary
+counts, never a formula:
+
+- `saved_per_layer`: the bytes of the tensors autograd saves during the forward
+  (`torch.autograd.graph.saved_tensors_hooks`), each storage counted once, parameters and
+  buffers excluded, attributed to the decoder layer (or "outside") where it is first saved.
+  Not recorded under checkpointing (the checkpoint's own hooks hide the saved tensors).
+- `alive_after_forward` and `peak`: the allocator's running total from the profiler's
+  allocation events (`profile_memory=True`), relative to the moment before the forward: what
+  the forward leaves alive (saved tensors, the logits and the loss), and the highest point of
+  forward plus backward (gradients included).
+
+Run from the repository root with the bench venv:
+    .venv/bin/python tests/corpus/pytorch_profile/measure.py > tests/corpus/pytorch_profile/measured.json
+"""
+
+import gc
+import json
+import sys
+import tempfile
+import warnings
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+
+warnings.filterwarnings("ignore")
+
+import bitsandbytes  # noqa: E402
+import peft  # noqa: E402
+import transformers  # noqa: E402
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training  # noqa: E402
+from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Allocation sizes no op of the step makes, to find the forward in the allocation timeline.
+OPEN_MARK, CLOSE_MARK = 12_345_671, 12_345_673
+
+SHAPES = {
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    "tiny-tied": dict(vocab_size=320, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=3, tie_word_embeddings=True),
+    "wide": dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    # SmolLM2-135M's shape with 4 of its 30 layers.
+    "smollm2-slice": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                          num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3,
+                          tie_word_embeddings=True),
+}
+
+# name, shape, batch, seq, mode, settings
+CASES = [
+    ("full-eager", "tiny", 1, 32, "full", dict(attn="eager")),
+    ("full-sdpa", "tiny", 2, 48, "full", dict(attn="sdpa")),
+    ("lora-qv-sdpa", "tiny", 1, 64, "lora", dict(attn="sdpa", r=8, dropout=0.0)),
+    ("lora-qv-dropout", "tiny", 1, 64, "lora", dict(attn="sdpa", r=8, dropout=0.05)),
+    ("lora-all-eager", "tiny-tied", 2, 40, "lora", dict(attn="eager", r=16, dropout=0.1, targets="all-linear")),
+    ("lora-qv-eval", "wide", 1, 96, "lora", dict(attn="sdpa", r=32, dropout=0.05, eval=True)),
+    ("lora-ckpt", "tiny", 2, 64, "lora", dict(attn="sdpa", r=8, dropout=0.05, ckpt="non-reentrant")),
+    ("lora-ckpt-reentrant", "tiny-tied", 1, 80, "lora", dict(attn="sdpa", r=8, dropout=0.0, ckpt="reentrant")),
+    ("qlora-nf4-eval", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", eval=True)),
+    ("qlora-fp4-eval", "wide", 2, 64, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="fp4", eval=True)),
+    ("qlora-nf4-dq-train", "wide", 1, 96, "qlora", dict(attn="eager", r=8, dropout=0.05, quant="nf4", double_quant=True)),
+    ("qlora-nf4-ckpt", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", ckpt="reentrant")),
+    ("smollm2-lora", "smollm2-slice", 1, 256, "lora", dict(attn="sdpa", r=16, dropout=0.05)),
+    ("smollm2-qlora-eval", "smollm2-slice", 1, 256, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", eval=True)),
+]
+
+
+def allocation_events(prof):
+    """(time, signed bytes) of every CPU allocation and free the profiler saw, in time order."""
+    out = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            out.append((event.start_time_ns, event.extra_fields.alloc_size))
+    out.sort()
+    return out
+
+
+def build(shape, mode, s, directory):
+    config = LlamaConfig(max_position_embeddings=4096, use_cache=False, **SHAPES[shape])
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    kwargs = dict(attn_implementation=s["attn"])
+    if mode == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type=s["quant"],
+            bnb_4bit_use_double_quant=s.get("double_quant", False),
+            bnb_4bit_compute_dtype=torch.bfloat16)
+        kwargs["device_map"] = "cpu"
+    model = LlamaForCausalLM.from_pretrained(directory, **kwargs)
+    ckpt = s.get("ckpt")
+    if mode == "qlora":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=ckpt is not None,
+            gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
+    elif ckpt is not None:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
+        model.enable_input_require_grads()
+    if mode in ("lora", "qlora"):
+        lora = LoraConfig(r=s["r"], lora_alpha=2 * s["r"], lora_dropout=s["dropout"], bias="none",
+                          task_type="CAUSAL_LM", target_modules=s.get("targets"))
+        model = get_peft_model(model, lora)
+    # Like the seed: from_pretrained leaves the model in eval mode (no dropout, and HF skips
+    # checkpointing); the other cases train.
+    model.train(not s.get("eval", False))
+    return model
+
+
+def measure(name, shape, batch, seq, mode, s):
+    with tempfile.TemporaryDirectory() as directory:
+        model = build(shape, mode, s, directory)
+    vocab = SHAPES[shape]["vocab_size"]
+    torch.manual_seed(1)
+    data = torch.randint(0, vocab, (batch, seq))
+    persistent = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        persistent.add(t.untyped_storage().data_ptr())
+    layers = model.get_decoder().layers if hasattr(model, "get_decoder") else model.model.layers
+    where = ["outside"]
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, i))
+        layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside"))
+    saved = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in persistent and ptr not in saved:
+            saved[ptr] = (where[0], t.untyped_storage().nbytes())
+        return t
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prof.add_metadata("phase", "forward")
+        start = torch.empty(OPEN_MARK, dtype=torch.uint8)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = model(data, labels=data)
+        middle = torch.empty(CLOSE_MARK, dtype=torch.uint8)
+        output.loss.backward()
+        del start, middle
+    events = allocation_events(prof)
+    # The two markers split the timeline: one opens the forward, the other closes it.
+    opened = next(i for i, (_, b) in enumerate(events) if b == OPEN_MARK)
+    closed = next(i for i, (_, b) in enumerate(events) if b == CLOSE_MARK and i > opened)
+    total, peak, after_forward = 0, 0, None
+    for i, (_, b) in enumerate(events[opened + 1:], start=opened + 1):
+        if i == closed:
+            after_forward = total
+            continue
+        if b in (-OPEN_MARK, -CLOSE_MARK) and i > closed:
+            continue
+        total += b
+        peak = max(peak, total)
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    # bitsandbytes keeps each 4-bit weight's absmax (and, with double quantization, the
+    # second-level scales and code book) on its quant_state, which is neither parameter nor buffer.
+    for module in model.modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if state is not None:
+            weights += state.absmax.numel() * state.absmax.element_size()
+            if state.nested:
+                weights += sum(t.numel() * t.element_size()
+                               for t in (state.state2.absmax, state.state2.code))
+    per_layer = [0] * len(layers)
+    outside = 0
+    for layer, nbytes in saved.values():
+        if layer == "outside":
+            outside += nbytes
+        else:
+            per_layer[layer] += nbytes
+    case = dict(name=name, shape=shape, config=SHAPES[shape], batch=batch, seq=seq, mode=mode,
+                settings=s, trainable_bytes=trainable, weight_bytes=weights,
+                alive_after_forward=after_forward, peak=peak)
+    if s.get("ckpt") is None or s.get("eval"):
+        case["saved_per_layer"] = per_layer
+        case["saved_outside"] = outside
+    return case
+
+
+def main():
+    torch.set_num_threads(2)
+    cases = []
+    for case in CASES:
+        cases.append(measure(*case))
+        print(case[0], file=sys.stderr)
+    versions = dict(torch=torch.__version__.split("+")[0], transformers=transformers.__version__,
+                    peft=peft.__version__, bitsandbytes=bitsandbytes.__version__)
+    json.dump(dict(versions=versions, device="cpu", cases=cases), sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+//! The predictor's PyTorch profile against PyTorch itself: saved-tensor bytes per layer, what
+//! the forward leaves allocated and the step's peak, measured on the CPU for a grid of Hugging
+//! Face Llamas (full fine-tuning, peft LoRA, bitsandbytes QLoRA, eager and sdpa attention,
+//! dropout, eval mode, both kinds of checkpointing, B = 1 and 2, a SmolLM2-sized slice) by
+//! `tests/corpus/pytorch_profile/measure.py` (its header says how).
+
+use std::path::Path;
+
+use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
+use napkin_core::predict::pytorch::{
+    Attention, Checkpointing, Method, PyTorchSetup, PyTorchStep, Quant4bit, Stack, TorchDevice,
+    TorchDtype, predict,
+};
+use serde_json::Value;
+
+/// Every figure within this much of PyTorch's.
+const TOLERANCE: f64 = 0.05;
+
+fn corpus() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/pytorch_profile/measured.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The setup `measure.py` builds for one case.
+fn setup(case: &Value) -> PyTorchSetup {
+    let s = &case["settings"];
+    let mode = case["mode"].as_str().unwrap();
+    let ckpt = s["ckpt"].as_str().map(|k| match k {
+        "reentrant" => Checkpointing::Reentrant,
+        _ => Checkpointing::NonReentrant,
+    });
+    let lora = (mode != "full").then(|| LoraConfig {
+        r: s["r"].as_u64().unwrap() as usize,
+        alpha: 2.0 * s["r"].as_f64().unwrap(),
+        dropout: s["dropout"].as_f64().unwrap(),
+        targets: match s["targets"].as_str() {
+            Some("all-linear") => LoraTarget::ALL.to_vec(),
+            _ => PyTorchSetup::peft_default_targets(),
+        },
+        use_rslora: false,
+    });
+    let method = match mode {
+        "full" => Method::Full,
+        "lora" => Method::Lora,
+        _ => Method::QLora {
+            quant: match s["quant"].as_str().unwrap() {
+                "nf4" => Quant4bit::Nf4,
+                _ => Quant4bit::Fp4,
+            },
+            double_quant: s["double_quant"].as_bool().unwrap_or(false),
+            block_size: 64,
+        },
+    };
+    let qlora = mode == "qlora";
+    PyTorchSetup {
+        batch: case["batch"].as_u64().unwrap() as usize,
+        seq: case["seq"].as_u64().unwrap() as usize,
+        method,
+        lora,
+        dtype: TorchDtype::F32,
+        compute_dtype: TorchDtype::Bf16,
+        training: !s["eval"].as_bool().unwrap_or(false),
+        checkpointing: ckpt,
+        // measure.py hooks the embedding whenever it checkpoints without QLoRA; peft's
+        // `prepare_model_for_kbit_training` does for reentrant checkpointing.
+        input_require_grads: match (qlora, ckpt) {
+            (false, Some(_)) => true,
+            (true, Some(Checkpointing::Reentrant)) => true,
+            _ => false,
+        },
+        attention: match s["attn"].as_str().unwrap() {
+            "eager" => Attention::Eager,
+            _ => Attention::Sdpa,
+        },
+        device: TorchDevice::Cpu,
+        stack: Stack::MEASURED,
+    }
+}
+
+fn within(predicted: u64, measured: u64) -> bool {
+    (predicted as f64 / measured as f64 - 1.0).abs() <= TOLERANCE
+}
+
+fn ratio(predicted: u64, measured: u64) -> String {
+    format!("{predicted} / {measured} = {:.3}", predicted as f64 / measured as f64)
+}
+
+#[test]
+fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
+    let corpus = corpus();
+    let mut failures = vec![];
+    for case in corpus["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
+        let step: PyTorchStep = predict(&config, &setup(case));
+        let mut figures = vec![
+            ("weights", step.weights, case["weight_bytes"].as_u64().unwrap()),
+            ("trainable", step.trainable, case["trainable_bytes"].as_u64().unwrap()),
+            (
+                "alive after forward",
+                step.alive_after_forward,
+                case["alive_after_forward"].as_u64().unwrap(),
+            ),
+            ("peak", step.peak_above_weights, case["peak"].as_u64().unwrap()),
+        ];
+        if let Some(per_layer) = case["saved_per_layer"].as_array() {
+            for (layer, measured) in per_layer.iter().enumerate() {
+                figures.push(("saved in a layer", step.saved_per_layer[layer], measured.as_u64().unwrap()));
+            }
+            figures.push(("saved outside", step.saved_outside, case["saved_outside"].as_u64().unwrap()));
+        }
+        for (what, predicted, measured) in figures {
+            let line = format!("{name}: {what} {}", ratio(predicted, measured));
+            println!("{line}");
+            if !within(predicted, measured) {
+                failures.push(line);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "outside ±5 %:\n{}", failures.join("\n"));
+}
