@@ -61,15 +61,18 @@ CASES = [
     ("lora-qv-sdpa", "tiny", 1, 64, "lora", dict(attn="sdpa", r=8, dropout=0.0)),
     ("lora-qv-dropout", "tiny", 1, 64, "lora", dict(attn="sdpa", r=8, dropout=0.05)),
     ("lora-all-eager", "tiny-tied", 2, 40, "lora", dict(attn="eager", r=16, dropout=0.1, targets="all-linear")),
-    ("lora-qv-eval", "wide", 1, 96, "lora", dict(attn="sdpa", r=32, dropout=0.05, eval=True)),
+    ("lora-qv-eval", "wide", 1, 96, "lora", dict(attn="sdpa", r=32, dropout=0.05, mode="eval")),
     ("lora-ckpt", "tiny", 2, 64, "lora", dict(attn="sdpa", r=8, dropout=0.05, ckpt="non-reentrant")),
     ("lora-ckpt-reentrant", "tiny-tied", 1, 80, "lora", dict(attn="sdpa", r=8, dropout=0.0, ckpt="reentrant")),
-    ("qlora-nf4-eval", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", eval=True)),
-    ("qlora-fp4-eval", "wide", 2, 64, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="fp4", eval=True)),
+    ("qlora-nf4-eval", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", mode="eval")),
+    ("qlora-fp4-eval", "wide", 2, 64, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="fp4", mode="eval")),
     ("qlora-nf4-dq-train", "wide", 1, 96, "qlora", dict(attn="eager", r=8, dropout=0.05, quant="nf4", double_quant=True)),
     ("qlora-nf4-ckpt", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", ckpt="reentrant")),
+    # As the seed leaves it: from_pretrained's eval mode, get_peft_model's new adapters in train mode.
+    ("qlora-fp4-as-loaded", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="fp4", ckpt="reentrant", mode="as-loaded")),
+    ("lora-as-loaded", "tiny-tied", 2, 48, "lora", dict(attn="eager", r=8, dropout=0.1, mode="as-loaded")),
     ("smollm2-lora", "smollm2-slice", 1, 256, "lora", dict(attn="sdpa", r=16, dropout=0.05)),
-    ("smollm2-qlora-eval", "smollm2-slice", 1, 256, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", eval=True)),
+    ("smollm2-qlora-eval", "smollm2-slice", 1, 256, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", mode="eval")),
 ]
 
 
@@ -111,9 +114,14 @@ def build(shape, mode, s, directory):
         lora = LoraConfig(r=s["r"], lora_alpha=2 * s["r"], lora_dropout=s["dropout"], bias="none",
                           task_type="CAUSAL_LM", target_modules=s.get("targets"))
         model = get_peft_model(model, lora)
-    # Like the seed: from_pretrained leaves the model in eval mode (no dropout, and HF skips
-    # checkpointing); the other cases train.
-    model.train(not s.get("eval", False))
+    # from_pretrained leaves the model in eval mode (HF skips checkpointing) while the adapters
+    # get_peft_model adds are new modules in train mode (their dropout runs): "as-loaded", as
+    # the seed ran. "train" and "eval" set every module.
+    mode = s.get("mode", "train")
+    if mode == "train":
+        model.train()
+    elif mode == "eval":
+        model.eval()
     return model
 
 
@@ -183,7 +191,7 @@ def measure(name, shape, batch, seq, mode, s):
     case = dict(name=name, shape=shape, config=SHAPES[shape], batch=batch, seq=seq, mode=mode,
                 settings=s, trainable_bytes=trainable, weight_bytes=weights,
                 alive_after_forward=after_forward, peak=peak)
-    if s.get("ckpt") is None or s.get("eval"):
+    if s.get("ckpt") is None or s.get("mode", "train") != "train":
         case["saved_per_layer"] = per_layer
         case["saved_outside"] = outside
     return case

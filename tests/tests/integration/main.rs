@@ -35,6 +35,7 @@ mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
 mod pytorch_profile;
+mod seed_figures;
 mod quantized_checkpoint;
 mod smollm2;
 mod smollm2_reference;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
 use napkin_core::predict::pytorch::{
-    Attention, Checkpointing, Method, PyTorchSetup, PyTorchStep, Quant4bit, Stack, TorchDevice,
+    Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack, TorchDevice,
     TorchDtype, predict,
 };
 use serde_json::Value;
@@ -60,7 +60,11 @@ fn setup(case: &Value) -> PyTorchSetup {
         lora,
         dtype: TorchDtype::F32,
         compute_dtype: TorchDtype::Bf16,
-        training: !s["eval"].as_bool().unwrap_or(false),
+        mode: match s["mode"].as_str() {
+            Some("eval") => ModuleMode::Eval,
+            Some("as-loaded") => ModuleMode::AsLoaded,
+            _ => ModuleMode::Train,
+        },
         checkpointing: ckpt,
         // measure.py hooks the embedding whenever it checkpoints without QLoRA; peft's
         // `prepare_model_for_kbit_training` does for reentrant checkpointing.

@@ -9,6 +9,9 @@ use super::tape::{CustomOp, FreshGrad, Param, Tape, Val};
 use super::{Attention, Checkpointing, Method, PyTorchSetup, TorchDevice};
 use crate::config::{LlamaConfig, LoraTarget};
 
+/// `torch.get_rng_state()`: the CPU generator's Mersenne Twister state as a byte tensor.
+const CPU_RNG_STATE_BYTES: u64 = 5056;
+
 /// The recorded forward.
 pub struct Recorded {
     /// The tape.
@@ -73,7 +76,9 @@ impl Builder<'_> {
         let hooked = self.setup.input_require_grads;
         let mut x = self.tape.embedding(ids, table, n * d * w, hooked);
 
-        // Rotary tables cos, sin: [1, T, d] each in the hidden dtype, shared by every layer.
+        // position_ids [1, T] (int64), and the rotary tables cos, sin: [1, T, d] each in the
+        // hidden dtype, shared by every layer.
+        let positions = self.tape.input(self.setup.seq as u64 * 8, false);
         let table_bytes = (self.setup.seq * c.head_dim) as u64 * w;
         let rope = (
             self.tape.input(table_bytes, false),
@@ -83,7 +88,7 @@ impl Builder<'_> {
         for layer in 0..c.num_hidden_layers {
             self.tape.enter(Some(layer));
             x = match self.setup.active_checkpointing() {
-                Some(kind) => self.checkpointed_layer(x, rope, kind),
+                Some(kind) => self.checkpointed_layer(x, rope, positions, kind),
                 None => self.decoder_layer(x, rope),
             };
         }
@@ -100,25 +105,32 @@ impl Builder<'_> {
         self.loss(logits)
     }
 
-    /// HF's `ForCausalLMLoss`: logits to f32, labels padded by one and shifted, mean
-    /// cross-entropy = `log_softmax` (saves its result) then `nll_loss` (saves the targets
-    /// and the total weight).
+    /// The causal-LM loss: logits to f32, mean cross-entropy over the next tokens =
+    /// `log_softmax` (saves its result) then `nll_loss` (saves the targets and the total
+    /// weight). `ForCausalLMLoss` pads the labels by one instead of shifting the logits; older
+    /// releases copied the shifted logits.
     fn loss(&mut self, logits: Val) -> Val {
         let (n, vocab) = (self.n(), self.config.vocab_size as u64);
         let (batch, seq) = (self.setup.batch as u64, self.setup.seq as u64);
-        let logits32 = if self.w() == 4 {
-            logits
+        let logits32 = self.cast(logits, n * vocab * 4);
+        let (scores, targets) = if self.setup.stack.loss_copies_shifted_logits {
+            // logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
+            let shifted = batch * (seq - 1) * vocab * 4;
+            let slice = self.tape.slice(logits32, shifted);
+            let copy = self.tape.fresh(&[slice], shifted, FreshGrad::PassesThrough);
+            let targets = self.tape.input(batch * (seq - 1) * 8, false);
+            (copy, targets)
         } else {
-            self.tape.fresh(&[logits], n * vocab * 4, FreshGrad::Allocates)
+            // pad(labels, (0, 1)) → [B, T+1]; `[..., 1:].contiguous()` copies unless B = 1.
+            let padded = self.tape.input(batch * (seq + 1) * 8, false);
+            let targets = if batch == 1 {
+                padded
+            } else {
+                self.tape.input(n * 8, false)
+            };
+            (logits32, targets)
         };
-        // pad(labels, (0, 1)) → [B, T+1]; `[..., 1:].contiguous()` copies unless B = 1.
-        let padded = self.tape.input(batch * (seq + 1) * 8, false);
-        let targets = if batch == 1 {
-            padded
-        } else {
-            self.tape.input(n * 8, false)
-        };
-        let log_probs = self.tape.saves_output(logits32, n * vocab * 4);
+        let log_probs = self.tape.saves_output(scores, scores.bytes);
         let out = self.tape.custom(CustomOp {
             inputs: &[log_probs],
             outputs: &[4, 4],
@@ -143,9 +155,16 @@ impl Builder<'_> {
         self.tape.add(x, mlp)
     }
 
-    /// A layer under HF gradient checkpointing: the forward keeps the layer's input; the
-    /// backward reruns the layer (recorded on a tape of its own to size that moment).
-    fn checkpointed_layer(&mut self, x: Val, rope: (Val, Val), kind: Checkpointing) -> Val {
+    /// A layer under HF gradient checkpointing: the forward keeps the layer's input, and the
+    /// closure keeps the rotary tables and positions it was called with; the backward reruns
+    /// the layer (recorded on a tape of its own to size that moment).
+    fn checkpointed_layer(
+        &mut self,
+        x: Val,
+        rope: (Val, Val),
+        positions: Val,
+        kind: Checkpointing,
+    ) -> Val {
         let mut inner = Builder {
             tape: Tape::default(),
             config: self.config,
@@ -161,11 +180,24 @@ impl Builder<'_> {
         );
         let out = inner.decoder_layer(input, inner_rope);
         self.next_param = inner.next_param;
+        // The rerun's peak, less what the outer walk already holds: the layer's input and the
+        // gradient arriving at its output.
         let recompute_peak = if out.tracked {
-            inner.tape.backward_peak(out)
+            let held = out.bytes + if inner.tape.saves(input) { input.bytes } else { 0 };
+            inner.tape.backward_peak(out).saturating_sub(held)
         } else {
             0
         };
+        // `torch.utils.checkpoint` keeps the CPU generator's state (`torch.get_rng_state()`,
+        // 5056 bytes) to replay dropout; on CUDA that is host memory, not the device's.
+        let rng_state = match self.setup.device {
+            TorchDevice::Cpu => vec![self.tape.input(CPU_RNG_STATE_BYTES, false)],
+            TorchDevice::Cuda => vec![],
+        };
+        let kept: Vec<Val> = [rope.0, rope.1, positions]
+            .into_iter()
+            .chain(rng_state)
+            .collect();
         let params = inner.tape.trainable_params();
         let tracked_input = match kind {
             Checkpointing::Reentrant => x,
@@ -177,7 +209,7 @@ impl Builder<'_> {
             },
         };
         self.tape
-            .checkpoint(tracked_input, x.bytes, params, recompute_peak)
+            .checkpoint(tracked_input, &kept, x.bytes, params, recompute_peak)
     }
 
     /// `LlamaRMSNorm`: to f32, `x·rsqrt(mean(x²) + ε)`, back to the input dtype, times the
@@ -342,11 +374,11 @@ impl Builder<'_> {
         self.cast(sum, n * fan_out * w)
     }
 
-    /// `nn.Dropout(p)`: nothing in eval mode or for p = 0 (peft uses `nn.Identity`). In
-    /// training, the CPU multiplies by a scaled mask of the input's dtype (which the product
+    /// peft's `lora_dropout`: nothing in eval mode or for p = 0 (peft uses `nn.Identity`). In
+    /// training mode, the CPU multiplies by a scaled mask of the input's dtype (which the product
     /// saves), CUDA's fused kernel saves a one-byte mask.
     fn dropout(&mut self, x: Val, p: f64) -> Val {
-        if !self.setup.training || p == 0.0 {
+        if !self.setup.adapter_dropout_runs() || p == 0.0 {
             return x;
         }
         match self.setup.device {

@@ -95,6 +95,19 @@ pub enum Method {
     },
 }
 
+/// Which modules are in training mode (`nn.Module.training`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ModuleMode {
+    /// `model.train()`: dropout and checkpointing run.
+    Train,
+    /// `model.eval()`: neither runs.
+    Eval,
+    /// As `from_pretrained` and `get_peft_model` leave it without a `train()` call: the model
+    /// in eval mode (HF skips checkpointing), the adapters peft added in train mode (their
+    /// dropout runs).
+    AsLoaded,
+}
+
 /// Behaviours that changed between releases of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Stack {
@@ -104,6 +117,10 @@ pub struct Stack {
     /// transformers before the sdpa path passed `enable_gqa` copied k and v to every head
     /// (`repeat_kv`) before `scaled_dot_product_attention`.
     pub sdpa_repeats_kv: bool,
+    /// transformers before `ForCausalLMLoss` (4.46) shifted the logits with
+    /// `logits[..., :-1, :].contiguous()`: a copy, whose slice's backward writes a full-size
+    /// gradient.
+    pub loss_copies_shifted_logits: bool,
 }
 
 impl Stack {
@@ -112,11 +129,13 @@ impl Stack {
     pub const MEASURED: Stack = Stack {
         bnb_keeps_input: false,
         sdpa_repeats_kv: false,
+        loss_copies_shifted_logits: false,
     };
     /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
     pub const SPRING_2024: Stack = Stack {
         bnb_keeps_input: true,
         sdpa_repeats_kv: true,
+        loss_copies_shifted_logits: true,
     };
 }
 
@@ -136,9 +155,8 @@ pub struct PyTorchSetup {
     pub dtype: TorchDtype,
     /// `bnb_4bit_compute_dtype`.
     pub compute_dtype: TorchDtype,
-    /// `model.train()` (dropout and checkpointing run) or eval mode, where `from_pretrained`
-    /// leaves a model.
-    pub training: bool,
+    /// Which modules are in training mode.
+    pub mode: ModuleMode,
     /// Gradient checkpointing, when enabled.
     pub checkpointing: Option<Checkpointing>,
     /// `enable_input_require_grads`: the embedding output is made to need a gradient.
@@ -179,7 +197,7 @@ impl PyTorchSetup {
             lora: Some(lora),
             dtype: TorchDtype::F32,
             compute_dtype: TorchDtype::Bf16,
-            training: true,
+            mode: ModuleMode::Train,
             checkpointing: checkpointing.then_some(Checkpointing::Reentrant),
             input_require_grads: checkpointing,
             attention: Attention::Sdpa,
@@ -188,9 +206,15 @@ impl PyTorchSetup {
         }
     }
 
-    /// Checkpointing as it runs: HF only checkpoints in training mode.
+    /// Checkpointing as it runs: HF only checkpoints a decoder in training mode.
     pub fn active_checkpointing(&self) -> Option<Checkpointing> {
-        self.checkpointing.filter(|_| self.training)
+        self.checkpointing
+            .filter(|_| matches!(self.mode, ModuleMode::Train))
+    }
+
+    /// Whether the adapters' dropout runs.
+    pub fn adapter_dropout_runs(&self) -> bool {
+        matches!(self.mode, ModuleMode::Train | ModuleMode::AsLoaded)
     }
 }
 

@@ -323,18 +323,34 @@ impl Tape {
     /// with gradients on, which holds `recompute_peak` bytes for a moment (the block's saved
     /// tensors and its own backward), and accumulates into the block's trainable `params`.
     /// Under the reentrant variant the output needs a gradient only if `x` does.
-    pub fn checkpoint(&mut self, x: Val, out_bytes: u64, params: Vec<Param>, recompute_peak: u64) -> Val {
+    /// `kept`: what else the checkpoint holds until its backward (the arguments its closure
+    /// captured, the RNG state it restores before the rerun).
+    pub fn checkpoint(
+        &mut self,
+        x: Val,
+        kept: &[Val],
+        out_bytes: u64,
+        params: Vec<Param>,
+        recompute_peak: u64,
+    ) -> Val {
         let out = self.input(out_bytes, x.tracked);
         if x.tracked {
+            let mut saved = vec![x.storage];
+            saved.extend(kept.iter().map(|v| v.storage));
             self.record(
                 vec![(x, GradRule::Allocates)],
                 params,
                 vec![out],
-                vec![x.storage],
+                saved,
                 recompute_peak,
             );
         }
         out
+    }
+
+    /// Whether some op saves `x`'s storage.
+    pub fn saves(&self, x: Val) -> bool {
+        self.saved_by.contains_key(&x.storage)
     }
 
     /// The trainable parameters recorded so far.
