@@ -5,12 +5,13 @@ trained fully, with peft LoRA, or as QLoRA (bitsandbytes `Linear4bit` through
 `prepare_model_for_kbit_training`), one forward and one backward on the CPU. Two boundary
 counts, never a formula:
 
-- `saved_per_layer`: the bytes of the tensors autograd saves during the forward
+- `saved_per_layer`: the bytes of the tensors autograd saves during a first forward
   (`torch.autograd.graph.saved_tensors_hooks`), each storage counted once, parameters and
   buffers excluded, attributed to the decoder layer (or "outside") where it is first saved.
-  Not recorded under checkpointing (the checkpoint's own hooks hide the saved tensors).
+  Not recorded under active checkpointing (the checkpoint's own hooks hide the saved tensors).
 - `alive_after_forward` and `peak`: the allocator's running total from the profiler's
-  allocation events (`profile_memory=True`), relative to the moment before the forward: what
+  allocation events (`profile_memory=True`) of a second forward and the backward, without
+  hooks, relative to the moment before that forward: what
   the forward leaves alive (saved tensors, the logits and the loss), and the highest point of
   forward plus backward (gradients included).
 
@@ -131,6 +132,9 @@ def measure(name, shape, batch, seq, mode, s):
     vocab = SHAPES[shape]["vocab_size"]
     torch.manual_seed(1)
     data = torch.randint(0, vocab, (batch, seq))
+    # A warm-up forward first: bitsandbytes' CPU path repacks a 4-bit weight on its first use.
+    with torch.no_grad():
+        model(data)
     persistent = set()
     for t in list(model.parameters()) + list(model.buffers()):
         persistent.add(t.untyped_storage().data_ptr())
@@ -140,19 +144,30 @@ def measure(name, shape, batch, seq, mode, s):
         layer.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, i))
         layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside"))
     saved = {}
+    holds = []
 
     def pack(t):
+        # Holding every packed tensor keeps a freed storage's address from being reused by a
+        # later one within this forward (which would hide the later one).
+        holds.append(t)
         ptr = t.untyped_storage().data_ptr()
         if ptr not in persistent and ptr not in saved:
             saved[ptr] = (where[0], t.untyped_storage().nbytes())
         return t
 
+    # First pass: what autograd saves (the hooks hold references, so this pass is not timed
+    # for memory).
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = model(data, labels=data)
+    del output, holds
+    model.zero_grad(set_to_none=True)
+    where[0] = "outside"
+
+    # Second pass: the allocator's view of forward and backward, without hooks.
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        prof.add_metadata("phase", "forward")
         start = torch.empty(OPEN_MARK, dtype=torch.uint8)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            output = model(data, labels=data)
+        output = model(data, labels=data)
         middle = torch.empty(CLOSE_MARK, dtype=torch.uint8)
         output.loss.backward()
         del start, middle
