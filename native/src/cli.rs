@@ -540,9 +540,44 @@ pub struct EstimateArgs {
     pub offload: Option<String>,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
+    #[command(flatten)]
+    pub pytorch: PyTorchArgs,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `napkin estimate --engine pytorch`: the step as transformers + peft + bitsandbytes spend it.
+#[derive(Debug, Args)]
+pub struct PyTorchArgs {
+    /// napkin (napkin's own engine, default) or pytorch (a Hugging Face training step:
+    /// transformers, peft, bitsandbytes; with --lora-r, --nf4, --micro-batch, --seq-len,
+    /// --checkpointing, --attention eager|sdpa, --dtype).
+    #[arg(long, default_value = "napkin")]
+    pub engine: String,
+    /// pytorch: cuda (default) or cpu (the kernels save different things).
+    #[arg(long, value_name = "DEVICE", default_value = "cuda")]
+    pub torch_device: String,
+    /// pytorch: train (model.train()), eval, or as-loaded (no train() call: the model in
+    /// from_pretrained's eval mode, so HF skips checkpointing, the new adapters in train mode).
+    #[arg(long, value_name = "MODE", default_value = "train")]
+    pub torch_mode: String,
+    /// pytorch: current (torch 2.15, transformers 5, bitsandbytes 0.50) or spring-2024
+    /// (transformers 4.40, bitsandbytes 0.43.1).
+    #[arg(long, value_name = "RELEASES", default_value = "current")]
+    pub torch_releases: String,
+    /// pytorch with --nf4: bitsandbytes' 4-bit type, nf4 or fp4 (bitsandbytes' own default).
+    #[arg(long, value_name = "TYPE", default_value = "nf4")]
+    pub quant_type: String,
+    /// pytorch: the adapted modules (q,v is peft's default for Llama; all-linear).
+    #[arg(long, value_name = "LIST", default_value = "all-linear")]
+    pub lora_targets: String,
+    /// pytorch: peft's lora_dropout.
+    #[arg(long, default_value_t = 0.05)]
+    pub lora_dropout: f64,
+    /// pytorch with --checkpointing: use_reentrant=False.
+    #[arg(long)]
+    pub non_reentrant: bool,
 }
 
 #[derive(Debug, Args)]

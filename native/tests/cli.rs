@@ -164,6 +164,66 @@ fn estimate_reproduces_accelerates_bert_table_and_deepspeeds_zero2() {
     assert_eq!(format!("{gpu:.2}"), "15.93");
 }
 
+/// `napkin estimate --engine pytorch` with seed 000's settings gives its 6.42 GB within 5 %;
+/// the same model trained (`model.train()`) checkpoints and needs far less; a wrong value names
+/// its flag.
+#[test]
+fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() {
+    let seed = [
+        "estimate",
+        "--preset",
+        "tinyllama-1.1b",
+        "--engine",
+        "pytorch",
+        "--lora-r",
+        "16",
+        "--nf4",
+        "--quant-type",
+        "fp4",
+        "--lora-targets",
+        "q,v",
+        "--seq-len",
+        "1200",
+        "--attention",
+        "sdpa",
+        "--checkpointing",
+        "--torch-releases",
+        "spring-2024",
+        "--json",
+    ];
+    let peak = |mode: &str| {
+        let mut args = seed.to_vec();
+        args.extend(["--torch-mode", mode]);
+        let (ok, stdout, stderr) = napkin(&args);
+        assert!(ok, "{stderr}");
+        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        json["peak_allocated"].as_u64().unwrap() as f64 / 1e9
+    };
+    let as_loaded = peak("as-loaded");
+    assert!((as_loaded / 6.42 - 1.0).abs() <= 0.05, "{as_loaded:.3} GB");
+    let trained = peak("train");
+    assert!(
+        trained < 0.5 * as_loaded,
+        "{trained:.3} GB against {as_loaded:.3} GB"
+    );
+
+    let (ok, _, stderr) = napkin(&[
+        "estimate",
+        "--preset",
+        "tinyllama-1.1b",
+        "--engine",
+        "pytorch",
+        "--lora-r",
+        "8",
+        "--torch-mode",
+        "training",
+    ]);
+    assert!(
+        !ok && stderr.contains("--torch-mode `training`"),
+        "{stderr}"
+    );
+}
+
 /// `napkin measure` on a fixture checkpoint (QLoRA): the JSON report puts each measured kind
 /// and the step peak within 5 % of the prediction, and the trace is Chrome Trace Event JSON.
 #[test]

@@ -37,6 +37,16 @@ struct Subject {
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
     let subject = subject(args)?;
+    match args.pytorch.engine.as_str() {
+        "napkin" => {}
+        "pytorch" => {
+            let config = subject.llama.as_ref().context(
+                "--engine pytorch replays a Llama: give --model or --preset (not --params or a BERT config)",
+            )?;
+            return super::estimate_pytorch::run(args, &subject.name, config);
+        }
+        other => bail!("--engine `{other}`: expected napkin or pytorch"),
+    }
     let (precision, optimizer) = (precision_of(args)?, optimizer_rule_of(args)?);
     let rules = [
         ("weights", weight_bytes_per_param(precision)),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod completions;
 pub mod estimate;
+pub mod estimate_pytorch;
 pub mod eval;
 pub mod exercise;
 pub mod export;

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
 use napkin_core::predict::pytorch::{
-    Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack, TorchDevice,
-    TorchDtype, predict,
+    Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
+    TorchDevice, TorchDtype, predict,
 };
 use serde_json::Value;
 
@@ -68,11 +68,10 @@ fn setup(case: &Value) -> PyTorchSetup {
         checkpointing: ckpt,
         // measure.py hooks the embedding whenever it checkpoints without QLoRA; peft's
         // `prepare_model_for_kbit_training` does for reentrant checkpointing.
-        input_require_grads: match (qlora, ckpt) {
-            (false, Some(_)) => true,
-            (true, Some(Checkpointing::Reentrant)) => true,
-            _ => false,
-        },
+        input_require_grads: matches!(
+            (qlora, ckpt),
+            (false, Some(_)) | (true, Some(Checkpointing::Reentrant))
+        ),
         attention: match s["attn"].as_str().unwrap() {
             "eager" => Attention::Eager,
             _ => Attention::Sdpa,
@@ -87,7 +86,10 @@ fn within(predicted: u64, measured: u64) -> bool {
 }
 
 fn ratio(predicted: u64, measured: u64) -> String {
-    format!("{predicted} / {measured} = {:.3}", predicted as f64 / measured as f64)
+    format!(
+        "{predicted} / {measured} = {:.3}",
+        predicted as f64 / measured as f64
+    )
 }
 
 #[test]
@@ -99,20 +101,40 @@ fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
         let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
         let step: PyTorchStep = predict(&config, &setup(case));
         let mut figures = vec![
-            ("weights", step.weights, case["weight_bytes"].as_u64().unwrap()),
-            ("trainable", step.trainable, case["trainable_bytes"].as_u64().unwrap()),
+            (
+                "weights",
+                step.weights,
+                case["weight_bytes"].as_u64().unwrap(),
+            ),
+            (
+                "trainable",
+                step.trainable,
+                case["trainable_bytes"].as_u64().unwrap(),
+            ),
             (
                 "alive after forward",
                 step.alive_after_forward,
                 case["alive_after_forward"].as_u64().unwrap(),
             ),
-            ("peak", step.peak_above_weights, case["peak"].as_u64().unwrap()),
+            (
+                "peak",
+                step.peak_above_weights,
+                case["peak"].as_u64().unwrap(),
+            ),
         ];
         if let Some(per_layer) = case["saved_per_layer"].as_array() {
             for (layer, measured) in per_layer.iter().enumerate() {
-                figures.push(("saved in a layer", step.saved_per_layer[layer], measured.as_u64().unwrap()));
+                figures.push((
+                    "saved in a layer",
+                    step.saved_per_layer[layer],
+                    measured.as_u64().unwrap(),
+                ));
             }
-            figures.push(("saved outside", step.saved_outside, case["saved_outside"].as_u64().unwrap()));
+            figures.push((
+                "saved outside",
+                step.saved_outside,
+                case["saved_outside"].as_u64().unwrap(),
+            ));
         }
         for (what, predicted, measured) in figures {
             let line = format!("{name}: {what} {}", ratio(predicted, measured));
@@ -122,5 +144,9 @@ fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
             }
         }
     }
-    assert!(failures.is_empty(), "outside ±5 %:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "outside ±5 %:\n{}",
+        failures.join("\n")
+    );
 }

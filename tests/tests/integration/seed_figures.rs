@@ -31,5 +31,8 @@ fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
         step.weights as f64 / 1e9,
         step.alive_after_forward as f64 / 1e9
     );
-    assert!((gb / 6.42 - 1.0).abs() <= 0.05, "{gb:.3} GB against 6.42 GB");
+    assert!(
+        (gb / 6.42 - 1.0).abs() <= 0.05,
+        "{gb:.3} GB against 6.42 GB"
+    );
 }

@@ -183,7 +183,12 @@ impl Builder<'_> {
         // The rerun's peak, less what the outer walk already holds: the layer's input and the
         // gradient arriving at its output.
         let recompute_peak = if out.tracked {
-            let held = out.bytes + if inner.tape.saves(input) { input.bytes } else { 0 };
+            let held = out.bytes
+                + if inner.tape.saves(input) {
+                    input.bytes
+                } else {
+                    0
+                };
             inner.tape.backward_peak(out).saturating_sub(held)
         } else {
             0
@@ -253,7 +258,8 @@ impl Builder<'_> {
         let repeat = |b: &mut Self, x: Val| {
             if groups > 1 {
                 // repeat_kv: expand + reshape copies [B, Hkv, T, d] to [B, H, T, d]
-                b.tape.fresh(&[x], x.bytes * groups as u64, FreshGrad::Allocates)
+                b.tape
+                    .fresh(&[x], x.bytes * groups as u64, FreshGrad::Allocates)
             } else {
                 x
             }
@@ -263,7 +269,9 @@ impl Builder<'_> {
                 let (k, v) = (repeat(self, k), repeat(self, v));
                 let scores_bytes = batch * heads * seq * seq;
                 let scores = self.tape.matmul(q, k, scores_bytes * w); // q·kᵀ [B, H, T, T]
-                let scaled = self.tape.fresh(&[scores], scores_bytes * w, FreshGrad::Allocates);
+                let scaled = self
+                    .tape
+                    .fresh(&[scores], scores_bytes * w, FreshGrad::Allocates);
                 let mask = self.tape.input(batch * seq * seq * w, false);
                 let masked = self.tape.add(scaled, mask);
                 let probs = self.tape.saves_output(masked, scores_bytes * 4); // softmax in f32

@@ -111,6 +111,8 @@ pub enum ModuleMode {
 /// Behaviours that changed between releases of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Stack {
+    /// What the CLI calls these releases.
+    pub name: &'static str,
     /// bitsandbytes before 0.43.2 kept each `Linear4bit`'s cast input on the autograd context
     /// (fixed by "fix QLoRA mem bug: delete useless buffered activation", July 2024).
     pub bnb_keeps_input: bool,
@@ -127,12 +129,14 @@ impl Stack {
     /// torch 2.15, transformers 5.23, peft 0.21, bitsandbytes 0.50: the releases the fixtures
     /// were measured with.
     pub const MEASURED: Stack = Stack {
+        name: "current",
         bnb_keeps_input: false,
         sdpa_repeats_kv: false,
         loss_copies_shifted_logits: false,
     };
     /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
     pub const SPRING_2024: Stack = Stack {
+        name: "spring-2024",
         bnb_keeps_input: true,
         sdpa_repeats_kv: true,
         loss_copies_shifted_logits: true,
@@ -270,11 +274,14 @@ fn parameter_bytes(config: &LlamaConfig, setup: &PyTorchSetup) -> (u64, u64) {
     let norms = (2 * layers + 1) * d;
     // The rotary `inv_freq` and its original copy: d/2 f32 values each.
     let buffers = config.head_dim as u64 * 4;
-    let linear_shapes = config.block_linears().map(|(_, out, inp)| (out * inp) as u64);
+    let linear_shapes = config
+        .block_linears()
+        .map(|(_, out, inp)| (out * inp) as u64);
     let linears = layers * linear_shapes.iter().sum::<u64>();
-    let adapters = setup.lora.as_ref().map_or(0, |lora| {
-        layers * lora_parameters(config, lora) * 4
-    });
+    let adapters = setup
+        .lora
+        .as_ref()
+        .map_or(0, |lora| layers * lora_parameters(config, lora) * 4);
     let dense = (embedding + norms) * w + buffers;
     let (linear_bytes, trainable) = match setup.method {
         Method::Full => (linears * w, (embedding + norms + linears) * w),

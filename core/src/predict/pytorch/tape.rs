@@ -124,7 +124,13 @@ impl Tape {
             ..x
         };
         if x.tracked {
-            self.record(vec![(x, GradRule::PassesThrough)], vec![], vec![out], vec![], 0);
+            self.record(
+                vec![(x, GradRule::PassesThrough)],
+                vec![],
+                vec![out],
+                vec![],
+                0,
+            );
         }
         out
     }
@@ -438,7 +444,13 @@ impl Tape {
             if outputs_with_grad.is_empty() {
                 // Nothing reached this op (its output was not used by the loss).
                 for &s in &op.saved {
-                    Self::release_saved(&mut pending, &self.retained, s, &mut live, &self.storage_bytes);
+                    Self::release_saved(
+                        &mut pending,
+                        &self.retained,
+                        s,
+                        &mut live,
+                        &self.storage_bytes,
+                    );
                 }
                 continue;
             }
@@ -479,7 +491,13 @@ impl Tape {
                 }
             }
             for &s in &op.saved {
-                Self::release_saved(&mut pending, &self.retained, s, &mut live, &self.storage_bytes);
+                Self::release_saved(
+                    &mut pending,
+                    &self.retained,
+                    s,
+                    &mut live,
+                    &self.storage_bytes,
+                );
             }
             for o in &op.outputs {
                 if let Some(b) = grad_of.remove(&o.value) {

@@ -1,0 +1,211 @@
+//! `napkin estimate --engine pytorch`: one Hugging Face training step's memory as PyTorch
+//! spends it (`predict::pytorch`), for a model napkin knows the shape of.
+
+use anyhow::{Result, bail};
+use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
+use napkin_core::predict::pytorch::{
+    Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
+    TorchDevice, TorchDtype, predict,
+};
+use napkin_core::predict::units::accelerate_units;
+use serde_json::json;
+
+use crate::cli::EstimateArgs;
+
+pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> {
+    let setup = setup(args)?;
+    let step = predict(config, &setup);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "model": name, "setup": setup, "step": step,
+                "peak_allocated": step.peak_allocated(),
+                "adamw_state": adamw_state(&step),
+            }))?
+        );
+        return Ok(());
+    }
+    print!("{}", report(name, &setup, &step));
+    Ok(())
+}
+
+/// torch.optim.AdamW's two f32 moments per trainable value, allocated at the first step.
+fn adamw_state(step: &PyTorchStep) -> u64 {
+    // `.grad` has the parameter's dtype; the moments take it too (f32 for peft's adapters).
+    2 * step.trainable
+}
+
+fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
+    let (s, p) = (&args.scenario, &args.pytorch);
+    if s.micro_batch == 0 || s.seq_len < 2 {
+        bail!("--micro-batch must be at least 1 and --seq-len at least 2");
+    }
+    let half = match args.dtype.as_str() {
+        "f32" => TorchDtype::F32,
+        "bf16" => TorchDtype::Bf16,
+        "f16" => TorchDtype::F16,
+        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    };
+    let lora = (s.lora_r > 0)
+        .then(|| -> Result<LoraConfig> {
+            Ok(LoraConfig {
+                r: s.lora_r,
+                alpha: 2.0 * s.lora_r as f64,
+                dropout: p.lora_dropout,
+                targets: LoraTarget::parse_list(&p.lora_targets)?,
+                use_rslora: false,
+            })
+        })
+        .transpose()?;
+    let method = match (s.nf4, lora.is_some()) {
+        (false, false) => Method::Full,
+        (false, true) => Method::Lora,
+        (true, true) => Method::QLora {
+            quant: match p.quant_type.as_str() {
+                "nf4" => Quant4bit::Nf4,
+                "fp4" => Quant4bit::Fp4,
+                other => bail!("--quant-type `{other}`: expected nf4 or fp4"),
+            },
+            double_quant: s.double_quant,
+            block_size: 64,
+        },
+        (true, false) => bail!("--nf4 with --engine pytorch is QLoRA: give --lora-r too"),
+    };
+    let qlora = matches!(method, Method::QLora { .. });
+    let checkpointing = s.checkpointing.then_some(if p.non_reentrant {
+        Checkpointing::NonReentrant
+    } else {
+        Checkpointing::Reentrant
+    });
+    Ok(PyTorchSetup {
+        batch: s.micro_batch,
+        seq: s.seq_len,
+        method,
+        lora,
+        // prepare_model_for_kbit_training casts every other parameter to f32; the 4-bit
+        // products compute in --dtype (bf16 unless f16 is asked for).
+        dtype: if qlora { TorchDtype::F32 } else { half },
+        compute_dtype: if half == TorchDtype::F16 {
+            TorchDtype::F16
+        } else {
+            TorchDtype::Bf16
+        },
+        mode: match p.torch_mode.as_str() {
+            "train" => ModuleMode::Train,
+            "eval" => ModuleMode::Eval,
+            "as-loaded" => ModuleMode::AsLoaded,
+            other => bail!("--torch-mode `{other}`: expected train, eval or as-loaded"),
+        },
+        checkpointing,
+        // peft hooks the embedding output when checkpointing is reentrant (the rerun would
+        // otherwise see no input that needs a gradient); HF does for a peft model.
+        input_require_grads: match (qlora, checkpointing) {
+            (_, Some(Checkpointing::Reentrant)) => s.lora_r > 0,
+            (false, Some(Checkpointing::NonReentrant)) => s.lora_r > 0,
+            _ => false,
+        },
+        attention: match s.attention.as_str() {
+            "eager" => Attention::Eager,
+            "sdpa" | "efficient" => Attention::Sdpa,
+            other => bail!("--attention `{other}` with --engine pytorch: expected eager or sdpa"),
+        },
+        device: match p.torch_device.as_str() {
+            "cuda" => TorchDevice::Cuda,
+            "cpu" => TorchDevice::Cpu,
+            other => bail!("--torch-device `{other}`: expected cuda or cpu"),
+        },
+        stack: match p.torch_releases.as_str() {
+            "current" => Stack::MEASURED,
+            "spring-2024" => Stack::SPRING_2024,
+            other => bail!("--torch-releases `{other}`: expected current or spring-2024"),
+        },
+    })
+}
+
+fn report(name: &str, setup: &PyTorchSetup, step: &PyTorchStep) -> String {
+    let gb = |b: u64| format!("{:>9.3} GB", b as f64 / 1e9);
+    let method = match setup.method {
+        Method::Full => "full fine-tuning".to_string(),
+        Method::Lora => "LoRA".to_string(),
+        Method::QLora {
+            quant,
+            double_quant,
+            ..
+        } => format!(
+            "QLoRA ({}{}, compute {})",
+            match quant {
+                Quant4bit::Nf4 => "nf4",
+                Quant4bit::Fp4 => "fp4",
+            },
+            if double_quant { " + double quant" } else { "" },
+            match setup.compute_dtype {
+                TorchDtype::F32 => "f32",
+                TorchDtype::Bf16 => "bf16",
+                TorchDtype::F16 => "f16",
+            }
+        ),
+    };
+    let adapters = setup.lora.as_ref().map_or(String::new(), |l| {
+        let targets: Vec<String> = l.targets.iter().map(|t| t.to_string()).collect();
+        format!(
+            " r {} on {} (dropout {})",
+            l.r,
+            targets.join(","),
+            l.dropout
+        )
+    });
+    let saved: u64 = step.saved_per_layer.iter().sum::<u64>() + step.saved_outside;
+    let largest_layer = step.saved_per_layer.iter().copied().max().unwrap_or(0);
+    let mode = match setup.mode {
+        ModuleMode::Train => "train",
+        ModuleMode::Eval => "eval",
+        ModuleMode::AsLoaded => "as loaded",
+    };
+    let checkpointing = match (setup.checkpointing, setup.active_checkpointing()) {
+        (None, _) => "no checkpointing",
+        (Some(_), None) => "checkpointing enabled but skipped (eval-mode model)",
+        (_, Some(Checkpointing::Reentrant)) => "reentrant checkpointing",
+        (_, Some(Checkpointing::NonReentrant)) => "non-reentrant checkpointing",
+    };
+    let mut out = format!(
+        "PyTorch profile of {name}: {method}{adapters}\n  B {} × T {}, {} attention, {}, modules {mode}, {checkpointing}, {} releases\n",
+        setup.batch,
+        setup.seq,
+        match setup.attention {
+            Attention::Eager => "eager",
+            Attention::Sdpa => "sdpa",
+        },
+        match setup.device {
+            TorchDevice::Cuda => "cuda",
+            TorchDevice::Cpu => "cpu",
+        },
+        setup.stack.name,
+    );
+    out += &format!("  weights (+ 4-bit absmax)          {}\n", gb(step.weights));
+    out += &format!(
+        "  .grad of the trainable values     {}\n",
+        gb(step.trainable)
+    );
+    out += &format!(
+        "  saved for the backward            {}  (largest layer {}, outside the layers {})\n",
+        gb(saved),
+        accelerate_units(largest_layer as f64),
+        accelerate_units(step.saved_outside as f64)
+    );
+    out += &format!(
+        "  after the forward (+ logits)      {}  (above the weights)\n",
+        gb(step.alive_after_forward)
+    );
+    out += &format!(
+        "  peak of forward + backward        {}  (torch.cuda.max_memory_allocated)\n",
+        gb(step.peak_allocated())
+    );
+    out += &format!(
+        "  + AdamW moments once stepped      {}\n",
+        gb(adamw_state(step))
+    );
+    out +=
+        "  (allocated bytes; the caching allocator reserves more: `reserved` is not predicted)\n";
+    out
+}
