@@ -728,7 +728,7 @@ pub fn catalog() -> Vec<Exercise> {
                 let o2 = row(PrecisionRecipe::MsAmpO2);
                 Drawn {
                     question: format!(
-                        "MS-AMP O2 trains with FP8 (1-byte) weights and weight gradients, FP16 master weights, an FP8 first moment and an FP16 second moment. How much model state does full fine-tuning of {name} ({n:.0} parameters) with AdamW need on one GPU, scaling factors aside? (Predicted only: FP8 needs Hopper- or Ada-class tensor cores.)"
+                        "MS-AMP O2 keeps each weight once in FP16 (cast to FP8 for every GEMM), FP8 weight gradients, an FP8 first moment and an FP16 second moment. How much model state does full fine-tuning of {name} ({n:.0} parameters) with AdamW need on one GPU, scaling factors aside? (Predicted only: FP8 needs Hopper- or Ada-class tensor cores.)"
                     ),
                     expected: with_mistakes(
                         expected(Dimension::Bytes, o2, gb(o2)),
@@ -738,15 +738,18 @@ pub fn catalog() -> Vec<Exercise> {
                                 row(PrecisionRecipe::Bf16Master),
                             ),
                             (
-                                "kept O1's f32 moments (12 bytes a parameter)",
+                                "kept O1's f32 moments (11 bytes a parameter)",
                                 row(PrecisionRecipe::MsAmpO1),
                             ),
-                            ("left out the master weights", o2 - 2.0 * n),
+                            (
+                                "counted an FP8 weight copy besides the FP16 weights (O3's layout)",
+                                o2 + n,
+                            ),
                         ],
                     ),
-                    hint: "1 + 1 + 2 + 1 + 2 bytes for every parameter.".into(),
+                    hint: "2 + 1 + 1 + 2 bytes for every parameter.".into(),
                     explanation: format!(
-                        "(1 + 1 + 2 + 1 + 2) × {n:.0} = {} — against {} with bf16 and an f32 master copy (2 + 2 + 4 + 4 + 4).",
+                        "(2 + 1 + 1 + 2) × {n:.0} = {} — the FP8-LM paper's 6 bytes a parameter, against {} with bf16 and an f32 master copy (2 + 2 + 4 + 4 + 4).",
                         gb(o2),
                         gb(row(PrecisionRecipe::Bf16Master))
                     ),

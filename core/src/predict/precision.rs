@@ -10,9 +10,9 @@
 //! | bf16 params + fp32 master (Megatron / DeepSpeed) | 2 | – | 2 | 4 | 4 | 4 | 16 |
 //! | pure bf16 (bf16 state, no master) | 2 | – | 2 | – | 2 | 2 | 8 |
 //! | FP8 GEMMs, TransformerEngine-style | 2 | 1 | 2 | 4 | 4 | 4 | 17 |
-//! | MS-AMP O1 | 1 | – | 1 | 2 | 4 | 4 | 12 |
-//! | MS-AMP O2 | 1 | – | 1 | 2 | 1 | 2 | 7 |
-//! | MS-AMP O3 | O2's formats, and ZeRO shards gradients, master and moments over the GPUs |
+//! | MS-AMP O1 | 2 | – | 1 | – | 4 | 4 | 11 |
+//! | MS-AMP O2 | 2 | – | 1 | – | 1 | 2 | 6 |
+//! | MS-AMP O3 | 1 | – | 1 | 2 | 1 | 2 | 7, ZeRO shards all but the FP8 weights |
 //!
 //! - torch.amp keeps the parameters, gradients and optimizer in f32 and casts each weight to
 //!   16 bits on first use inside the autocast region, caching the cast copy until the region
@@ -20,10 +20,12 @@
 //! - TransformerEngine runs the GEMMs in FP8 (E4M3 forward, E5M2 gradients) from bf16
 //!   parameters, keeping an FP8 copy of each weight; the master weights and AdamW stay f32.
 //!   FP8 saves GEMM time and the FP8 inputs it keeps for the backward, not model state.
-//! - MS-AMP (its documentation and code defaults): O1 stores weights and weight gradients in
-//!   FP8 (E4M3) with FP16 master weights; O2 adds the first moment in FP8 and the second in
-//!   FP16; O3 is O2's formats inside ZeRO's sharded optimizer. Per-tensor scaling factors
-//!   (a few bytes per tensor) are left out.
+//! - MS-AMP (its README's table, which seed 004 quotes, and `FP8Linear`'s default
+//!   `weight_qtype=kfloat16`): O1 keeps each weight once, in FP16, and casts it to FP8 for
+//!   every GEMM; weight gradients are FP8 and AdamW's moments f32. O2 moves the moments to
+//!   FP8 + FP16 (the FP8-LM paper's "16 → 6 bytes a parameter"). O3 stores the weights in FP8
+//!   with an FP16 master copy, inside ZeRO's sharded optimizer. Per-tensor scaling factors (a
+//!   few bytes per tensor) are left out.
 //!
 //! Only fp32 and the 16-bit autocast run in napkin's engine (burn on the CPU and wgpu); the
 //! other rows are predicted only, and say so.
@@ -46,11 +48,11 @@ pub enum PrecisionRecipe {
     PureBf16,
     /// FP8 GEMMs from bf16 parameters with f32 master weights (TransformerEngine-style).
     Fp8TransformerEngine,
-    /// MS-AMP O1: FP8 weights and weight gradients, FP16 master weights.
+    /// MS-AMP O1: FP16 weights (cast to FP8 per GEMM), FP8 weight gradients, f32 moments.
     MsAmpO1,
-    /// MS-AMP O2: O1 plus an FP8 first moment and an FP16 second moment.
+    /// MS-AMP O2: O1 with an FP8 first moment and an FP16 second moment.
     MsAmpO2,
-    /// MS-AMP O3: O2's formats with ZeRO sharding over the GPUs.
+    /// MS-AMP O3: FP8 weights with FP16 master weights, O2's moments, ZeRO sharding.
     MsAmpO3,
 }
 
@@ -138,10 +140,9 @@ impl PrecisionRecipe {
                 PrecisionRecipe::Bf16Master => (2.0, 0.0, 2.0, 4.0, 4.0, 4.0, 2.0),
                 PrecisionRecipe::PureBf16 => (2.0, 0.0, 2.0, 0.0, 2.0, 2.0, 2.0),
                 PrecisionRecipe::Fp8TransformerEngine => (2.0, 1.0, 2.0, 4.0, 4.0, 4.0, 2.0),
-                PrecisionRecipe::MsAmpO1 => (1.0, 0.0, 1.0, 2.0, 4.0, 4.0, 2.0),
-                PrecisionRecipe::MsAmpO2 | PrecisionRecipe::MsAmpO3 => {
-                    (1.0, 0.0, 1.0, 2.0, 1.0, 2.0, 2.0)
-                }
+                PrecisionRecipe::MsAmpO1 => (2.0, 0.0, 1.0, 0.0, 4.0, 4.0, 2.0),
+                PrecisionRecipe::MsAmpO2 => (2.0, 0.0, 1.0, 0.0, 1.0, 2.0, 2.0),
+                PrecisionRecipe::MsAmpO3 => (1.0, 0.0, 1.0, 2.0, 1.0, 2.0, 2.0),
             };
         BytesPerParameter {
             weights,
@@ -215,14 +216,18 @@ mod tests {
         );
         assert_eq!(total(PrecisionRecipe::PureBf16), 8.0);
         assert_eq!(total(PrecisionRecipe::Fp8TransformerEngine), 17.0);
-        assert_eq!(total(PrecisionRecipe::MsAmpO1), 12.0);
-        assert_eq!(total(PrecisionRecipe::MsAmpO2), 7.0);
+        // MS-AMP's table: O1 FP16 + FP8 + f32 + f32, O2 FP16 + FP8 + FP8 + FP16 (the FP8-LM
+        // paper's 6 bytes), O3 FP8 + FP16 master + FP8 + FP8 + FP16.
+        assert_eq!(total(PrecisionRecipe::MsAmpO1), 11.0);
+        assert_eq!(total(PrecisionRecipe::MsAmpO2), 6.0);
+        assert_eq!(total(PrecisionRecipe::MsAmpO3), 7.0);
         // MS-AMP's "up to 62.5 % of the optimizer's memory" is the moments: 8 → 3 bytes.
         let o2 = PrecisionRecipe::MsAmpO2.bytes();
         assert_eq!(1.0 - (o2.first_moment + o2.second_moment) / 8.0, 0.625);
     }
 
-    /// O3 on one GPU is O2; on 8 it keeps the FP8 weights whole and an eighth of the rest.
+    /// O3 keeps the FP8 weights whole on every GPU and an eighth of the rest on 8; O2 does not
+    /// shard.
     #[test]
     fn ms_amp_o3_shards_over_the_gpus() {
         let row = |gpus, recipe| {
@@ -232,7 +237,7 @@ mod tests {
                 .expect("every recipe has a row")
         };
         let o2 = row(1, PrecisionRecipe::MsAmpO2).model_state_bytes;
-        assert_eq!(row(1, PrecisionRecipe::MsAmpO3).model_state_bytes, o2);
+        assert_eq!(row(1, PrecisionRecipe::MsAmpO3).model_state_bytes, 7_000_000.0);
         assert_eq!(
             row(8, PrecisionRecipe::MsAmpO3).model_state_bytes,
             1_000_000.0 * (1.0 + 6.0 / 8.0)
