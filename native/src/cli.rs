@@ -578,6 +578,10 @@ pub struct PyTorchArgs {
     /// pytorch with --checkpointing: use_reentrant=False.
     #[arg(long)]
     pub non_reentrant: bool,
+    /// pytorch with --nf4: the model was not passed through `prepare_model_for_kbit_training`,
+    /// so the other weights and the hidden states stay in --dtype (FSDP-QLoRA scripts).
+    #[arg(long)]
+    pub no_kbit_prepare: bool,
 }
 
 #[derive(Debug, Args)]

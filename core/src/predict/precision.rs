@@ -237,7 +237,10 @@ mod tests {
                 .expect("every recipe has a row")
         };
         let o2 = row(1, PrecisionRecipe::MsAmpO2).model_state_bytes;
-        assert_eq!(row(1, PrecisionRecipe::MsAmpO3).model_state_bytes, 7_000_000.0);
+        assert_eq!(
+            row(1, PrecisionRecipe::MsAmpO3).model_state_bytes,
+            7_000_000.0
+        );
         assert_eq!(
             row(8, PrecisionRecipe::MsAmpO3).model_state_bytes,
             1_000_000.0 * (1.0 + 6.0 / 8.0)

@@ -85,7 +85,11 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         lora,
         // prepare_model_for_kbit_training casts every other parameter to f32; the 4-bit
         // products compute in --dtype (bf16 unless f16 is asked for).
-        dtype: if qlora { TorchDtype::F32 } else { half },
+        dtype: if qlora && !p.no_kbit_prepare {
+            TorchDtype::F32
+        } else {
+            half
+        },
         compute_dtype: if half == TorchDtype::F16 {
             TorchDtype::F16
         } else {

@@ -101,7 +101,6 @@ impl Builder<'_> {
             self.param(vocab * d * w, self.full())
         };
         let logits = self.tape.linear(h, head, n * vocab * w); // [B, T, V]
-        self.tape.retain(logits);
         self.loss(logits)
     }
 
@@ -113,6 +112,14 @@ impl Builder<'_> {
         let (n, vocab) = (self.n(), self.config.vocab_size as u64);
         let (batch, seq) = (self.setup.batch as u64, self.setup.seq as u64);
         let logits32 = self.cast(logits, n * vocab * 4);
+        // The caller gets the logits back: the f32 copy in releases that cast in the model's
+        // forward (with the shifted copy), the model's own otherwise.
+        self.tape
+            .retain(if self.setup.stack.loss_copies_shifted_logits {
+                logits32
+            } else {
+                logits
+            });
         let (scores, targets) = if self.setup.stack.loss_copies_shifted_logits {
             // logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
             let shifted = batch * (seq - 1) * vocab * 4;
