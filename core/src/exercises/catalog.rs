@@ -237,6 +237,10 @@ pub fn catalog() -> Vec<Exercise> {
                             ("forgot the optimizer state", 8.0 * nf),
                             ("counted only one of Adam's two moments", 12.0 * nf),
                             ("counted only the weights", 4.0 * nf),
+                            (
+                                "applied seed 002's \"20 GB per billion\", which adds activations as a fifth parameter-sized set (activations scale with batch × sequence, not parameters, and this question leaves them out)",
+                                20.0 * nf,
+                            ),
                         ],
                     ),
                     hint: "Weights 4, gradients 4, Adam's two moments 4 + 4 bytes per parameter."
@@ -256,7 +260,7 @@ pub fn catalog() -> Vec<Exercise> {
                 let bytes = full_training_bytes(n, OptimizerRule::AdamW, Precision::Mixed);
                 Drawn {
                     question: format!("Mixed-precision full fine-tuning of {name} ({n} parameters): bf16 weights and gradients, a float32 master copy of the weights and AdamW's two float32 moments. Total bytes of these (no activations)?"),
-                    expected: with_mistakes(expected(Dimension::Bytes, bytes, gb(bytes)), &[("forgot the float32 master copy", 12.0 * nf), ("forgot the optimizer state", 4.0 * nf), ("forgot the gradients", 14.0 * nf)]),
+                    expected: with_mistakes(expected(Dimension::Bytes, bytes, gb(bytes)), &[("forgot the float32 master copy", 12.0 * nf), ("forgot the optimizer state", 4.0 * nf), ("forgot the gradients", 14.0 * nf), ("used seed 003's 2 + 2 + 4 bytes (\"14 + 14 + 28 GB\"): 16-bit moments and no master copy, which is pure bf16, not this recipe", 8.0 * nf)]),
                     hint: "2 (bf16 weights) + 2 (bf16 gradients) + 4 (master) + 8 (moments) bytes per parameter.".into(),
                     explanation: format!("(2 + 2 + 4 + 8) × {n} = 16 × {n} = {}: mixed precision saves compute and activation memory, not model-state memory.", gb(bytes)),
                     sandbox: Some(sandbox(id, 0, false, 256)),

@@ -2,7 +2,10 @@
 //! leave implicit, named here). Explained in docs/seed-figures.md.
 
 use napkin_core::config::{LlamaConfig, LoraConfig};
+use napkin_core::exercises::{Instance, check, instance};
+use napkin_core::predict::accelerate::llama_sizes;
 use napkin_core::predict::pytorch::{ModuleMode, PyTorchSetup, Quant4bit, Stack, predict};
+use napkin_core::predict::units::accelerate_units;
 
 /// Seed 000: TinyLlama-1.1B-Chat, `BitsAndBytesConfig(load_in_4bit=True,
 /// bnb_4bit_compute_dtype=torch.bfloat16)` (so fp4, bitsandbytes' default type, without double
@@ -35,4 +38,60 @@ fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
         (gb / 6.42 - 1.0).abs() <= 0.05,
         "{gb:.3} GB against 6.42 GB"
     );
+}
+
+/// The number of parameters an exercise instance is about.
+fn parameters_of(ex: &Instance) -> f64 {
+    let preset = &ex.sandbox.as_ref().expect("a model").preset;
+    LlamaConfig::preset(preset).unwrap().num_parameters() as f64
+}
+
+fn verdict(ex: &Instance, bytes: f64) -> (bool, String) {
+    let v = check(&format!("{bytes} bytes"), &ex.expected).unwrap();
+    (v.correct, v.message)
+}
+
+/// A learner who applies a seed's rule gets told which assumption differs, not just "wrong":
+/// seed 002's 20 bytes a parameter (activations as a fifth set), seed 003's 2 + 2 + 4 bytes
+/// (16-bit moments, no master), and the FP8 double count seed 004's MS-AMP table rules out.
+#[test]
+fn answers_following_a_seeds_rule_are_named_as_that_rule() {
+    for seed in [1, 7, 42] {
+        let ex = instance("full-ft-adamw", seed).unwrap();
+        let n = parameters_of(&ex);
+        assert!(verdict(&ex, 16.0 * n).0);
+        let (correct, message) = verdict(&ex, 20.0 * n);
+        assert!(!correct && message.contains("seed 002"), "{message}");
+
+        let ex = instance("mixed-precision-adamw", seed).unwrap();
+        let n = parameters_of(&ex);
+        assert!(verdict(&ex, 16.0 * n).0);
+        let (correct, message) = verdict(&ex, 8.0 * n);
+        assert!(!correct && message.contains("seed 003"), "{message}");
+
+        // MS-AMP O2 as MS-AMP's own table has it: FP16 weights, FP8 gradients, FP8 + FP16
+        // moments.
+        let ex = instance("fp8-bytes", seed).unwrap();
+        let n = parameters_of(&ex);
+        assert!(verdict(&ex, 6.0 * n).0);
+        let (correct, message) = verdict(&ex, 7.0 * n);
+        assert!(!correct && message.contains("FP8 weight copy"), "{message}");
+    }
+}
+
+/// Seed 004's Llama-3-8B "28.21 GB" is napkin's accelerate total plus exactly one
+/// 8192 × 8192 four-byte buffer (a max_position_embeddings² causal mask).
+#[test]
+fn seed_004_accelerate_totals_are_napkins_plus_the_mask_buffer() {
+    let llama3 = LlamaConfig::preset("llama-3-8b").unwrap();
+    let sizes = llama_sizes(&llama3);
+    assert_eq!(accelerate_units(sizes.total_bytes as f64), "27.96 GB");
+    let mask = (llama3.max_position_embeddings as u64).pow(2) * 4;
+    assert_eq!(mask, 1 << 28);
+    let with_mask = (sizes.total_bytes + mask) as f64;
+    assert_eq!(accelerate_units(with_mask), "28.21 GB");
+    // The space's optimizer step: 4× the float32 model. (Its "backward 56.43 GB" is 0.01 GB
+    // above 2× — 56.42 — an extra term or a rounding we could not reproduce.)
+    assert_eq!(accelerate_units(4.0 * with_mask), "112.84 GB");
+    assert_eq!(accelerate_units(2.0 * with_mask), "56.42 GB");
 }
