@@ -203,7 +203,7 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
         {
             alive.add_as(grad_name(e), e);
         }
-        alive.event("backward.lm_head".into(), Phase::Backward);
+        transient(&mut alive, "lm_head.backward_workspace", "backward.lm_head");
         if let Some(logits) = logits {
             alive.remove(&logits.name);
         }

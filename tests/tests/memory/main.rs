@@ -18,6 +18,7 @@ static ALLOC: CountingAllocator = CountingAllocator;
 
 mod attention;
 mod grid;
+mod held_out;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
