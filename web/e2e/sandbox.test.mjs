@@ -91,6 +91,13 @@ try {
     `NF4 ratio ${after / before} vs ${expected}`);
   await page.uncheck('#nf4');
 
+  step('the PyTorch profile appears beside the prediction on request');
+  await page.check('#compare-pytorch');
+  await page.waitForSelector('#pytorch');
+  assert.match(await page.textContent('#pytorch'), /In PyTorch .* allocated/);
+  await page.uncheck('#compare-pytorch');
+  await page.waitForSelector('#pytorch', { state: 'detached' });
+
   step('the memory-efficient attention removes the T × T activations of a block');
   const activations = async () => page.$eval('g.layer[data-layer="layers.1"]',
     (g) => Number(g.dataset.activations));

@@ -155,6 +155,10 @@ pub fn controls(props: &ControlsProps) -> Html {
                 { checkbox("offload", "offload optimizer state to CPU", s.offload_optimizer, on_check(d, Action::SetOffloadOptimizer)) }
             </fieldset>
             <fieldset>
+                <legend>{ "Compare" }</legend>
+                { checkbox("compare-pytorch", "the same step in PyTorch (transformers + peft + bitsandbytes on CUDA)", s.compare_pytorch, on_check(d, Action::SetComparePyTorch)) }
+            </fieldset>
+            <fieldset>
                 <legend>{ "Hardware" }</legend>
                 <label for="device">{ "target GPU" }
                     <select id="device" onchange={on_select(d, |v| Some(Action::SelectDevice(v)))}>

@@ -70,6 +70,16 @@ pub fn summary(props: &SummaryProps) -> Html {
                     v.device.name, seconds(v.time.step_seconds), flops(v.work.flops()), v.time.peak_flops / 1e12,
                     bytes(v.work.bytes_moved), v.time.tokens_per_second) }
             </p>
+            if let Some(p) = &v.pytorch {
+                <p id="pytorch" class="note">
+                    { format!("In PyTorch (a Hugging Face step on CUDA, model.train(){}): weights {}, {} saved for the backward, a forward-and-backward peak of {} allocated (torch.cuda.max_memory_allocated; AdamW's state comes on top once it steps, and the caching allocator reserves more). napkin's engine: {} at its step peak.",
+                        if s.checkpointing { ", reentrant checkpointing" } else { "" },
+                        bytes(p.weights as f64),
+                        bytes((p.saved_per_layer.iter().sum::<u64>() + p.saved_outside) as f64),
+                        bytes(p.peak_allocated() as f64),
+                        bytes(v.peak.bytes as f64)) }
+                </p>
+            }
             <p class="note">{ format!("Largest at the peak: {}", v.peak.largest.iter().take(3).map(|(n, b)| format!("{n} {}", bytes(*b as f64))).collect::<Vec<_>>().join(", ")) }</p>
             <table id="seed-vs-inventory">
                 <thead><tr><th>{ "" }</th><th>{ "seed formula" }</th><th>{ "napkin inventory" }</th></tr></thead>
