@@ -72,6 +72,9 @@ CASES = [
     # As the seed leaves it: from_pretrained's eval mode, get_peft_model's new adapters in train mode.
     ("qlora-fp4-as-loaded", "wide", 1, 128, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="fp4", ckpt="reentrant", mode="as-loaded")),
     ("lora-as-loaded", "tiny-tied", 2, 48, "lora", dict(attn="eager", r=8, dropout=0.1, mode="as-loaded")),
+    # 16-bit models (no kbit preparation): bf16 hidden states, peft's adapters in f32.
+    ("full-bf16-eager", "tiny", 1, 48, "full", dict(attn="eager", dtype="bf16")),
+    ("lora-bf16-dropout", "tiny-tied", 2, 64, "lora", dict(attn="sdpa", r=8, dropout=0.05, dtype="bf16")),
     ("smollm2-lora", "smollm2-slice", 1, 256, "lora", dict(attn="sdpa", r=16, dropout=0.05)),
     ("smollm2-qlora-eval", "smollm2-slice", 1, 256, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", mode="eval")),
 ]
@@ -95,6 +98,8 @@ def build(shape, mode, s, directory):
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
     kwargs = dict(attn_implementation=s["attn"])
+    if s.get("dtype") == "bf16":
+        kwargs["dtype"] = torch.bfloat16
     if mode == "qlora":
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=s["quant"],

@@ -1,7 +1,8 @@
 //! The predictor's PyTorch profile against PyTorch itself: saved-tensor bytes per layer, what
 //! the forward leaves allocated and the step's peak, measured on the CPU for a grid of Hugging
 //! Face Llamas (full fine-tuning, peft LoRA, bitsandbytes QLoRA, eager and sdpa attention,
-//! dropout, eval mode, both kinds of checkpointing, B = 1 and 2, a SmolLM2-sized slice) by
+//! dropout, eval mode, both kinds of checkpointing, f32 and bf16 models, B = 1 and 2, a
+//! SmolLM2-sized slice) by
 //! `tests/corpus/pytorch_profile/measure.py` (its header says how).
 
 use std::path::Path;
@@ -58,7 +59,10 @@ fn setup(case: &Value) -> PyTorchSetup {
         seq: case["seq"].as_u64().unwrap() as usize,
         method,
         lora,
-        dtype: TorchDtype::F32,
+        dtype: match s["dtype"].as_str() {
+            Some("bf16") => TorchDtype::Bf16,
+            _ => TorchDtype::F32,
+        },
         compute_dtype: TorchDtype::Bf16,
         mode: match s["mode"].as_str() {
             Some("eval") => ModuleMode::Eval,
