@@ -86,9 +86,10 @@ pub fn gradient_map_bytes(tensors: u64) -> u64 {
 /// (scores and probabilities).
 pub const ATTENTION_FORWARD_COPIES: u64 = 2;
 
-/// The memory-efficient attention's backward holds this many `[B, H, tile, tile]` blocks at
-/// once (scores, probabilities, their gradient and its product), and its input gradients
-/// twice (the per-tile parts and their concatenation).
+/// The memory-efficient attention's backward with burn's ops (the GPU backends) holds this many
+/// `[B, H, tile, tile]` blocks at once (scores, probabilities, their gradient and its product),
+/// and its input gradients twice (the per-tile parts and their concatenation). The fused CPU
+/// kernel's own buffers are derived in `attention_workspaces`.
 pub const EFFICIENT_BACKWARD_BLOCKS: u64 = 4;
 /// The memory-efficient attention's forward holds this many `[B, H, tile, tile]` blocks (the
 /// scores and their exponentials) and its output twice (tiles and concatenation).
@@ -116,10 +117,23 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
             let block = F32 * b * h * tile * tile;
             let inputs = F32 * b * t * (h + 2 * hkv) * dh;
             let output = F32 * b * t * h * dh;
-            (
-                EFFICIENT_BACKWARD_BLOCKS * block + 2 * inputs,
-                EFFICIENT_FORWARD_BLOCKS * block + 2 * output,
-            )
+            let backward = match s.kernels {
+                crate::config::Kernels::BurnOps => EFFICIENT_BACKWARD_BLOCKS * block + 2 * inputs,
+                // napkin's fused CPU kernel (`model/fused/tiled_attention.rs`) walks the tiles
+                // head by head on the thread pool, so its score blocks are per thread (two of
+                // TILE² each, left out: small and machine-dependent). It holds ∂q and each
+                // query head's share of ∂k and ∂v (3 × [B, H, T, Dh]), their sums over a group
+                // when heads share K/V (2 × [B, Hkv, T, Dh]), and, like burn's ops, the input
+                // gradients twice once they are tensors. (Counting burn's `B·H` blocks here
+                // over-predicted tiny-gqa's step by 13–50 %: tests/tests/memory/held_out.rs.)
+                crate::config::Kernels::FusedCpu => {
+                    let q = F32 * b * t * h * dh;
+                    let kv = F32 * b * t * hkv * dh;
+                    let group_sums = if h > hkv { 2 * kv } else { 0 };
+                    3 * q + group_sums + 2 * inputs
+                }
+            };
+            (backward, EFFICIENT_FORWARD_BLOCKS * block + 2 * output)
         }
     }
 }
