@@ -123,8 +123,9 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
                 // head by head on the thread pool, so its score blocks are per thread (two of
                 // TILE² each, left out: small and machine-dependent). It holds ∂q and each
                 // query head's share of ∂k and ∂v (3 × [B, H, T, Dh]), their sums over a group
-                // when heads share K/V (2 × [B, Hkv, T, Dh]), and, like burn's ops, the input
-                // gradients twice once they are tensors. (Counting burn's `B·H` blocks here
+                // when heads share K/V (2 × [B, Hkv, T, Dh]), and, as counted for burn's ops,
+                // the input gradients twice once they are tensors (this last term is carried
+                // over, not measured inside the kernel). (Counting burn's `B·H` blocks here
                 // over-predicted tiny-gqa's step by 13–50 %: tests/tests/memory/held_out.rs.)
                 crate::config::Kernels::FusedCpu => {
                     let q = F32 * b * t * h * dh;
