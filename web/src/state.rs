@@ -361,7 +361,11 @@ impl SandboxState {
             compute_dtype: TorchDtype::Bf16,
             mode: ModuleMode::Train,
             checkpointing: self.checkpointing.then_some(Checkpointing::Reentrant),
-            input_require_grads: self.checkpointing && self.lora,
+            input_require_grads: PyTorchSetup::input_hooked(
+                self.lora,
+                self.nf4,
+                self.checkpointing.then_some(Checkpointing::Reentrant),
+            ),
             attention: match self.attention {
                 AttentionKind::Eager => Attention::Eager,
                 AttentionKind::Efficient => Attention::Sdpa,

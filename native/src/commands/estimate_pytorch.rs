@@ -102,13 +102,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
             other => bail!("--torch-mode `{other}`: expected train, eval or as-loaded"),
         },
         checkpointing,
-        // peft hooks the embedding output when checkpointing is reentrant (the rerun would
-        // otherwise see no input that needs a gradient); HF does for a peft model.
-        input_require_grads: match (qlora, checkpointing) {
-            (_, Some(Checkpointing::Reentrant)) => s.lora_r > 0,
-            (false, Some(Checkpointing::NonReentrant)) => s.lora_r > 0,
-            _ => false,
-        },
+        input_require_grads: PyTorchSetup::input_hooked(s.lora_r > 0, qlora, checkpointing),
         attention: match s.attention.as_str() {
             "eager" => Attention::Eager,
             "sdpa" | "efficient" => Attention::Sdpa,

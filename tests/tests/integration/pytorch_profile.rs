@@ -70,12 +70,8 @@ fn setup(case: &Value) -> PyTorchSetup {
             _ => ModuleMode::Train,
         },
         checkpointing: ckpt,
-        // measure.py hooks the embedding whenever it checkpoints without QLoRA; peft's
-        // `prepare_model_for_kbit_training` does for reentrant checkpointing.
-        input_require_grads: matches!(
-            (qlora, ckpt),
-            (false, Some(_)) | (true, Some(Checkpointing::Reentrant))
-        ),
+        // measure.py checkpoints non-k-bit models as HF does for a peft model.
+        input_require_grads: PyTorchSetup::input_hooked(mode != "full", qlora, ckpt),
         attention: match s["attn"].as_str().unwrap() {
             "eager" => Attention::Eager,
             _ => Attention::Sdpa,

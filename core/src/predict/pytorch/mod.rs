@@ -174,10 +174,23 @@ pub struct PyTorchSetup {
 }
 
 impl PyTorchSetup {
-    /// peft's defaults on a Llama: r 8, α 8 … here with the rank, α and dropout given, on
-    /// `q_proj` and `v_proj` (peft's default targets for Llama).
+    /// peft's default LoRA targets for a Llama: `q_proj` and `v_proj`.
     pub fn peft_default_targets() -> Vec<LoraTarget> {
         vec![LoraTarget::QProj, LoraTarget::VProj]
+    }
+
+    /// Whether the embedding output is hooked to need a gradient (`enable_input_require_grads`)
+    /// for adapters trained under `checkpointing`: for QLoRA, peft's
+    /// `prepare_model_for_kbit_training` does for reentrant checkpointing only (the rerun would
+    /// otherwise see no input that needs a gradient); for LoRA, HF does whenever a peft model
+    /// checkpoints.
+    pub fn input_hooked(adapters: bool, qlora: bool, checkpointing: Option<Checkpointing>) -> bool {
+        adapters
+            && match checkpointing {
+                Some(Checkpointing::Reentrant) => true,
+                Some(Checkpointing::NonReentrant) => !qlora,
+                None => false,
+            }
     }
 
     /// QLoRA as `prepare_model_for_kbit_training(model, use_gradient_checkpointing=…)` leaves
@@ -203,7 +216,11 @@ impl PyTorchSetup {
             compute_dtype: TorchDtype::Bf16,
             mode: ModuleMode::Train,
             checkpointing: checkpointing.then_some(Checkpointing::Reentrant),
-            input_require_grads: checkpointing,
+            input_require_grads: Self::input_hooked(
+                true,
+                true,
+                checkpointing.then_some(Checkpointing::Reentrant),
+            ),
             attention: Attention::Sdpa,
             device: TorchDevice::Cuda,
             stack: Stack::MEASURED,

@@ -194,31 +194,11 @@ impl Tape {
     }
 
     /// `a * b` (element-wise, `b` may broadcast): saves `a` if `b` needs a gradient and `b` if
-    /// `a` does.
+    /// `a` does. A broadcast operand's gradient is the full-size product summed down.
     pub fn mul(&mut self, a: Val, b: Val) -> Val {
-        let out = self.input(a.bytes.max(b.bytes), a.tracked || b.tracked);
-        if out.tracked {
-            let mut saved = vec![];
-            if b.tracked {
-                saved.push(a.storage);
-            }
-            if a.tracked {
-                saved.push(b.storage);
-            }
-            // A broadcast operand's gradient is the full-size product summed down.
-            let scratch = if [a, b].iter().any(|v| v.tracked && v.bytes < out.bytes) {
-                out.bytes
-            } else {
-                0
-            };
-            let ins = [a, b]
-                .into_iter()
-                .filter(|v| v.tracked)
-                .map(|v| (v, GradRule::Allocates))
-                .collect();
-            self.record(ins, vec![], vec![out], saved, scratch);
-        }
-        out
+        let bytes = a.bytes.max(b.bytes);
+        let broadcast = [a, b].iter().any(|v| v.tracked && v.bytes < bytes);
+        self.product(a, b, bytes, if broadcast { bytes } else { 0 })
     }
 
     /// `x * w` with a parameter `w` (a norm's weight): saves `x` if `w` trains.
@@ -251,6 +231,11 @@ impl Tape {
 
     /// A batched product `a @ b` of two tensors: the same saving rule as `mul`.
     pub fn matmul(&mut self, a: Val, b: Val, out_bytes: u64) -> Val {
+        self.product(a, b, out_bytes, 0)
+    }
+
+    /// A product of two tensors: each operand is saved when the other needs a gradient.
+    fn product(&mut self, a: Val, b: Val, out_bytes: u64, scratch: u64) -> Val {
         let out = self.input(out_bytes, a.tracked || b.tracked);
         if out.tracked {
             let mut saved = vec![];
@@ -265,35 +250,30 @@ impl Tape {
                 .filter(|v| v.tracked)
                 .map(|v| (v, GradRule::Allocates))
                 .collect();
-            self.record(ins, vec![], vec![out], saved, 0);
+            self.record(ins, vec![], vec![out], saved, scratch);
         }
         out
     }
 
     /// A one-input op that saves its input when it needs a gradient (`pow`, `silu`).
     pub fn saves_input(&mut self, x: Val, out_bytes: u64) -> Val {
-        let out = self.input(out_bytes, x.tracked);
-        if x.tracked {
-            self.record(
-                vec![(x, GradRule::Allocates)],
-                vec![],
-                vec![out],
-                vec![x.storage],
-                0,
-            );
-        }
-        out
+        self.unary(x, out_bytes, false)
     }
 
     /// A one-input op that saves its result (`rsqrt`, `softmax`, `log_softmax`).
     pub fn saves_output(&mut self, x: Val, out_bytes: u64) -> Val {
+        self.unary(x, out_bytes, true)
+    }
+
+    fn unary(&mut self, x: Val, out_bytes: u64, saves_output: bool) -> Val {
         let out = self.input(out_bytes, x.tracked);
         if x.tracked {
+            let saved = if saves_output { out.storage } else { x.storage };
             self.record(
                 vec![(x, GradRule::Allocates)],
                 vec![],
                 vec![out],
-                vec![out.storage],
+                vec![saved],
                 0,
             );
         }
