@@ -200,10 +200,10 @@ pub struct BenchArgs {
     /// the reference always runs torch on the CPU.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// `suite`: only the cases whose name contains this text.
+    /// `suite`, `gpu`: only the cases whose name contains this text.
     #[arg(long, value_name = "TEXT")]
     pub only: Option<String>,
-    /// `suite`: also write every figure as JSON to this file.
+    /// `suite`, `gpu`: also write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).
@@ -213,6 +213,10 @@ pub struct BenchArgs {
     /// rtx4090, a100-40gb, a100-80gb, h100, ...: the devices of `napkin estimate`'s roofline).
     #[arg(long, value_name = "ID")]
     pub gpu_preset: Option<String>,
+    /// `gpu`: the products' precision: f32, or bf16/f16 autocast (bf16 where the device has
+    /// it, else f16).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

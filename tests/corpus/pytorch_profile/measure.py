@@ -15,10 +15,21 @@ counts, never a formula:
   the forward leaves alive (saved tensors, the logits and the loss), and the highest point of
   forward plus backward (gradients included).
 
+With `--device cuda` the same grid runs on a CUDA GPU (plus TinyLlama-1.1B-shaped cases, held out
+at scale): `alive_after_forward` and `peak` are then `torch.cuda.memory_allocated()` after the
+forward and `torch.cuda.max_memory_allocated()` over forward and backward, both relative to the
+allocation before the forward; `reserved` is the caching allocator's `memory_reserved()` at the end.
+A warm-up step runs first: cuBLAS takes a workspace per handle from the caching allocator on
+first use (one for the forward's thread, one for autograd's backward thread; 32 MiB each on
+Hopper), reported once as `cublas_workspace_bytes` instead of in the first case's peak.
+
 Run from the repository root with the bench venv:
     .venv/bin/python tests/corpus/pytorch_profile/measure.py > tests/corpus/pytorch_profile/measured.json
+and on a GPU machine (torch, transformers, peft and bitsandbytes installed):
+    python3 tests/corpus/pytorch_profile/measure.py --device cuda > tests/corpus/pytorch_profile/measured-cuda.json
 """
 
+import argparse
 import gc
 import json
 import sys
@@ -53,6 +64,10 @@ SHAPES = {
     "smollm2-slice": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                           num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3,
                           tie_word_embeddings=True),
+    # TinyLlama-1.1B's shape, all 22 layers (CUDA only: held out at scale).
+    "tinyllama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                      tie_word_embeddings=False),
 }
 
 # name, shape, batch, seq, mode, settings
@@ -79,6 +94,14 @@ CASES = [
     ("smollm2-qlora-eval", "smollm2-slice", 1, 256, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", mode="eval")),
 ]
 
+# Held out at scale, on CUDA only: a QLoRA run as the seeds make it and a 16-bit LoRA run.
+CUDA_CASES = [
+    ("tinyllama-qlora-dq-ckpt", "tinyllama", 1, 512, "qlora", dict(attn="sdpa", r=16, dropout=0.05, quant="nf4", double_quant=True, ckpt="reentrant", targets="all-linear")),
+    ("tinyllama-lora-bf16", "tinyllama", 2, 256, "lora", dict(attn="sdpa", r=16, dropout=0.05, dtype="bf16")),
+]
+
+DEVICE = "cpu"
+
 
 def allocation_events(prof):
     """(time, signed bytes) of every CPU allocation and free the profiler saw, in time order."""
@@ -93,10 +116,19 @@ def allocation_events(prof):
     return out
 
 
+def saved_model(shape, directory, made={}):
+    """A random model of `shape` saved once per run (seed 0), its folder."""
+    if shape not in made:
+        config = LlamaConfig(max_position_embeddings=4096, use_cache=False, **SHAPES[shape])
+        torch.manual_seed(0)
+        path = f"{directory}/{shape}"
+        LlamaForCausalLM(config).save_pretrained(path)
+        made[shape] = path
+    return made[shape]
+
+
 def build(shape, mode, s, directory):
-    config = LlamaConfig(max_position_embeddings=4096, use_cache=False, **SHAPES[shape])
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    directory = saved_model(shape, directory)
     kwargs = dict(attn_implementation=s["attn"])
     if s.get("dtype") == "bf16":
         kwargs["dtype"] = torch.bfloat16
@@ -105,8 +137,10 @@ def build(shape, mode, s, directory):
             load_in_4bit=True, bnb_4bit_quant_type=s["quant"],
             bnb_4bit_use_double_quant=s.get("double_quant", False),
             bnb_4bit_compute_dtype=torch.bfloat16)
-        kwargs["device_map"] = "cpu"
+        kwargs["device_map"] = DEVICE
     model = LlamaForCausalLM.from_pretrained(directory, **kwargs)
+    if mode != "qlora":
+        model = model.to(DEVICE)
     ckpt = s.get("ckpt")
     if mode == "qlora":
         model = prepare_model_for_kbit_training(
@@ -131,12 +165,11 @@ def build(shape, mode, s, directory):
     return model
 
 
-def measure(name, shape, batch, seq, mode, s):
-    with tempfile.TemporaryDirectory() as directory:
-        model = build(shape, mode, s, directory)
+def measure(name, shape, batch, seq, mode, s, directory):
+    model = build(shape, mode, s, directory)
     vocab = SHAPES[shape]["vocab_size"]
     torch.manual_seed(1)
-    data = torch.randint(0, vocab, (batch, seq))
+    data = torch.randint(0, vocab, (batch, seq)).to(DEVICE)
     # A warm-up forward first: bitsandbytes' CPU path repacks a 4-bit weight on its first use.
     with torch.no_grad():
         model(data)
@@ -170,12 +203,62 @@ def measure(name, shape, batch, seq, mode, s):
 
     # Second pass: the allocator's view of forward and backward, without hooks.
     gc.collect()
+    if DEVICE == "cuda":
+        after_forward, peak = cuda_step(model, data)
+    else:
+        after_forward, peak = cpu_step(model, data)
+    case = step_figures(model, layers, saved, name, shape, batch, seq, mode, s, after_forward, peak)
+    if DEVICE == "cuda":
+        case["reserved"] = torch.cuda.memory_reserved()
+        case["max_allocated"] = torch.cuda.max_memory_allocated()
+    del model
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return case
+
+
+def cpu_step(model, data):
+    """(alive after the forward, peak of forward and backward) from the CPU profiler."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         start = torch.empty(OPEN_MARK, dtype=torch.uint8)
         output = model(data, labels=data)
         middle = torch.empty(CLOSE_MARK, dtype=torch.uint8)
         output.loss.backward()
         del start, middle
+    return cpu_timeline(prof)
+
+
+def cuda_warm_up(directory):
+    """One forward and backward before any case: cuBLAS gets a workspace from the caching
+    allocator per handle on first use (the forward's thread and autograd's backward thread
+    each have one), which would otherwise land in the first case's peak. Returns the bytes
+    they hold once everything else is freed."""
+    model = build("tiny", "full", dict(attn="eager"), directory)
+    data = torch.randint(0, SHAPES["tiny"]["vocab_size"], (1, 32)).to(DEVICE)
+    model(data, labels=data).loss.backward()
+    del model, data
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
+def cuda_step(model, data):
+    """(alive after the forward, peak of forward and backward) from the CUDA allocator's counters."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    output = model(data, labels=data)
+    torch.cuda.synchronize()
+    after_forward = torch.cuda.memory_allocated() - base
+    output.loss.backward()
+    torch.cuda.synchronize()
+    return after_forward, torch.cuda.max_memory_allocated() - base
+
+
+def cpu_timeline(prof):
+    """(alive after the forward, peak) from the profiler's allocation events between the marks."""
     events = allocation_events(prof)
     # The two markers split the timeline: one opens the forward, the other closes it.
     opened = next(i for i, (_, b) in enumerate(events) if b == OPEN_MARK)
@@ -189,6 +272,10 @@ def measure(name, shape, batch, seq, mode, s):
             continue
         total += b
         peak = max(peak, total)
+    return after_forward, peak
+
+
+def step_figures(model, layers, saved, name, shape, batch, seq, mode, s, after_forward, peak):
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
@@ -218,14 +305,30 @@ def measure(name, shape, batch, seq, mode, s):
 
 
 def main():
+    global DEVICE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--only", help="only the cases whose name contains this text")
+    DEVICE = parser.parse_args().device
+    only = parser.parse_args().only
     torch.set_num_threads(2)
     cases = []
-    for case in CASES:
-        cases.append(measure(*case))
-        print(case[0], file=sys.stderr)
+    grid = CASES + (CUDA_CASES if DEVICE == "cuda" else [])
+    with tempfile.TemporaryDirectory() as directory:
+        if DEVICE == "cuda":
+            workspaces = cuda_warm_up(directory)
+        for case in grid:
+            if only and only not in case[0]:
+                continue
+            cases.append(measure(*case, directory))
+            print(case[0], file=sys.stderr)
     versions = dict(torch=torch.__version__.split("+")[0], transformers=transformers.__version__,
                     peft=peft.__version__, bitsandbytes=bitsandbytes.__version__)
-    json.dump(dict(versions=versions, device="cpu", cases=cases), sys.stdout, indent=1)
+    out = dict(versions=versions, device=DEVICE, cases=cases)
+    if DEVICE == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cublas_workspace_bytes"] = workspaces
+    json.dump(out, sys.stdout, indent=1)
     print()
 
 

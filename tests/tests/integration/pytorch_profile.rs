@@ -3,7 +3,10 @@
 //! Face Llamas (full fine-tuning, peft LoRA, bitsandbytes QLoRA, eager and sdpa attention,
 //! dropout, eval mode, both kinds of checkpointing, f32 and bf16 models, B = 1 and 2, a
 //! SmolLM2-sized slice) by
-//! `tests/corpus/pytorch_profile/measure.py` (its header says how).
+//! `tests/corpus/pytorch_profile/measure.py` (its header says how); and the same grid plus two
+//! TinyLlama-1.1B-shaped cases (QLoRA + DQ + checkpointing at T = 512, bf16 LoRA at B = 2,
+//! T = 256: held out at scale) measured on a CUDA GPU (`measured-cuda.json`: an H200, torch 2.11,
+//! transformers 5.17, peft 0.21, bitsandbytes 0.50).
 
 use std::path::Path;
 
@@ -17,14 +20,16 @@ use serde_json::Value;
 /// Every figure within this much of PyTorch's.
 const TOLERANCE: f64 = 0.05;
 
-fn corpus() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/pytorch_profile/measured.json");
+fn corpus(file: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus/pytorch_profile")
+        .join(file);
     let text = std::fs::read_to_string(&path).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
-/// The setup `measure.py` builds for one case.
-fn setup(case: &Value) -> PyTorchSetup {
+/// The setup `measure.py` builds for one case on `device`.
+fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
     let s = &case["settings"];
     let mode = case["mode"].as_str().unwrap();
     let ckpt = s["ckpt"].as_str().map(|k| match k {
@@ -76,7 +81,7 @@ fn setup(case: &Value) -> PyTorchSetup {
             "eager" => Attention::Eager,
             _ => Attention::Sdpa,
         },
-        device: TorchDevice::Cpu,
+        device,
         stack: Stack::MEASURED,
     }
 }
@@ -94,12 +99,16 @@ fn ratio(predicted: u64, measured: u64) -> String {
 
 #[test]
 fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
-    let corpus = corpus();
+    check_against(&corpus("measured.json"), TorchDevice::Cpu);
+}
+
+/// Every figure of every case in `corpus` within ±5 % of the profile's for `device`.
+fn check_against(corpus: &Value, device: TorchDevice) {
     let mut failures = vec![];
     for case in corpus["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
-        let step: PyTorchStep = predict(&config, &setup(case));
+        let step: PyTorchStep = predict(&config, &setup(case, device));
         let mut figures = vec![
             (
                 "weights",
@@ -149,4 +158,9 @@ fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
         "outside ±5 %:\n{}",
         failures.join("\n")
     );
+}
+
+#[test]
+fn the_pytorch_profile_matches_pytorch_measured_on_cuda() {
+    check_against(&corpus("measured-cuda.json"), TorchDevice::Cuda);
 }

@@ -287,6 +287,21 @@ impl Builder<'_> {
                 // transpose(1, 2).contiguous(): a copy whose backward passes the gradient on
                 self.tape.fresh(&[out], out.bytes, FreshGrad::PassesThrough)
             }
+            Attention::Sdpa if self.sdpa_falls_back_to_math(groups) => {
+                // ATen's math kernel, written with tensor ops: q and k each times √scale (new
+                // tensors), k and v repeated to every query head (`repeat_interleave`), the
+                // scores, the causal mask added in place, the softmax's output kept, and its
+                // product with v — laid out [B, H, T, d], so `.contiguous()` after the
+                // transpose copies it.
+                let q = self.tape.fresh(&[q], q.bytes, FreshGrad::Allocates);
+                let (k, v) = (repeat(self, k), repeat(self, v));
+                let k = self.tape.fresh(&[k], k.bytes, FreshGrad::Allocates);
+                let scores_bytes = batch * heads * seq * seq * w;
+                let scores = self.tape.matmul(q, k, scores_bytes);
+                let probs = self.tape.saves_output(scores, scores_bytes);
+                let out = self.tape.matmul(probs, v, n * q_dim as u64 * w);
+                self.tape.fresh(&[out], out.bytes, FreshGrad::PassesThrough)
+            }
             Attention::Sdpa => {
                 let (k, v) = if self.setup.stack.sdpa_repeats_kv {
                     (repeat(self, k), repeat(self, v))
@@ -312,6 +327,17 @@ impl Builder<'_> {
             }
         };
         self.projection(out, LoraTarget::OProj, q_dim, d)
+    }
+
+    /// Whether sdpa runs ATen's math kernel: on CUDA, transformers passes grouped K/V heads
+    /// with `enable_gqa=True` (torch ≥ 2.5, no padding mask), which neither the flash nor the
+    /// memory-efficient kernel takes for f32 inputs (flash is 16-bit only); measured on an
+    /// H200 with torch 2.11: f32 + GQA is refused by every fused backend but math.
+    fn sdpa_falls_back_to_math(&self, groups: usize) -> bool {
+        self.setup.device == TorchDevice::Cuda
+            && self.w() == 4
+            && groups > 1
+            && !self.setup.stack.sdpa_repeats_kv
     }
 
     /// `apply_rotary_pos_emb` on one of q, k ([B, heads, T, d]):

@@ -6,16 +6,21 @@
 //! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
 //! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
 //!
-//! First, one weight's dequantization three ways (`gpu_dequant.rs`). Products compute in f32 (NF4 dequantized to f32 on the device); the peak is read at marks
-//! between operations, a lower bound of the true one.
+//! First, one weight's dequantization three ways (`gpu_dequant.rs`). Products compute in f32, or
+//! with `--dtype bf16|f16` under autocast (NF4 dequantized straight to the 16-bit dtype on the
+//! device; bf16 where the device has it, else f16). The peak is read at marks between
+//! operations, a lower bound of the true one. `--only TEXT` keeps the cases whose name holds
+//! TEXT; `--json FILE` writes every figure.
 
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::DeviceKind;
 use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::time::{device_presets, step_work};
 use napkin_core::predict::units::accelerate_units;
+use serde::Serialize;
 
 use crate::cli::BenchArgs;
 
@@ -79,9 +84,33 @@ fn gpu(args: &BenchArgs) -> Result<DeviceKind> {
     bail!("no GPU backend could be opened: {}", why.join("; "))
 }
 
+/// One case's figures as `--json` writes them.
+#[derive(Serialize)]
+struct CaseFigures<'a> {
+    name: &'a str,
+    compute: String,
+    tokens_per_step: usize,
+    median_step_seconds: f64,
+    tokens_per_second: f64,
+    step_flops: f64,
+    achieved_flops: f64,
+    device_gemm_flops: f64,
+    report: MeasurementReport,
+}
+
 pub fn run(args: &BenchArgs) -> Result<()> {
     let kind = gpu(args)?;
     let device = kind.open()?;
+    let half = match args.dtype.as_str() {
+        "f32" | "fp32" | "float32" => false,
+        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => true,
+        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    };
+    let compute = if half {
+        format!("{:?}", half_dtype(&device)).to_lowercase()
+    } else {
+        "f32".to_string()
+    };
     let train = device.clone().autodiff();
     let preset = match &args.gpu_preset {
         Some(id) => Some(
@@ -93,7 +122,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None => None,
     };
     println!(
-        "GPU training steps on {} ({} steps per case, the first one not timed); products in f32",
+        "GPU training steps on {} ({} steps per case, the first one not timed); products in {compute}",
         kind.backend_name(),
         args.runs.max(2)
     );
@@ -104,8 +133,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         [5632, 2048]
     };
     super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
+    let mut figures = Vec::new();
     for case in cases(args.smoke) {
-        let s = &case.scenario;
+        if let Some(only) = &args.only
+            && !case.name.contains(only.as_str())
+        {
+            continue;
+        }
+        let s = &super::super::with_autocast(case.scenario.clone(), half);
         let report: MeasurementReport = measure(
             s,
             &device,
@@ -144,9 +179,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             100.0 * flops / seconds / report.this_machine.f32_flops,
             match &preset {
                 Some(p) => format!(
-                    ", {:.1} % of the {} f32 peak",
-                    100.0 * flops / seconds / p.f32_flops,
-                    p.name
+                    ", {:.1} % of the {} {} peak",
+                    100.0 * flops / seconds / if half { p.half_flops } else { p.f32_flops },
+                    p.name,
+                    if half { "16-bit" } else { "f32" },
                 ),
                 None => String::new(),
             }
@@ -154,6 +190,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(l) = &report.link_per_step {
             println!("  host link per step: {}", super::super::link_summary(l));
         }
+        let mut report = report;
+        report.trace.clear();
+        figures.push(CaseFigures {
+            name: case.name,
+            compute: compute.clone(),
+            tokens_per_step: tokens as usize,
+            median_step_seconds: seconds,
+            tokens_per_second: tokens / seconds,
+            step_flops: flops,
+            achieved_flops: flops / seconds,
+            device_gemm_flops: report.this_machine.f32_flops,
+            report,
+        });
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "backend": kind.backend_name(),
+            "compute": compute,
+            "cases": figures,
+        }))?;
+        std::fs::write(path, text).with_context(|| format!("--json {}", path.display()))?;
     }
     Ok(())
 }
