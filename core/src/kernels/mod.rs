@@ -2,8 +2,11 @@
 //! source for Vulkan, Metal, WebGPU and CUDA) and the NF4 storage they read.
 //!
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
-//! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU.
+//! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
+//! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod adamw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nf4_dequantize;
 pub mod resident_nf4;

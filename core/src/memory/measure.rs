@@ -234,6 +234,7 @@ pub fn this_machine(device: &Device, probe: MachineProbe) -> DevicePreset {
         half_flops: flops,
         bandwidth,
         memory: f64::INFINITY,
+        link_bytes_per_second: None,
     }
 }
 

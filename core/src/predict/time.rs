@@ -20,7 +20,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::inventory::{Kind, Scenario, inventory, totals_by_kind};
-use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget, OptimizerKind};
+use crate::config::{ATTENTION_TILE, AttentionKind, Kernels, LoraTarget, OptimizerKind};
 
 /// FLOPs and bytes of one optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -36,6 +36,9 @@ pub struct StepWork {
     pub lora_saved_flops: f64,
     /// Bytes the step must move to and from memory.
     pub bytes_moved: f64,
+    /// Bytes the step moves over the host link on a discrete GPU (its batch up, the loss back:
+    /// [`super::link::step_link`]); the weights are resident.
+    pub link_bytes: f64,
 }
 
 impl StepWork {
@@ -122,10 +125,17 @@ pub fn step_work(s: &Scenario) -> StepWork {
     let totals = totals_by_kind(&inventory(s));
     let kind = |k: Kind| totals.get(&k).copied().unwrap_or(0) as f64;
     let weights = kind(Kind::Weights) + kind(Kind::QuantCodes) + kind(Kind::QuantScales);
-    // NF4: every pass writes and reads the dequantized f32 weight of each block linear.
+    // NF4: every pass writes and reads the dequantized weight of each block linear: f32, or
+    // the 16-bit compute dtype where the GPU kernel writes it (the CPU backends keep f32).
+    let dequantized_value = if s.half_compute && s.kernels == Kernels::BurnOps {
+        2.0
+    } else {
+        4.0
+    };
     let dequantized = if s.nf4.is_some() {
         let c = &s.config;
-        8.0 * c.num_hidden_layers as f64
+        2.0 * dequantized_value
+            * c.num_hidden_layers as f64
             * c.block_linears()
                 .iter()
                 .map(|&(_, out, inp)| (out * inp) as f64)
@@ -149,6 +159,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
         recompute_flops: micro * recompute,
         lora_saved_flops: lora_saved,
         bytes_moved: bytes,
+        link_bytes: super::link::step_link(s).map_or(0.0, |l| (l.up() + l.read_back) as f64),
     }
 }
 
@@ -170,6 +181,10 @@ pub struct DevicePreset {
     /// which JSON writes as `null`).
     #[serde(deserialize_with = "null_as_unbounded")]
     pub memory: f64,
+    /// The host link's bytes per second in each direction (None: the device is the host, or
+    /// reads host memory in place).
+    #[serde(default)]
+    pub link_bytes_per_second: Option<f64>,
 }
 
 /// JSON has no infinity: serde_json writes it as `null`; read `null` back as unbounded.
@@ -186,6 +201,7 @@ pub fn device_presets() -> Vec<DevicePreset> {
         half_flops: half_t * 1e12,
         bandwidth: gb_s * 1e9,
         memory: gb * 1e9,
+        link_bytes_per_second: link_of(id),
     };
     vec![
         preset("t4", "NVIDIA T4 16 GB", 8.1, 65.0, 320.0, 16.0),
@@ -219,6 +235,22 @@ pub fn device_presets() -> Vec<DevicePreset> {
     ]
 }
 
+/// The host link of a preset GPU (`offload::host_links`' rates): PCIe 3.0 x16 for the T4,
+/// 4.0 for the RTX 3090/4090 and the A100, 5.0 for the H100 SXM; Apple silicon reads host
+/// memory in place.
+fn link_of(id: &str) -> Option<f64> {
+    let link = match id {
+        "t4" => "pcie3",
+        "rtx3090" | "rtx4090" | "a100-40gb" | "a100-80gb" => "pcie4",
+        "h100" => "pcie5",
+        _ => return None,
+    };
+    super::offload::host_links()
+        .into_iter()
+        .find(|l| l.id == link)
+        .and_then(|l| l.bytes_per_second)
+}
+
 /// The device preset named `id`.
 pub fn device_preset(id: &str) -> Option<DevicePreset> {
     let id = id.to_ascii_lowercase().replace('_', "-");
@@ -248,8 +280,11 @@ pub struct RooflineTime {
     pub memory_seconds: f64,
     /// The verdict.
     pub bound: Bound,
-    /// Predicted step time: the larger of the two (a lower bound; real kernels reach a
-    /// fraction of peak).
+    /// Seconds on the host link (the batch up, the loss back), not overlapped with compute.
+    #[serde(default)]
+    pub link_seconds: f64,
+    /// Predicted step time: the larger of the two, plus the link's (a lower bound; real
+    /// kernels reach a fraction of peak).
     pub step_seconds: f64,
     /// Arithmetic intensity at which the device turns compute-bound (FLOP/byte).
     pub ridge_point: f64,
@@ -268,7 +303,10 @@ pub fn roofline(work: &StepWork, tokens: f64, device: &DevicePreset, half: bool)
     };
     let compute = work.flops() / peak;
     let memory = work.bytes_moved / device.bandwidth;
-    let step = compute.max(memory);
+    let link = device
+        .link_bytes_per_second
+        .map_or(0.0, |rate| work.link_bytes / rate);
+    let step = compute.max(memory) + link;
     RooflineTime {
         device: device.name.clone(),
         peak_flops: peak,
@@ -279,6 +317,7 @@ pub fn roofline(work: &StepWork, tokens: f64, device: &DevicePreset, half: bool)
         } else {
             Bound::Memory
         },
+        link_seconds: link,
         step_seconds: step,
         ridge_point: peak / device.bandwidth,
         arithmetic_intensity: work.arithmetic_intensity(),
@@ -313,6 +352,26 @@ mod tests {
         assert!((e.forward_flops - f.forward_flops - scores * (1.0 - fraction)).abs() < 1.0);
         let backward_change = 2.0 * scores - 2.5 * scores * fraction;
         assert!((e.backward_flops - f.backward_flops - backward_change).abs() < 1.0);
+    }
+
+    /// A discrete GPU's step adds its batch's time on the host link (PCIe 5.0 for the H100:
+    /// 63 GB/s), counted from `predict::link` — ids, labels, RoPE tables, the mask, the loss.
+    #[test]
+    fn the_link_adds_the_batchs_transfer_on_a_discrete_gpu_only() {
+        let s = Scenario::new(LlamaConfig::smollm2_135m(), 1, 512);
+        let w = step_work(&s);
+        let l = super::super::link::step_link(&s).unwrap();
+        assert_eq!(w.link_bytes, (l.up() + l.read_back) as f64);
+        assert!(w.link_bytes > 1e6); // the [T, T] f32 mask alone is 1 MiB
+        let h100 = device_preset("h100").unwrap();
+        let r = roofline(&w, 512.0, &h100, false);
+        assert!((r.link_seconds - w.link_bytes / 63e9).abs() < 1e-12);
+        assert!(
+            (r.step_seconds - r.compute_seconds.max(r.memory_seconds) - r.link_seconds).abs()
+                < 1e-12
+        );
+        let m2 = device_preset("m2").unwrap();
+        assert_eq!(roofline(&w, 512.0, &m2, false).link_seconds, 0.0);
     }
 
     /// Full fine-tuning costs the textbook 6·N·tokens for the matmul weights plus attention,

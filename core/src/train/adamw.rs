@@ -85,7 +85,9 @@ impl AdamW {
     pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
         let scalars = self.scalars(lr);
         let state = self.moments.remove(&id);
-        let (p, moments) = match super::fused_adamw::update(p, g, state, &scalars) {
+        let (p, moments) = match super::fused_adamw::update(p, g, state, &scalars)
+            .or_else(|(p, g, state)| on_gpu(p, g, state, &scalars))
+        {
             Ok(updated) => updated,
             Err((p, g, state)) => update_with_tensor_ops(p, g, state, &scalars),
         };
@@ -147,6 +149,59 @@ pub(crate) struct StepScalars {
 
 /// The update as burn tensor ops (any device; fresh moments are zeros):
 /// `p·decay − step_size · m / (√v / √(1−β2ᵗ) + ε)`.
+/// The update as one kernel launch on a cubecl backend (wgpu, WebGPU, CUDA): every tensor
+/// f32, contiguous, on the same GPU device. The inputs back otherwise.
+fn on_gpu(
+    p: Tensor<1>,
+    g: Tensor<1>,
+    state: Option<Moments>,
+    s: &StepScalars,
+) -> Result<(Tensor<1>, Moments), super::fused_adamw::NotFused> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use crate::kernels::adamw::{AdamWScalars, update};
+        use burn::backend::Cube;
+        let cube = |t: &Tensor<1>| {
+            t.clone()
+                .try_into_primitive::<Cube>()
+                .ok()
+                .filter(|c| c.dtype == burn::tensor::DType::F32 && c.is_contiguous())
+        };
+        let moments = match &state {
+            None => Some(None),
+            Some(m) => cube(&m.exp_avg).zip(cube(&m.exp_avg_sq)).map(Some),
+        };
+        let (Some(param), Some(grad), Some(moments)) = (cube(&p), cube(&g), moments) else {
+            return Err((p, g, state));
+        };
+        if param.device != grad.device {
+            return Err((p, g, state));
+        }
+        let scalars = AdamWScalars {
+            decay: s.decay as f32,
+            one_minus_beta1: s.one_minus_beta1 as f32,
+            beta2: s.beta2 as f32,
+            one_minus_beta2: s.one_minus_beta2 as f32,
+            step_size: s.step_size as f32,
+            bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
+            eps: s.eps as f32,
+        };
+        let (p, m, v) = update(param, grad, moments, &scalars);
+        Ok((
+            Tensor::from_primitive::<Cube>(p),
+            Moments {
+                exp_avg: Tensor::from_primitive::<Cube>(m),
+                exp_avg_sq: Tensor::from_primitive::<Cube>(v),
+            },
+        ))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = s;
+        Err((p, g, state))
+    }
+}
+
 pub(crate) fn update_with_tensor_ops(
     p: Tensor<1>,
     g: Tensor<1>,

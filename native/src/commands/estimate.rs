@@ -231,6 +231,10 @@ fn run_with(
             b(&work["bytes_moved"]) / 1e9,
         );
         println!(
+            "  host link per step: {} (the batch up, the loss back; weights resident), in the step time below",
+            accelerate_units(b(&work["link_bytes"])),
+        );
+        println!(
             "  {:<32} {:>9} {:>9} {:>8} {:>12} {:>6}",
             "device (roofline lower bound)", "step ms", "tokens/s", "bound", "FLOP/byte", "fits"
         );

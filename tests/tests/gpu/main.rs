@@ -22,6 +22,7 @@ fn wgpu_device() -> Device {
         .expect("a wgpu adapter (lavapipe without a GPU)")
 }
 
+mod adamw_kernel;
 mod device_pool;
 mod nf4_backward;
 mod nf4_device;
