@@ -12,6 +12,8 @@
 //! buffer; a GPU compiler may still contract a product and a sum into one fused multiply-add,
 //! so values can differ from the CPU's in the last bit (the test bounds the difference).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use burn_backend::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -86,6 +88,14 @@ fn adamw_values(
     v_out[i] = v_new;
 }
 
+/// Launches of the update kernel since the program started, counted at each launch.
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many times the update kernel has been launched (all devices, all threads).
+pub fn launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
 /// The updated parameter and moments `(p, m, v)`, three new `[n]` f32 tensors on the
 /// parameter's device; `moments` is None on a parameter's first step.
 ///
@@ -132,5 +142,6 @@ pub fn update(
             first,
         );
     }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
     (p_out, m_out, v_out)
 }

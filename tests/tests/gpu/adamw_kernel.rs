@@ -5,7 +5,7 @@
 use burn::module::ParamId;
 use burn::tensor::{Device, Tensor, TensorData};
 use napkin_core::device::cpu;
-use napkin_core::kernels::adamw::{AdamWScalars, update};
+use napkin_core::kernels::adamw::{AdamWScalars, launches, update};
 use napkin_core::train::adamw::{AdamW, AdamWConfig};
 
 use super::{ONE_AT_A_TIME, wgpu_device};
@@ -78,8 +78,8 @@ fn adamw_on_the_gpu_equals_the_cpus_within_a_few_ulps() {
     }
 }
 
-/// The kernel itself, called on the device's tensors, is what `AdamW::update` runs there: the
-/// same bits.
+/// On a GPU `AdamW::update` launches the one-pass kernel once per parameter (counted at the
+/// launch; none on the CPU) and returns its result bit for bit.
 #[test]
 fn adamw_update_on_a_gpu_is_the_kernels_result() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -88,7 +88,21 @@ fn adamw_update_on_a_gpu_is_the_kernels_result() {
     let g = tensor(&values(10, 0.01), &device);
     let mut opt = AdamW::new(AdamWConfig::default());
     opt.begin_step();
+    let before = launches();
     let through_optimizer = host(opt.update(ParamId::new(), p.clone(), g.clone(), 1e-3));
+    assert_eq!(
+        launches() - before,
+        1,
+        "AdamW::update on a GPU launches the one-pass kernel once"
+    );
+    let on_cpu = AdamW::new(AdamWConfig::default()).update(
+        ParamId::new(),
+        tensor(&values(1, 0.5), &cpu()),
+        tensor(&values(10, 0.01), &cpu()),
+        1e-3,
+    );
+    drop(on_cpu);
+    assert_eq!(launches() - before, 1, "the CPU backends do not launch it");
 
     let c = AdamWConfig::default();
     let lr = 1e-3;
