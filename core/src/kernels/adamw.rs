@@ -18,7 +18,6 @@ use burn_backend::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 /// The scalars of one step (see `train::adamw::StepScalars`), in f32.
 #[derive(Debug, Clone, Copy)]
@@ -116,8 +115,7 @@ pub fn update(
     let first = moments.is_none();
     // Unread when `first`: any f32 tensor of the launch stands in.
     let (m, v) = moments.unwrap_or_else(|| (g.clone(), g.clone()));
-    let cube_dim = CubeDim::new(&client, n);
-    let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+    let (cube_count, cube_dim) = super::one_thread_each(&client, n);
     // Safety: one thread per value; thread i reads index i of four tensors of n values and
     // writes index i of three new ones of n values; threads past n return first.
     unsafe {

@@ -10,3 +10,16 @@ pub mod adamw;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nf4_dequantize;
 pub mod resident_nf4;
+
+/// The launch geometry of one thread per item for `items` items on `client`'s device.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn one_thread_each(
+    client: &cubecl::client::Client,
+    items: usize,
+) -> (cubecl::prelude::CubeCount, cubecl::CubeDim) {
+    let cube_dim = cubecl::CubeDim::new(client, items);
+    (
+        cubecl::calculate_cube_count_elemwise(client, items, cube_dim),
+        cube_dim,
+    )
+}

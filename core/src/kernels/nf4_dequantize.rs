@@ -22,7 +22,6 @@ use burn_backend::cubecl::dtype_to_storage_type;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use crate::config::DOUBLE_QUANT_BLOCK;
 
@@ -131,8 +130,7 @@ pub fn dequantize(
                 [num_blocks].into(),
                 DType::F32,
             );
-            let cube_dim = CubeDim::new(&client, num_blocks);
-            let cube_count = calculate_cube_count_elemwise(&client, num_blocks, cube_dim);
+            let (cube_count, cube_dim) = super::one_thread_each(&client, num_blocks);
             // Safety: every index the kernel reads is below the length its caller uploaded
             // (`num_blocks` codes, one second-level scale per 256 blocks, 16 + 256 table
             // entries), and it writes only `products[b]` for `b < num_blocks`.
@@ -155,8 +153,7 @@ pub fn dequantize(
     };
     let output = empty_device_contiguous_dtype(client.clone(), device, shape.into(), dtype);
     let threads = n.div_ceil(WEIGHTS_PER_WORD);
-    let cube_dim = CubeDim::new(&client, threads);
-    let cube_count = calculate_cube_count_elemwise(&client, threads, cube_dim);
+    let (cube_count, cube_dim) = super::one_thread_each(&client, threads);
     // Safety: one thread per word of `words` (`ceil(n / 8)` of them); every write index is
     // below `n`, the output's length; every scale index below `ceil(n / block_size)`.
     unsafe {

@@ -30,20 +30,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         (None, Some(path)) => (super::model_config(path)?, Some(path.clone())),
         (None, None) => bail!("give --model PATH or --preset NAME"),
     };
-    let half = match args.dtype.as_str() {
-        "f32" | "fp32" | "float32" => false,
-        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => {
-            if !kind.supports_half_precision() {
-                bail!(
-                    "--dtype {}: {} computes in f32 only; use --device flex, wgpu or cuda",
-                    args.dtype,
-                    kind.backend_name()
-                );
-            }
-            true
-        }
-        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
-    };
+    let half = super::half_precision_on(&args.dtype, kind)?;
     let scenario = super::with_autocast(args.scenario.scenario(config.clone(), optimizer)?, half);
     let train_device = device.clone().autodiff();
     let build = || -> napkin_core::error::Result<Llama> {

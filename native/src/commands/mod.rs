@@ -85,6 +85,27 @@ impl ScenarioArgs {
     }
 }
 
+/// Whether `--dtype` asks for 16-bit autocast on `kind` (f32, or bf16/f16 where the backend
+/// computes in 16 bits).
+pub fn half_precision_on(
+    dtype: &str,
+    kind: napkin_core::device::DeviceKind,
+) -> anyhow::Result<bool> {
+    match dtype {
+        "f32" | "fp32" | "float32" => Ok(false),
+        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => {
+            if !kind.supports_half_precision() {
+                anyhow::bail!(
+                    "--dtype {dtype}: {} computes in f32 only; use --device flex, wgpu or cuda",
+                    kind.backend_name()
+                );
+            }
+            Ok(true)
+        }
+        other => anyhow::bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    }
+}
+
 /// `s` trained under bf16/f16 autocast when `half`, as `napkin train --dtype` runs it: the linear
 /// layers compute in 16 bits, and a LoRA run stores its frozen dense base in 16 bits.
 pub fn with_autocast(s: Scenario, half: bool) -> Scenario {

@@ -309,8 +309,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--only", help="only the cases whose name contains this text")
-    DEVICE = parser.parse_args().device
-    only = parser.parse_args().only
+    args = parser.parse_args()
+    DEVICE, only = args.device, args.only
     torch.set_num_threads(2)
     cases = []
     grid = CASES + (CUDA_CASES if DEVICE == "cuda" else [])

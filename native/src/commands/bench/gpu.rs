@@ -101,11 +101,7 @@ struct CaseFigures<'a> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let kind = gpu(args)?;
     let device = kind.open()?;
-    let half = match args.dtype.as_str() {
-        "f32" | "fp32" | "float32" => false,
-        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => true,
-        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
-    };
+    let half = super::super::half_precision_on(&args.dtype, kind)?;
     let compute = if half {
         format!("{:?}", half_dtype(&device)).to_lowercase()
     } else {
