@@ -4,7 +4,7 @@
 //! parsed here with typed errors naming the file.
 
 use napkin_core::config::LlamaConfig;
-use napkin_core::memory::measure::MeasurementReport;
+use napkin_core::measure::MeasurementReport;
 use napkin_core::report::run::{MetricRow, parse_metrics};
 
 /// Largest file the page reads (a measurement report with its trace is well under 1 MiB).

@@ -3,7 +3,7 @@
 //! one reducer, tested natively. The components render a `Page` and dispatch `PageAction`s.
 
 use napkin_core::exercises::{Instance, catalog, check, instance};
-use napkin_core::memory::measure::MeasurementReport;
+use napkin_core::measure::MeasurementReport;
 use napkin_core::report::run::MetricRow;
 
 use napkin_core::memory::meter::MeterMethod;

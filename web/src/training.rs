@@ -7,14 +7,14 @@
 
 use burn::tensor::Device;
 use napkin_core::config::LlamaConfig;
-use napkin_core::memory::measure::{
+use napkin_core::data::MicroBatch;
+use napkin_core::measure::{
     MachineProbe, MeasurementReport, measure, micro_batches_of, random_model,
 };
 use napkin_core::memory::meter::{Meter, MeterMethod};
 use napkin_core::predict::inventory::{Kind, Scenario, inventory};
 use napkin_core::train::{
-    Accumulation, MicroBatch, Optimizer, OptimizerConfig, OptimizerKind, UnreadStep,
-    forward_backward_unread,
+    Accumulation, Optimizer, OptimizerConfig, OptimizerKind, UnreadStep, forward_backward_unread,
 };
 use serde::{Deserialize, Serialize};
 use web_time::Instant;

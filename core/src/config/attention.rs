@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 /// Query and key positions per tile of the memory-efficient attention.
 pub const ATTENTION_TILE: usize = 128;
 
+/// Additive value for masked attention scores: `exp` of it underflows to exactly 0.
+pub const MASKED: f32 = -1.0e9;
+
 /// How the attention softmax is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

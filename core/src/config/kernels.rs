@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kernels {
-    /// napkin's fused kernels (`model/fused/`, f32 on Flex or NdArray): one op each, keeping
+    /// napkin's fused kernels (`kernels/fused/`, f32 on Flex or NdArray): one op each, keeping
     /// its inputs and one statistic per row.
     #[default]
     FusedCpu,

@@ -10,7 +10,7 @@ mod nf4;
 mod optimizer;
 mod presets;
 
-pub use attention::{ATTENTION_TILE, AttentionKind};
+pub use attention::{ATTENTION_TILE, AttentionKind, MASKED};
 pub use kernels::Kernels;
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};

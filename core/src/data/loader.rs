@@ -7,11 +7,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::MicroBatch;
 use super::packing::{Row, micro_batch, pack, pad_each};
 use super::sample::Sample;
 use crate::error::{Error, Result};
-use crate::model::generate::SplitMix64;
-use crate::train::MicroBatch;
+use crate::rng::SplitMix64;
 
 /// Where the loader is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -6,9 +6,9 @@
 //! "predicted" from the end of the previous sample). Without packing, each sample gets a row
 //! of its own and the rest is padding. Padding tokens form their own segment and carry no label.
 
+use super::MicroBatch;
 use super::sample::Sample;
 use crate::model::{IGNORE_INDEX, TokenBatch};
-use crate::train::MicroBatch;
 
 /// Token id used for padding (never a label, never attended to by real tokens).
 pub const PAD_ID: u32 = 0;

@@ -6,6 +6,8 @@
 //! ARCHITECTURE.md records the measurements behind that choice.
 
 pub mod link;
+#[cfg(feature = "openblas")]
+pub mod openblas;
 mod pinning;
 
 pub use pinning::{PIN_THREADS_VAR, spawn_unpinned};
@@ -214,7 +216,7 @@ pub fn memory_capacity(device: &Device) -> Option<u64> {
 const COMPUTE_THREAD_STACK: usize = 64 << 20;
 
 /// Runs `work` on rayon's pool, the threads that run burn's CPU ops and napkin's GEMMs
-/// (`model/cpu_gemm.rs`), so that a command's own thread is one of them: on two cores that is
+/// (`kernels/cpu_gemm.rs`), so that a command's own thread is one of them: on two cores that is
 /// two busy threads, not the caller plus two pool workers spinning between GEMMs. Each pool
 /// thread is pinned to a CPU of its own where that is possible (`pinning.rs`).
 pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
@@ -256,7 +258,7 @@ fn cpu_backend_name() -> &'static str {
 #[cfg(feature = "openblas")]
 #[allow(deprecated)]
 fn ndarray() -> Device {
-    crate::model::cpu_gemm::use_one_thread_pool();
+    crate::device::openblas::use_one_thread_pool();
     Device::ndarray()
 }
 

@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use super::answer::{Dimension, Expected};
 use crate::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
-use crate::memory::weights::{nf4_tensor_bytes, weight_bytes};
 use crate::predict::inventory::{Scenario, inventory, per_layer};
 use crate::predict::offload::{host_links, host_transfer};
 use crate::predict::precision::{PrecisionRecipe, precision_table};
@@ -19,6 +18,7 @@ use crate::predict::seed::{ActivationShape, activation_bytes};
 use crate::predict::sharding::Offload;
 use crate::predict::time::{Bound, device_preset, device_presets, roofline, step_work};
 use crate::predict::timeline::step_timeline;
+use crate::predict::weights::{nf4_tensor_bytes, weight_bytes};
 use crate::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
 
 /// The sandbox settings an exercise's scenario corresponds to (the browser app loads them

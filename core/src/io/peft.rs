@@ -13,10 +13,10 @@ use super::atomic::write_atomic;
 use super::safetensors::SafetensorsCheckpoint;
 use crate::config::{LoraConfig, LoraTarget};
 use crate::error::{Error, Result};
+use crate::kernels::values::to_f32_vec;
 use crate::model::Llama;
 use crate::model::apply_tricks::matrix;
 use crate::model::lora::LoraAdapter;
-use crate::values::to_f32_vec;
 
 /// The prefix peft puts before the HF module path.
 pub const PEFT_PREFIX: &str = "base_model.model.";

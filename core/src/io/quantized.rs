@@ -211,8 +211,8 @@ pub fn load_quantized(dir: &Path, device: &Device) -> Result<(Llama, Nf4Config)>
 }
 
 /// Bytes of a model by component, as held in memory: float parameters, NF4 codes, NF4 scales.
-pub fn model_bytes(model: &Llama) -> crate::memory::WeightBytes {
-    let mut bytes = crate::memory::WeightBytes::default();
+pub fn model_bytes(model: &Llama) -> crate::predict::weights::WeightBytes {
+    let mut bytes = crate::predict::weights::WeightBytes::default();
     let mut quantized_params = 0u64;
     for named in model.block_linears() {
         if let BaseWeight::Nf4(w) = &named.linear.base {

@@ -1,15 +1,25 @@
-//! The kernels floor: performance code below the model. Today the GPU kernels (cubecl: one
-//! source for Vulkan, Metal, WebGPU and CUDA) and the NF4 storage they read.
+//! The kernels floor: the performance code below the model, so that `model/` reads as the math.
+//! The model calls these; nothing here knows the model.
 //!
+//! - `values.rs`: reading tensor values back to the host (`to_f32_vec`, `scalar`).
+//! - `fused/`: the CPU kernel runtime (custom autodiff ops on Flex/NdArray host values) and the
+//!   fused element-wise kernels (RMSNorm, RoPE, SwiGLU, the loss, tiled attention).
+//! - `cpu_gemm.rs`: f32 GEMM split over rayon's threads (OpenBLAS builds).
+//! - `efficient_attention.rs`: memory-efficient attention as a custom autodiff op on every backend.
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod adamw;
+#[cfg(feature = "openblas")]
+pub mod cpu_gemm;
+pub mod efficient_attention;
+pub mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nf4_dequantize;
 pub mod resident_nf4;
+pub mod values;
 
 /// The launch geometry of one thread per item for `items` items on `client`'s device.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

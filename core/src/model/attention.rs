@@ -10,10 +10,10 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, activation::softmax};
 
-use super::efficient_attention::{TiledMask, efficient_attention};
 use super::linear::Linear;
 use super::rope::RopeTables;
 use crate::config::LlamaConfig;
+use crate::kernels::efficient_attention::{TiledMask, efficient_attention};
 
 /// Which keys each query sees, in the form the chosen attention consumes.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use crate::config::MASKED;
 use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
 
@@ -22,9 +23,6 @@ pub struct TokenBatch {
     /// `[B, T]` segment index; attention never crosses segments.
     pub segments: Vec<u32>,
 }
-
-/// Additive value for masked attention scores: `exp` of it underflows to exactly 0.
-pub const MASKED: f32 = -1.0e9;
 
 impl TokenBatch {
     /// Rows of equal length, each one sample starting at position 0.

@@ -4,12 +4,14 @@
 use burn::tensor::TensorData;
 
 use super::attention::LayerKvCache;
-use super::batch::{MASKED, TokenBatch};
+use super::batch::TokenBatch;
 use super::llama::Llama;
 use super::rope::{RopeTables, inverse_frequencies};
+use crate::config::MASKED;
 use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
-use crate::values::to_f32_vec;
+use crate::kernels::values::to_f32_vec;
+use crate::rng::SplitMix64;
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,25 +151,6 @@ pub fn choose(logits: &[f32], sampling: &Sampling, rng: &mut SplitMix64) -> u32 
         }
     }
     order[keep - 1] as u32
-}
-
-/// A small, seedable generator (SplitMix64): the same seed gives the same text.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 #[cfg(test)]

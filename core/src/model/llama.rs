@@ -8,11 +8,11 @@ use super::attention::AttentionMask;
 use super::autocast::linear_matmul;
 use super::batch::TokenBatch;
 use super::block::DecoderBlock;
-use super::efficient_attention::TiledMask;
 use super::linear::Linear;
 use super::rms_norm::RmsNorm;
 use super::rope::{RopeTables, inverse_frequencies};
 use crate::config::{AttentionKind, LlamaConfig};
+use crate::kernels::efficient_attention::TiledMask;
 
 /// A decoder-only Llama.
 #[derive(Module, Debug)]
@@ -95,7 +95,11 @@ impl Llama {
             rope: RopeTables::new(&inv_freq, &batch.positions, batch.batch, batch.seq, &device),
             mask: match self.attention {
                 AttentionKind::Eager => AttentionMask::Dense(batch.attention_mask(&device)),
-                AttentionKind::Efficient => AttentionMask::Tiled(TiledMask::new(batch)),
+                AttentionKind::Efficient => AttentionMask::Tiled(TiledMask::new(
+                    batch.batch,
+                    batch.seq,
+                    batch.is_packed().then_some(batch.segments.as_slice()),
+                )),
             },
         }
     }

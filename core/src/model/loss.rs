@@ -6,9 +6,9 @@
 
 use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
 
-use super::fused::cross_entropy::{ShiftedLabels, summed_nll};
 use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
+use crate::kernels::fused::cross_entropy::{ShiftedLabels, summed_nll};
 
 /// Labels with this value are skipped (PyTorch's `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;

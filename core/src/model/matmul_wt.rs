@@ -84,7 +84,7 @@ pub mod ndarray_gemm {
                 };
                 let (a, b) = (oriented(a, op_a), oriented(b, op_b));
                 let mut out = Array2::<f32>::zeros((a.nrows(), b.ncols()));
-                crate::model::cpu_gemm::gemm_add(a, b, out.view_mut());
+                crate::kernels::cpu_gemm::gemm_add(a, b, out.view_mut());
                 NdArrayTensor::from(out.into_dyn().into_shared())
             }
             _ => {
@@ -166,7 +166,7 @@ mod tests {
 
     use super::matmul_wt;
     use crate::device::DeviceKind;
-    use crate::values::max_abs_diff;
+    use crate::kernels::values::max_abs_diff;
 
     /// Against burn's matmul on the transposed view, for one row (the matrix-vector path) and
     /// many, on every CPU backend compiled in.

@@ -3,9 +3,9 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::fused::swiglu::swiglu;
 use super::linear::Linear;
 use crate::config::LlamaConfig;
+use crate::kernels::fused::swiglu::swiglu;
 
 /// The MLP half of a decoder block.
 #[derive(Module, Debug)]

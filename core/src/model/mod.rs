@@ -5,10 +5,6 @@ pub mod attention;
 pub mod autocast;
 pub mod batch;
 pub mod block;
-#[cfg(feature = "openblas")]
-pub mod cpu_gemm;
-pub mod efficient_attention;
-pub mod fused;
 pub mod generate;
 pub mod linear;
 pub mod llama;

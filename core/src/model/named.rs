@@ -6,7 +6,7 @@ use burn::tensor::Tensor;
 use super::linear::Linear;
 use super::llama::Llama;
 use crate::config::LoraTarget;
-use crate::values::to_f32_vec;
+use crate::kernels::values::to_f32_vec;
 
 /// A parameter tensor of rank 1 (norm gains) or 2 (matrices).
 #[derive(Debug, Clone)]

@@ -24,6 +24,6 @@ impl RmsNorm {
     /// # Shapes
     /// - `x`: `[B, T, D]` → `[B, T, D]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        super::fused::rms_norm::rms_norm(x, self.weight.val(), self.eps)
+        crate::kernels::fused::rms_norm::rms_norm(x, self.weight.val(), self.eps)
     }
 }

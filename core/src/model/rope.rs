@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use super::fused::rope::{HostTables, rope};
 use crate::config::{LlamaConfig, RopeScaling};
 use crate::device::link::{self, Traffic};
+use crate::kernels::fused::rope::{HostTables, rope};
 
 /// The Dh/2 inverse frequencies of a config, in float32, with Llama 3 scaling applied.
 pub fn inverse_frequencies(config: &LlamaConfig) -> Vec<f32> {
@@ -111,7 +111,7 @@ impl RopeTables {
     }
 
     /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
-    /// ([`super::fused::rope`]), [`RopeTables::apply`] elsewhere.
+    /// ([`crate::kernels::fused::rope`]), [`RopeTables::apply`] elsewhere.
     ///
     /// # Shapes
     /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
@@ -135,5 +135,57 @@ impl RopeTables {
         let x2 = x.clone().narrow(3, half, half); // [B, H, T, Dh/2]
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, T, Dh]
         x * self.cos.clone() + rotated * self.sin.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::RopeTables;
+    use crate::device::DeviceKind;
+    use crate::kernels::fused::rope::rope;
+    use crate::kernels::values::max_abs_diff;
+
+    /// Values and `∂x` of the fused rotation equal burn's rotate-half ops
+    /// ([`RopeTables::apply`]), for two batch rows at different positions and three heads, on
+    /// every CPU backend; the graph-free path gives the same values.
+    #[test]
+    fn fused_rope_matches_the_tensor_ops() {
+        let (b, t, n, dh) = (2, 5, 3, 8);
+        let inv_freq: Vec<f32> = (0..dh / 2)
+            .map(|j| 1.0 / 10_000f32.powf((2 * j) as f32 / dh as f32))
+            .collect();
+        let positions: Vec<u32> = (0..5).chain(700..705).collect();
+        for kind in DeviceKind::cpu_backends() {
+            let device = kind.open().unwrap().autodiff();
+            let tables = RopeTables::new(&inv_freq, &positions, b, t, &device);
+            let x0 = Tensor::<3>::random([b, t, n * dh], Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<4>::random([b, n, t, dh], Distribution::Normal(0.0, 1.0), &device);
+            let run = |fused: bool| {
+                let x = x0.clone().require_grad();
+                let y = if fused {
+                    let rotated = rope(x.clone(), &tables.host_tables())
+                        .unwrap_or_else(|_| panic!("{kind}: the fused op did not apply"));
+                    rotated.reshape([b, t, n, dh]).swap_dims(1, 2)
+                } else {
+                    tables.apply(x.clone().reshape([b, t, n, dh]).swap_dims(1, 2))
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, x.grad(&grads).expect("a gradient"))
+            };
+            let ((y, grad), (y_ref, grad_ref)) = (run(true), run(false));
+            assert!(
+                max_abs_diff(y.clone().inner(), y_ref.inner()) < 1e-6,
+                "{kind}: values"
+            );
+            assert!(max_abs_diff(grad, grad_ref) < 1e-6, "{kind}: ∂x");
+            let graph_free = rope(x0.clone().inner(), &tables.host_tables()).expect("fused");
+            let graph_free = graph_free.reshape([b, t, n, dh]).swap_dims(1, 2);
+            assert!(
+                max_abs_diff(graph_free, y.inner()) < 1e-6,
+                "{kind}: graph-free"
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ use super::workspace;
 use crate::config::{
     AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
 };
-use crate::memory::weights::nf4_tensor_bytes;
+use crate::predict::weights::nf4_tensor_bytes;
 use crate::tricks::blockwise8::adamw8bit_state_bytes;
 
 /// What a tensor is for.
@@ -466,7 +466,7 @@ pub fn totals_by_layer(entries: &[Entry]) -> BTreeMap<Option<usize>, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::weights::weight_bytes;
+    use crate::predict::weights::weight_bytes;
 
     fn scenario(lora: Option<LoraConfig>, nf4: Option<Nf4Config>) -> Scenario {
         Scenario {

@@ -7,6 +7,8 @@
 //! - `bert`: parameter counts of BERT configs (accelerate's documented example).
 //! - `activations`: what the forward keeps for the backward, replayed op by op with burn's rules.
 //! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
+//! - `weights`: resident weight bytes (float, NF4 codes, NF4 scales).
+//! - `preflight`: the predicted peak against the memory available, before a run starts.
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
 //! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
 //! - `offload`: bytes offload keeps on the host and moves over PCIe / NVLink-C2C each step.
@@ -23,6 +25,7 @@ pub mod inventory;
 pub mod link;
 pub mod offload;
 pub mod precision;
+pub mod preflight;
 pub mod pytorch;
 pub mod rules;
 pub mod seed;
@@ -30,5 +33,6 @@ pub mod sharding;
 pub mod time;
 pub mod timeline;
 pub mod units;
+pub mod weights;
 pub mod workspace;
 pub mod zero;

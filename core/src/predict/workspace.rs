@@ -119,7 +119,7 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
             let output = F32 * b * t * h * dh;
             let backward = match s.kernels {
                 crate::config::Kernels::BurnOps => EFFICIENT_BACKWARD_BLOCKS * block + 2 * inputs,
-                // napkin's fused CPU kernel (`model/fused/tiled_attention.rs`) walks the tiles
+                // napkin's fused CPU kernel (`kernels/fused/tiled_attention.rs`) walks the tiles
                 // head by head on the thread pool, so its score blocks are per thread (two of
                 // TILE² each, left out: small and machine-dependent). It holds ∂q and each
                 // query head's share of ∂k and ∂v (3 × [B, H, T, Dh]), their sums over a group

@@ -4,7 +4,7 @@
 //! learning rate, … per step). The page's components and the report's SVG writer only turn
 //! these numbers into elements.
 
-use crate::memory::measure::Comparison;
+use crate::measure::Comparison;
 use crate::predict::inventory::LayerBytes;
 use crate::predict::timeline::Event;
 

@@ -16,9 +16,9 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::adamw::AdamWConfig;
 use super::grads::{ParamGrads, update_parameters};
+use crate::kernels::values::to_f32_vec;
 use crate::tricks::blockwise8::Blockwise8;
 use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
-use crate::values::to_f32_vec;
 
 pub use crate::tricks::blockwise8::MIN_8BIT_SIZE;
 

@@ -9,10 +9,10 @@
 use burn::module::Module;
 use serde::{Deserialize, Serialize};
 
-use super::step::MicroBatch;
+use crate::data::MicroBatch;
 use crate::error::Result;
+use crate::kernels::values::scalar;
 use crate::model::{Llama, causal_lm_loss};
-use crate::values::scalar;
 
 /// One evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

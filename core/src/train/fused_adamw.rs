@@ -15,7 +15,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::adamw::{Moments, StepScalars};
-use crate::model::fused::{
+use crate::kernels::fused::{
     CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu, with_values,
 };
 
@@ -143,7 +143,7 @@ mod tests {
     use super::super::adamw::{Moments, StepScalars, update_with_tensor_ops};
     use super::update;
     use crate::device::DeviceKind;
-    use crate::values::to_f32_vec;
+    use crate::kernels::values::to_f32_vec;
 
     fn scalars(t: i32) -> StepScalars {
         let (lr, b1, b2, wd) = (3e-3, 0.9f64, 0.999f64, 0.01);

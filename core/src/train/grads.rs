@@ -8,8 +8,8 @@ use burn::tensor::{Gradients, IndexingUpdateOp, Int, Tensor};
 
 use rayon::prelude::*;
 
-use crate::model::fused::{VALUES_PER_TASK, read_on_cpu};
-use crate::values::scalar;
+use crate::kernels::fused::{VALUES_PER_TASK, read_on_cpu};
+use crate::kernels::values::scalar;
 
 /// Flattened `[numel]` gradients on the parameters' device (outside autodiff).
 #[derive(Debug, Clone, Default)]
@@ -205,7 +205,7 @@ mod tests {
 
     use super::ParamGrads;
     use crate::device::DeviceKind;
-    use crate::values::to_f32_vec;
+    use crate::kernels::values::to_f32_vec;
 
     /// Rows land on their ids, repeated ids sum, and an existing gradient is added to.
     #[test]

@@ -25,7 +25,7 @@ pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, train
 pub use samples::{SamplePrompts, SampleText};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use step::{
-    Accumulation, MicroBatch, StepGradients, UnreadStep, forward_backward, forward_backward_marked,
+    Accumulation, StepGradients, UnreadStep, forward_backward, forward_backward_marked,
     forward_backward_unread,
 };
 pub use trainer::{StepReport, Trainer};

@@ -14,8 +14,8 @@ use super::offload::HostOffload;
 use super::sgd::Sgd;
 pub use crate::config::OptimizerKind;
 use crate::error::{Error, Result};
+use crate::kernels::values::to_f32_vec;
 use crate::tricks::blockwise8::Blockwise8;
-use crate::values::to_f32_vec;
 
 /// Hyper-parameters of every optimizer (each reads the ones it uses).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

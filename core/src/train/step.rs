@@ -6,34 +6,10 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 
 use super::grads::ParamGrads;
+use crate::data::MicroBatch;
 use crate::error::{Error, Result};
-use crate::model::{IGNORE_INDEX, Llama, TokenBatch, causal_lm_loss};
-use crate::values::scalar;
-
-/// One micro-batch: token ids and their labels (`-100` where no loss is taken).
-#[derive(Debug, Clone)]
-pub struct MicroBatch {
-    /// `[B, T]` tokens.
-    pub batch: TokenBatch,
-    /// `[B, T]` labels, row-major.
-    pub labels: Vec<i64>,
-}
-
-impl MicroBatch {
-    /// Causal-LM micro-batch whose labels are its own tokens.
-    pub fn causal(batch: TokenBatch) -> Self {
-        let labels = batch.input_ids.iter().map(|&i| i as i64).collect();
-        MicroBatch { batch, labels }
-    }
-
-    /// How many labels count in the shifted loss (positions 1.. of each row, not ignored).
-    pub fn label_tokens(&self) -> usize {
-        self.labels
-            .chunks(self.batch.seq.max(1))
-            .map(|row| row.iter().skip(1).filter(|&&l| l != IGNORE_INDEX).count())
-            .sum()
-    }
-}
+use crate::kernels::values::scalar;
+use crate::model::{Llama, causal_lm_loss};
 
 /// How micro-batch losses are combined into the step's gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
+use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::{TokenBatch, causal_lm_loss};
 use napkin_core::tokenizer::tokenizer_for_model;
-use napkin_core::values::{scalar, to_f32_vec};
 use serde_json::json;
 
 use crate::cli::EvalArgs;

@@ -5,7 +5,7 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::io::SafetensorsCheckpoint;
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::io::quantized::{is_quantized_checkpoint, read_quant_config};
-use napkin_core::memory::weight_bytes;
+use napkin_core::predict::weights::weight_bytes;
 use serde_json::json;
 
 use crate::cli::InspectArgs;

@@ -9,9 +9,7 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
-use napkin_core::memory::measure::{
-    Comparison, MachineProbe, MeasurementReport, measure, random_model,
-};
+use napkin_core::measure::{Comparison, MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::model::Llama;
 use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::offload::{HostTransfer, host_links};

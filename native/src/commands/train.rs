@@ -17,7 +17,7 @@ use napkin_core::device::DeviceKind;
 use napkin_core::exercises::{Dimension, answer::parse_quantity};
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes, reset_peak};
-use napkin_core::memory::preflight::{available_memory, check_fits};
+use napkin_core::predict::preflight::{available_memory, check_fits};
 use napkin_core::train::checkpoint::BEST_DIR;
 use napkin_core::train::{EvalReport, SampleText, StepReport, TrainConfig, Trainer};
 use serde_json::json;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use burn::tensor::{Distribution, Tensor};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
-use napkin_core::memory::measure::{MachineProbe, measure, random_model, this_machine};
+use napkin_core::measure::{MachineProbe, measure, random_model, this_machine};
 use napkin_core::model::autocast::linear_matmul;
 use napkin_core::predict::inventory::Scenario;
 
@@ -173,7 +173,7 @@ fn efficient_attention_on_the_device_keeps_no_t_by_t_tensor() {
                 c.predicted
             );
         }
-        let sum = |f: fn(&napkin_core::memory::measure::Comparison) -> u64| {
+        let sum = |f: fn(&napkin_core::measure::Comparison) -> u64| {
             layers.iter().map(f).sum::<u64>() as f64
         };
         (sum(|c| c.predicted), sum(|c| c.measured))

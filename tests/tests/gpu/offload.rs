@@ -5,7 +5,7 @@
 
 use napkin_core::config::{LlamaConfig, LoraConfig};
 use napkin_core::device::cpu;
-use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::measure::{MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::memory::meter::MeterMethod;
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 
@@ -28,10 +28,7 @@ fn run(s: &Scenario, offload: bool) -> MeasurementReport {
     .expect("measured steps")
 }
 
-fn kind<'a>(
-    r: &'a MeasurementReport,
-    prefix: &str,
-) -> &'a napkin_core::memory::measure::Comparison {
+fn kind<'a>(r: &'a MeasurementReport, prefix: &str) -> &'a napkin_core::measure::Comparison {
     r.kinds
         .iter()
         .find(|c| c.name.starts_with(prefix))

@@ -8,8 +8,8 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::io::safetensors::SafetensorsCheckpoint;
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
-use napkin_core::values::to_f32_vec;
 use napkin_tests::{fixture_root, max_errors, model_dirs};
 use safetensors::Dtype;
 

@@ -13,9 +13,9 @@ use napkin_core::data::{
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::GgufFile;
 use napkin_core::io::load_hf_llama;
+use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::{IGNORE_INDEX, Llama, TokenBatch, causal_lm_loss};
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_core::values::{scalar, to_f32_vec};
 use napkin_tests::model_dirs;
 
 use super::smollm2::smollm2_path;

@@ -10,9 +10,9 @@ use napkin_core::io::gguf::GgufFile;
 use napkin_core::io::gguf::dequant::GgmlType;
 use napkin_core::io::gguf::export::{GgufQuant, export_gguf};
 use napkin_core::io::{load_hf_llama, load_model};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::{Llama, TokenBatch};
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_core::values::to_f32_vec;
 use napkin_tests::{Reference, fixture_root, input_batch, model_dirs};
 
 fn scratch(name: &str) -> std::path::PathBuf {

@@ -7,8 +7,8 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::SafetensorsCheckpoint;
 use napkin_core::io::gguf::llama::{gguf_name, permute_rows};
 use napkin_core::io::{load_hf_llama, load_model};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
-use napkin_core::values::to_f32_vec;
 use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
 
 /// The fixture model as llama.cpp's converter would write it (F32).

@@ -8,9 +8,9 @@
 use napkin_core::config::{AttentionKind, LlamaConfig};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
+use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::rope::{inverse_frequencies, tables};
 use napkin_core::model::{Llama, causal_lm_loss};
-use napkin_core::values::{scalar, to_f32_vec};
 use napkin_tests::{Reference, assert_close, input_batch, model_dirs};
 
 #[test]

@@ -9,9 +9,9 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::SafetensorsCheckpoint;
 use napkin_core::io::load_hf_llama;
 use napkin_core::io::peft::PEFT_PREFIX;
+use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, causal_lm_loss};
-use napkin_core::values::{scalar, to_f32_vec};
 use napkin_tests::{Reference, assert_close, input_batch, max_errors, model_dirs};
 
 fn lora_model(dir: &Path, autodiff: bool) -> Llama {

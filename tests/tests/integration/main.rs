@@ -2,6 +2,7 @@
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
 //! - `chat_templates`: real chat templates rendered as transformers renders them.
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
+//! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order).
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `gguf_export`: models written as GGUF and read back (every weight type).
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
@@ -23,6 +24,7 @@
 mod chat_templates;
 mod checkpoints;
 mod data;
+mod floors;
 mod gguf_export;
 mod gguf_files;
 mod gguf_tokenizers;

@@ -10,8 +10,8 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::SafetensorsCheckpoint;
 use napkin_core::io::hf_writer::{WeightDtype, WeightLayout, write_hf_weights};
 use napkin_core::io::{load_hf_llama, load_model};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
-use napkin_core::values::to_f32_vec;
 use napkin_tests::{Reference, input_batch, max_errors, model_dirs};
 
 fn scratch(tag: &str) -> PathBuf {

@@ -3,13 +3,14 @@
 //! f16 loss scaling is undone exactly.
 
 use burn::tensor::FloatDType;
+use napkin_core::data::MicroBatch;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
 use napkin_core::model::autocast::autocast;
 use napkin_core::train::step::forward_backward_scaled;
-use napkin_core::train::{Accumulation, MicroBatch, trainable_ids};
-use napkin_core::values::to_f32_vec;
+use napkin_core::train::{Accumulation, trainable_ids};
 use napkin_tests::{Reference, input_batch, model_dirs};
 
 fn lora_model_on_flex(dir: &std::path::Path) -> Llama {

@@ -5,15 +5,16 @@
 use burn::module::Param;
 use burn::tensor::Tensor;
 use napkin_core::config::LoraConfig;
+use napkin_core::data::MicroBatch;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
 use napkin_core::train::adamw8bit::AdamW8bit;
 use napkin_core::train::{
-    Accumulation, AdamWConfig, MicroBatch, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads,
+    Accumulation, AdamWConfig, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads,
     forward_backward, trainable_ids,
 };
-use napkin_core::values::to_f32_vec;
 use napkin_tests::{Reference, input_batch, model_dirs};
 
 /// The tiny SmolLM2-shaped fixture with fresh LoRA adapters of rank `r` (seeded).

@@ -5,9 +5,9 @@ use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::quantized::{load_quantized, save_quantized};
 use napkin_core::io::{load_hf_llama, load_model};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::model::linear::BaseWeight;
-use napkin_core::values::to_f32_vec;
 use napkin_tests::model_dirs;
 
 #[test]

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, gguf_config, load_gguf_llama};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
-use napkin_core::values::to_f32_vec;
 
 pub fn smollm2_path() -> PathBuf {
     let path =

@@ -8,9 +8,9 @@
 
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_llama};
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_core::values::to_f32_vec;
 
 use super::smollm2::smollm2_path;
 

@@ -3,12 +3,13 @@
 //! checkpointing and the memory-efficient attention leave every gradient unchanged.
 
 use napkin_core::config::AttentionKind;
+use napkin_core::data::MicroBatch;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_hf_llama;
 use napkin_core::io::peft::PEFT_PREFIX;
+use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::{Llama, TokenBatch};
-use napkin_core::train::{Accumulation, MicroBatch, ParamGrads, forward_backward};
-use napkin_core::values::to_f32_vec;
+use napkin_core::train::{Accumulation, ParamGrads, forward_backward};
 use napkin_tests::{Reference, assert_close, max_errors, model_dirs};
 
 /// The fixture's two rows as two micro-batches of one row, with the masked labels.

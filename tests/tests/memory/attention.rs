@@ -3,8 +3,9 @@
 
 use super::*;
 use napkin_core::config::AttentionKind;
+use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+use napkin_core::train::{Accumulation, forward_backward};
 
 /// Saved activations of one forward and the step peak, measured and predicted, for LoRA and
 /// full fine-tuning with and without checkpointing, at T = 1024 on the small config.

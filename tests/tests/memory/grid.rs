@@ -2,8 +2,9 @@
 //! gradient checkpointing and accumulation (1 vs 4), two sequence lengths and two configs.
 
 use super::*;
+use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+use napkin_core::train::{Accumulation, forward_backward};
 
 struct Case {
     label: String,

@@ -13,8 +13,9 @@
 
 use super::*;
 use napkin_core::config::{AttentionKind, LoraTarget};
+use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+use napkin_core::train::{Accumulation, forward_backward};
 
 /// SmolLM2-135M's shape with `layers` decoder layers, its head tied or not.
 fn smollm2_slice(layers: usize, tied: bool) -> LlamaConfig {

@@ -7,11 +7,12 @@ use std::sync::Mutex;
 
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::DeviceKind;
+use napkin_core::memory::CountingAllocator;
 use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
-use napkin_core::memory::{CountingAllocator, weight_bytes};
 use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
+use napkin_core::predict::weights::weight_bytes;
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -376,7 +377,8 @@ fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
 
 #[test]
 fn block_checkpointing_cuts_the_step_peak() {
-    use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+    use napkin_core::data::MicroBatch;
+    use napkin_core::train::{Accumulation, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let lora = LoraConfig {
@@ -418,8 +420,9 @@ fn block_checkpointing_cuts_the_step_peak() {
 #[test]
 fn half_precision_halves_the_frozen_base() {
     use burn::tensor::FloatDType;
+    use napkin_core::data::MicroBatch;
     use napkin_core::model::autocast::autocast;
-    use napkin_core::train::{Accumulation, MicroBatch, forward_backward};
+    use napkin_core::train::{Accumulation, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let device = DeviceKind::Flex.open().unwrap().autodiff();

@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use napkin_core::memory::measure::MeasurementReport;
+use napkin_core::measure::MeasurementReport;
 use yew::prelude::*;
 
 use super::format::bytes;

@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use napkin_core::memory::measure::MeasurementReport;
+use napkin_core::measure::MeasurementReport;
 use napkin_core::report::chart::Series;
 use napkin_core::report::run::MetricRow;
 use wasm_bindgen_futures::{JsFuture, spawn_local};

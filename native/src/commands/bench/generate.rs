@@ -6,7 +6,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_model;
-use napkin_core::model::generate::{KvCache, Sampling, SplitMix64, choose};
+use napkin_core::model::generate::{KvCache, Sampling, choose};
+use napkin_core::rng::SplitMix64;
 use napkin_core::tokenizer::tokenizer_for_model;
 
 use super::spread;

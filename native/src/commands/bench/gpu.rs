@@ -15,7 +15,7 @@
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::DeviceKind;
-use napkin_core::memory::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::measure::{MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::time::{device_presets, step_work};

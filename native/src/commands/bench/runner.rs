@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
-use napkin_core::memory::measure::{random_model, synthetic_micro_batches};
+use napkin_core::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::Llama;
-use napkin_core::model::generate::{KvCache, Sampling, SplitMix64, choose};
+use napkin_core::model::generate::{KvCache, Sampling, choose};
 use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
+use napkin_core::rng::SplitMix64;
 use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
 

@@ -1,7 +1,7 @@
 //! Single-threaded matrix products on host slices, for kernels that parallelize over many small
 //! blocks themselves (the tiled attention: one `[128, 64] · [64, 128]` product per head and
 //! tile). The caller's threads each run their own products, so the BLAS must not spawn any:
-//! OpenBLAS is held to one thread (`cpu_gemm::use_one_thread_pool`); the `gemm` crate is asked
+//! OpenBLAS is held to one thread (`device::openblas::use_one_thread_pool`); the `gemm` crate is asked
 //! for none.
 //!
 //! With OpenBLAS compiled in the products are `cblas_sgemm`; otherwise the `gemm` crate's
@@ -133,7 +133,7 @@ fn product(
     let trans = |op: &Operand<'_>| if op.transposed { TRANS } else { NO_TRANS };
     let dim = |x: usize| c_int::try_from(x).expect("a block dimension fits in a C int");
     // Opening an NdArray device did this already; a Flex device in the same build did not.
-    crate::model::cpu_gemm::use_one_thread_pool();
+    crate::device::openblas::use_one_thread_pool();
     // SAFETY: `gemm` checked that every element the product reads or writes lies inside its
     // slice; with β = 0, C is only written.
     unsafe {

@@ -10,8 +10,6 @@
 //! Measured on two cores, old and new binaries interleaved (docs/performance.md, run 4):
 //! SmolLM2 full and LoRA training steps 13–23 % faster; QLoRA and the forward within noise.
 
-use std::sync::Once;
-
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use ndarray::{ArrayView2, ArrayViewMut2, Axis};
 
@@ -21,19 +19,6 @@ const MIN_SPLIT_MACS: usize = 1 << 22;
 
 /// Output blocks are cut at multiples of this many rows or columns (BLAS micro-kernel width).
 const BLOCK_ALIGN: usize = 16;
-
-unsafe extern "C" {
-    /// OpenBLAS's thread-count setter (libopenblas, linked by burn's `openblas-system`).
-    fn openblas_set_num_threads(num_threads: std::ffi::c_int);
-}
-
-/// Holds OpenBLAS to the thread that calls it, once per process. Called where every NdArray
-/// device is opened (`device/mod.rs`), so no OpenBLAS worker pool competes with rayon's.
-pub fn use_one_thread_pool() {
-    static ONCE: Once = Once::new();
-    // SAFETY: the setter takes a plain integer and only changes OpenBLAS's own thread count.
-    ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
-}
 
 /// `c += a · b` for `a: [M, K]`, `b: [K, N]`, `c: [M, N]` (any strides BLAS accepts), split into
 /// as many output blocks as rayon has threads.

@@ -29,8 +29,8 @@ use rayon::prelude::*;
 
 use super::small_gemm::{Operand, gemm};
 use super::{exp_in_place, fast_exp, max_of, read_on_cpu, sum_of};
-use crate::model::batch::MASKED;
-use crate::model::efficient_attention::{SavedTensors, TILE, TiledMask, tiles};
+use crate::config::MASKED;
+use crate::kernels::efficient_attention::{SavedTensors, TILE, TiledMask, tiles};
 
 fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::from_data(TensorData::new(values, shape), device)
@@ -212,7 +212,7 @@ fn forward_tile(
 /// tensors are not f32 on one CPU backend.
 ///
 /// # Shapes
-/// - as [`crate::model::efficient_attention::backward_tiled`]
+/// - as [`crate::kernels::efficient_attention::backward_tiled`]
 pub(crate) fn backward(
     saved: &SavedTensors,
     grad_out: Tensor<4>,

@@ -206,7 +206,7 @@ mod tests {
 
     use super::rms_norm;
     use crate::device::DeviceKind;
-    use crate::values::max_abs_diff;
+    use crate::kernels::values::max_abs_diff;
 
     const EPS: f64 = 1e-5;
 

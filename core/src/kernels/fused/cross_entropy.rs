@@ -188,7 +188,7 @@ mod tests {
 
     use super::{ShiftedLabels, summed_nll};
     use crate::device::DeviceKind;
-    use crate::values::{max_abs_diff, scalar};
+    use crate::kernels::values::{max_abs_diff, scalar};
 
     /// B = 2, T = 5, V = 3000; the second row ignores two labels.
     fn labels() -> ShiftedLabels {

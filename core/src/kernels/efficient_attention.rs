@@ -34,8 +34,8 @@ use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
-use super::batch::{MASKED, TokenBatch};
 use super::fused;
+use crate::config::MASKED;
 use crate::device::link::{self, Traffic};
 
 /// Query and key positions per tile.
@@ -61,14 +61,13 @@ pub struct TiledMask {
 type CausalTile = (usize, usize, isize);
 
 impl TiledMask {
-    /// The mask of a batch.
-    pub fn new(batch: &TokenBatch) -> Self {
+    /// The mask of `batch` rows of `seq` positions; `segments` (`[B, T]` segment ids) when some
+    /// row holds several packed sequences, None when the mask is only causal.
+    pub fn new(batch: usize, seq: usize, segments: Option<&[u32]>) -> Self {
         TiledMask {
-            batch: batch.batch,
-            seq: batch.seq,
-            segments: batch
-                .is_packed()
-                .then(|| Arc::from(batch.segments.as_slice())),
+            batch,
+            seq,
+            segments: segments.map(Arc::from),
             causal: Arc::new(Mutex::new(Vec::new())),
         }
     }
@@ -522,7 +521,7 @@ mod tests {
 
     use super::*;
     use crate::device::DeviceKind;
-    use crate::values::max_abs_diff;
+    use crate::kernels::values::max_abs_diff;
 
     /// B = 2, H = 4 query heads over Hkv = 2 K/V heads, Dh = 8; T = 300 spans two full tiles
     /// and a partial one.
@@ -543,12 +542,13 @@ mod tests {
         softmax(scores, 3).matmul(expand(v))
     }
 
-    fn batch(packed: bool) -> TokenBatch {
+    /// `[B, T]` segment ids: one sequence a row, or (packed) row 0 cut into segments of 70,
+    /// 150 and 80 tokens (boundaries inside tiles) and row 1 one sequence.
+    fn segments(packed: bool) -> Vec<u32> {
         let (b, _, _, t, _) = SHAPE;
-        let mut batch = TokenBatch::from_rows(&vec![vec![1; t]; b]).unwrap();
+        let mut segments = vec![0u32; b * t];
         if packed {
-            // Row 0: segments of 70, 150 and 80 tokens (boundaries inside tiles); row 1: one.
-            for (i, s) in batch.segments[..t].iter_mut().enumerate() {
+            for (i, s) in segments[..t].iter_mut().enumerate() {
                 *s = match i {
                     0..70 => 0,
                     70..220 => 1,
@@ -556,7 +556,32 @@ mod tests {
                 };
             }
         }
-        batch
+        segments
+    }
+
+    fn tiled_mask(packed: bool) -> TiledMask {
+        let (b, _, _, t, _) = SHAPE;
+        let segments = segments(packed);
+        TiledMask::new(b, t, packed.then_some(segments.as_slice()))
+    }
+
+    /// The dense `[B, 1, T, T]` additive mask, written out independently of [`TiledMask`]: a
+    /// future key or one of another segment is hidden.
+    fn dense_mask(packed: bool, device: &Device) -> Tensor<4> {
+        let (b, _, _, t, _) = SHAPE;
+        let segments = segments(packed);
+        let mut mask = vec![0.0f32; b * t * t];
+        for row in 0..b {
+            let seg = &segments[row * t..(row + 1) * t];
+            for i in 0..t {
+                for j in 0..t {
+                    if j > i || seg[j] != seg[i] {
+                        mask[(row * t + i) * t + j] = MASKED;
+                    }
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(mask, [b, 1, t, t]), device)
     }
 
     fn inputs(device: &Device) -> [Tensor<4>; 3] {
@@ -575,11 +600,10 @@ mod tests {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap();
             for packed in [false, true] {
-                let batch = batch(packed);
                 let [q, k, v] = inputs(&device);
                 let ours =
-                    efficient_attention(q.clone(), k.clone(), v.clone(), &TiledMask::new(&batch));
-                let eager = reference(q, k, v, batch.attention_mask(&device));
+                    efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(packed));
+                let eager = reference(q, k, v, dense_mask(packed, &device));
                 assert_eq!(ours.dims(), eager.dims());
                 let err = max_abs_diff(ours, eager);
                 assert!(err <= 1e-5, "{kind}, packed {packed}: max |diff| {err}");
@@ -593,26 +617,15 @@ mod tests {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap().autodiff();
             for packed in [false, true] {
-                let batch = batch(packed);
                 let inputs = inputs(&device);
                 let (b, h, _, t, dh) = SHAPE;
                 let g = Tensor::<4>::random([b, h, t, dh], Distribution::Normal(0.0, 1.0), &device);
                 let grads_of = |efficient: bool| {
                     let [q, k, v] = inputs.clone().map(|x| x.require_grad());
                     let out = if efficient {
-                        efficient_attention(
-                            q.clone(),
-                            k.clone(),
-                            v.clone(),
-                            &TiledMask::new(&batch),
-                        )
+                        efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(packed))
                     } else {
-                        reference(
-                            q.clone(),
-                            k.clone(),
-                            v.clone(),
-                            batch.attention_mask(&device),
-                        )
+                        reference(q.clone(), k.clone(), v.clone(), dense_mask(packed, &device))
                     };
                     let grads = (out * g.clone()).sum().backward();
                     [q, k, v].map(|x| x.grad(&grads).expect("a gradient"))
@@ -638,7 +651,7 @@ mod tests {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap();
             for packed in [false, true] {
-                let mask = TiledMask::new(&batch(packed));
+                let mask = tiled_mask(packed);
                 let [q, k, v] = inputs(&device);
                 let (out, lse) = forward_tiled(q.clone(), k.clone(), v.clone(), &mask);
                 let (out_ops, lse_ops) =
@@ -673,10 +686,10 @@ mod tests {
     #[test]
     fn tiles_below_the_diagonal_need_no_mask() {
         let device = DeviceKind::Cpu.open().unwrap();
-        let causal = TiledMask::new(&batch(false));
+        let causal = tiled_mask(false);
         assert!(causal.tile(&(128..256), &(0..128), &device).is_none());
         assert!(causal.tile(&(128..256), &(128..256), &device).is_some());
-        let packed = TiledMask::new(&batch(true));
+        let packed = tiled_mask(true);
         assert!(packed.tile(&(128..256), &(0..128), &device).is_some());
     }
 }

@@ -148,7 +148,7 @@ mod tests {
 
     use super::swiglu;
     use crate::device::DeviceKind;
-    use crate::values::max_abs_diff;
+    use crate::kernels::values::max_abs_diff;
 
     /// Values and both gradients match burn's `silu(g)·u` on every CPU backend, under a
     /// non-uniform upstream gradient, for gates from −12 to 12 (σ saturating both ways).

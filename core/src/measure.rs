@@ -10,11 +10,12 @@ use web_time::Instant;
 use burn::tensor::{Device, Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::meter::{Meter, MeterMethod};
+use crate::data::MicroBatch;
 use crate::device::link::{self, LinkBytes};
 use crate::error::{Error, Result};
+use crate::kernels::fused::kernels_on;
+use crate::memory::meter::{Meter, MeterMethod};
 use crate::model::autocast::{autocast, half_dtype, linear_matmul};
-use crate::model::fused::kernels_on;
 use crate::model::{Llama, TokenBatch, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
 use crate::predict::link::step_link;
@@ -23,7 +24,7 @@ use crate::predict::sharding::Offload;
 use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
 use crate::predict::timeline::step_timeline;
 use crate::train::{
-    Accumulation, MicroBatch, Optimizer, OptimizerConfig, forward_backward, forward_backward_marked,
+    Accumulation, Optimizer, OptimizerConfig, forward_backward, forward_backward_marked,
 };
 
 /// A predicted number beside the measured one.
