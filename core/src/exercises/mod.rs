@@ -3,7 +3,7 @@
 //!
 //! - `answer`: parsing "56 GB" / "52.2 GiB" / "5.6e10 bytes", judging against the expected
 //!   value with a tolerance, naming GB/GiB mix-ups and known mistakes.
-//! - `catalog`: the exercises, in teaching order.
+//! - `catalog/`: the exercises, one file per topic in teaching order.
 
 pub mod answer;
 pub mod catalog;
