@@ -138,6 +138,11 @@ pub enum Error {
         /// Why it cannot be used.
         message: String,
     },
+
+    // ---- napkin itself ---------------------------------------------------------------------
+    /// An invariant of napkin's own code did not hold: a bug, not a problem with the input.
+    #[error("internal error (a bug in napkin; please report it): {0}")]
+    Internal(String),
 }
 
 /// The result type of napkin-core.

@@ -86,15 +86,14 @@ impl DataFormat {
     }
 
     /// The conversation of one record of this format (`self` is not `Auto`).
-    pub fn parse(self, record: &Value) -> std::result::Result<Conversation, String> {
+    pub fn parse(self, record: &Value) -> RecordResult<Conversation> {
         if !record.is_object() {
-            return Err(format!(
-                "a record must be a JSON object, found {}",
-                kind_of(record)
-            ));
+            return Err(
+                format!("a record must be a JSON object, found {}", kind_of(record)).into(),
+            );
         }
         match self {
-            DataFormat::Auto => Err(expected_keys()),
+            DataFormat::Auto => Err(expected_keys().into()),
             DataFormat::Alpaca => alpaca(record),
             DataFormat::Sharegpt => sharegpt(record),
             DataFormat::Messages => messages(record),
@@ -149,7 +148,7 @@ impl DataFormat {
                             }
                         ),
                     ),
-                    None => at(*line, message),
+                    None => at(*line, message.to_string()),
                 }
             })?;
             out.push(conversation);
@@ -182,6 +181,26 @@ impl FromStr for DataFormat {
     }
 }
 
+/// Why one record is not a usable example of its format; [`DataFormat::parse_all`] adds the
+/// file and line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RecordError(String);
+
+impl From<String> for RecordError {
+    fn from(message: String) -> Self {
+        RecordError(message)
+    }
+}
+
+impl From<&str> for RecordError {
+    fn from(message: &str) -> Self {
+        RecordError(message.to_string())
+    }
+}
+
+type RecordResult<T> = std::result::Result<T, RecordError>;
+
 fn expected_keys() -> String {
     "expected `messages`, `conversations`, `instruction` + `output`, `prompt` + `completion`, or `text`"
         .into()
@@ -199,18 +218,15 @@ fn kind_of(v: &Value) -> &'static str {
 }
 
 /// A string field: absent or null is None; another type is an error.
-fn string(record: &Value, name: &str) -> std::result::Result<Option<String>, String> {
+fn string(record: &Value, name: &str) -> RecordResult<Option<String>> {
     match record.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(format!(
-            "`{name}` must be a string, found {}",
-            kind_of(other)
-        )),
+        Some(other) => Err(format!("`{name}` must be a string, found {}", kind_of(other)).into()),
     }
 }
 
-fn alpaca(record: &Value) -> std::result::Result<Conversation, String> {
+fn alpaca(record: &Value) -> RecordResult<Conversation> {
     let instruction =
         string(record, "instruction")?.ok_or("an alpaca record needs `instruction`")?;
     let output = string(record, "output")?.ok_or("an alpaca record needs `output`")?;
@@ -242,7 +258,7 @@ fn tool_refusal(k: usize, role: &str) -> String {
     )
 }
 
-fn messages(record: &Value) -> std::result::Result<Conversation, String> {
+fn messages(record: &Value) -> RecordResult<Conversation> {
     let list = record
         .get("messages")
         .and_then(Value::as_array)
@@ -255,19 +271,21 @@ fn messages(record: &Value) -> std::result::Result<Conversation, String> {
             (Some(role @ ("system" | "user" | "assistant")), Some(content)) => {
                 out.push(Message::new(role, content))
             }
-            (Some(role), _) if TOOL_ROLES.contains(&role) => return Err(tool_refusal(k, role)),
-            (Some(role), Some(_)) => {
-                return Err(format!(
-                    "turn {k}: role `{role}` is not system, user or assistant"
-                ));
+            (Some(role), _) if TOOL_ROLES.contains(&role) => {
+                return Err(tool_refusal(k, role).into());
             }
-            _ => return Err(format!("turn {k} needs string `role` and `content`")),
+            (Some(role), Some(_)) => {
+                return Err(
+                    format!("turn {k}: role `{role}` is not system, user or assistant").into(),
+                );
+            }
+            _ => return Err(format!("turn {k} needs string `role` and `content`").into()),
         }
     }
     with_a_reply(out)
 }
 
-fn sharegpt(record: &Value) -> std::result::Result<Conversation, String> {
+fn sharegpt(record: &Value) -> RecordResult<Conversation> {
     let list = record
         .get("conversations")
         .and_then(Value::as_array)
@@ -283,13 +301,11 @@ fn sharegpt(record: &Value) -> std::result::Result<Conversation, String> {
             Some("system") => "system",
             Some("human" | "user") => "user",
             Some("gpt" | "assistant" | "model" | "chatgpt" | "bing" | "bard") => "assistant",
-            Some(from) if TOOL_ROLES.contains(&from) => return Err(tool_refusal(k, from)),
+            Some(from) if TOOL_ROLES.contains(&from) => return Err(tool_refusal(k, from).into()),
             Some(from) => {
-                return Err(format!(
-                    "turn {k}: `from: {from}` is not system, human or gpt"
-                ));
+                return Err(format!("turn {k}: `from: {from}` is not system, human or gpt").into());
             }
-            None => return Err(format!("turn {k} needs string `from` and `value`")),
+            None => return Err(format!("turn {k} needs string `from` and `value`").into()),
         };
         let value = value.ok_or_else(|| format!("turn {k} needs string `from` and `value`"))?;
         out.push(Message::new(role, value));
@@ -297,7 +313,7 @@ fn sharegpt(record: &Value) -> std::result::Result<Conversation, String> {
     with_a_reply(out)
 }
 
-fn with_a_reply(messages: Vec<Message>) -> std::result::Result<Conversation, String> {
+fn with_a_reply(messages: Vec<Message>) -> RecordResult<Conversation> {
     if !messages.iter().any(|m| m.role == "assistant") {
         return Err("the conversation has no assistant turn to learn".into());
     }

@@ -224,9 +224,9 @@ pub fn serialize_f32(tensors: &BTreeMap<String, (Vec<usize>, Vec<u8>)>) -> Resul
         .map(|(name, (shape, bytes))| {
             TensorView::new(Dtype::F32, shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
-                .map_err(|e| Error::Input(format!("tensor `{name}`: {e}")))
+                .map_err(|e| Error::Internal(format!("tensor `{name}`: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     safetensors::serialize(views, None)
-        .map_err(|e| Error::Input(format!("serializing safetensors: {e}")))
+        .map_err(|e| Error::Internal(format!("serializing safetensors: {e}")))
 }

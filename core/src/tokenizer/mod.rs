@@ -36,15 +36,19 @@ pub struct TextTokenizer {
 /// Parses a `tokenizer.json`. The `tokenizers` crate panics on some malformed sections (a
 /// `decoder` of the wrong shape, found by `tests/integration/hostile_input.rs`): the panic is
 /// caught, kept off the terminal, and returned as an error like any other parse failure.
-fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
+fn parse_tokenizer_json(bytes: &[u8], path: &Path) -> Result<Tokenizer> {
+    let unusable =
+        |why: String| Error::checkpoint(path, format!("not a usable tokenizer.json: {why}"));
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes));
     std::panic::set_hook(previous);
     match parsed {
         Ok(Ok(tokenizer)) => Ok(tokenizer),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("a section has the wrong shape (the tokenizers crate gave up)".into()),
+        Ok(Err(e)) => Err(unusable(e.to_string())),
+        Err(_) => Err(unusable(
+            "a section has the wrong shape (the tokenizers crate gave up)".into(),
+        )),
     }
 }
 
@@ -62,8 +66,7 @@ impl TextTokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let inner = parse_tokenizer_json(&bytes)
-            .map_err(|e| Error::checkpoint(path, format!("not a usable tokenizer.json: {e}")))?;
+        let inner = parse_tokenizer_json(&bytes, path)?;
         // A `tokenizer_config.json` beside it may hold the chat template and EOS token.
         let config: Option<serde_json::Value> = path
             .parent()
@@ -109,7 +112,7 @@ impl TextTokenizer {
         let json = self
             .inner
             .to_string(true)
-            .map_err(|e| Error::Input(format!("serializing the tokenizer: {e}")))?;
+            .map_err(|e| Error::Internal(format!("serializing the tokenizer: {e}")))?;
         let eos = self.eos_ids.first().and_then(|&id| self.token_text(id));
         let bos = self.bos_id.and_then(|id| self.token_text(id));
         let config = serde_json::json!({

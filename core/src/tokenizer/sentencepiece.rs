@@ -68,7 +68,7 @@ pub fn sentencepiece_tokenizer(
     pieces: &[Piece],
     unk: Option<&str>,
     add_space_prefix: bool,
-) -> Result<Tokenizer, String> {
+) -> tokenizers::Result<Tokenizer> {
     let vocab: Vocab = pieces
         .iter()
         .enumerate()
@@ -81,7 +81,7 @@ pub fn sentencepiece_tokenizer(
     if let Some(unk) = unk {
         builder = builder.unk_token(unk.to_string());
     }
-    let bpe = builder.build().map_err(|e| e.to_string())?;
+    let bpe = builder.build()?;
     let mut tokenizer = Tokenizer::new(bpe);
     // A `▁` before the text even when it starts with a space (" a" is "▁▁a"), as the
     // SentencePiece library and Hugging Face's converted Llama tokenizers do.
@@ -89,16 +89,10 @@ pub fn sentencepiece_tokenizer(
     if add_space_prefix {
         normalizers.push(Prepend::new(SPACE.to_string()).into());
     }
-    normalizers.push(
-        Replace::new(" ", SPACE.to_string())
-            .map_err(|e| e.to_string())?
-            .into(),
-    );
+    normalizers.push(Replace::new(" ", SPACE.to_string())?.into());
     tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
     let mut decoders: Vec<DecoderWrapper> = vec![
-        Replace::new(SPACE.to_string(), " ")
-            .map_err(|e| e.to_string())?
-            .into(),
+        Replace::new(SPACE.to_string(), " ")?.into(),
         ByteFallback::new().into(),
         Fuse::new().into(),
     ];

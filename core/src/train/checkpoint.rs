@@ -87,11 +87,11 @@ pub fn optimizer_bytes(state: &[StateTensor]) -> Result<Vec<u8>> {
         .map(|(name, dtype, bytes, n)| {
             TensorView::new(*dtype, vec![*n], bytes)
                 .map(|v| (name.clone(), v))
-                .map_err(|e| Error::Input(format!("optimizer state `{name}`: {e}")))
+                .map_err(|e| Error::Internal(format!("optimizer state `{name}`: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     safetensors::serialize(views, None)
-        .map_err(|e| Error::Input(format!("serializing optimizer state: {e}")))
+        .map_err(|e| Error::Internal(format!("serializing optimizer state: {e}")))
 }
 
 /// Reads optimizer state tensors.
@@ -157,7 +157,7 @@ pub fn write_folder(
         state.checksums.insert(name.clone(), checksum(bytes));
     }
     let json = serde_json::to_vec_pretty(&state)
-        .map_err(|e| Error::Input(format!("serializing the trainer state: {e}")))?;
+        .map_err(|e| Error::Internal(format!("serializing the trainer state: {e}")))?;
     write(STATE_FILE, &json)?;
     if final_dir.exists() {
         fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;

@@ -232,7 +232,7 @@ fn checkpointed_backward(
     let mut head_grads = (loss.sum * scale).backward();
     let mut upstream = top
         .grad(&head_grads)
-        .ok_or_else(|| Error::Input("no gradient reached the last block".into()))?;
+        .ok_or_else(|| Error::Internal("no gradient reached the last block".into()))?;
     grads.add(ParamGrads::from_backward(model, &mut head_grads));
     drop(head_grads);
 
@@ -244,7 +244,7 @@ fn checkpointed_backward(
         let mut block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
         upstream = input
             .grad(&block_grads)
-            .ok_or_else(|| Error::Input("no gradient reached a block input".into()))?;
+            .ok_or_else(|| Error::Internal("no gradient reached a block input".into()))?;
         grads.add(ParamGrads::from_backward(block, &mut block_grads));
     }
 

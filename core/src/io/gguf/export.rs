@@ -149,7 +149,7 @@ pub fn export_gguf(
     let mut hf_names = Vec::new();
     for (hf, shape) in c.hf_parameter_shapes() {
         let name = gguf_name(&hf)
-            .ok_or_else(|| Error::Input(format!("no GGUF name for tensor `{hf}`")))?;
+            .ok_or_else(|| Error::Internal(format!("no GGUF name for tensor `{hf}`")))?;
         let ggml_type = match shape.as_slice() {
             [_, cols] => quant.type_for_row(*cols),
             _ => GgmlType::F32,
@@ -181,7 +181,7 @@ pub fn export_gguf(
         let hf = hf_of[entry.name.as_str()];
         let tensor = model
             .hf_tensor(hf, merge_lora)
-            .ok_or_else(|| Error::Input(format!("the model has no tensor `{hf}`")))?;
+            .ok_or_else(|| Error::Internal(format!("the model has no tensor `{hf}`")))?;
         let mut values = tensor.to_vec();
         let cols = entry.shape.last().copied().unwrap_or(1);
         if hf.ends_with("self_attn.q_proj.weight") {

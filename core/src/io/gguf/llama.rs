@@ -175,7 +175,8 @@ pub fn load_gguf_llama_with(
         });
     }
     let read = |hf: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let name = gguf_name(hf).ok_or_else(|| Error::Input(format!("no GGUF name for `{hf}`")))?;
+        let name =
+            gguf_name(hf).ok_or_else(|| Error::Internal(format!("no GGUF name for `{hf}`")))?;
         let info = gguf
             .tensors
             .get(&name)
