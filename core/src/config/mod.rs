@@ -3,6 +3,7 @@
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
 mod attention;
+mod hf_json;
 mod kernels;
 mod llama;
 mod lora;

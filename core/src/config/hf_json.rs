@@ -1,0 +1,353 @@
+//! `LlamaConfig` from and to a Hugging Face `config.json` (transformers 4.x and 5.x layouts).
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::llama::{LlamaConfig, RopeScaling};
+use crate::error::{Error, Result};
+
+impl LlamaConfig {
+    /// Reads and validates a Hugging Face `config.json`.
+    pub fn from_hf_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let value: Value = serde_json::from_str(&text).map_err(|error| Error::Json {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Self::from_hf_json(&value, &path.display().to_string())
+    }
+
+    /// Builds a config from the JSON object of a Hugging Face `config.json`.
+    ///
+    /// Accepts both the transformers 4.x layout (`rope_theta`, `rope_scaling` at top level) and
+    /// the 5.x layout (`rope_parameters: {rope_theta, rope_type, ...}`); `head_dim` may be
+    /// explicit or derived as `hidden_size / num_attention_heads`.
+    pub fn from_hf_json(value: &Value, source_name: &str) -> Result<Self> {
+        let err = |message: String| Error::config(source_name, message);
+        let obj = value
+            .as_object()
+            .ok_or_else(|| err("expected a JSON object at top level".into()))?;
+        let fields = Fields { obj, err: &err };
+
+        if let Some(model_type) = obj.get("model_type").and_then(Value::as_str)
+            && !matches!(model_type, "llama" | "mistral" | "smollm2")
+        {
+            // Other architectures differ in ways this Llama does not model (biases, norms...).
+            return Err(err(format!(
+                "model_type `{model_type}` is not supported; napkin implements LlamaForCausalLM (model_type `llama`)"
+            )));
+        }
+        if let Some(act) = obj.get("hidden_act").and_then(Value::as_str)
+            && act != "silu"
+        {
+            return Err(err(format!(
+                "hidden_act `{act}` is not supported, expected `silu`"
+            )));
+        }
+        for flag in ["attention_bias", "mlp_bias"] {
+            if obj.get(flag).and_then(Value::as_bool) == Some(true) {
+                return Err(err(format!(
+                    "`{flag}: true` is not supported: napkin's Llama has no biases"
+                )));
+            }
+        }
+
+        let hidden_size = fields.usize("hidden_size")?;
+        let num_attention_heads = fields.usize("num_attention_heads")?;
+        let num_key_value_heads = match obj.get("num_key_value_heads") {
+            None | Some(Value::Null) => num_attention_heads,
+            Some(_) => fields.usize("num_key_value_heads")?,
+        };
+        let head_dim = match obj.get("head_dim") {
+            None | Some(Value::Null) => {
+                if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
+                    return Err(err(format!(
+                        "no `head_dim` given and hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}"
+                    )));
+                }
+                hidden_size / num_attention_heads
+            }
+            Some(_) => fields.usize("head_dim")?,
+        };
+
+        // RoPE: `rope_parameters` (transformers 5) wins over the top-level keys (4.x).
+        let rope_params = obj.get("rope_parameters").and_then(Value::as_object);
+        let rope_theta = match rope_params.and_then(|p| p.get("rope_theta")) {
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| err("`rope_parameters.rope_theta` must be a number".into()))?,
+            None => match obj.get("rope_theta") {
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| err("`rope_theta` must be a number".into()))?,
+                None => 10_000.0, // HF's default for Llama
+            },
+        };
+        let scaling_obj = match rope_params {
+            Some(p) => Some(p),
+            None => obj.get("rope_scaling").and_then(Value::as_object),
+        };
+        let rope_scaling = match scaling_obj {
+            None => RopeScaling::Default,
+            Some(s) => parse_rope_scaling(s, &err)?,
+        };
+
+        let eos_token_ids = match obj.get("eos_token_id") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|v| {
+                    token_id(v)
+                        .ok_or_else(|| err("`eos_token_id` entries must be token ids".into()))
+                })
+                .collect::<Result<_>>()?,
+            Some(v) => {
+                vec![token_id(v).ok_or_else(|| err("`eos_token_id` must be a token id".into()))?]
+            }
+        };
+        let bos_token_id = match obj.get("bos_token_id") {
+            None | Some(Value::Null) => None,
+            Some(v) => {
+                Some(token_id(v).ok_or_else(|| err("`bos_token_id` must be a token id".into()))?)
+            }
+        };
+
+        let config = LlamaConfig {
+            vocab_size: fields.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: fields.usize("intermediate_size")?,
+            num_hidden_layers: fields.usize("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: fields.f64_or("rms_norm_eps", 1e-6)?,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: fields.usize_or("max_position_embeddings", 2048)?,
+            tie_word_embeddings: fields.bool_or("tie_word_embeddings", false)?,
+            bos_token_id,
+            eos_token_ids,
+        };
+        config.validate(source_name)?;
+        Ok(config)
+    }
+
+    /// Writes the config in the Hugging Face (transformers 4.x + 5.x compatible) layout.
+    pub fn to_hf_json(&self) -> Value {
+        let mut rope = Map::new();
+        rope.insert("rope_theta".into(), self.rope_theta.into());
+        match self.rope_scaling {
+            RopeScaling::Default => {
+                rope.insert("rope_type".into(), "default".into());
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                rope.insert("rope_type".into(), "llama3".into());
+                rope.insert("factor".into(), factor.into());
+                rope.insert("low_freq_factor".into(), low_freq_factor.into());
+                rope.insert("high_freq_factor".into(), high_freq_factor.into());
+                rope.insert(
+                    "original_max_position_embeddings".into(),
+                    original_max_position_embeddings.into(),
+                );
+            }
+        }
+        let eos: Value = match self.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => (*one).into(),
+            many => many.iter().map(|&id| Value::from(id)).collect(),
+        };
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": if self.rope_scaling == RopeScaling::Default { Value::Null } else { Value::Object(rope.clone()) },
+            "rope_parameters": Value::Object(rope),
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+        })
+    }
+}
+
+fn token_id(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|id| u32::try_from(id).ok())
+}
+
+fn parse_rope_scaling(
+    s: &Map<String, Value>,
+    err: &dyn Fn(String) -> Error,
+) -> Result<RopeScaling> {
+    // transformers 4.x wrote `type`, later versions `rope_type`.
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &str| -> Result<f64> {
+        s.get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| err(format!("rope scaling `{kind}` needs a number `{key}`")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::Default),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")?,
+        }),
+        other => Err(err(format!(
+            "rope scaling type `{other}` is not supported (supported: default, llama3)"
+        ))),
+    }
+}
+
+/// Typed access to the keys of a config object, with errors that name the key.
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    err: &'a dyn Fn(String) -> Error,
+}
+
+impl Fields<'_> {
+    fn usize(&self, key: &str) -> Result<usize> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Err((self.err)(format!("missing required key `{key}`"))),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    (self.err)(format!("`{key}` must be a non-negative integer, found {v}"))
+                }),
+        }
+    }
+
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(_) => self.usize(key),
+        }
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| (self.err)(format!("`{key}` must be a number, found {v}"))),
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| (self.err)(format!("`{key}` must be true or false, found {v}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<LlamaConfig> {
+        LlamaConfig::from_hf_json(&v, "test")
+    }
+
+    fn base() -> Value {
+        serde_json::json!({
+            "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2
+        })
+    }
+
+    #[test]
+    fn rope_theta_is_read_from_either_place() {
+        let mut top = base();
+        top["rope_theta"] = 5e5.into();
+        assert_eq!(parse(top).unwrap().rope_theta, 5e5);
+        let mut nested = base();
+        nested["rope_parameters"] = serde_json::json!({"rope_theta": 1e5, "rope_type": "default"});
+        assert_eq!(parse(nested).unwrap().rope_theta, 1e5);
+    }
+
+    #[test]
+    fn head_dim_is_derived_when_absent() {
+        assert_eq!(parse(base()).unwrap().head_dim, 4);
+    }
+
+    #[test]
+    fn zero_heads_is_an_error_that_names_the_key() {
+        let mut v = base();
+        v["num_attention_heads"] = 0.into();
+        let msg = parse(v).unwrap_err().to_string();
+        assert!(msg.contains("num_attention_heads"), "{msg}");
+    }
+
+    #[test]
+    fn heads_not_dividing_hidden_is_an_error() {
+        let mut v = base();
+        v["num_attention_heads"] = 3.into();
+        v["num_key_value_heads"] = 3.into();
+        let msg = parse(v).unwrap_err().to_string();
+        assert!(msg.contains("not divisible"), "{msg}");
+    }
+
+    #[test]
+    fn kv_heads_must_divide_heads() {
+        let mut v = base();
+        v["num_key_value_heads"] = 3.into();
+        assert!(
+            parse(v)
+                .unwrap_err()
+                .to_string()
+                .contains("multiple of num_key_value_heads")
+        );
+    }
+
+    #[test]
+    fn llama3_scaling_is_parsed_from_rope_scaling() {
+        let mut v = base();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        assert!(
+            matches!(parse(v).unwrap().rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+        );
+    }
+
+    #[test]
+    fn unsupported_rope_scaling_is_refused() {
+        let mut v = base();
+        v["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0});
+        assert!(parse(v).unwrap_err().to_string().contains("yarn"));
+    }
+
+    #[test]
+    fn hf_json_round_trips() {
+        let mut v = base();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        v["eos_token_id"] = serde_json::json!([1, 2]);
+        let config = parse(v).unwrap();
+        assert_eq!(parse(config.to_hf_json()).unwrap(), config);
+    }
+}
