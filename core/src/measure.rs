@@ -24,7 +24,7 @@ use crate::predict::sharding::Offload;
 use crate::predict::time::{DevicePreset, RooflineTime, roofline, step_work};
 use crate::predict::timeline::step_timeline;
 use crate::train::{
-    Accumulation, Optimizer, OptimizerConfig, forward_backward, forward_backward_marked,
+    Optimizer, OptimizerConfig, StepOptions, forward_backward, forward_backward_marked,
 };
 
 /// A predicted number beside the measured one.
@@ -252,7 +252,7 @@ pub fn random_model(s: &Scenario, device: &Device) -> Result<Llama> {
     if let Some(lora) = &s.lora {
         model = model.with_lora(lora)?;
     }
-    if s.half_base {
+    if s.half_base() {
         model = model.cast_frozen_base(half_dtype(device));
     }
     Ok(model)
@@ -334,12 +334,7 @@ pub fn measure(
 
     // One unmeasured forward and backward first: the backends' one-time buffers (GEMM packing
     // workspaces, thread pools) are allocated then and held for good, not per block.
-    drop(forward_backward(
-        &model,
-        &micro[..1],
-        false,
-        Accumulation::TokenWeighted,
-    )?);
+    drop(forward_backward(&model, &micro[..1], &StepOptions::default())?.read());
 
     // Activations each block keeps: one plain forward with its graph, block by block.
     let kept = kept_by_layer(&inventory(s));
@@ -409,14 +404,14 @@ pub fn measure(
         let out = forward_backward_marked(
             &model,
             &micro,
-            s.checkpointing,
-            Accumulation::TokenWeighted,
+            &StepOptions::default().with_checkpointing(s.checkpointing),
             &mut || {
                 if pooled {
                     meter.live();
                 }
             },
-        )?;
+        )?
+        .read();
         if !out.loss.is_finite() {
             return Err(Error::Input(format!(
                 "step {step}: the loss is {}",

@@ -326,8 +326,8 @@ impl SandboxState {
             checkpointing: self.checkpointing,
             accumulation: self.accumulation,
             attention: self.attention,
-            // bf16 autocast stores a frozen float base in bf16 (an NF4 base is already 4-bit).
-            half_base: self.precision == Precision::Bf16Autocast && self.lora && !self.nf4,
+            // bf16 autocast also stores a LoRA run's frozen float base in bf16
+            // (`Scenario::half_base`).
             half_compute: self.precision == Precision::Bf16Autocast,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         }

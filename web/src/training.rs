@@ -14,7 +14,7 @@ use napkin_core::measure::{
 use napkin_core::memory::meter::{Meter, MeterMethod};
 use napkin_core::predict::inventory::{Kind, Scenario, inventory};
 use napkin_core::train::{
-    Accumulation, Optimizer, OptimizerConfig, OptimizerKind, UnreadStep, forward_backward_unread,
+    Optimizer, OptimizerConfig, OptimizerKind, StepOptions, UnreadStep, forward_backward,
 };
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
@@ -168,7 +168,6 @@ pub fn training_scenario(request: &TrainRequest) -> Result<Scenario, TrainError>
     let mut scenario = request.settings.scenario();
     // The page trains in f32: burn Flex's bf16 GEMM widens to f32 on the CPU (README), so a
     // bf16 run here would measure nothing the prediction says.
-    scenario.half_base = false;
     scenario.half_compute = false;
     scenario.seq_len = scenario
         .seq_len
@@ -248,12 +247,10 @@ pub async fn run_training(
     let mut tokens = 0usize;
     for step in 1..=request.steps.max(1) {
         let clock = Instant::now();
-        let unread = forward_backward_unread(
+        let unread = forward_backward(
             &model,
             &micro,
-            scenario.checkpointing,
-            Accumulation::TokenWeighted,
-            1.0,
+            &StepOptions::default().with_checkpointing(scenario.checkpointing),
         )?;
         let mean_loss = unread.mean_loss();
         let UnreadStep {

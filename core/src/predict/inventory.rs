@@ -114,10 +114,9 @@ pub struct Scenario {
     pub micro_batch: usize,
     /// T.
     pub seq_len: usize,
-    /// Frozen base stored in 2-byte floats (mixed precision with LoRA).
-    pub half_base: bool,
     /// The linear layers compute in bf16/f16 (napkin's autocast): each product keeps the
-    /// 2-byte cast copies of its operands instead of the f32 tensors.
+    /// 2-byte cast copies of its operands instead of the f32 tensors, and a LoRA run stores
+    /// its frozen dense base in 16 bits ([`Scenario::half_base`]).
     pub half_compute: bool,
     /// Block-level gradient checkpointing.
     pub checkpointing: bool,
@@ -141,7 +140,6 @@ impl Scenario {
             optimizer: OptimizerKind::AdamW,
             micro_batch,
             seq_len,
-            half_base: false,
             half_compute: false,
             checkpointing: false,
             accumulation: 1,
@@ -149,6 +147,13 @@ impl Scenario {
             attention: AttentionKind::Eager,
             kernels: Kernels::FusedCpu,
         }
+    }
+
+    /// Whether the frozen dense base is stored in 2-byte floats: LoRA under 16-bit autocast
+    /// (`Llama::cast_frozen_base`). An NF4 base is 4-bit already; full fine-tuning trains the
+    /// block linears in f32. Derived, never set, so every caller maps the settings the same way.
+    pub fn half_base(&self) -> bool {
+        self.half_compute && self.lora.is_some() && self.nf4.is_none()
     }
 
     /// What the step trains.
@@ -249,7 +254,7 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                     });
                 }
                 None => {
-                    let bytes_per = if s.half_base && !full { 2 } else { 4 };
+                    let bytes_per = if s.half_base() && !full { 2 } else { 4 };
                     out.push(Entry {
                         bytes: bytes_per * n,
                         ..weight(&format!("{name}.weight"), l, n)
@@ -322,7 +327,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         LinearCompute {
             half: s.half_compute,
             nf4_base: s.nf4.is_some(),
-            half_base: s.half_base,
+            half_base: s.half_base(),
         },
     );
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.

@@ -253,7 +253,6 @@ impl TrainConfig {
     pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
         let lora = self.lora_config()?;
         Ok(Scenario {
-            half_base: lora.is_some() && self.compute_dtype()?.is_some(),
             half_compute: self.compute_dtype()?.is_some(),
             lora,
             nf4: self.nf4_config(),

@@ -25,7 +25,6 @@ pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, train
 pub use samples::{SamplePrompts, SampleText};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use step::{
-    Accumulation, StepGradients, UnreadStep, forward_backward, forward_backward_marked,
-    forward_backward_unread,
+    Accumulation, StepGradients, StepOptions, UnreadStep, forward_backward, forward_backward_marked,
 };
 pub use trainer::{StepReport, Trainer};

@@ -63,34 +63,61 @@ impl UnreadStep {
     }
 }
 
-/// Forward and backward over every micro-batch, accumulating gradients.
+/// How a step's forward and backward run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOptions {
+    /// Block-level gradient checkpointing (recompute each block in the backward).
+    pub checkpointing: bool,
+    /// How the micro-batches' losses combine into the step's gradient.
+    pub accumulation: Accumulation,
+    /// The loss is multiplied by this before each backward (f16 loss scaling: small gradients
+    /// stay representable); the gradients come back scaled, the loss does not. 1 for none.
+    pub loss_scale: f64,
+}
+
+impl Default for StepOptions {
+    /// No checkpointing, token-weighted accumulation, no loss scaling.
+    fn default() -> Self {
+        StepOptions {
+            checkpointing: false,
+            accumulation: Accumulation::TokenWeighted,
+            loss_scale: 1.0,
+        }
+    }
+}
+
+impl StepOptions {
+    /// These options with checkpointing on or off.
+    pub fn with_checkpointing(self, checkpointing: bool) -> Self {
+        StepOptions {
+            checkpointing,
+            ..self
+        }
+    }
+
+    /// These options with another accumulation rule.
+    pub fn with_accumulation(self, accumulation: Accumulation) -> Self {
+        StepOptions {
+            accumulation,
+            ..self
+        }
+    }
+
+    /// These options with the loss scaled by `loss_scale` before each backward.
+    pub fn with_loss_scale(self, loss_scale: f64) -> Self {
+        StepOptions { loss_scale, ..self }
+    }
+}
+
+/// Forward and backward over every micro-batch, accumulating gradients. Nothing is read back:
+/// the loss stays on the device until the caller reads it ([`UnreadStep::read`]) or awaits
+/// it, and every backward is queued before that read (one read per step).
 pub fn forward_backward(
     model: &Llama,
     micro_batches: &[MicroBatch],
-    checkpointing: bool,
-    accumulation: Accumulation,
-) -> Result<StepGradients> {
-    forward_backward_scaled(model, micro_batches, checkpointing, accumulation, 1.0)
-}
-
-/// [`forward_backward`] with the loss multiplied by `loss_scale` before each backward (f16
-/// loss scaling: small gradients stay representable). The returned gradients are still
-/// scaled; the loss is not.
-pub fn forward_backward_scaled(
-    model: &Llama,
-    micro_batches: &[MicroBatch],
-    checkpointing: bool,
-    accumulation: Accumulation,
-    loss_scale: f64,
-) -> Result<StepGradients> {
-    forward_backward_unread(
-        model,
-        micro_batches,
-        checkpointing,
-        accumulation,
-        loss_scale,
-    )
-    .map(UnreadStep::read)
+    options: &StepOptions,
+) -> Result<UnreadStep> {
+    forward_backward_marked(model, micro_batches, options, &mut || {})
 }
 
 /// [`forward_backward`] calling `mark` where the step holds the most: after each forward that
@@ -100,41 +127,14 @@ pub fn forward_backward_scaled(
 pub fn forward_backward_marked(
     model: &Llama,
     micro_batches: &[MicroBatch],
-    checkpointing: bool,
-    accumulation: Accumulation,
+    options: &StepOptions,
     mark: &mut dyn FnMut(),
-) -> Result<StepGradients> {
-    forward_backward_with_marks(model, micro_batches, checkpointing, accumulation, 1.0, mark)
-        .map(UnreadStep::read)
-}
-
-/// [`forward_backward_scaled`] without reading anything back: the loss stays on the device.
-/// Every backward is queued before the caller reads (one read per step, not per micro-batch).
-pub fn forward_backward_unread(
-    model: &Llama,
-    micro_batches: &[MicroBatch],
-    checkpointing: bool,
-    accumulation: Accumulation,
-    loss_scale: f64,
 ) -> Result<UnreadStep> {
-    forward_backward_with_marks(
-        model,
-        micro_batches,
+    let StepOptions {
         checkpointing,
         accumulation,
         loss_scale,
-        &mut || {},
-    )
-}
-
-fn forward_backward_with_marks(
-    model: &Llama,
-    micro_batches: &[MicroBatch],
-    checkpointing: bool,
-    accumulation: Accumulation,
-    loss_scale: f64,
-    mark: &mut dyn FnMut(),
-) -> Result<UnreadStep> {
+    } = *options;
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
         return Err(Error::Input(

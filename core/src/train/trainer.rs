@@ -30,7 +30,7 @@ use super::eval::{EvalReport, EvalState, held_out_loss};
 use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
-use super::step::{Accumulation, forward_backward_scaled};
+use super::step::{StepOptions, forward_backward};
 use crate::chat::{ChatFormat, ChatTemplate};
 use crate::config::LoraConfig;
 use crate::data::MicroBatch;
@@ -418,13 +418,14 @@ impl Trainer {
         let loss_scale = self.loss_scale;
         let mut step = {
             let _precision = autocast(self.compute);
-            forward_backward_scaled(
+            forward_backward(
                 &self.model,
                 &micro,
-                self.config.checkpointing,
-                Accumulation::TokenWeighted,
-                loss_scale,
+                &StepOptions::default()
+                    .with_checkpointing(self.config.checkpointing)
+                    .with_loss_scale(loss_scale),
             )?
+            .read()
         };
         // 3. A non-finite loss stops the run before the weights change.
         if !step.loss.is_finite() {

@@ -41,7 +41,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         if let Some(lora) = &lora {
             model = model.with_lora(lora)?;
         }
-        if scenario.half_base {
+        if scenario.half_base() {
             model = model.cast_frozen_base(half_dtype(&train_device));
         }
         Ok(model)

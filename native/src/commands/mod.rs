@@ -50,19 +50,19 @@ pub fn offload_optimizer(what: &str) -> Result<bool> {
 }
 
 impl ScenarioArgs {
-    /// LoRA on all linears with α = 2r, as the flags ask (None: full fine-tuning).
+    /// LoRA on all linears, as the flags ask (None: full fine-tuning; α defaults to 2r).
     pub fn lora(&self) -> Option<LoraConfig> {
         (self.lora_r > 0).then(|| LoraConfig {
             r: self.lora_r,
-            alpha: 2.0 * self.lora_r as f64,
+            alpha: self.lora_alpha.unwrap_or(2.0 * self.lora_r as f64),
             ..LoraConfig::default()
         })
     }
 
-    /// NF4 with blocks of 64, as the flags ask.
+    /// NF4 as the flags ask.
     pub fn nf4(&self) -> Option<Nf4Config> {
         self.nf4.then_some(Nf4Config {
-            block_size: 64,
+            block_size: self.nf4_block_size,
             double_quant: self.double_quant,
         })
     }
@@ -71,6 +71,9 @@ impl ScenarioArgs {
     pub fn scenario(&self, config: LlamaConfig, optimizer: OptimizerKind) -> Result<Scenario> {
         if self.micro_batch == 0 || self.seq_len < 2 {
             bail!("--micro-batch must be at least 1 and --seq-len at least 2");
+        }
+        if let Some(nf4) = self.nf4() {
+            nf4.validate().context("--nf4-block-size")?;
         }
         Ok(Scenario {
             lora: self.lora(),
@@ -111,7 +114,6 @@ pub fn half_precision_on(
 pub fn with_autocast(s: Scenario, half: bool) -> Scenario {
     Scenario {
         half_compute: half,
-        half_base: half && s.lora.is_some() && s.nf4.is_none(),
         ..s
     }
 }

@@ -13,7 +13,7 @@ use napkin_core::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
-use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
+use napkin_core::train::{Optimizer, OptimizerConfig, StepOptions, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
@@ -208,8 +208,13 @@ fn a_qlora_step_on_wgpu_uploads_no_weights() {
     let mut per_step = Vec::new();
     for _ in 0..3 {
         let before = link::counted();
-        let step = forward_backward(&model, &micro, s.checkpointing, Accumulation::TokenWeighted)
-            .expect("a step");
+        let step = forward_backward(
+            &model,
+            &micro,
+            &StepOptions::default().with_checkpointing(s.checkpointing),
+        )
+        .expect("a step")
+        .read();
         model = optimizer.step(model, &step.grads, 1e-3);
         let _ = device.sync();
         per_step.push(link::counted().since(&before));
@@ -246,8 +251,13 @@ fn efficient_attention_uploads_each_distinct_tile_mask_once() {
     let micro = synthetic_micro_batches(&s).unwrap();
     let before = link::counted();
     drop(
-        forward_backward(&model, &micro, s.checkpointing, Accumulation::TokenWeighted)
-            .expect("a step"),
+        forward_backward(
+            &model,
+            &micro,
+            &StepOptions::default().with_checkpointing(s.checkpointing),
+        )
+        .expect("a step")
+        .read(),
     );
     let moved = link::counted().since(&before);
     let predicted = napkin_core::predict::link::step_link(&s).expect("an unpacked batch");
@@ -295,8 +305,9 @@ fn qlora_in_16_bits_on_wgpu_follows_the_f32_losses() {
             .map(|_| {
                 let step = {
                     let _precision = autocast(compute);
-                    forward_backward(&model, &micro, false, Accumulation::TokenWeighted)
+                    forward_backward(&model, &micro, &StepOptions::default())
                         .expect("a step")
+                        .read()
                 };
                 model = optimizer.step(model.clone(), &step.grads, 2e-3);
                 step.loss

@@ -9,8 +9,7 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
 use napkin_core::model::autocast::autocast;
-use napkin_core::train::step::forward_backward_scaled;
-use napkin_core::train::{Accumulation, trainable_ids};
+use napkin_core::train::{StepOptions, forward_backward, trainable_ids};
 use napkin_tests::{Reference, input_batch, model_dirs};
 
 fn lora_model_on_flex(dir: &std::path::Path) -> Llama {
@@ -35,14 +34,13 @@ fn loss_and_grads(
     scale: f64,
 ) -> (f32, Vec<f32>) {
     let _precision = autocast(dtype);
-    let mut step = forward_backward_scaled(
+    let mut step = forward_backward(
         model,
         std::slice::from_ref(batch),
-        false,
-        Accumulation::TokenWeighted,
-        scale,
+        &StepOptions::default().with_loss_scale(scale),
     )
-    .unwrap();
+    .unwrap()
+    .read();
     step.grads.scale(1.0 / scale);
     let grads = trainable_ids(model)
         .iter()

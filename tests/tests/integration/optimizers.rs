@@ -12,7 +12,7 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
 use napkin_core::train::adamw8bit::AdamW8bit;
 use napkin_core::train::{
-    Accumulation, AdamWConfig, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads,
+    AdamWConfig, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads, StepOptions,
     forward_backward, trainable_ids,
 };
 use napkin_tests::{Reference, input_batch, model_dirs};
@@ -44,13 +44,9 @@ fn tiny_smol_with_lora_on(r: usize, kind: DeviceKind) -> (Llama, MicroBatch) {
 }
 
 fn step_grads(model: &Llama, batch: &MicroBatch) -> (ParamGrads, f32) {
-    let step = forward_backward(
-        model,
-        std::slice::from_ref(batch),
-        false,
-        Accumulation::TokenWeighted,
-    )
-    .unwrap();
+    let step = forward_backward(model, std::slice::from_ref(batch), &StepOptions::default())
+        .unwrap()
+        .read();
     (step.grads, step.loss)
 }
 

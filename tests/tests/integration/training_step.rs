@@ -9,7 +9,7 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::io::peft::PEFT_PREFIX;
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::{Llama, TokenBatch};
-use napkin_core::train::{Accumulation, ParamGrads, forward_backward};
+use napkin_core::train::{Accumulation, ParamGrads, StepOptions, forward_backward};
 use napkin_tests::{Reference, assert_close, max_errors, model_dirs};
 
 /// The fixture's two rows as two micro-batches of one row, with the masked labels.
@@ -75,9 +75,19 @@ fn token_weighted_accumulation_equals_the_big_batch_and_naive_does_not() {
             "the case needs unequal token counts"
         );
 
-        let batch = forward_backward(&model, &[big], false, Accumulation::TokenWeighted).unwrap();
-        let accum = forward_backward(&model, &micro, false, Accumulation::TokenWeighted).unwrap();
-        let naive = forward_backward(&model, &micro, false, Accumulation::MeanOfMeans).unwrap();
+        let batch = forward_backward(&model, &[big], &StepOptions::default())
+            .unwrap()
+            .read();
+        let accum = forward_backward(&model, &micro, &StepOptions::default())
+            .unwrap()
+            .read();
+        let naive = forward_backward(
+            &model,
+            &micro,
+            &StepOptions::default().with_accumulation(Accumulation::MeanOfMeans),
+        )
+        .unwrap()
+        .read();
         assert!((batch.loss - reference.scalar("accum_masked.batch_loss")).abs() <= 1e-5);
         assert!(
             (accum.loss - batch.loss).abs() <= 1e-6,
@@ -150,13 +160,18 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
                 .flat_map(|m| variants.map(|v| (m.clone(), v)))
         {
             let what = format!("{what}, {attention} attention, checkpointing {checkpointing}");
-            let plain =
-                forward_backward(&model, &micro, false, Accumulation::TokenWeighted).unwrap();
+            let plain = forward_backward(&model, &micro, &StepOptions::default())
+                .unwrap()
+                .read();
             let mut variant = model.clone();
             variant.attention = attention;
-            let ckpt =
-                forward_backward(&variant, &micro, checkpointing, Accumulation::TokenWeighted)
-                    .unwrap();
+            let ckpt = forward_backward(
+                &variant,
+                &micro,
+                &StepOptions::default().with_checkpointing(checkpointing),
+            )
+            .unwrap()
+            .read();
             assert_eq!(
                 plain.grads.len(),
                 ckpt.grads.len(),

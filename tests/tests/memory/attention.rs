@@ -5,7 +5,7 @@ use super::*;
 use napkin_core::config::AttentionKind;
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, forward_backward};
+use napkin_core::train::{StepOptions, forward_backward};
 
 /// Saved activations of one forward and the step peak, measured and predicted, for LoRA and
 /// full fine-tuning with and without checkpointing, at T = 1024 on the small config.
@@ -55,8 +55,13 @@ fn efficient_attention_removes_the_t_squared_bytes_as_predicted() {
             saved.push((measured_saved, predicted_saved));
             for checkpointing in [false, true] {
                 let step = || {
-                    forward_backward(&model, &micro, checkpointing, Accumulation::TokenWeighted)
-                        .unwrap()
+                    forward_backward(
+                        &model,
+                        &micro,
+                        &StepOptions::default().with_checkpointing(checkpointing),
+                    )
+                    .unwrap()
+                    .read()
                 };
                 drop(step()); // warm-up
                 let start = reset_peak();

@@ -4,7 +4,7 @@
 use super::*;
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, forward_backward};
+use napkin_core::train::{StepOptions, forward_backward};
 
 struct Case {
     label: String,
@@ -63,10 +63,10 @@ fn predicted_peak_and_kinds_are_within_5_percent_of_measured_over_the_grid() {
                             forward_backward(
                                 &model,
                                 &micro,
-                                checkpointing,
-                                Accumulation::TokenWeighted,
+                                &StepOptions::default().with_checkpointing(checkpointing),
                             )
                             .unwrap()
+                            .read()
                         };
                         drop(step());
                         let start = reset_peak();

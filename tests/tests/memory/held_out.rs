@@ -15,7 +15,7 @@ use super::*;
 use napkin_core::config::{AttentionKind, LoraTarget};
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{Accumulation, forward_backward};
+use napkin_core::train::{StepOptions, forward_backward};
 
 /// SmolLM2-135M's shape with `layers` decoder layers, its head tied or not.
 fn smollm2_slice(layers: usize, tied: bool) -> LlamaConfig {
@@ -228,10 +228,10 @@ fn measure_against_prediction(cases: Vec<HeldOut>) -> Vec<String> {
             forward_backward(
                 &model,
                 &micro,
-                case.checkpointing,
-                Accumulation::TokenWeighted,
+                &StepOptions::default().with_checkpointing(case.checkpointing),
             )
             .unwrap()
+            .read()
         };
         drop(step()); // warm-up
         let start = reset_peak();

@@ -378,7 +378,7 @@ fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
 #[test]
 fn block_checkpointing_cuts_the_step_peak() {
     use napkin_core::data::MicroBatch;
-    use napkin_core::train::{Accumulation, forward_backward};
+    use napkin_core::train::{StepOptions, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let lora = LoraConfig {
@@ -395,8 +395,13 @@ fn block_checkpointing_cuts_the_step_peak() {
     let micro = [MicroBatch::causal(batch)];
     let peak = |checkpointing: bool| {
         let start = reset_peak();
-        let out =
-            forward_backward(&model, &micro, checkpointing, Accumulation::TokenWeighted).unwrap();
+        let out = forward_backward(
+            &model,
+            &micro,
+            &StepOptions::default().with_checkpointing(checkpointing),
+        )
+        .unwrap()
+        .read();
         let peak = peak_bytes() - start;
         drop(out);
         peak
@@ -422,7 +427,7 @@ fn half_precision_halves_the_frozen_base() {
     use burn::tensor::FloatDType;
     use napkin_core::data::MicroBatch;
     use napkin_core::model::autocast::autocast;
-    use napkin_core::train::{Accumulation, forward_backward};
+    use napkin_core::train::{StepOptions, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let device = DeviceKind::Flex.open().unwrap().autodiff();
@@ -465,7 +470,9 @@ fn half_precision_halves_the_frozen_base() {
     let peak = |model: &Llama, dtype: Option<FloatDType>| {
         let _precision = autocast(dtype);
         let start = reset_peak();
-        let out = forward_backward(model, &micro, false, Accumulation::TokenWeighted).unwrap();
+        let out = forward_backward(model, &micro, &StepOptions::default())
+            .unwrap()
+            .read();
         let peak = peak_bytes() - start;
         drop(out);
         peak

@@ -12,7 +12,7 @@ use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::rng::SplitMix64;
-use napkin_core::train::{Accumulation, Optimizer, OptimizerConfig, forward_backward};
+use napkin_core::train::{Optimizer, OptimizerConfig, StepOptions, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
 
 use super::cases::{Case, NF4, Work};
@@ -38,8 +38,12 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let checkpointing = s.checkpointing;
             Ok(Box::new(move || {
                 let current: Llama = model.take().context("the previous step failed")?;
-                let out =
-                    forward_backward(&current, &micro, checkpointing, Accumulation::TokenWeighted)?;
+                let out = forward_backward(
+                    &current,
+                    &micro,
+                    &StepOptions::default().with_checkpointing(checkpointing),
+                )?
+                .read();
                 model = Some(optimizer.step(current, &out.grads, 1e-5));
                 let _ = train_device.sync();
                 Ok(())
