@@ -72,8 +72,11 @@ impl ScenarioArgs {
         if self.micro_batch == 0 || self.seq_len < 2 {
             bail!("--micro-batch must be at least 1 and --seq-len at least 2");
         }
-        if let Some(nf4) = self.nf4() {
-            nf4.validate().context("--nf4-block-size")?;
+        if self.nf4().is_some_and(|nf4| nf4.validate().is_err()) {
+            bail!(
+                "--nf4-block-size {}: expected an even number from 2 to 2^20",
+                self.nf4_block_size
+            );
         }
         Ok(Scenario {
             lora: self.lora(),
