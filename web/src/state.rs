@@ -7,20 +7,15 @@ use napkin_core::config::{
     AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
 };
 use napkin_core::exercises::SandboxSettings;
-use napkin_core::predict::inventory::{LayerBytes, Scenario, inventory, per_layer};
-use napkin_core::predict::offload::{HostTransfer, host_links, host_transfer};
+use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::precision::{PrecisionRow, precision_table};
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
     TorchDevice, TorchDtype,
 };
-use napkin_core::predict::rules;
-use napkin_core::predict::seed::{SeedEstimate, scenario_seed_estimate};
-use napkin_core::predict::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
-use napkin_core::predict::time::{
-    DevicePreset, RooflineTime, StepWork, device_preset, roofline, step_work,
-};
-use napkin_core::predict::timeline::{Event, StepPeak, step_timeline};
+use napkin_core::predict::report::{Report, ReportOptions, report};
+use napkin_core::predict::sharding::{Offload, Strategy};
+use napkin_core::predict::time::{DevicePreset, RooflineTime, device_preset, roofline};
 use serde::{Deserialize, Serialize};
 
 /// Largest LoRA rank the controls offer.
@@ -272,29 +267,16 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
 /// What the page draws for a state.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct View {
-    /// Per-layer stacked bytes (the last row: outside the blocks).
-    pub per_layer: Vec<LayerBytes>,
-    /// One step, event by event.
-    pub timeline: Vec<Event>,
-    /// The peak and what makes it.
-    pub peak: StepPeak,
+    /// The predictor's report of the step: the one `napkin estimate` prints.
+    pub report: Report,
+    /// The target device.
+    pub device: DevicePreset,
     /// The step on the target device.
     pub time: RooflineTime,
     /// Whether the peak fits the target device's memory (per GPU when sharded).
     pub fits: bool,
-    /// Per-GPU memory when more than one GPU.
-    pub sharded: Option<ShardedMemory>,
-    /// What the seed formulas say (f32; they know neither NF4 nor the engine).
-    pub seed: SeedEstimate,
-    /// FLOPs and bytes of the step.
-    pub work: StepWork,
-    /// The target device.
-    pub device: DevicePreset,
     /// Model state of full fine-tuning under each mixed-precision recipe (per GPU).
     pub precision_table: Vec<PrecisionRow>,
-    /// With optimizer offload: the bytes kept on the host, the traffic of one optimizer step
-    /// and its time on each host link (name, seconds).
-    pub offload: Option<(HostTransfer, Vec<(&'static str, f64)>)>,
     /// The same step as transformers + peft + bitsandbytes on CUDA spend it, when asked for.
     pub pytorch: Option<PyTorchStep>,
 }
@@ -378,50 +360,43 @@ impl SandboxState {
     /// Everything the charts need.
     pub fn view(&self) -> View {
         let scenario = self.scenario();
-        let entries = inventory(&scenario);
-        let timeline = step_timeline(&scenario);
         let device = device_preset(&self.device)
             .unwrap_or_else(|| napkin_core::predict::time::device_presets().remove(0));
-        let tokens = scenario.tokens() as f64 * scenario.accumulation as f64;
-        let work = step_work(&scenario);
-        let half = self.precision == Precision::Bf16Autocast;
-        let time = roofline(&work, tokens, &device, half);
         let offload = Offload {
             parameters: false,
             optimizer: self.offload_optimizer,
         };
         // One GPU with offload: nothing to shard, but the state leaves the device.
-        let strategy = if self.gpus > 1 {
+        let strategy = (self.gpus > 1 || self.offload_optimizer).then_some(if self.gpus > 1 {
             self.strategy
         } else {
             Strategy::NoShard
-        };
-        let sharded = (self.gpus > 1 || self.offload_optimizer)
-            .then(|| sharded_memory(&scenario, strategy, self.gpus, 1, offload));
-        let offload = self.offload_optimizer.then(|| {
-            let transfer = host_transfer(&scenario, &entries, offload);
-            let links = host_links()
-                .iter()
-                .map(|l| (l.name, transfer.seconds(l)))
-                .collect();
-            (transfer, links)
         });
-        let per_gpu = sharded.as_ref().map_or(timeline.peak.bytes, |m| m.gpu_peak);
+        let report = report(
+            &scenario,
+            &ReportOptions {
+                gpus: self.gpus,
+                nodes: 1,
+                strategy,
+                offload: self.offload_optimizer.then_some(offload),
+            },
+        );
+        let tokens = scenario.tokens() as f64 * scenario.accumulation as f64;
+        let half = self.precision == Precision::Bf16Autocast;
+        let time = roofline(&report.time.work, tokens, &device, half);
+        let per_gpu = report
+            .sharding
+            .as_ref()
+            .map_or(report.step_peak.bytes, |m| m.gpu_peak);
         View {
-            per_layer: per_layer(&entries, scenario.config.num_hidden_layers),
             precision_table: precision_table(scenario.config.num_parameters(), self.gpus),
-            offload,
             fits: per_gpu as f64 <= device.memory,
-            timeline: timeline.events,
-            peak: timeline.peak,
             time,
-            sharded,
-            seed: scenario_seed_estimate(&scenario, rules::Precision::Fp32),
-            work,
             device,
             pytorch: self.compare_pytorch.then(|| {
                 napkin_core::predict::pytorch::predict(&scenario.config, &self.pytorch_setup())
             }),
+            report,
         }
     }
 }
@@ -448,7 +423,7 @@ mod tests {
     }
 
     fn total_weights(v: &View) -> u64 {
-        v.per_layer.iter().map(|l| l.weights + l.quant).sum()
+        v.report.per_layer.iter().map(|l| l.weights + l.quant).sum()
     }
 
     #[test]
@@ -459,7 +434,7 @@ mod tests {
         assert!(total_weights(&nf4) * 2 < total_weights(&plain));
         let ckpt = reduce(&s, Action::SetCheckpointing(true)).view();
         // SmolLM2, T = 256: the step's own bytes fall from ~690 to ~160 MiB above the state.
-        assert!(ckpt.peak.bytes + (400 << 20) < plain.peak.bytes);
+        assert!(ckpt.report.step_peak.bytes + (400 << 20) < plain.report.step_peak.bytes);
         // Turning NF4 off also turns double quantization off; DQ turns NF4 on.
         let dq = reduce(&s, Action::SetDoubleQuant(true));
         assert!(dq.nf4);
@@ -471,7 +446,13 @@ mod tests {
     #[test]
     fn efficient_attention_removes_the_t_squared_activations() {
         let s = reduce(&SandboxState::default(), Action::SetSeqLen(2048));
-        let activations = |v: &View| v.per_layer.iter().map(|l| l.activations).sum::<u64>();
+        let activations = |v: &View| {
+            v.report
+                .per_layer
+                .iter()
+                .map(|l| l.activations)
+                .sum::<u64>()
+        };
         let eager = s.view();
         let efficient = reduce(&s, Action::SetAttention(AttentionKind::Efficient)).view();
         let t = 2048u64;
@@ -482,7 +463,7 @@ mod tests {
             removed > probabilities * 98 / 100 && removed < probabilities,
             "{removed} vs {probabilities}"
         );
-        let peak_drop = eager.peak.bytes - efficient.peak.bytes;
+        let peak_drop = eager.report.step_peak.bytes - efficient.report.step_peak.bytes;
         assert!(
             peak_drop > probabilities * 95 / 100,
             "{peak_drop} vs {probabilities}"
@@ -496,18 +477,30 @@ mod tests {
         let s = reduce(&SandboxState::default(), Action::SetLora(false));
         let plain = s.view();
         let offloaded = reduce(&s, Action::SetOffloadOptimizer(true)).view();
-        let state: u64 = plain.per_layer.iter().map(|l| l.optimizer_state).sum();
+        let state: u64 = plain
+            .report
+            .per_layer
+            .iter()
+            .map(|l| l.optimizer_state)
+            .sum();
         let on_device = offloaded
-            .sharded
+            .report
+            .sharding
             .as_ref()
             .expect("offload on one GPU")
             .gpu_peak;
-        assert_eq!(plain.peak.bytes - on_device, state);
-        let (transfer, links) = offloaded.offload.expect("the offload traffic");
+        assert_eq!(plain.report.step_peak.bytes - on_device, state);
+        let transfer = offloaded.report.offload.expect("the offload traffic");
         let p = 4 * s.scenario().trainable_parameters();
-        assert_eq!((transfer.to_host, transfer.to_device), (p, p));
-        assert_eq!(links.len(), 5);
-        assert!(plain.offload.is_none());
+        assert_eq!(
+            (
+                transfer.to_host_bytes_per_step,
+                transfer.to_device_bytes_per_step
+            ),
+            (p, p)
+        );
+        assert_eq!(transfer.links.len(), 5);
+        assert!(plain.report.offload.is_none());
     }
 
     #[test]
@@ -539,7 +532,7 @@ mod tests {
             s = reduce(&s, a);
         }
         let v = s.view();
-        assert!(v.fits, "peak {}", v.peak.bytes);
+        assert!(v.fits, "peak {}", v.report.step_peak.bytes);
     }
 
     /// An exercise's scenario lands in the controls.
@@ -571,7 +564,7 @@ mod tests {
             Action::UseConfig("My-Model/config.json".into(), Box::new(c.clone())),
         );
         assert_eq!(s.preset, "My-Model/config.json");
-        assert_eq!(s.view().per_layer.len(), 3);
+        assert_eq!(s.view().report.per_layer.len(), 3);
         let s = reduce(&s, Action::SelectPreset("tiny-smol".into()));
         assert_eq!(s.config(), LlamaConfig::tiny_smol());
         let s = reduce(&s, Action::SelectPreset("My-Model/config.json".into()));
@@ -582,9 +575,9 @@ mod tests {
     /// Fewer LoRA targets, bigger NF4 blocks and a bf16 base each lower what they should.
     #[test]
     fn targets_block_size_and_precision_reach_the_prediction() {
-        let adapters = |v: &View| v.per_layer.iter().map(|l| l.adapters).sum::<u64>();
-        let quant = |v: &View| v.per_layer.iter().map(|l| l.quant).sum::<u64>();
-        let weights = |v: &View| v.per_layer.iter().map(|l| l.weights).sum::<u64>();
+        let adapters = |v: &View| v.report.per_layer.iter().map(|l| l.adapters).sum::<u64>();
+        let quant = |v: &View| v.report.per_layer.iter().map(|l| l.quant).sum::<u64>();
+        let weights = |v: &View| v.report.per_layer.iter().map(|l| l.weights).sum::<u64>();
         let s = SandboxState::default();
         let all = s.view();
         let mut qv = s.clone();
@@ -614,7 +607,8 @@ mod tests {
 
         let bf16 = reduce(&s, Action::SetPrecision(Precision::Bf16Autocast)).view();
         // A block's frozen linears in 2 bytes instead of 4 (its norms stay f32).
-        let ratio = bf16.per_layer[0].weights as f64 / all.per_layer[0].weights as f64;
+        let ratio =
+            bf16.report.per_layer[0].weights as f64 / all.report.per_layer[0].weights as f64;
         assert!((0.49..0.51).contains(&ratio), "{ratio}");
         assert!(weights(&bf16) < weights(&all));
         assert!(bf16.time.step_seconds < all.time.step_seconds);
@@ -627,7 +621,7 @@ mod tests {
         s = reduce(&s, Action::SetGpus(8));
         s = reduce(&s, Action::SetStrategy(Strategy::FullShard));
         let eight = s.view();
-        let sharded = eight.sharded.expect("sharded");
-        assert!(sharded.gpu_peak < one.peak.bytes);
+        let sharded = eight.report.sharding.expect("sharded");
+        assert!(sharded.gpu_peak < one.report.step_peak.bytes);
     }
 }

@@ -15,6 +15,7 @@
 //! - `link`: what a step sends over the host link on a GPU when the weights are resident.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
+//! - `report`: everything the predictor says about one step, one type for the CLI and the page.
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
@@ -27,6 +28,7 @@ pub mod offload;
 pub mod precision;
 pub mod preflight;
 pub mod pytorch;
+pub mod report;
 pub mod rules;
 pub mod seed;
 pub mod sharding;

@@ -1,6 +1,7 @@
 //! `napkin estimate`: the napkin math of training memory from a configuration alone — the
-//! bytes-per-parameter rules, accelerate's `estimate-memory` table, and DeepSpeed's ZeRO
-//! model-state estimates. (The exact per-layer inventory of napkin's own engine joins here.)
+//! bytes-per-parameter rules, accelerate's `estimate-memory` table, DeepSpeed's ZeRO
+//! model-state estimates, and for a Llama the predictor's report of napkin's own engine
+//! (`predict::report`, the same value the page renders), as text or JSON.
 
 use std::path::Path;
 
@@ -9,17 +10,14 @@ use napkin_core::config::{LlamaConfig, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::{Entry, Scenario, inventory, per_layer, totals_by_kind};
-use napkin_core::predict::offload::{host_links, host_transfer};
+use napkin_core::predict::inventory::Kind;
 use napkin_core::predict::precision::precision_table;
+use napkin_core::predict::report::{Report, ReportOptions, report};
 use napkin_core::predict::rules::{
     OptimizerRule, Precision, gradient_bytes_per_param, optimizer_bytes_per_param,
     weight_bytes_per_param,
 };
-use napkin_core::predict::seed::scenario_seed_estimate;
-use napkin_core::predict::sharding::{Offload, Strategy, sharded_memory};
-use napkin_core::predict::time::{device_presets, roofline, step_work};
-use napkin_core::predict::timeline::step_timeline;
+use napkin_core::predict::sharding::{Offload, Strategy};
 use napkin_core::predict::units::{accelerate_units, gib};
 use napkin_core::predict::zero::{Cluster, Zero3Offload, ZeroEstimate, zero2, zero3};
 use serde_json::json;
@@ -108,13 +106,13 @@ fn run_with(
 
     let optimizer_kind: OptimizerKind = args.optimizer.parse()?;
     let inventory = match &subject.llama {
-        Some(config) => Some(inventory_section(args, config, optimizer_kind)?),
+        Some(config) => Some(engine_report(args, config, optimizer_kind)?),
         None => None,
     };
 
     if args.json {
         let out = json!({
-            "inventory": inventory,
+            "inventory": inventory.as_ref().map(serde_json::to_value).transpose()?,
             "model": subject.name,
             "parameters": subject.params,
             "largest_layer_parameters": subject.largest_layer,
@@ -147,146 +145,8 @@ fn run_with(
         accelerate_units(p * total_per_param)
     );
     print_precision_table(subject.params, args.gpus);
-    if let Some(inv) = &inventory {
-        println!(
-            "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
-            args.scenario.micro_batch,
-            args.scenario.seq_len,
-            args.scenario.lora_r,
-            if args.scenario.nf4 { ", NF4 base" } else { "" }
-        );
-        println!(
-            "  {:<18} {:>12}   {:>12}",
-            "kind", "inventory", "seed formula"
-        );
-        let seed = &inv["seed_formulas"];
-        let by_kind = &inv["inventory_bytes_by_kind"];
-        let b = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
-        for (kind, seed_key) in [
-            ("weights", Some("weights")),
-            ("quant_codes", None),
-            ("quant_scales", None),
-            ("adapters", None),
-            ("gradients", Some("gradients")),
-            ("optimizer_state", Some("optimizer")),
-            ("saved_activations", Some("activations")),
-            ("checkpoint_inputs", None),
-            ("logits", None),
-            ("workspace", None),
-        ] {
-            let inv_bytes = by_kind.get(kind).map(b);
-            let seed_bytes = seed_key.map(|k| b(&seed[k]));
-            if inv_bytes.is_none() && seed_bytes.is_none() {
-                continue;
-            }
-            let show = |x: Option<f64>| x.map_or("—".to_string(), accelerate_units);
-            println!(
-                "  {kind:<18} {:>12}   {:>12}",
-                show(inv_bytes),
-                show(seed_bytes)
-            );
-        }
-        println!(
-            "\n  per layer (MiB)   weights  NF4 codes+scales  adapters  gradients  optimizer  activations"
-        );
-        if let Some(layers) = inv["per_layer"].as_array() {
-            for row in layers {
-                let mib = |k: &str| b(&row[k]) / (1024.0 * 1024.0);
-                println!(
-                    "  {:<16} {:>8.2} {:>17.2} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
-                    row["layer"].as_str().unwrap_or("?"),
-                    mib("weights"),
-                    mib("quant"),
-                    mib("adapters"),
-                    mib("gradients"),
-                    mib("optimizer_state"),
-                    mib("activations")
-                );
-            }
-        }
-        let peak = &inv["step_peak"];
-        println!(
-            "\n  step peak: {} at `{}` ({} phase); largest tensors alive then:",
-            accelerate_units(b(&peak["bytes"])),
-            peak["label"].as_str().unwrap_or("?"),
-            peak["phase"].as_str().unwrap_or("?"),
-        );
-        if let Some(largest) = peak["largest"].as_array() {
-            for pair in largest.iter().take(5) {
-                println!(
-                    "    {:<48} {:>12}",
-                    pair[0].as_str().unwrap_or("?"),
-                    accelerate_units(b(&pair[1]))
-                );
-            }
-        }
-        let work = &inv["time"]["work"];
-        println!(
-            "\n  time: {:.3} TFLOP per step (forward {:.3}, backward {:.3}, recompute {:.3}; LoRA saves {:.3}), {:.2} GB moved",
-            b(&inv["time"]["flops"]) / 1e12,
-            b(&work["forward_flops"]) / 1e12,
-            b(&work["backward_flops"]) / 1e12,
-            b(&work["recompute_flops"]) / 1e12,
-            b(&work["lora_saved_flops"]) / 1e12,
-            b(&work["bytes_moved"]) / 1e9,
-        );
-        println!(
-            "  host link per step: {} (the batch up, the loss back; weights resident), in the step time below",
-            accelerate_units(b(&work["link_bytes"])),
-        );
-        println!(
-            "  {:<32} {:>9} {:>9} {:>8} {:>12} {:>6}",
-            "device (roofline lower bound)", "step ms", "tokens/s", "bound", "FLOP/byte", "fits"
-        );
-        if let Some(devices) = inv["time"]["devices"].as_array() {
-            for d in devices {
-                let r = &d["roofline"];
-                println!(
-                    "  {:<32} {:>9.1} {:>9.0} {:>8} {:>5.0} / {:<4.0} {:>6}",
-                    r["device"].as_str().unwrap_or("?"),
-                    1e3 * b(&r["step_seconds"]),
-                    b(&r["tokens_per_second"]),
-                    r["bound"].as_str().unwrap_or("?"),
-                    b(&r["arithmetic_intensity"]),
-                    b(&r["ridge_point"]),
-                    if d["fits"].as_bool().unwrap_or(false) {
-                        "yes"
-                    } else {
-                        "no"
-                    },
-                );
-            }
-        }
-        let offload = &inv["offload"];
-        if !offload.is_null() {
-            println!(
-                "\n  offload on one GPU: {} on the device at the peak (without offload {}), {} in host memory;\n  per optimizer step {} to the host and {} to the device:",
-                accelerate_units(b(&offload["device_peak_bytes"])),
-                accelerate_units(b(&offload["device_peak_bytes_without_offload"])),
-                accelerate_units(b(&offload["host_bytes"])),
-                accelerate_units(b(&offload["to_host_bytes_per_step"])),
-                accelerate_units(b(&offload["to_device_bytes_per_step"])),
-            );
-            for link in offload["links"].as_array().into_iter().flatten() {
-                println!(
-                    "    {:<32} {:>9.1} ms per step",
-                    link["name"].as_str().unwrap_or("?"),
-                    1e3 * b(&link["seconds_per_step"])
-                );
-            }
-        }
-        let sharding = &inv["sharding"];
-        if !sharding.is_null() {
-            println!(
-                "\n  {} on {} GPU(s) (shard group {}): {} per GPU at the peak ({} gathered), {} host memory per node",
-                sharding["strategy"].as_str().unwrap_or("?"),
-                sharding["gpus"],
-                sharding["shard_group"],
-                accelerate_units(b(&sharding["gpu_peak"])),
-                accelerate_units(b(&sharding["gathered"])),
-                accelerate_units(b(&sharding["cpu_per_node"])),
-            );
-        }
+    if let Some(r) = &inventory {
+        print_report(r);
     }
     if args.accelerate {
         let sizes = subject
@@ -437,89 +297,153 @@ fn llama_subject(name: String, config: &LlamaConfig) -> Subject {
     }
 }
 
-/// One GPU with `offload` (`optimizer`, `params` or both): device and host bytes, and the
-/// link traffic of each optimizer step with its time on each host link.
-fn offload_section(
-    scenario: &Scenario,
-    entries: &[Entry],
-    offload: Offload,
-    peak: u64,
-) -> serde_json::Value {
-    let one_gpu = sharded_memory(scenario, Strategy::NoShard, 1, 1, offload);
-    let transfer = host_transfer(scenario, entries, offload);
-    let links: Vec<serde_json::Value> = host_links()
-        .iter()
-        .map(|l| json!({"id": l.id, "name": l.name, "seconds_per_step": transfer.seconds(l)}))
-        .collect();
-    json!({
-        "device_peak_bytes": one_gpu.gpu_peak,
-        "device_peak_bytes_without_offload": peak,
-        "host_bytes": transfer.host_bytes,
-        "to_host_bytes_per_step": transfer.to_host,
-        "to_device_bytes_per_step": transfer.to_device,
-        "links": links,
-    })
-}
-
-/// The exact inventory of napkin's engine for a Llama, beside the seed formulas.
-fn inventory_section(
+/// The predictor's report of napkin's engine for a Llama (with the seed formulas beside it).
+fn engine_report(
     args: &EstimateArgs,
     config: &LlamaConfig,
     optimizer: OptimizerKind,
-) -> Result<serde_json::Value> {
+) -> Result<Report> {
     let half = matches!(precision_of(args)?, Precision::Mixed);
     let scenario = super::with_autocast(args.scenario.scenario(config.clone(), optimizer)?, half);
-    let entries = inventory(&scenario);
-    let totals = totals_by_kind(&entries);
-    let timeline = step_timeline(&scenario);
-    let per_layer = per_layer(&entries, config.num_hidden_layers);
-    let seed = scenario_seed_estimate(&scenario, Precision::Fp32);
-    let work = step_work(&scenario);
-    let tokens = (args.scenario.micro_batch
-        * args.scenario.seq_len
-        * args.scenario.accumulation.max(1)) as f64;
-    let devices: Vec<serde_json::Value> = device_presets()
-        .iter()
-        .map(|d| {
-            let r = roofline(&work, tokens, d, half);
-            json!({"id": d.id, "memory_bytes": d.memory, "fits": (timeline.peak.bytes as f64) <= d.memory, "roofline": r})
-        })
-        .collect();
-    let sharding = args
-        .shard
-        .as_deref()
-        .and_then(Strategy::parse)
-        .map(|strategy| {
-            sharded_memory(
-                &scenario,
-                strategy,
-                args.gpus,
-                args.nodes,
-                Offload::from_flag(args.offload.as_deref().unwrap_or("")),
-            )
-        });
-    let offload = args.offload.as_deref().map(|o| {
-        offload_section(
-            &scenario,
-            &entries,
-            Offload::from_flag(o),
-            timeline.peak.bytes,
-        )
-    });
-    Ok(json!({
-        "time": {"work": work, "flops": work.flops(), "devices": devices},
-        "sharding": sharding,
-        "offload": offload,
-        "scenario": {
-            "lora_r": args.scenario.lora_r, "nf4": args.scenario.nf4, "double_quant": args.scenario.double_quant,
-            "micro_batch": args.scenario.micro_batch, "seq_len": args.scenario.seq_len,
-            "checkpointing": args.scenario.checkpointing, "trainable_parameters": scenario.trainable_parameters(),
-        },
-        "inventory_bytes_by_kind": totals,
-        "per_layer": per_layer,
-        "step_peak": timeline.peak,
-        "timeline": timeline.events,
-        "seed_formulas": seed,
-        "entries": entries,
-    }))
+    let options = ReportOptions {
+        gpus: args.gpus,
+        nodes: args.nodes,
+        strategy: args.shard.as_deref().and_then(Strategy::parse),
+        offload: args.offload.as_deref().map(Offload::from_flag),
+    };
+    Ok(report(&scenario, &options))
+}
+
+/// The name serde gives an enum variant (`backward`, `compute`).
+fn serde_name<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The engine's report as text.
+fn print_report(r: &Report) {
+    let s = &r.scenario;
+    println!(
+        "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
+        s.micro_batch,
+        s.seq_len,
+        s.lora_r,
+        if s.nf4 { ", NF4 base" } else { "" }
+    );
+    println!(
+        "  {:<18} {:>12}   {:>12}",
+        "kind", "inventory", "seed formula"
+    );
+    let seed = &r.seed_formulas;
+    for (kind, seed_bytes) in [
+        (Kind::Weights, Some(seed.weights)),
+        (Kind::QuantCodes, None),
+        (Kind::QuantScales, None),
+        (Kind::Adapters, None),
+        (Kind::Gradients, Some(seed.gradients)),
+        (Kind::OptimizerState, Some(seed.optimizer)),
+        (Kind::SavedActivations, Some(seed.activations)),
+        (Kind::CheckpointInputs, None),
+        (Kind::Logits, None),
+        (Kind::Workspace, None),
+    ] {
+        let inv_bytes = r.inventory_bytes_by_kind.get(&kind).map(|&b| b as f64);
+        if inv_bytes.is_none() && seed_bytes.is_none() {
+            continue;
+        }
+        let show = |x: Option<f64>| x.map_or("—".to_string(), accelerate_units);
+        println!(
+            "  {:<18} {:>12}   {:>12}",
+            serde_name(&kind),
+            show(inv_bytes),
+            show(seed_bytes)
+        );
+    }
+    println!(
+        "\n  per layer (MiB)   weights  NF4 codes+scales  adapters  gradients  optimizer  activations"
+    );
+    for row in &r.per_layer {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        println!(
+            "  {:<16} {:>8.2} {:>17.2} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
+            row.layer,
+            mib(row.weights),
+            mib(row.quant),
+            mib(row.adapters),
+            mib(row.gradients),
+            mib(row.optimizer_state),
+            mib(row.activations)
+        );
+    }
+    let peak = &r.step_peak;
+    println!(
+        "\n  step peak: {} at `{}` ({} phase); largest tensors alive then:",
+        accelerate_units(peak.bytes as f64),
+        peak.label,
+        serde_name(&peak.phase),
+    );
+    for (name, bytes) in peak.largest.iter().take(5) {
+        println!("    {:<48} {:>12}", name, accelerate_units(*bytes as f64));
+    }
+    let work = &r.time.work;
+    println!(
+        "\n  time: {:.3} TFLOP per step (forward {:.3}, backward {:.3}, recompute {:.3}; LoRA saves {:.3}), {:.2} GB moved",
+        r.time.flops / 1e12,
+        work.forward_flops / 1e12,
+        work.backward_flops / 1e12,
+        work.recompute_flops / 1e12,
+        work.lora_saved_flops / 1e12,
+        work.bytes_moved / 1e9,
+    );
+    println!(
+        "  host link per step: {} (the batch up, the loss back; weights resident), in the step time below",
+        accelerate_units(work.link_bytes as f64),
+    );
+    println!(
+        "  {:<32} {:>9} {:>9} {:>8} {:>12} {:>6}",
+        "device (roofline lower bound)", "step ms", "tokens/s", "bound", "FLOP/byte", "fits"
+    );
+    for d in &r.time.devices {
+        let t = &d.roofline;
+        println!(
+            "  {:<32} {:>9.1} {:>9.0} {:>8} {:>5.0} / {:<4.0} {:>6}",
+            t.device,
+            1e3 * t.step_seconds,
+            t.tokens_per_second,
+            serde_name(&t.bound),
+            t.arithmetic_intensity,
+            t.ridge_point,
+            if d.fits { "yes" } else { "no" },
+        );
+    }
+    if let Some(offload) = &r.offload {
+        println!(
+            "\n  offload on one GPU: {} on the device at the peak (without offload {}), {} in host memory;\n  per optimizer step {} to the host and {} to the device:",
+            accelerate_units(offload.device_peak_bytes as f64),
+            accelerate_units(offload.device_peak_bytes_without_offload as f64),
+            accelerate_units(offload.host_bytes as f64),
+            accelerate_units(offload.to_host_bytes_per_step as f64),
+            accelerate_units(offload.to_device_bytes_per_step as f64),
+        );
+        for link in &offload.links {
+            println!(
+                "    {:<32} {:>9.1} ms per step",
+                link.name,
+                1e3 * link.seconds_per_step
+            );
+        }
+    }
+    if let Some(m) = &r.sharding {
+        println!(
+            "\n  {} on {} GPU(s) (shard group {}): {} per GPU at the peak ({} gathered), {} host memory per node",
+            serde_name(&m.strategy),
+            m.gpus,
+            m.shard_group,
+            accelerate_units(m.gpu_peak as f64),
+            accelerate_units(m.gathered as f64),
+            accelerate_units(m.cpu_per_node as f64),
+        );
+    }
 }

@@ -25,13 +25,13 @@ pub struct LayerChartProps {
 #[function_component(LayerChart)]
 pub fn layer_chart(props: &LayerChartProps) -> Html {
     let measured = props.run.as_ref().map_or(&[][..], |r| &r.layers[..]);
-    let chart = stacked_bars(&props.view.per_layer, measured, W, H);
+    let chart = stacked_bars(&props.view.report.per_layer, measured, W, H);
     html! {
         <section class="panel">
             <h2>{ "Memory per layer" }</h2>
             <svg id="layer-chart" viewBox={format!("0 -10 {W} {}", H + 40.0)} role="img"
                  aria-label="predicted bytes per layer, stacked by kind">
-                { for chart.bars.iter().zip(&props.view.per_layer).map(|(bar, row)| html! {
+                { for chart.bars.iter().zip(&props.view.report.per_layer).map(|(bar, row)| html! {
                     <g class="layer" data-layer={row.layer.clone()} data-weights={row.weights.to_string()}
                        data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}>
                         { for bar.segments.iter().map(|r| html! {
@@ -110,9 +110,10 @@ pub struct TimelineProps {
 #[function_component(TimelineChart)]
 pub fn timeline_chart(props: &TimelineProps) -> Html {
     let v = &props.view;
-    let line = timeline(&v.timeline, W, H);
+    let line = timeline(&v.report.timeline, W, H);
     let peak = line.peak.map(|(x, y, i)| {
         let label = v
+            .report
             .timeline
             .get(i)
             .map_or("", |e| e.label.as_str())

@@ -20,7 +20,11 @@ pub struct SummaryProps {
 pub fn summary(props: &SummaryProps) -> Html {
     let v = &props.view;
     let s = &props.state;
-    let per_gpu = v.sharded.as_ref().map_or(v.peak.bytes, |m| m.gpu_peak);
+    let r = &v.report;
+    let per_gpu = r
+        .sharding
+        .as_ref()
+        .map_or(r.step_peak.bytes, |m| m.gpu_peak);
     let (verdict, class) = if v.fits {
         ("fits", "fits yes")
     } else {
@@ -31,44 +35,48 @@ pub fn summary(props: &SummaryProps) -> Html {
         Bound::Memory => "memory-bound",
     };
     let sum = |f: fn(&napkin_core::predict::inventory::LayerBytes) -> u64| -> f64 {
-        v.per_layer.iter().map(f).sum::<u64>() as f64
+        r.per_layer.iter().map(f).sum::<u64>() as f64
     };
     let rows = [
         (
             "weights",
-            v.seed.weights,
+            r.seed_formulas.weights,
             sum(|l| l.weights + l.quant + l.adapters),
         ),
-        ("gradients", v.seed.gradients, sum(|l| l.gradients)),
+        ("gradients", r.seed_formulas.gradients, sum(|l| l.gradients)),
         (
             "optimizer state",
-            v.seed.optimizer,
+            r.seed_formulas.optimizer,
             sum(|l| l.optimizer_state),
         ),
-        ("activations", v.seed.activations, sum(|l| l.activations)),
+        (
+            "activations",
+            r.seed_formulas.activations,
+            sum(|l| l.activations),
+        ),
     ];
     html! {
         <section class="panel summary">
             <h2>{ "Prediction" }</h2>
             <p id="peak" class="big">
-                { "Step peak " }<strong>{ bytes(v.peak.bytes as f64) }</strong>
-                { format!(" at {} ({:?})", v.peak.label, v.peak.phase) }
+                { "Step peak " }<strong>{ bytes(r.step_peak.bytes as f64) }</strong>
+                { format!(" at {} ({:?})", r.step_peak.label, r.step_peak.phase) }
             </p>
             <p id="fits" class={class}>
                 { format!("{} per GPU on the {}: {verdict} ({} available)", bytes(per_gpu as f64), v.device.name, bytes(v.device.memory)) }
             </p>
-            if let Some(m) = &v.sharded {
+            if let Some(m) = &r.sharding {
                 <p class="note">{ format!("{} GPUs, {:?}: {} per GPU, {} per node in CPU memory", m.gpus, m.strategy, bytes(m.gpu_peak as f64), bytes(m.cpu_per_node as f64)) }</p>
             }
-            if let Some((transfer, links)) = &v.offload {
+            if let Some(o) = &r.offload {
                 <p id="offload" class="note">{ format!("Optimizer offload: {} of state in host memory; each step sends {} of gradients to the host and {} of updated weights back: {}.",
-                    bytes(transfer.host_bytes as f64), bytes(transfer.to_host as f64), bytes(transfer.to_device as f64),
-                    links.iter().map(|(name, s)| format!("{name} {}", seconds(*s))).collect::<Vec<_>>().join(", ")) }</p>
+                    bytes(o.host_bytes as f64), bytes(o.to_host_bytes_per_step as f64), bytes(o.to_device_bytes_per_step as f64),
+                    o.links.iter().map(|l| format!("{} {}", l.name, seconds(l.seconds_per_step))).collect::<Vec<_>>().join(", ")) }</p>
             }
             <p id="time">
                 { format!("Step time on the {}: at least {} ({bound}: {} at {:.1} TFLOP/s, {} moved); {:.0} tokens/s at best",
-                    v.device.name, seconds(v.time.step_seconds), flops(v.work.flops()), v.time.peak_flops / 1e12,
-                    bytes(v.work.bytes_moved), v.time.tokens_per_second) }
+                    v.device.name, seconds(v.time.step_seconds), flops(r.time.flops), v.time.peak_flops / 1e12,
+                    bytes(r.time.work.bytes_moved), v.time.tokens_per_second) }
             </p>
             if let Some(p) = &v.pytorch {
                 <p id="pytorch" class="note">
@@ -77,10 +85,10 @@ pub fn summary(props: &SummaryProps) -> Html {
                         bytes(p.weights as f64),
                         bytes((p.saved_per_layer.iter().sum::<u64>() + p.saved_outside) as f64),
                         bytes(p.peak_allocated() as f64),
-                        bytes(v.peak.bytes as f64)) }
+                        bytes(r.step_peak.bytes as f64)) }
                 </p>
             }
-            <p class="note">{ format!("Largest at the peak: {}", v.peak.largest.iter().take(3).map(|(n, b)| format!("{n} {}", bytes(*b as f64))).collect::<Vec<_>>().join(", ")) }</p>
+            <p class="note">{ format!("Largest at the peak: {}", r.step_peak.largest.iter().take(3).map(|(n, b)| format!("{n} {}", bytes(*b as f64))).collect::<Vec<_>>().join(", ")) }</p>
             <table id="seed-vs-inventory">
                 <thead><tr><th>{ "" }</th><th>{ "seed formula" }</th><th>{ "napkin inventory" }</th></tr></thead>
                 <tbody>
