@@ -399,7 +399,7 @@ fn print_report(r: &Report) {
     );
     println!(
         "  host link per step: {} (the batch up, the loss back; weights resident), in the step time below",
-        accelerate_units(work.link_bytes as f64),
+        accelerate_units(work.link_bytes),
     );
     println!(
         "  {:<32} {:>9} {:>9} {:>8} {:>12} {:>6}",
