@@ -1,0 +1,370 @@
+//! [`measure`] in its phases: the resident parameters as the model is built, the activations
+//! each block keeps, the training steps (peak, gradients, optimizer state, time, link), then
+//! each measured number put beside the predictor's.
+
+use web_time::Instant;
+
+use burn::tensor::Device;
+
+use super::inputs::synthetic_micro_batches;
+use super::machine::{MachineProbe, this_machine};
+use super::trace::Recorder;
+use super::{Comparison, MeasurementReport, OffloadMeasurement, TimeComparison};
+use crate::data::MicroBatch;
+use crate::device::link::{self, LinkBytes};
+use crate::error::{Error, Result};
+use crate::kernels::fused::kernels_on;
+use crate::memory::meter::{Meter, MeterMethod};
+use crate::model::autocast::{autocast, half_dtype};
+use crate::model::{Llama, causal_lm_loss};
+use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
+use crate::predict::link::step_link;
+use crate::predict::offload::host_transfer;
+use crate::predict::sharding::Offload;
+use crate::predict::time::{roofline, step_work};
+use crate::predict::timeline::step_timeline;
+use crate::train::{
+    LinkTraffic, Optimizer, OptimizerConfig, StepOptions, forward_backward, forward_backward_marked,
+};
+
+/// Builds the model with `build` (its resident bytes are measured; it opens the autodiff
+/// device itself), then runs `steps` optimizer steps of `s` on synthetic tokens and compares
+/// every number with the predictor. `device` is the plain (non-autodiff) device; `probe` sizes
+/// the machine measurement behind the roofline. With `offload_to`, the optimizer keeps its
+/// state and master weights on that host device, whose bytes the counting allocator measures
+/// (it must be the global allocator, and `device` must not be a CPU backend). The prediction
+/// replays the element-wise layers as `device` runs them ([`kernels_on`]).
+pub fn measure(
+    s: &Scenario,
+    device: &Device,
+    steps: usize,
+    probe: MachineProbe,
+    offload_to: Option<Device>,
+    build: impl FnOnce() -> Result<Llama>,
+) -> Result<MeasurementReport> {
+    let s = &Scenario {
+        kernels: kernels_on(device),
+        ..s.clone()
+    };
+    let mut meter = Meter::for_device(device)?;
+    // Mixed precision: every forward and backward below (recomputations included) runs its
+    // linear layers in 16 bits, as the trainer's do.
+    let precision = autocast(s.half_compute.then(|| half_dtype(device)));
+    if offload_to.is_some() && meter.method() != MeterMethod::DevicePool {
+        return Err(Error::Input(
+            "offload needs a device with its own memory (wgpu or cuda): on a CPU backend the \
+             optimizer state is in host memory already"
+                .into(),
+        ));
+    }
+    let mut rec = Recorder::new();
+    let predicted = totals_by_kind(&inventory(s));
+    let kind = |k: Kind| predicted.get(&k).copied().unwrap_or(0);
+    let timeline = step_timeline(s);
+
+    let (model, resident) = resident_parameters(&mut meter, &mut rec, build)?;
+    let micro = synthetic_micro_batches(s)?;
+    // One unmeasured forward and backward first: the backends' one-time buffers (GEMM packing
+    // workspaces, thread pools) are allocated then and held for good, not per block.
+    drop(forward_backward(&model, &micro[..1], &StepOptions::default())?.read());
+    let (mut layers, all) = kept_per_block(s, &model, &micro[0], &mut meter, &mut rec)?;
+    // The loss keeps the logits for its backward: they count in the forward's total (the
+    // inventory lists them as their own kind).
+    layers.push(Comparison::new(
+        "all (incl. head, logits and loss)",
+        kind(Kind::SavedActivations) + kind(Kind::Logits),
+        all,
+    ));
+    let run = training_steps(
+        s, model, &micro, device, steps, offload_to, &mut meter, &mut rec,
+    )?;
+
+    let parameters = kind(Kind::Weights)
+        + kind(Kind::QuantCodes)
+        + kind(Kind::QuantScales)
+        + kind(Kind::Adapters);
+    let mut kinds = vec![
+        Comparison::new(
+            "parameters (weights, NF4 codes and scales, adapters)",
+            parameters,
+            resident,
+        ),
+        Comparison::new("gradients", kind(Kind::Gradients), run.grads_held),
+        if run.offload.is_some() {
+            Comparison::new(
+                "optimizer state on the device (offloaded)",
+                0,
+                run.optimizer_state,
+            )
+        } else {
+            Comparison::new(
+                "optimizer state",
+                kind(Kind::OptimizerState),
+                run.optimizer_state,
+            )
+        },
+    ];
+    if let Some(all) = layers.last() {
+        kinds.push(Comparison::new(
+            "saved activations",
+            all.predicted,
+            all.measured,
+        ));
+    }
+    drop(precision);
+    let machine = this_machine(device, probe);
+    let predicted_time = roofline(
+        &step_work(s),
+        (s.tokens() * s.accumulation.max(1) as u64) as f64,
+        &machine,
+        false,
+    );
+    let median = median_after_first(&run.seconds);
+    Ok(MeasurementReport {
+        method: meter.method(),
+        method_description: format!(
+            "{}; the prediction replays {}",
+            meter.method().describe(),
+            s.kernels
+        ),
+        kinds,
+        layers,
+        step_peak: Comparison::new(
+            "step peak (forward + backward)",
+            timeline.peak.bytes - timeline.persistent,
+            run.step_peak,
+        ),
+        predicted_peak_at: timeline.peak.label,
+        time: TimeComparison {
+            efficiency: predicted_time.step_seconds / median,
+            predicted: predicted_time,
+            measured_seconds: run.seconds,
+            measured_median_seconds: median,
+        },
+        this_machine: machine,
+        trace: rec.events,
+        offload: run.offload,
+        link_up: run
+            .link_per_step
+            .zip(step_link(s))
+            .map(|(measured, predicted)| {
+                Comparison::new(
+                    "host → device per step (batch; weights resident)",
+                    predicted.up(),
+                    // Optimizer offload's traffic is compared on its own (`offload`).
+                    measured.weights_up + measured.data_up,
+                )
+            }),
+        link_per_step: run.link_per_step,
+    })
+}
+
+/// Phase 1: the bytes the model holds once `build` has made it.
+fn resident_parameters(
+    meter: &mut Meter,
+    rec: &mut Recorder,
+    build: impl FnOnce() -> Result<Llama>,
+) -> Result<(Llama, u64)> {
+    let before = meter.live();
+    rec.counter(before);
+    let t = rec.now_us();
+    let model = build()?;
+    let resident = meter.live().saturating_sub(before);
+    rec.span("load model".into(), t);
+    rec.counter(resident + before);
+    Ok((model, resident))
+}
+
+/// Phase 2: the activations each block keeps, from one plain forward with its graph read
+/// block by block, and the bytes the whole forward kept (head, logits and loss included).
+fn kept_per_block(
+    s: &Scenario,
+    model: &Llama,
+    micro: &MicroBatch,
+    meter: &mut Meter,
+    rec: &mut Recorder,
+) -> Result<(Vec<Comparison>, u64)> {
+    let kept = kept_by_layer(&inventory(s));
+    let mut layers = Vec::new();
+    let batch = &micro.batch;
+    let start = meter.live();
+    let t = rec.now_us();
+    let ctx = model.context(batch);
+    let mut x = model.embed(batch);
+    let mut last = meter.live();
+    for (l, block) in model.layers.iter().enumerate() {
+        let tl = rec.now_us();
+        x = block.forward(x, &ctx.rope, &ctx.mask);
+        let now = meter.live();
+        rec.span(format!("forward.layers.{l}"), tl);
+        rec.counter(now);
+        layers.push(Comparison::new(
+            format!("layers.{l}"),
+            kept.get(&Some(l)).copied().unwrap_or(0),
+            now.saturating_sub(last),
+        ));
+        last = now;
+    }
+    let loss = causal_lm_loss(model.head(x), &micro.labels)?;
+    drop(ctx);
+    let all = meter.live().saturating_sub(start);
+    rec.span("forward (graph kept, measured per block)".into(), t);
+    rec.counter(all + start);
+    // Dropping the loss leaves burn's graph registered until some backward cleans it: run
+    // this one's backward so the steps that follow start clean.
+    drop(loss.sum.backward());
+    Ok((layers, all))
+}
+
+/// What phase 3 measured.
+struct StepsMeasured {
+    /// The largest step peak above the memory held between steps.
+    step_peak: u64,
+    /// Gradients held after the first step's backward.
+    grads_held: u64,
+    /// The optimizer state the first update allocated on the device.
+    optimizer_state: u64,
+    /// Each step's seconds (forward, backward, update).
+    seconds: Vec<f64>,
+    /// On a GPU: the last step's host-link bytes.
+    link_per_step: Option<LinkBytes>,
+    /// With offload: host bytes and link traffic beside the prediction.
+    offload: Option<OffloadMeasurement>,
+}
+
+/// Phase 3: `steps` optimizer steps (at least one), each forward and backward metered where
+/// it holds the most, then the update.
+#[allow(clippy::too_many_arguments)]
+fn training_steps(
+    s: &Scenario,
+    mut model: Llama,
+    micro: &[MicroBatch],
+    device: &Device,
+    steps: usize,
+    offload_to: Option<Device>,
+    meter: &mut Meter,
+    rec: &mut Recorder,
+) -> Result<StepsMeasured> {
+    let mut host_meter = match offload_to {
+        Some(_) => Some(Meter::host()?),
+        None => None,
+    };
+    let optimizer_config = OptimizerConfig {
+        kind: s.optimizer,
+        ..OptimizerConfig::default()
+    };
+    let mut optimizer = match offload_to {
+        Some(host) => Optimizer::offloaded(&optimizer_config, host),
+        None => Optimizer::new(&optimizer_config),
+    };
+    let mut host_held = 0u64;
+    let mut traffic_after_first = LinkTraffic::default();
+    let mut out = StepsMeasured {
+        step_peak: 0,
+        grads_held: 0,
+        optimizer_state: 0,
+        seconds: Vec::new(),
+        link_per_step: None,
+        offload: None,
+    };
+    for step in 0..steps.max(1) {
+        let link_before = link::counted();
+        let between = meter.live();
+        let host_between = host_meter.as_mut().map_or(0, Meter::live);
+        let t0 = rec.now_us();
+        let clock = Instant::now();
+        let start = meter.start_peak();
+        // A device pool is read between operations only: mark it where the step holds most.
+        let pooled = meter.method() == MeterMethod::DevicePool;
+        let grads = forward_backward_marked(
+            &model,
+            micro,
+            &StepOptions::default().with_checkpointing(s.checkpointing),
+            &mut || {
+                if pooled {
+                    meter.live();
+                }
+            },
+        )?
+        .read();
+        if !grads.loss.is_finite() {
+            return Err(Error::Input(format!(
+                "step {step}: the loss is {}",
+                grads.loss
+            )));
+        }
+        out.step_peak = out.step_peak.max(meter.peak().saturating_sub(start));
+        if step == 0 {
+            out.grads_held = meter.live().saturating_sub(start);
+        }
+        rec.span(format!("step {step}: forward + backward"), t0);
+        rec.counter(meter.live());
+        let t1 = rec.now_us();
+        model = optimizer.step(model, &grads.grads, 1e-4);
+        drop(grads);
+        let _ = device.sync(); // the optimizer's kernels are queued, not done, on a GPU
+        out.seconds.push(clock.elapsed().as_secs_f64());
+        out.link_per_step =
+            link::is_across_link(device).then(|| link::counted().since(&link_before));
+        rec.span(format!("step {step}: optimizer"), t1);
+        let after = meter.live();
+        rec.counter(after);
+        if step == 0 {
+            out.optimizer_state = after.saturating_sub(between);
+            if let (Some(host), Some(offload)) = (host_meter.as_mut(), optimizer.offload()) {
+                host_held = host.live().saturating_sub(host_between);
+                traffic_after_first = offload.traffic();
+            }
+        }
+    }
+    out.offload = optimizer.offload().map(|o| {
+        let predicted = host_transfer(s, &inventory(s), Offload::OPTIMIZER);
+        let total = o.traffic();
+        // Per step: the steps after the first (which also copied each parameter to the host
+        // once to start its master copy); with one step, that step less the master copies.
+        let later = out.seconds.len().saturating_sub(1) as u64;
+        let (to_host, to_device) = match later {
+            0 => (total.to_host - o.master_bytes(), total.to_device),
+            later => (
+                (total.to_host - traffic_after_first.to_host) / later,
+                (total.to_device - traffic_after_first.to_device) / later,
+            ),
+        };
+        OffloadMeasurement {
+            host_method: MeterMethod::CountingAllocator,
+            host: Comparison::new(
+                "host: optimizer state + f32 master weights",
+                predicted.host_bytes,
+                host_held,
+            ),
+            to_host: Comparison::new(
+                "link per step, device → host (gradients)",
+                predicted.to_host,
+                to_host,
+            ),
+            to_device: Comparison::new(
+                "link per step, host → device (updated weights)",
+                predicted.to_device,
+                to_device,
+            ),
+        }
+    });
+    Ok(out)
+}
+
+/// The median step time after the first (which includes one-time allocations), or the only
+/// step's.
+fn median_after_first(seconds: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = seconds
+        .iter()
+        .skip(usize::from(seconds.len() > 1))
+        .copied()
+        .collect();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
+}
