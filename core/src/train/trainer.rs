@@ -20,31 +20,30 @@ use web_time::Instant;
 use burn::tensor::{Device, FloatDType};
 use serde::Serialize;
 
-use super::AdamWConfig;
 use super::checkpoint::{
     BEST_DIR, OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
     write_checkpoint, write_folder,
 };
 use super::config::TrainConfig;
+use super::data::{DataReport, TrainingData};
 use super::eval::{EvalReport, EvalState, held_out_loss};
-use super::optimizer::{Optimizer, OptimizerConfig, trainable_ids};
+use super::optimizer::{Optimizer, trainable_ids};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
+use super::setup::{
+    Progress, check_device, check_same_run, model_with_tricks, optimizer_for, schedule_for,
+};
 use super::step::{StepOptions, forward_backward};
-use crate::chat::{ChatFormat, ChatTemplate};
 use crate::config::LoraConfig;
+use crate::data::DataLoader;
 use crate::data::MicroBatch;
-use crate::data::loader::ordered_batches;
-use crate::data::text::text_samples;
-use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
 use crate::error::{Error, Result};
 use crate::export::write_hf_folder;
 use crate::io::hf::hf_files;
 use crate::io::hf_writer::{WeightLayout, base_weight_dtype};
-use crate::io::load_model_with;
 use crate::model::Llama;
 use crate::model::autocast::autocast;
-use crate::tokenizer::{TextTokenizer, tokenizer_for_model};
+use crate::tokenizer::TextTokenizer;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -72,92 +71,6 @@ pub struct StepReport {
 /// f16 dynamic loss scaling as torch's `GradScaler`: start at 2^16, halve on overflow (and
 /// skip that update), double after this many steps without one.
 const SCALE_GROWTH_INTERVAL: u64 = 2000;
-
-/// What the training and held-out data turned into.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct DataReport {
-    /// The training file's record format (None: plain text).
-    pub format: Option<DataFormat>,
-    /// The training set as the loader sees it.
-    pub train: DataSummary,
-    /// Held-out samples (0: no evaluation).
-    pub held_out_samples: usize,
-    /// Held-out micro-batches per evaluation.
-    pub held_out_batches: usize,
-}
-
-/// The data side of a run: the training stream, the held-out batches, the sample prompts.
-struct TrainingData {
-    tokenizer: std::sync::Arc<TextTokenizer>,
-    loader: DataLoader,
-    eval_batches: Vec<MicroBatch>,
-    sample_prompts: Option<SamplePrompts>,
-    report: DataReport,
-}
-
-impl TrainingData {
-    /// Tokenizes the data file (and the held-out file, or splits a held-out fraction off),
-    /// and the sample prompts.
-    fn read(config: &TrainConfig) -> Result<Self> {
-        let tokenizer = match &config.tokenizer {
-            Some(file) => TextTokenizer::from_file(file)?,
-            None => tokenizer_for_model(&config.model, None)?,
-        };
-        let (format, samples) = load_samples(&config.data, config.data_format, config, &tokenizer)?;
-        let (samples, held_out) = match &config.eval_data {
-            Some(path) => (
-                samples,
-                load_samples(path, DataFormat::Auto, config, &tokenizer)?.1,
-            ),
-            None if config.val_fraction > 0.0 => {
-                hold_out(samples, config.val_fraction, config.seed)?
-            }
-            None => (samples, Vec::new()),
-        };
-        let held_out_samples = held_out.len();
-        let eval_batches =
-            ordered_batches(held_out, config.seq_len, config.micro_batch, config.pack);
-        if config.has_eval() && eval_batches.is_empty() {
-            return Err(Error::config(
-                "--eval-data",
-                "no held-out sample has a token to learn within the sequence length".to_string(),
-            ));
-        }
-        let loader = DataLoader::new(
-            samples,
-            config.seq_len,
-            config.micro_batch,
-            config.pack,
-            config.seed,
-        )?;
-        let tokenizer = std::sync::Arc::new(tokenizer);
-        let sample_prompts = if config.sample_prompts.is_empty() {
-            None
-        } else {
-            // Through the chat template when there is one; raw text otherwise.
-            let format = chat_format(config, &tokenizer, &config.data).ok();
-            Some(SamplePrompts::new(
-                &config.sample_prompts,
-                format.as_ref(),
-                tokenizer.clone(),
-                config.sample_tokens,
-            )?)
-        };
-        let report = DataReport {
-            format,
-            train: loader.summary(),
-            held_out_samples,
-            held_out_batches: eval_batches.len(),
-        };
-        Ok(TrainingData {
-            tokenizer,
-            loader,
-            eval_batches,
-            sample_prompts,
-            report,
-        })
-    }
-}
 
 /// A run in progress.
 #[derive(Debug)]
@@ -194,30 +107,9 @@ impl Trainer {
     /// trainer and the damaged checkpoints that were skipped.
     pub fn new(config: TrainConfig, resume: bool) -> Result<(Self, Vec<Error>)> {
         config.validate()?;
-        let kind = config.device;
         let compute = config.compute_dtype()?;
-        if compute.is_some() && !kind.supports_half_precision() {
-            return Err(Error::config(
-                "--dtype",
-                format!(
-                    "{} on `{}` ({}): that backend computes in f32 only; use --device flex (CPU), wgpu or cuda, or --dtype f32",
-                    config.dtype,
-                    config.device,
-                    kind.backend_name()
-                ),
-            ));
-        }
-        if config.offload_optimizer && kind.is_cpu() {
-            return Err(Error::config(
-                "--offload",
-                format!(
-                    "`{}` ({}) computes in host memory already: offloading the optimizer state would only copy it from one heap to another; use --device wgpu or cuda, or see the prediction with `napkin estimate --offload optimizer`",
-                    config.device,
-                    kind.backend_name()
-                ),
-            ));
-        }
-        let device = kind.open()?.autodiff();
+        check_device(&config, compute)?;
+        let device = config.device.open()?.autodiff();
         let (found, skipped) = if resume {
             newest_intact(&config.out)
         } else {
@@ -230,75 +122,23 @@ impl Trainer {
             sample_prompts,
             report: data,
         } = TrainingData::read(&config)?;
-
-        // The model with its tricks. Resuming full fine-tuning starts from the saved weights.
-        device.seed(config.seed);
-        let full_resume = found.as_ref().filter(|_| config.lora_r == 0);
-        let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
-        // With NF4 each block linear is quantized as it is read: the float base never exists
-        // whole (QLoRA's load peak stays near the NF4 size).
-        let nf4 = config.nf4_config();
-        let mut model = load_model_with(base_path, &device, nf4.as_ref())?;
-        model.attention = config.attention;
-        let lora = config.lora_config()?;
-        if let Some(lora) = &lora {
-            model = match (&found, &config.adapter) {
-                (Some((dir, _)), _) => model.load_lora(dir)?.0,
-                (None, Some(adapter)) => model.load_lora(adapter)?.0,
-                (None, None) => model.with_lora(lora)?,
-            };
-        }
-
-        // Mixed precision with LoRA: the frozen base is stored in the compute precision.
-        if let (Some(dtype), Some(_)) = (compute, &lora) {
-            model = model.cast_frozen_base(dtype);
-        }
-
-        let optimizer_config = OptimizerConfig {
-            kind: config.optimizer,
-            adamw: AdamWConfig {
-                weight_decay: config.weight_decay,
-                ..AdamWConfig::default()
-            },
-            momentum: config.momentum,
-        };
-        let mut optimizer = if config.offload_optimizer {
-            Optimizer::offloaded(&optimizer_config, crate::device::cpu())
-        } else {
-            Optimizer::new(&optimizer_config)
-        };
-        let mut step = 0;
-        let mut loss_scale = if compute == Some(FloatDType::F16) {
-            65_536.0
-        } else {
-            1.0
-        };
-        let mut good_steps = 0;
-        let mut eval = EvalState::default();
+        let (model, lora) = model_with_tricks(&config, &device, compute, found.as_ref())?;
+        let mut optimizer = optimizer_for(&config);
+        let mut progress = Progress::start(compute);
         if let Some((dir, state)) = &found {
-            loss_scale = state.loss_scale;
-            good_steps = state.good_steps;
-            eval = state.eval;
             check_same_run(&config, &state.config)?;
-            let ids = trainable_ids(&model);
             let tensors = read_optimizer(&dir.join(OPTIMIZER_FILE))?;
+            let ids = trainable_ids(&model);
             optimizer.import_state(&ids, &device.clone().inner(), &tensors, state.step)?;
             loader.resume(state.loader);
-            step = state.step;
+            progress = Progress {
+                step: state.step,
+                eval: state.eval,
+                loss_scale: state.loss_scale,
+                good_steps: state.good_steps,
+            };
         }
-        let total_steps = config.steps.unwrap_or_else(|| {
-            let epochs = config.epochs.unwrap_or(1.0);
-            let per_epoch = loader.batches_per_epoch().div_ceil(config.accum) as f64;
-            (epochs * per_epoch).ceil().max(1.0) as u64
-        });
-        let schedule = LrSchedule {
-            kind: config.lr_scheduler,
-            peak: config.lr,
-            warmup_steps: config
-                .warmup_for(total_steps)
-                .min(total_steps.saturating_sub(1)),
-            total_steps,
-        };
+        let schedule = schedule_for(&config, &loader);
         Ok((
             Trainer {
                 config,
@@ -306,8 +146,8 @@ impl Trainer {
                 optimizer,
                 loader,
                 schedule,
-                step,
-                eval,
+                step: progress.step,
+                eval: progress.eval,
                 data,
                 eval_batches,
                 sample_prompts,
@@ -315,8 +155,8 @@ impl Trainer {
                 lora,
                 device,
                 compute,
-                loss_scale,
-                good_steps,
+                loss_scale: progress.loss_scale,
+                good_steps: progress.good_steps,
             },
             skipped,
         ))
@@ -541,80 +381,5 @@ impl Trainer {
                 .lora_files_on(lora, Some(&self.config.model.display().to_string())),
             None => hf_files(&self.model),
         }
-    }
-}
-
-/// Refuses to resume a checkpoint written with settings that change the meaning of its state.
-fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
-    let key = |c: &TrainConfig| {
-        (
-            c.model.clone(),
-            c.lora_r,
-            c.targets.clone(),
-            c.nf4,
-            c.optimizer,
-            c.micro_batch,
-            c.accum,
-            c.seq_len,
-            c.pack,
-            c.seed,
-            c.dtype,
-            (c.data_format, c.train_on_inputs, c.val_fraction.to_bits()),
-        )
-    };
-    if key(now) != key(saved) {
-        return Err(Error::config(
-            "--resume",
-            format!(
-                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs or held-out fraction); use another --out or the same settings",
-                now.out.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Reads and tokenizes a data file: its record format (None: plain text) and its samples.
-pub fn load_samples(
-    path: &Path,
-    format: DataFormat,
-    config: &TrainConfig,
-    tokenizer: &TextTokenizer,
-) -> Result<(Option<DataFormat>, Vec<Sample>)> {
-    let (format, examples) = match read_data(path, format)? {
-        DataContent::PlainText(text) => {
-            return Ok((None, text_samples(&text, tokenizer, config.seq_len)?));
-        }
-        DataContent::Records { format, examples } => (format, examples),
-    };
-    let chat = if examples.iter().any(|c| c.needs_chat_format()) {
-        Some(chat_format(config, tokenizer, path)?)
-    } else {
-        None
-    };
-    let samples = examples
-        .iter()
-        .map(|c| c.render(chat.as_ref(), tokenizer, config.train_on_inputs))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((Some(format), samples))
-}
-
-fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> Result<ChatFormat> {
-    match config.chat_format.as_deref() {
-        Some("chatml") => Ok(ChatFormat::ChatMl {
-            default_system: None,
-        }),
-        Some("llama2") => Ok(ChatFormat::Llama2),
-        Some("zephyr") => Ok(ChatFormat::Zephyr),
-        Some(other) => Err(Error::config(
-            "--chat-format",
-            format!("unknown format `{other}`: expected chatml, llama2 or zephyr"),
-        )),
-        None => ChatFormat::from_template(ChatTemplate::of(tokenizer)).map_err(|e| {
-            Error::Input(format!(
-                "{}: chat examples need a chat template: {e} (or pass --chat-format)",
-                data.display()
-            ))
-        }),
     }
 }

@@ -1,0 +1,167 @@
+//! What [`Trainer::new`](super::Trainer::new) does, phase by phase: refuse a device that cannot
+//! run the settings, build the model with its tricks, make the optimizer, start or resume the
+//! run's progress, and lay out the learning-rate schedule.
+
+use std::path::PathBuf;
+
+use burn::tensor::{Device, FloatDType};
+
+use super::AdamWConfig;
+use super::checkpoint::TrainerState;
+use super::config::TrainConfig;
+use super::eval::EvalState;
+use super::optimizer::{Optimizer, OptimizerConfig};
+use super::schedule::LrSchedule;
+use crate::config::LoraConfig;
+use crate::data::DataLoader;
+use crate::error::{Error, Result};
+use crate::io::load_model_with;
+use crate::model::Llama;
+
+/// Refuses a device that cannot run the settings: 16-bit compute on an f32-only backend, or
+/// optimizer offload where the device's memory is host memory already.
+pub(super) fn check_device(config: &TrainConfig, compute: Option<FloatDType>) -> Result<()> {
+    let kind = config.device;
+    if compute.is_some() && !kind.supports_half_precision() {
+        return Err(Error::config(
+            "--dtype",
+            format!(
+                "{} on `{}` ({}): that backend computes in f32 only; use --device flex (CPU), wgpu or cuda, or --dtype f32",
+                config.dtype,
+                config.device,
+                kind.backend_name()
+            ),
+        ));
+    }
+    if config.offload_optimizer && kind.is_cpu() {
+        return Err(Error::config(
+            "--offload",
+            format!(
+                "`{}` ({}) computes in host memory already: offloading the optimizer state would only copy it from one heap to another; use --device wgpu or cuda, or see the prediction with `napkin estimate --offload optimizer`",
+                config.device,
+                kind.backend_name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The model with its tricks: the base (NF4 quantized as it is read), the LoRA adapters (new,
+/// from `--adapter`, or from the checkpoint resumed) and, under 16-bit compute with LoRA, the
+/// frozen base stored in that dtype. Resuming full fine-tuning starts from the saved weights.
+pub(super) fn model_with_tricks(
+    config: &TrainConfig,
+    device: &Device,
+    compute: Option<FloatDType>,
+    found: Option<&(PathBuf, TrainerState)>,
+) -> Result<(Llama, Option<LoraConfig>)> {
+    device.seed(config.seed);
+    let full_resume = found.filter(|_| config.lora_r == 0);
+    let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
+    // With NF4 each block linear is quantized as it is read: the float base never exists
+    // whole (QLoRA's load peak stays near the NF4 size).
+    let nf4 = config.nf4_config();
+    let mut model = load_model_with(base_path, device, nf4.as_ref())?;
+    model.attention = config.attention;
+    let lora = config.lora_config()?;
+    if let Some(lora) = &lora {
+        model = match (found, &config.adapter) {
+            (Some((dir, _)), _) => model.load_lora(dir)?.0,
+            (None, Some(adapter)) => model.load_lora(adapter)?.0,
+            (None, None) => model.with_lora(lora)?,
+        };
+    }
+    // Mixed precision with LoRA: the frozen base is stored in the compute precision.
+    if let (Some(dtype), Some(_)) = (compute, &lora) {
+        model = model.cast_frozen_base(dtype);
+    }
+    Ok((model, lora))
+}
+
+/// The optimizer the settings name, in device memory or offloaded to the host.
+pub(super) fn optimizer_for(config: &TrainConfig) -> Optimizer {
+    let optimizer_config = OptimizerConfig {
+        kind: config.optimizer,
+        adamw: AdamWConfig {
+            weight_decay: config.weight_decay,
+            ..AdamWConfig::default()
+        },
+        momentum: config.momentum,
+    };
+    if config.offload_optimizer {
+        Optimizer::offloaded(&optimizer_config, crate::device::cpu())
+    } else {
+        Optimizer::new(&optimizer_config)
+    }
+}
+
+/// Where a run stands: a new one, or what a checkpoint saved.
+pub(super) struct Progress {
+    pub(super) step: u64,
+    pub(super) eval: EvalState,
+    pub(super) loss_scale: f64,
+    pub(super) good_steps: u64,
+}
+
+impl Progress {
+    /// Step 0; f16 starts its loss scale at 2^16 (torch's `GradScaler`).
+    pub(super) fn start(compute: Option<FloatDType>) -> Self {
+        Progress {
+            step: 0,
+            eval: EvalState::default(),
+            loss_scale: if compute == Some(FloatDType::F16) {
+                65_536.0
+            } else {
+                1.0
+            },
+            good_steps: 0,
+        }
+    }
+}
+
+/// The learning-rate schedule over the run's steps (`--steps`, or the epochs' batches).
+pub(super) fn schedule_for(config: &TrainConfig, loader: &DataLoader) -> LrSchedule {
+    let total_steps = config.steps.unwrap_or_else(|| {
+        let epochs = config.epochs.unwrap_or(1.0);
+        let per_epoch = loader.batches_per_epoch().div_ceil(config.accum) as f64;
+        (epochs * per_epoch).ceil().max(1.0) as u64
+    });
+    LrSchedule {
+        kind: config.lr_scheduler,
+        peak: config.lr,
+        warmup_steps: config
+            .warmup_for(total_steps)
+            .min(total_steps.saturating_sub(1)),
+        total_steps,
+    }
+}
+
+/// Refuses to resume a checkpoint written with settings that change the meaning of its state.
+pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
+    let key = |c: &TrainConfig| {
+        (
+            c.model.clone(),
+            c.lora_r,
+            c.targets.clone(),
+            c.nf4,
+            c.optimizer,
+            c.micro_batch,
+            c.accum,
+            c.seq_len,
+            c.pack,
+            c.seed,
+            c.dtype,
+            (c.data_format, c.train_on_inputs, c.val_fraction.to_bits()),
+        )
+    };
+    if key(now) != key(saved) {
+        return Err(Error::config(
+            "--resume",
+            format!(
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs or held-out fraction); use another --out or the same settings",
+                now.out.display()
+            ),
+        ));
+    }
+    Ok(())
+}
