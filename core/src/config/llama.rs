@@ -206,32 +206,25 @@ impl LlamaConfig {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::Value;
-
     use super::*;
 
-    fn parse(v: Value) -> Result<LlamaConfig> {
-        LlamaConfig::from_hf_json(&v, "test")
-    }
-
-    fn base() -> Value {
-        serde_json::json!({
-            "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2
-        })
-    }
-
+    /// Every HF tensor's shape counted once gives the parameter count, tied (the GQA test
+    /// config) and untied (TinyLlama's layout).
     #[test]
     fn hf_parameter_shapes_sum_to_the_parameter_count() {
-        for tied in [true, false] {
-            let mut config = parse(base()).unwrap();
-            config.tie_word_embeddings = tied;
-            let total: u64 = config
-                .hf_parameter_shapes()
-                .iter()
-                .map(|(_, s)| s.iter().product::<usize>() as u64)
-                .sum();
-            assert_eq!(total, config.num_parameters());
+        for base in [LlamaConfig::tiny_gqa(), LlamaConfig::tiny_llama_1_1b()] {
+            for tied in [true, false] {
+                let config = LlamaConfig {
+                    tie_word_embeddings: tied,
+                    ..base.clone()
+                };
+                let total: u64 = config
+                    .hf_parameter_shapes()
+                    .iter()
+                    .map(|(_, s)| s.iter().product::<usize>() as u64)
+                    .sum();
+                assert_eq!(total, config.num_parameters());
+            }
         }
     }
 }

@@ -5,7 +5,6 @@ use super::*;
 use napkin_core::config::AttentionKind;
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{StepOptions, forward_backward};
 
 /// Saved activations of one forward and the step peak, measured and predicted, for LoRA and
 /// full fine-tuning with and without checkpointing, at T = 1024 on the small config.
@@ -54,15 +53,7 @@ fn efficient_attention_removes_the_t_squared_bytes_as_predicted() {
             worst = worst.max((measured_saved / predicted_saved - 1.0).abs());
             saved.push((measured_saved, predicted_saved));
             for checkpointing in [false, true] {
-                let step = || {
-                    forward_backward(
-                        &model,
-                        &micro,
-                        &StepOptions::default().with_checkpointing(checkpointing),
-                    )
-                    .unwrap()
-                    .read()
-                };
+                let step = || one_step(&model, &micro, checkpointing);
                 drop(step()); // warm-up
                 let start = reset_peak();
                 let out = step();

@@ -4,7 +4,6 @@
 use super::*;
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{StepOptions, forward_backward};
 
 struct Case {
     label: String,
@@ -59,15 +58,7 @@ fn predicted_peak_and_kinds_are_within_5_percent_of_measured_over_the_grid() {
                         let totals = totals_by_kind(&inventory(&scenario));
                         let micro: Vec<MicroBatch> = (0..accumulation).map(rows).collect();
                         // Warm-up, then the measured step.
-                        let step = || {
-                            forward_backward(
-                                &model,
-                                &micro,
-                                &StepOptions::default().with_checkpointing(checkpointing),
-                            )
-                            .unwrap()
-                            .read()
-                        };
+                        let step = || one_step(&model, &micro, checkpointing);
                         drop(step());
                         let start = reset_peak();
                         let out = step();

@@ -15,7 +15,6 @@ use super::*;
 use napkin_core::config::{AttentionKind, LoraTarget};
 use napkin_core::data::MicroBatch;
 use napkin_core::predict::timeline::step_timeline;
-use napkin_core::train::{StepOptions, forward_backward};
 
 /// SmolLM2-135M's shape with `layers` decoder layers, its head tied or not.
 fn smollm2_slice(layers: usize, tied: bool) -> LlamaConfig {
@@ -224,15 +223,7 @@ fn measure_against_prediction(cases: Vec<HeldOut>) -> Vec<String> {
         let timeline = step_timeline(&scenario);
         let totals = totals_by_kind(&inventory(&scenario));
 
-        let step = || {
-            forward_backward(
-                &model,
-                &micro,
-                &StepOptions::default().with_checkpointing(case.checkpointing),
-            )
-            .unwrap()
-            .read()
-        };
+        let step = || one_step(&model, &micro, case.checkpointing);
         drop(step()); // warm-up
         let start = reset_peak();
         let out = step();

@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
+use napkin_core::data::MicroBatch;
 use napkin_core::device::DeviceKind;
 use napkin_core::memory::CountingAllocator;
 use napkin_core::memory::counting_alloc::{is_installed, live_bytes, peak_bytes, reset_peak};
@@ -13,6 +14,7 @@ use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 use napkin_core::predict::weights::weight_bytes;
+use napkin_core::train::{StepGradients, StepOptions, forward_backward};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -32,6 +34,17 @@ fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama
         Some(nf4) => model.quantize_nf4(nf4).unwrap(),
         None => model,
     }
+}
+
+/// One step's forward and backward with its loss read back: what these tests measure.
+fn one_step(model: &Llama, micro: &[MicroBatch], checkpointing: bool) -> StepGradients {
+    forward_backward(
+        model,
+        micro,
+        &StepOptions::default().with_checkpointing(checkpointing),
+    )
+    .unwrap()
+    .read()
 }
 
 /// The predictor's bytes by kind for `config` with these tricks and AdamW.
@@ -378,7 +391,6 @@ fn our_lora_forms_no_weight_shaped_tensor_where_burns_apply_lora_does() {
 #[test]
 fn block_checkpointing_cuts_the_step_peak() {
     use napkin_core::data::MicroBatch;
-    use napkin_core::train::{StepOptions, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let lora = LoraConfig {
@@ -395,13 +407,7 @@ fn block_checkpointing_cuts_the_step_peak() {
     let micro = [MicroBatch::causal(batch)];
     let peak = |checkpointing: bool| {
         let start = reset_peak();
-        let out = forward_backward(
-            &model,
-            &micro,
-            &StepOptions::default().with_checkpointing(checkpointing),
-        )
-        .unwrap()
-        .read();
+        let out = one_step(&model, &micro, checkpointing);
         let peak = peak_bytes() - start;
         drop(out);
         peak
@@ -427,7 +433,6 @@ fn half_precision_halves_the_frozen_base() {
     use burn::tensor::FloatDType;
     use napkin_core::data::MicroBatch;
     use napkin_core::model::autocast::autocast;
-    use napkin_core::train::{StepOptions, forward_backward};
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = LlamaConfig::small();
     let device = DeviceKind::Flex.open().unwrap().autodiff();
@@ -470,9 +475,7 @@ fn half_precision_halves_the_frozen_base() {
     let peak = |model: &Llama, dtype: Option<FloatDType>| {
         let _precision = autocast(dtype);
         let start = reset_peak();
-        let out = forward_backward(model, &micro, &StepOptions::default())
-            .unwrap()
-            .read();
+        let out = one_step(model, &micro, false);
         let peak = peak_bytes() - start;
         drop(out);
         peak
