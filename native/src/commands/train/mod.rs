@@ -8,7 +8,6 @@
 
 use std::fs;
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,10 +18,16 @@ use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes, reset_peak};
 use napkin_core::predict::preflight::{available_memory, check_fits};
 use napkin_core::train::checkpoint::BEST_DIR;
-use napkin_core::train::{EvalReport, SampleText, StepReport, TrainConfig, Trainer};
+use napkin_core::train::{TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::cli::TrainArgs;
+
+mod metrics;
+mod settings;
+
+use metrics::{add_eval, keep_metrics_up_to, metrics_line};
+use settings::{settings, with_absolute_paths};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -200,7 +205,6 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// Defaults, then the TOML file, then the flags.
 /// Refuses a run whose predicted peak is more than the memory it may use (unless --force).
 fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
     if args.force {
@@ -226,119 +230,6 @@ fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
     let model = super::model_config(&config.model)?;
     check_fits(&config.scenario(model)?, limit)?;
     Ok(())
-}
-
-fn settings(args: &TrainArgs) -> Result<TrainConfig> {
-    let mut c = match &args.config {
-        Some(path) => {
-            let text =
-                fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            toml::from_str::<TrainConfig>(&text)
-                .with_context(|| format!("{}: not a valid run configuration", path.display()))?
-        }
-        None => TrainConfig::default(),
-    };
-    macro_rules! set {
-        ($($field:ident),*) => {$(
-            if let Some(v) = &args.$field {
-                c.$field = v.clone().into();
-            }
-        )*};
-    }
-    set!(
-        model,
-        data,
-        out,
-        lora_r,
-        lora_alpha,
-        lora_dropout,
-        targets,
-        micro_batch,
-        accum
-    );
-    set!(seq_len, lr, weight_decay, warmup_steps, max_grad_norm, seed);
-    if let Some(d) = &args.dtype {
-        c.dtype = d.parse()?;
-    }
-    if let Some(d) = &args.device {
-        c.device = d.parse()?;
-    }
-    set!(
-        save_every,
-        keep_checkpoints,
-        nf4_block_size,
-        momentum,
-        val_fraction,
-        eval_every,
-        early_stopping,
-        sample_tokens
-    );
-    if !args.sample_prompts.is_empty() {
-        c.sample_prompts = args.sample_prompts.clone();
-    }
-    c.train_on_inputs |= args.train_on_inputs;
-    if let Some(f) = &args.data_format {
-        c.data_format = f.parse()?;
-    }
-    if let Some(e) = &args.eval_data {
-        c.eval_data = Some(e.clone());
-    }
-    if let Some(a) = &args.adapter {
-        c.adapter = Some(a.clone());
-    }
-    if let Some(r) = args.warmup_ratio {
-        c.warmup_ratio = Some(r);
-    }
-    if let Some(k) = &args.lr_scheduler {
-        c.lr_scheduler = k.parse()?;
-    }
-    if let Some(t) = &args.tokenizer {
-        c.tokenizer = Some(t.clone());
-    }
-    if let Some(f) = &args.chat_format {
-        c.chat_format = Some(f.clone());
-    }
-    if let Some(s) = args.steps {
-        c.steps = Some(s);
-    }
-    if let Some(e) = args.epochs {
-        c.epochs = Some(e);
-    }
-    if let Some(o) = &args.optimizer {
-        c.optimizer = o.parse()?;
-    }
-    c.nf4 |= args.nf4;
-    c.double_quant |= args.double_quant;
-    c.checkpointing |= args.checkpointing;
-    if let Some(a) = &args.attention {
-        c.attention = a.parse().context("--attention")?;
-    }
-    if args.no_pack {
-        c.pack = false;
-    }
-    if let Some(what) = &args.offload {
-        c.offload_optimizer = super::offload_optimizer(what)?;
-    }
-    if let Some(d) = &args.merge_dtype {
-        c.merge_dtype = Some(d.parse()?);
-    }
-    if let Some(size) = &args.max_shard_size {
-        c.max_shard_bytes = super::shard_bytes(size)?;
-    }
-    Ok(c)
-}
-
-/// The settings with every file path made absolute (against the current folder).
-fn with_absolute_paths(config: &TrainConfig) -> TrainConfig {
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    TrainConfig {
-        model: absolute(&config.model),
-        data: absolute(&config.data),
-        out: absolute(&config.out),
-        tokenizer: config.tokenizer.as_deref().map(absolute),
-        eval_data: config.eval_data.as_deref().map(absolute),
-        ..config.clone()
-    }
 }
 
 /// What the data turned into, in a line or two.
@@ -403,67 +294,6 @@ fn data_summary(trainer: &Trainer) -> String {
 
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
-}
-
-fn metrics_line(
-    report: &StepReport,
-    step_peak: usize,
-    run_peak: usize,
-    eval: Option<&(EvalReport, bool)>,
-    samples: &[SampleText],
-) -> String {
-    let mut line = json!({
-        "step": report.step,
-        "loss": report.loss,
-        "lr": report.lr,
-        "grad_norm": report.grad_norm,
-        "label_tokens": report.label_tokens,
-        "tokens": report.tokens,
-        "seconds": report.seconds,
-        "loss_scale": report.loss_scale,
-        "skipped": report.skipped,
-        "tokens_per_second": report.tokens as f64 / report.seconds.max(1e-9),
-        "heap_bytes": live_bytes(),
-        "peak_heap_bytes": run_peak,
-        "step_peak_heap_bytes": step_peak,
-    });
-    if let Some((_, best)) = eval {
-        line["eval_best"] = json!(best);
-    }
-    add_eval(&mut line, eval.map(|(e, _)| e), samples);
-    line.to_string()
-}
-
-/// An evaluation's fields and the sample answers, added to a metrics line.
-fn add_eval(line: &mut serde_json::Value, eval: Option<&EvalReport>, samples: &[SampleText]) {
-    if let Some(e) = eval {
-        line["eval_loss"] = json!(e.loss);
-        line["eval_perplexity"] = json!(e.perplexity);
-        line["eval_tokens"] = json!(e.tokens);
-    }
-    if !samples.is_empty() {
-        line["samples"] = json!(samples);
-    }
-}
-
-/// On resume, drops metric lines after the checkpoint's step (and a torn last line); a run
-/// that starts from step 0 keeps none (it writes its baseline evaluation again).
-fn keep_metrics_up_to(path: &Path, step: u64) -> Result<()> {
-    let Ok(text) = fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let kept: String = text
-        .lines()
-        .filter(|line| {
-            serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| step > 0 && s <= step)
-        })
-        .map(|line| format!("{line}\n"))
-        .collect();
-    write_atomic(path, kept.as_bytes())?;
-    Ok(())
 }
 
 fn progress_bar(trainer: &Trainer, plain: bool) -> ProgressBar {
