@@ -345,6 +345,10 @@ pub struct TrainArgs {
     /// A `.gguf` file, a HF folder or a napkin NF4 folder.
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
+    /// Instead of --model: a named configuration with random weights (tinyllama-1.1b, …), to
+    /// see a run's memory and speed at that size without its weights; needs --tokenizer.
+    #[arg(long, value_name = "NAME", conflicts_with = "model")]
+    pub preset: Option<String>,
     /// `.jsonl` or `.json` records (alpaca, sharegpt, chat `messages`, prompt/completion,
     /// text), or plain `.txt` / `.md`.
     #[arg(long, value_name = "FILE")]
@@ -394,7 +398,7 @@ pub struct TrainArgs {
     /// (`500MB`, `2GiB`). Default 5GB.
     #[arg(long, value_name = "SIZE")]
     pub max_shard_size: Option<String>,
-    /// A tokenizer.json instead of the model's own.
+    /// A tokenizer.json, or a .gguf's vocabulary, instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// A chat format instead of the model's chat template.

@@ -236,6 +236,69 @@ fn a_damaged_checkpoint_is_skipped_on_resume() {
     assert!(stderr.contains("resuming after step 3"), "{stderr}");
 }
 
+/// `--preset` trains a seeded random model of a named shape: the run writes an adapter that
+/// names the preset, a LoRA run resumed from its checkpoint makes the same base again (steps 3
+/// and 4 equal the uninterrupted run's), and a tokenizer larger than the preset's vocabulary
+/// or a missing tokenizer is refused in a line.
+#[test]
+fn a_preset_trains_from_seeded_random_weights() {
+    let preset_args = |out: &Path, steps: u64| {
+        let mut args = train_args(out, steps);
+        let i = args.iter().position(|a| a == "--model").unwrap();
+        args[i] = "--preset".into();
+        args[i + 1] = "tiny-smol".into();
+        let i = args.iter().position(|a| a == "--save-every").unwrap();
+        args[i + 1] = "2".into();
+        args
+    };
+    let whole = Scratch::new("preset-whole");
+    let (ok, stderr) = run(&preset_args(&whole.0, 4));
+    assert!(ok, "{stderr}");
+    let reference = losses(&whole.0);
+    assert_eq!(reference.len(), 4, "{stderr}");
+    let adapter = std::fs::read_to_string(whole.0.join("adapter_config.json")).unwrap();
+    assert!(adapter.contains("tiny-smol (random weights)"), "{adapter}");
+
+    // Stopped after step 2 (its checkpoint kept), then resumed to step 4.
+    let resumed = Scratch::new("preset-resumed");
+    let (ok, stderr) = run(&preset_args(&resumed.0, 4));
+    assert!(ok, "{stderr}");
+    for later in ["checkpoint-000004", "adapter_model.safetensors"] {
+        let path = resumed.0.join(later);
+        let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_file(&path);
+    }
+    let mut args = preset_args(&resumed.0, 4);
+    args.push("--resume".into());
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("resuming after step 2"), "{stderr}");
+    assert_eq!(losses(&resumed.0), reference, "{stderr}");
+
+    let refused = Scratch::new("preset-refused");
+    let mut args = preset_args(&refused.0, 1);
+    let i = args.iter().position(|a| a == "--tokenizer").unwrap();
+    args.drain(i..i + 2);
+    let (ok, stderr) = run(&args);
+    assert!(!ok && stderr.contains("give --tokenizer FILE"), "{stderr}");
+    let smollm2 = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if smollm2.is_file() {
+        let mut args = preset_args(&refused.0, 1);
+        let i = args.iter().position(|a| a == "--tokenizer").unwrap();
+        args[i + 1] = smollm2.to_str().unwrap().into();
+        let (ok, stderr) = run(&args);
+        assert!(!ok && stderr.contains("embeds 512"), "{stderr}");
+        assert_eq!(
+            stderr
+                .trim()
+                .lines()
+                .last()
+                .map(|l| l.starts_with("error: ")),
+            Some(true)
+        );
+    }
+}
+
 #[test]
 fn bad_training_settings_are_one_line_errors() {
     let out = Scratch::new("bad");

@@ -181,11 +181,23 @@ impl TextTokenizer {
     }
 }
 
+/// The tokenizer a file holds: a `tokenizer.json`, or the vocabulary a `.gguf` describes (a
+/// model's, or a vocabulary-only GGUF such as llama.cpp's `ggml-vocab-*.gguf`).
+pub fn tokenizer_from_file(path: &Path) -> Result<TextTokenizer> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return TextTokenizer::from_gguf(&GgufFile::open(path)?);
+    }
+    TextTokenizer::from_file(path)
+}
+
 /// The tokenizer that goes with a model path: a GGUF's own metadata, or `tokenizer.json` in a
-/// model folder; `explicit` (a `tokenizer.json`) wins when given.
+/// model folder; `explicit` (a `tokenizer.json` or a `.gguf`) wins when given.
 pub fn tokenizer_for_model(model: &Path, explicit: Option<&Path>) -> Result<TextTokenizer> {
     if let Some(path) = explicit {
-        return TextTokenizer::from_file(path);
+        return tokenizer_from_file(path);
     }
     let model = &crate::io::resolve_model_path(model)?;
     if model

@@ -74,6 +74,10 @@ impl std::str::FromStr for ComputeDtype {
 pub struct TrainConfig {
     /// A `.gguf` file, a HF folder or a napkin NF4 folder.
     pub model: PathBuf,
+    /// Instead of `model`: a named configuration (`tinyllama-1.1b`, …) with random weights,
+    /// seeded: a run's memory and speed at that size without its weights. Needs `tokenizer`
+    /// (a vocabulary no larger than the preset's).
+    pub preset: Option<String>,
     /// Training data: `.jsonl` or `.json` records (alpaca, sharegpt, chat `messages`,
     /// prompt/completion or text), or plain `.txt` / `.md`.
     pub data: PathBuf,
@@ -177,6 +181,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: PathBuf::new(),
+            preset: None,
             data: PathBuf::new(),
             data_format: DataFormat::Auto,
             train_on_inputs: false,
@@ -241,6 +246,14 @@ impl TrainConfig {
             .transpose()
     }
 
+    /// What the run trains, in words: the model's path or the preset's name.
+    pub fn model_name(&self) -> String {
+        match &self.preset {
+            Some(name) => format!("{name} (random weights)"),
+            None => self.model.display().to_string(),
+        }
+    }
+
     /// The NF4 quantization of the base, if asked for.
     pub fn nf4_config(&self) -> Option<Nf4Config> {
         self.nf4.then_some(Nf4Config {
@@ -278,8 +291,39 @@ impl TrainConfig {
     /// Checks the settings that do not need the model or the data.
     pub fn validate(&self) -> Result<()> {
         let bad = |flag: &str, message: String| Err(Error::config(flag, message));
-        if self.model.as_os_str().is_empty() {
-            return bad("--model", "a model path is required".into());
+        match (&self.preset, self.model.as_os_str().is_empty()) {
+            (None, true) => {
+                return bad(
+                    "--model",
+                    "a model path (or --preset NAME) is required".into(),
+                );
+            }
+            (Some(_), false) => {
+                return bad(
+                    "--preset",
+                    "give --model or --preset, not both (a preset is a model of random weights)"
+                        .into(),
+                );
+            }
+            (Some(name), true) => {
+                LlamaConfig::preset(name)?;
+                if self.tokenizer.is_none() {
+                    return bad(
+                        "--tokenizer",
+                        format!(
+                            "--preset {name} has random weights and no vocabulary: give --tokenizer FILE (a tokenizer.json or a .gguf)"
+                        ),
+                    );
+                }
+                if self.adapter.is_some() {
+                    return bad(
+                        "--adapter",
+                        "an adapter trained on real weights means nothing on a random preset"
+                            .into(),
+                    );
+                }
+            }
+            (None, false) => {}
         }
         if self.data.as_os_str().is_empty() {
             return bad("--data", "a data file is required".into());

@@ -13,7 +13,7 @@ use crate::data::loader::ordered_batches;
 use crate::data::text::text_samples;
 use crate::data::{DataContent, DataFormat, DataLoader, DataSummary, Sample, hold_out, read_data};
 use crate::error::{Error, Result};
-use crate::tokenizer::{TextTokenizer, tokenizer_for_model};
+use crate::tokenizer::{TextTokenizer, tokenizer_for_model, tokenizer_from_file};
 
 /// What the training and held-out data turned into.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -42,7 +42,7 @@ impl TrainingData {
     /// and the sample prompts.
     pub(super) fn read(config: &TrainConfig) -> Result<Self> {
         let tokenizer = match &config.tokenizer {
-            Some(file) => TextTokenizer::from_file(file)?,
+            Some(file) => tokenizer_from_file(file)?,
             None => tokenizer_for_model(&config.model, None)?,
         };
         let (format, samples) = load_samples(&config.data, config.data_format, config, &tokenizer)?;

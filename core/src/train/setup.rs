@@ -12,11 +12,12 @@ use super::config::TrainConfig;
 use super::eval::EvalState;
 use super::optimizer::{Optimizer, OptimizerConfig};
 use super::schedule::LrSchedule;
-use crate::config::LoraConfig;
+use crate::config::{LlamaConfig, LoraConfig};
 use crate::data::DataLoader;
 use crate::error::{Error, Result};
 use crate::io::load_model_with;
 use crate::model::Llama;
+use crate::tokenizer::TextTokenizer;
 
 /// Refuses a device that cannot run the settings: 16-bit compute on an f32-only backend, or
 /// optimizer offload where the device's memory is host memory already.
@@ -57,11 +58,21 @@ pub(super) fn model_with_tricks(
 ) -> Result<(Llama, Option<LoraConfig>)> {
     device.seed(config.seed);
     let full_resume = found.filter(|_| config.lora_r == 0);
-    let base_path = full_resume.map_or(config.model.as_path(), |(dir, _)| dir.as_path());
-    // With NF4 each block linear is quantized as it is read: the float base never exists
-    // whole (QLoRA's load peak stays near the NF4 size).
+    // With NF4 each block linear is quantized as it is read (or made): the float base never
+    // exists whole (QLoRA's load peak stays near the NF4 size).
     let nf4 = config.nf4_config();
-    let mut model = load_model_with(base_path, device, nf4.as_ref())?;
+    let mut model = match (&config.preset, full_resume) {
+        // A preset's random base, seeded: a resumed LoRA run makes the same one again.
+        (Some(name), None) => {
+            let preset = LlamaConfig::preset(name)?;
+            match &nf4 {
+                Some(nf4) => Llama::init_nf4(&preset, device, nf4)?,
+                None => Llama::init(&preset, device),
+            }
+        }
+        (_, Some((dir, _))) => load_model_with(dir, device, nf4.as_ref())?,
+        (None, None) => load_model_with(&config.model, device, nf4.as_ref())?,
+    };
     model.attention = config.attention;
     let lora = config.lora_config()?;
     if let Some(lora) = &lora {
@@ -76,6 +87,28 @@ pub(super) fn model_with_tricks(
         model = model.cast_frozen_base(dtype);
     }
     Ok((model, lora))
+}
+
+/// A preset's random embedding must hold every id the tokenizer gives (a real checkpoint and
+/// its own tokenizer agree already).
+pub(super) fn check_vocabulary(
+    config: &TrainConfig,
+    tokenizer: &TextTokenizer,
+    model: &Llama,
+) -> Result<()> {
+    let Some(name) = &config.preset else {
+        return Ok(());
+    };
+    let (tokens, rows) = (tokenizer.vocab_size(), model.config.vocab_size);
+    if tokens > rows {
+        return Err(Error::config(
+            "--tokenizer",
+            format!(
+                "the tokenizer has {tokens} tokens but --preset {name} embeds {rows}: pick a preset whose vocabulary holds it (smollm2-135m: 49152; tinyllama-1.1b, llama-2-7b: 32000; llama-3-8b: 128256)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The optimizer the settings name, in device memory or offloaded to the host.
@@ -140,7 +173,7 @@ pub(super) fn schedule_for(config: &TrainConfig, loader: &DataLoader) -> LrSched
 pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<()> {
     let key = |c: &TrainConfig| {
         (
-            c.model.clone(),
+            (c.model.clone(), c.preset.clone()),
             c.lora_r,
             c.targets.clone(),
             c.nf4,

@@ -31,7 +31,8 @@ use super::optimizer::{Optimizer, trainable_ids};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
 use super::setup::{
-    Progress, check_device, check_same_run, model_with_tricks, optimizer_for, schedule_for,
+    Progress, check_device, check_same_run, check_vocabulary, model_with_tricks, optimizer_for,
+    schedule_for,
 };
 use super::step::{StepOptions, forward_backward};
 use crate::config::LoraConfig;
@@ -40,7 +41,7 @@ use crate::data::MicroBatch;
 use crate::error::{Error, Result};
 use crate::export::write_hf_folder;
 use crate::io::hf::hf_files;
-use crate::io::hf_writer::{WeightLayout, base_weight_dtype};
+use crate::io::hf_writer::{WeightDtype, WeightLayout, base_weight_dtype};
 use crate::model::Llama;
 use crate::model::autocast::autocast;
 use crate::tokenizer::TextTokenizer;
@@ -123,6 +124,7 @@ impl Trainer {
             report: data,
         } = TrainingData::read(&config)?;
         let (model, lora) = model_with_tricks(&config, &device, compute, found.as_ref())?;
+        check_vocabulary(&config, &tokenizer, &model)?;
         let mut optimizer = optimizer_for(&config);
         let mut progress = Progress::start(compute);
         if let Some((dir, state)) = &found {
@@ -363,6 +365,8 @@ impl Trainer {
     fn write_merged(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         let dtype = match self.config.merge_dtype {
             Some(dtype) => dtype,
+            // A preset's random weights are f32.
+            None if self.config.preset.is_some() => WeightDtype::F32,
             None => base_weight_dtype(&self.config.model)?,
         };
         let layout = WeightLayout {
@@ -378,7 +382,7 @@ impl Trainer {
         match &self.lora {
             Some(lora) => self
                 .model
-                .lora_files_on(lora, Some(&self.config.model.display().to_string())),
+                .lora_files_on(lora, Some(&self.config.model_name())),
             None => hf_files(&self.model),
         }
     }

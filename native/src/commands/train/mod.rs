@@ -43,7 +43,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let plain = args.plain || !std::io::stderr().is_terminal();
     let what = format!(
         "loading {}{}, reading the data",
-        config.model.display(),
+        config.model_name(),
         if config.nf4 {
             " and quantizing it to NF4"
         } else {
@@ -227,7 +227,10 @@ fn preflight(args: &TrainArgs, config: &TrainConfig) -> Result<()> {
     let Some(limit) = limit else {
         return Ok(());
     };
-    let model = super::model_config(&config.model)?;
+    let model = match &config.preset {
+        Some(name) => napkin_core::config::LlamaConfig::preset(name)?,
+        None => super::model_config(&config.model)?,
+    };
     check_fits(&config.scenario(model)?, limit)?;
     Ok(())
 }

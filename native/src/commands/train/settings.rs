@@ -26,8 +26,16 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
             }
         )*};
     }
+    // --model and --preset replace each other (whichever a TOML file named).
+    if let Some(model) = &args.model {
+        c.model = model.clone();
+        c.preset = None;
+    }
+    if let Some(preset) = &args.preset {
+        c.preset = Some(preset.clone());
+        c.model = Default::default();
+    }
     set!(
-        model,
         data,
         out,
         lora_r,
