@@ -124,13 +124,6 @@ pub struct LinkTime {
     pub seconds_per_step: f64,
 }
 
-impl Report {
-    /// The roofline on the preset `id`, if it is one.
-    pub fn on_device(&self, id: &str) -> Option<&DeviceVerdict> {
-        self.time.devices.iter().find(|d| d.id == id)
-    }
-}
-
 /// The predictor's report of `s`, on one device or as `options` spreads it.
 pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
     let entries = inventory(s);

@@ -90,16 +90,15 @@ pub(super) fn model_with_tricks(
 }
 
 /// A preset's random embedding must hold every id the tokenizer gives (a real checkpoint and
-/// its own tokenizer agree already).
-pub(super) fn check_vocabulary(
-    config: &TrainConfig,
-    tokenizer: &TextTokenizer,
-    model: &Llama,
-) -> Result<()> {
+/// its own tokenizer agree already). Checked before the model is made.
+pub(super) fn check_vocabulary(config: &TrainConfig, tokenizer: &TextTokenizer) -> Result<()> {
     let Some(name) = &config.preset else {
         return Ok(());
     };
-    let (tokens, rows) = (tokenizer.vocab_size(), model.config.vocab_size);
+    let (tokens, rows) = (
+        tokenizer.vocab_size(),
+        LlamaConfig::preset(name)?.vocab_size,
+    );
     if tokens > rows {
         return Err(Error::config(
             "--tokenizer",

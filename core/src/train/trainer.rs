@@ -123,8 +123,8 @@ impl Trainer {
             sample_prompts,
             report: data,
         } = TrainingData::read(&config)?;
+        check_vocabulary(&config, &tokenizer)?;
         let (model, lora) = model_with_tricks(&config, &device, compute, found.as_ref())?;
-        check_vocabulary(&config, &tokenizer, &model)?;
         let mut optimizer = optimizer_for(&config);
         let mut progress = Progress::start(compute);
         if let Some((dir, state)) = &found {
