@@ -100,10 +100,20 @@ pub(super) fn check_vocabulary(config: &TrainConfig, tokenizer: &TextTokenizer) 
         LlamaConfig::preset(name)?.vocab_size,
     );
     if tokens > rows {
+        let holding: Vec<&str> = LlamaConfig::presets()
+            .into_iter()
+            .filter(|(_, c)| c.vocab_size >= tokens)
+            .map(|(n, _)| n)
+            .collect();
         return Err(Error::config(
             "--tokenizer",
             format!(
-                "the tokenizer has {tokens} tokens but --preset {name} embeds {rows}: pick a preset whose vocabulary holds it (smollm2-135m: 49152; tinyllama-1.1b, llama-2-7b: 32000; llama-3-8b: 128256)"
+                "the tokenizer has {tokens} tokens but --preset {name} embeds {rows}; {}",
+                if holding.is_empty() {
+                    "no preset's vocabulary holds it".to_string()
+                } else {
+                    format!("presets whose vocabulary holds it: {}", holding.join(", "))
+                }
             ),
         ));
     }
