@@ -6,6 +6,8 @@
 //!   fused element-wise kernels (RMSNorm, RoPE, SwiGLU, the loss, tiled attention).
 //! - `cpu_gemm.rs`: f32 GEMM split over rayon's threads (OpenBLAS builds).
 //! - `efficient_attention.rs`: memory-efficient attention as a custom autodiff op on every backend.
+//! - `quantized/`: products with weights kept in ggml's Q4_0/Q4_1/Q8_0 blocks and 8-bit
+//!   activations (integer SIMD dot products, as llama.cpp), for generation from a GGUF;
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
@@ -18,6 +20,7 @@ pub mod efficient_attention;
 pub mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nf4_dequantize;
+pub mod quantized;
 pub mod resident_nf4;
 pub mod values;
 

@@ -83,10 +83,21 @@ impl Llama {
         let last = x.narrow(1, t - 1, 1).reshape([1, 1, d]); // [1, 1, D]
         Ok(to_f32_vec(self.head(last)))
     }
+}
+
+/// A model that gives the logits of the next token from new tokens and a cache: the float
+/// [`Llama`] and the [`QuantizedLlama`](super::quantized_llama::QuantizedLlama) share one
+/// generation loop through it.
+pub trait NextToken {
+    /// What the model keeps between calls (keys and values).
+    type Cache: Default;
+
+    /// Logits (`[V]`) of the last of `new_ids`, after everything in `cache`.
+    fn next_token_logits(&self, new_ids: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>>;
 
     /// Generates up to `max_new_tokens` after `prompt`, calling `on_token` with each new id;
     /// stops early at any id in `stop_ids`. Returns the new ids (the stop id included).
-    pub fn generate(
+    fn generate(
         &self,
         prompt: &[u32],
         max_new_tokens: usize,
@@ -94,7 +105,7 @@ impl Llama {
         stop_ids: &[u32],
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>> {
-        let mut cache = KvCache::default();
+        let mut cache = Self::Cache::default();
         let mut rng = SplitMix64(sampling.seed);
         let mut out = Vec::new();
         let mut logits = self.next_token_logits(prompt, &mut cache)?;
@@ -108,6 +119,22 @@ impl Llama {
             logits = self.next_token_logits(&[next], &mut cache)?;
         }
         Ok(out)
+    }
+}
+
+impl NextToken for Llama {
+    type Cache = KvCache;
+
+    fn next_token_logits(&self, new_ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        Llama::next_token_logits(self, new_ids, cache)
+    }
+}
+
+impl NextToken for super::quantized_llama::QuantizedLlama {
+    type Cache = super::quantized_llama::QuantizedKvCache;
+
+    fn next_token_logits(&self, new_ids: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>> {
+        super::quantized_llama::QuantizedLlama::next_token_logits(self, new_ids, cache)
     }
 }
 

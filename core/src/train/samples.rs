@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::chat::{ChatFormat, Message};
 use crate::error::Result;
 use crate::model::Llama;
-use crate::model::generate::Sampling;
+use crate::model::generate::{NextToken, Sampling};
 use crate::tokenizer::TextTokenizer;
 
 /// One prompt and what the model answered.

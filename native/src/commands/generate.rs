@@ -6,8 +6,10 @@ use std::time::Instant;
 use anyhow::Result;
 use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::device::DeviceKind;
-use napkin_core::model::generate::Sampling;
-use napkin_core::tokenizer::tokenizer_for_model;
+use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
+use napkin_core::io::resolve_model_path;
+use napkin_core::model::generate::{NextToken, Sampling};
+use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
 
 use crate::cli::GenerateArgs;
 
@@ -26,15 +28,33 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         args.prompt.clone()
     };
     let prompt_ids = tokenizer.encode(&prompt)?;
-    let device = args.device.parse::<DeviceKind>()?.open()?;
-    let model = super::load_with_adapter(path, args.adapter.as_deref(), &device)?;
     let sampling = Sampling {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
     };
+    let kind = args.device.parse::<DeviceKind>()?;
+    let resolved = resolve_model_path(path)?;
+    let is_gguf = resolved
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if is_gguf && kind == DeviceKind::Cpu && args.adapter.is_none() && !args.dequantize {
+        let model = load_gguf_quantized(&GgufFile::open(&resolved)?)?;
+        return stream(&model, &prompt_ids, args, &sampling, &tokenizer);
+    }
+    let model = super::load_with_adapter(path, args.adapter.as_deref(), &kind.open()?)?;
+    stream(&model, &prompt_ids, args, &sampling, &tokenizer)
+}
 
+/// Generates and prints the text as it comes, then the speed on stderr.
+fn stream(
+    model: &impl NextToken,
+    prompt_ids: &[u32],
+    args: &GenerateArgs,
+    sampling: &Sampling,
+    tokenizer: &TextTokenizer,
+) -> Result<()> {
     // Stream: decode everything generated so far and print what is new (a token can end in
     // the middle of a UTF-8 character; the full decode stays correct).
     let mut generated: Vec<u32> = Vec::new();
@@ -42,9 +62,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout();
     let start = Instant::now();
     let ids = model.generate(
-        &prompt_ids,
+        prompt_ids,
         args.max_new_tokens,
-        &sampling,
+        sampling,
         &tokenizer.eos_ids,
         |id| {
             if tokenizer.eos_ids.contains(&id) {

@@ -12,7 +12,7 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::load_model;
 use napkin_core::kernels::values::to_f32_vec;
-use napkin_core::model::generate::Sampling;
+use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::model::named::ParamTensor;
 use napkin_core::model::{Llama, TokenBatch};
 use napkin_core::tokenizer::tokenizer_for_model;

@@ -8,7 +8,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use super::reader::GgufFile;
+use super::reader::{GgufFile, GgufTensorInfo};
 use crate::config::{LlamaConfig, Nf4Config, RopeScaling};
 use crate::error::{Error, Result};
 use crate::io::hf::build_llama;
@@ -127,20 +127,81 @@ pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
 
 /// Row `h·Dh + j·Dh/2 + i` (HF) ↔ row `h·Dh + 2i + j` (llama.cpp); `to_gguf` picks the direction.
 fn move_rows(values: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f32> {
-    let dh = values.len() / cols / heads;
-    let half = dh / 2;
     let mut out = vec![0.0f32; values.len()];
+    for (hf, gguf) in hf_row_order(values.len() / cols, heads)
+        .into_iter()
+        .enumerate()
+    {
+        let (src, dst) = if to_gguf { (hf, gguf) } else { (gguf, hf) };
+        out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+    }
+    out
+}
+
+/// Refuses a GGUF holding tensors a Llama of `config` has no place for (the first five named).
+pub(super) fn refuse_unexpected_tensors(gguf: &GgufFile, config: &LlamaConfig) -> Result<()> {
+    let known: std::collections::HashSet<String> = config
+        .hf_parameter_shapes()
+        .iter()
+        .filter_map(|(n, _)| gguf_name(n))
+        .collect();
+    let extra: Vec<&str> = gguf
+        .tensors
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !known.contains(*n) && !n.ends_with("rope_freqs.weight"))
+        .take(5)
+        .collect();
+    if extra.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::UnexpectedTensors {
+            path: gguf.path.clone(),
+            names: extra.join(", "),
+        })
+    }
+}
+
+/// The GGUF name and entry of the HF parameter `hf`, checked to have `shape` (PyTorch order).
+pub(super) fn find_tensor<'a>(
+    gguf: &'a GgufFile,
+    hf: &str,
+    shape: &[usize],
+) -> Result<(String, &'a GgufTensorInfo)> {
+    let name = gguf_name(hf).ok_or_else(|| Error::Internal(format!("no GGUF name for `{hf}`")))?;
+    let info = gguf
+        .tensors
+        .get(&name)
+        .ok_or_else(|| Error::MissingTensor {
+            path: gguf.path.clone(),
+            name: name.clone(),
+            expected: shape.to_vec(),
+        })?;
+    if info.shape() != shape {
+        return Err(Error::ShapeMismatch {
+            path: gguf.path.clone(),
+            name,
+            found: info.shape(),
+            expected: shape.to_vec(),
+        });
+    }
+    Ok((name, info))
+}
+
+/// For each row in HF's order, the GGUF row llama.cpp's converter moved it to (`[heads·Dh, ·]`
+/// Q or K): `order[h·Dh + j·Dh/2 + i] = h·Dh + 2i + j`.
+pub fn hf_row_order(rows: usize, heads: usize) -> Vec<usize> {
+    let dh = rows / heads;
+    let half = dh / 2;
+    let mut order = vec![0; rows];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let hf = (h * dh + j * half + i) * cols;
-                let gguf = (h * dh + 2 * i + j) * cols;
-                let (src, dst) = if to_gguf { (hf, gguf) } else { (gguf, hf) };
-                out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
+                order[h * dh + j * half + i] = h * dh + 2 * i + j;
             }
         }
     }
-    out
+    order
 }
 
 /// Loads a llama GGUF into a float [`Llama`] on `device` (quantized tensors are dequantized).
@@ -156,43 +217,9 @@ pub fn load_gguf_llama_with(
     nf4: Option<&Nf4Config>,
 ) -> Result<Llama> {
     let config = gguf_config(gguf)?;
-    let known: std::collections::HashSet<String> = config
-        .hf_parameter_shapes()
-        .iter()
-        .filter_map(|(n, _)| gguf_name(n))
-        .collect();
-    let extra: Vec<&str> = gguf
-        .tensors
-        .keys()
-        .map(String::as_str)
-        .filter(|n| !known.contains(*n) && !n.ends_with("rope_freqs.weight"))
-        .take(5)
-        .collect();
-    if !extra.is_empty() {
-        return Err(Error::UnexpectedTensors {
-            path: gguf.path.clone(),
-            names: extra.join(", "),
-        });
-    }
+    refuse_unexpected_tensors(gguf, &config)?;
     let read = |hf: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let name =
-            gguf_name(hf).ok_or_else(|| Error::Internal(format!("no GGUF name for `{hf}`")))?;
-        let info = gguf
-            .tensors
-            .get(&name)
-            .ok_or_else(|| Error::MissingTensor {
-                path: gguf.path.clone(),
-                name: name.clone(),
-                expected: shape.to_vec(),
-            })?;
-        if info.shape() != shape {
-            return Err(Error::ShapeMismatch {
-                path: gguf.path.clone(),
-                name,
-                found: info.shape(),
-                expected: shape.to_vec(),
-            });
-        }
+        let (name, _) = find_tensor(gguf, hf, shape)?;
         let (_, values) = gguf.read_f32(&name)?;
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             return Err(Error::checkpoint(

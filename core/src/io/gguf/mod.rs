@@ -1,12 +1,15 @@
 //! GGUF, llama.cpp's checkpoint format: reading (`reader`), dequantizing (`dequant`) and
-//! turning a llama-architecture file into a [`crate::model::Llama`] (`llama`).
+//! turning a llama-architecture file into a [`crate::model::Llama`] (`llama`) or, its blocks kept,
+//! a [`crate::model::quantized_llama::QuantizedLlama`] for generation (`quantized_llama`).
 
 pub mod dequant;
 pub mod export;
 pub mod llama;
 pub mod quantize;
+pub mod quantized_llama;
 pub mod reader;
 pub mod writer;
 
 pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};
+pub use quantized_llama::load_gguf_quantized;
 pub use reader::{GgufFile, GgufValue};

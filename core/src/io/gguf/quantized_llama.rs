@@ -1,0 +1,89 @@
+//! A llama-architecture GGUF as a [`QuantizedLlama`]: Q4_0, Q4_1 and Q8_0 tensors keep their
+//! blocks (copied once from the file; Q/K rows put back in HF's order block row by block row),
+//! every other type is dequantized to f32 once (K-quants, Q5_*, F16, BF16: correct, but without
+//! the memory saving — their fused products are not written yet).
+
+use super::dequant::GgmlType;
+use super::llama::{find_tensor, gguf_config, hf_row_order, refuse_unexpected_tensors};
+use super::reader::GgufFile;
+use crate::error::{Error, Result};
+use crate::kernels::quantized::{BlockFormat, QuantizedMatrix};
+use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
+
+/// Loads a llama GGUF for generation with its weights kept quantized.
+pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
+    let config = gguf_config(gguf)?;
+    refuse_unexpected_tensors(gguf, &config)?;
+    let source = gguf.path.display().to_string();
+    let (d, f, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let (h, hkv, dh) = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    );
+    let matrix = |hf: &str, rows: usize, cols: usize| -> Result<QuantizedMatrix> {
+        let (name, info) = find_tensor(gguf, hf, &[rows, cols])?;
+        let format = match info.ggml_type {
+            GgmlType::Q4_0 => Some(BlockFormat::Q4_0),
+            GgmlType::Q4_1 => Some(BlockFormat::Q4_1),
+            GgmlType::Q8_0 => Some(BlockFormat::Q8_0),
+            _ => None,
+        };
+        let matrix = match format {
+            Some(format) => {
+                let bytes = gguf.tensor_bytes(info).to_vec();
+                QuantizedMatrix::new(format, rows, cols, bytes)
+                    .map_err(|m| Error::checkpoint(&gguf.path, format!("tensor `{name}`: {m}")))?
+            }
+            None => {
+                let (_, values) = gguf.read_f32(&name)?;
+                QuantizedMatrix::from_f32(rows, cols, &values)
+            }
+        };
+        // Undo the converter's rotary reordering of the query and key rows.
+        Ok(if hf.ends_with("self_attn.q_proj.weight") {
+            matrix.with_rows_in_order(&hf_row_order(rows, h))
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            matrix.with_rows_in_order(&hf_row_order(rows, hkv))
+        } else {
+            matrix
+        })
+    };
+    let vector = |hf: &str| -> Result<Vec<f32>> {
+        let (name, _) = find_tensor(gguf, hf, &[d])?;
+        Ok(gguf.read_f32(&name)?.1)
+    };
+    let blocks = (0..config.num_hidden_layers)
+        .map(|i| {
+            let p = |part: &str| format!("model.layers.{i}.{part}.weight");
+            Ok(QuantizedBlockWeights {
+                attn_norm: vector(&p("input_layernorm"))?,
+                q: matrix(&p("self_attn.q_proj"), h * dh, d)?,
+                k: matrix(&p("self_attn.k_proj"), hkv * dh, d)?,
+                v: matrix(&p("self_attn.v_proj"), hkv * dh, d)?,
+                o: matrix(&p("self_attn.o_proj"), d, h * dh)?,
+                ffn_norm: vector(&p("post_attention_layernorm"))?,
+                gate: matrix(&p("mlp.gate_proj"), f, d)?,
+                up: matrix(&p("mlp.up_proj"), f, d)?,
+                down: matrix(&p("mlp.down_proj"), d, f)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(matrix("lm_head.weight", v, d)?)
+    };
+    QuantizedLlama::new(
+        config.clone(),
+        matrix("model.embed_tokens.weight", v, d)?,
+        blocks,
+        vector("model.norm.weight")?,
+        head,
+        &source,
+    )
+}

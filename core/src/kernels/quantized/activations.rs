@@ -1,0 +1,89 @@
+//! Activations quantized to 8 bits per block of 32 for the integer block products.
+
+use super::BLOCK;
+
+/// 32 activations as `x ≈ d·q`: `d = max|x| / 127`, `q = round(x / d)` (ties away from zero, as
+/// llama.cpp's `quantize_row_q8_1`), and `sum = Σ q` (exact, for the formats with an offset).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(8))]
+pub struct Q8Block {
+    /// The 32 quantized values.
+    pub qs: [i8; BLOCK],
+    /// The scale.
+    pub d: f32,
+    /// `Σ qs`.
+    pub sum: i32,
+}
+
+/// T rows of `cols` activations, as f32 and (when `cols` is a multiple of 32) as [`Q8Block`]s.
+#[derive(Debug, Clone, Default)]
+pub struct Q8Activations {
+    tokens: usize,
+    cols: usize,
+    values: Vec<f32>,
+    blocks: Vec<Q8Block>,
+}
+
+impl Q8Activations {
+    /// Quantizes `x`.
+    ///
+    /// # Shapes
+    /// - `x`: `[T, cols]`
+    ///
+    /// # Panics
+    /// If `x.len()` is not a multiple of `cols` (a bug in the caller).
+    pub fn new(x: &[f32], cols: usize) -> Self {
+        assert!(
+            cols > 0 && x.len().is_multiple_of(cols),
+            "{} values in rows of {cols}",
+            x.len()
+        );
+        let blocks = if cols.is_multiple_of(BLOCK) {
+            x.chunks_exact(BLOCK).map(quantize_block).collect()
+        } else {
+            Vec::new()
+        };
+        Q8Activations {
+            tokens: x.len() / cols,
+            cols,
+            values: x.to_vec(),
+            blocks,
+        }
+    }
+
+    /// T.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Values per token.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Token `t`'s f32 values.
+    pub fn values(&self, t: usize) -> &[f32] {
+        &self.values[t * self.cols..(t + 1) * self.cols]
+    }
+
+    /// Token `t`'s blocks (empty when `cols` is not a multiple of 32).
+    pub fn blocks(&self, t: usize) -> &[Q8Block] {
+        let n = self.cols / BLOCK;
+        self.blocks.get(t * n..(t + 1) * n).unwrap_or(&[])
+    }
+}
+
+fn quantize_block(x: &[f32]) -> Q8Block {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; BLOCK];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * inverse).round().clamp(-127.0, 127.0) as i8;
+    }
+    Q8Block {
+        qs,
+        d,
+        sum: qs.iter().map(|&q| q as i32).sum(),
+    }
+}

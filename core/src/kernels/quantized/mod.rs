@@ -1,0 +1,296 @@
+//! Products with weights kept in ggml's own blocks (Q4_0, Q4_1, Q8_0), as llama.cpp runs
+//! inference: no f32 copy of a weight is ever made.
+//!
+//! A product `y = x · Wᵀ` quantizes the activations `x` to 8 bits per block of 32 (one f32
+//! scale and the integer sum of each block, [`Q8Activations`]); each (weight block, activation
+//! block) pair is then an integer dot product of 32 values, scaled once by `d_w · d_x`. The
+//! block formats:
+//! - Q4_0: f16 `d`, 16 bytes of nibbles `q`; `w = d·(q − 8)` → `d_w·d_x·(Σ q·x − 8·Σ x)`;
+//! - Q4_1: f16 `d`, f16 `m`, 16 bytes of nibbles; `w = d·q + m` → `d_w·d_x·Σ q·x + m·d_x·Σ x`;
+//! - Q8_0: f16 `d`, 32 × i8; `w = d·q` → `d_w·d_x·Σ q·x`;
+//! - F32: any other GGUF type, dequantized once at load (products in f32, no activation
+//!   quantization).
+//!
+//! The nibbles of a 4-bit block hold elements 0..16 in their low halves and 16..32 in their high
+//! halves. Quantizing the activations costs accuracy of the same order as the weights' own 8-bit
+//! blocks (llama.cpp's `Q8_1`/`Q8_0` activations); the integer sums are exact.
+//!
+//! The kernels: `x86.rs` (AVX2, and AVX-512 VNNI's `vpdpbusd` where the CPU has it, picked at
+//! run time) and `scalar.rs` (everywhere else, and the reference the SIMD kernels are tested
+//! against). A product is split over rayon's threads by rows of `W`.
+//!
+//! # Shapes
+//! - `W`: `[rows, cols]` (PyTorch's `[out, in]`), row-major, `cols` a multiple of 32 for the
+//!   block formats;
+//! - `x`: `[T, cols]`; `y`: `[T, rows]`.
+
+mod activations;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use rayon::prelude::*;
+
+pub use activations::{Q8Activations, Q8Block};
+
+/// Values per block of every block format.
+pub const BLOCK: usize = 32;
+
+/// How a [`QuantizedMatrix`] stores its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// 18 bytes per 32 values: f16 d, 16 bytes of nibbles; `w = d·(q − 8)`.
+    Q4_0,
+    /// 20 bytes per 32 values: f16 d, f16 m, 16 bytes of nibbles; `w = d·q + m`.
+    Q4_1,
+    /// 34 bytes per 32 values: f16 d, 32 × i8; `w = d·q`.
+    Q8_0,
+    /// Little-endian f32 values.
+    F32,
+}
+
+impl BlockFormat {
+    /// Bytes of one row of `cols` values.
+    pub const fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            BlockFormat::Q4_0 => cols / BLOCK * 18,
+            BlockFormat::Q4_1 => cols / BLOCK * 20,
+            BlockFormat::Q8_0 => cols / BLOCK * 34,
+            BlockFormat::F32 => cols * 4,
+        }
+    }
+
+    /// Whether rows are blocks of 32 with 8-bit activations.
+    pub const fn is_blocked(self) -> bool {
+        !matches!(self, BlockFormat::F32)
+    }
+}
+
+/// A `[rows, cols]` weight matrix in one block format.
+#[derive(Debug, Clone)]
+pub struct QuantizedMatrix {
+    format: BlockFormat,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl QuantizedMatrix {
+    /// A matrix from its rows' bytes (as a GGUF stores them); the message says what does not fit.
+    pub fn new(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, String> {
+        if format.is_blocked() && !cols.is_multiple_of(BLOCK) {
+            return Err(format!(
+                "{format:?} rows need a multiple of {BLOCK} columns, not {cols}"
+            ));
+        }
+        let expected = rows * format.row_bytes(cols);
+        if bytes.len() != expected {
+            return Err(format!(
+                "{} bytes for a [{rows}, {cols}] {format:?} matrix; expected {expected}",
+                bytes.len()
+            ));
+        }
+        Ok(QuantizedMatrix {
+            format,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
+    /// An f32 matrix (row-major values).
+    ///
+    /// # Panics
+    /// If `values.len() != rows · cols` (a bug in the caller).
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Self {
+        assert_eq!(values.len(), rows * cols, "[{rows}, {cols}] f32 matrix");
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        QuantizedMatrix {
+            format: BlockFormat::F32,
+            rows,
+            cols,
+            bytes,
+        }
+    }
+
+    /// The storage format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (what streams from memory per product).
+    pub fn resident_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.format.row_bytes(self.cols);
+        &self.bytes[r * n..(r + 1) * n]
+    }
+
+    /// Row `r` as f32 values (an embedding lookup).
+    ///
+    /// # Panics
+    /// If `r ≥ rows` or `out.len() != cols` (a bug in the caller).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(
+            r < self.rows && out.len() == self.cols,
+            "row {r} of {self:?}"
+        );
+        scalar::dequantize_row(self.format, self.row(r), out);
+    }
+
+    /// The rows in a new order: row `i` of the result is row `order[i]` of `self` (llama.cpp's
+    /// Q/K permutation undone without touching the blocks).
+    ///
+    /// # Panics
+    /// If `order` is not `rows` indices below `rows` (a bug in the caller).
+    pub fn with_rows_in_order(&self, order: &[usize]) -> Self {
+        assert_eq!(order.len(), self.rows, "a new order of every row");
+        let bytes = order
+            .iter()
+            .flat_map(|&r| self.row(r).iter().copied())
+            .collect();
+        QuantizedMatrix {
+            bytes,
+            ..self.clone_header()
+        }
+    }
+
+    /// Several matrices with the same format and columns as one (their rows one after another),
+    /// so that one product covers them (Q, K and V; gate and up). `None` if they differ.
+    pub fn stacked(parts: &[&QuantizedMatrix]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.format != first.format || p.cols != first.cols)
+        {
+            return None;
+        }
+        Some(QuantizedMatrix {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            bytes: parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
+            ..first.clone_header()
+        })
+    }
+
+    fn clone_header(&self) -> Self {
+        QuantizedMatrix {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            bytes: Vec::new(),
+        }
+    }
+
+    /// `y = x · Wᵀ` for the T rows of `x`, split over rayon's threads by rows of `W`.
+    ///
+    /// # Shapes
+    /// - `x`: `[T, cols]` → `out`: `[T, rows]`
+    ///
+    /// # Panics
+    /// If the shapes disagree (a bug in the caller).
+    pub fn matmul(&self, x: &Q8Activations, out: &mut [f32]) {
+        let t = x.tokens();
+        assert!(
+            x.cols() == self.cols && out.len() == t * self.rows,
+            "[{t}, {}] · [{}, {}]ᵀ into {} values",
+            x.cols(),
+            self.rows,
+            self.cols,
+            out.len()
+        );
+        if t == 0 || self.rows == 0 {
+            return;
+        }
+        let kernel = RowKernel::for_this_cpu();
+        // Each task: a run of rows for every token, written row-major as [rows, T].
+        let rows_per_task = rows_per_task(self.rows, self.cols * t);
+        let mut by_row = if t == 1 {
+            Vec::new()
+        } else {
+            vec![0.0f32; t * self.rows]
+        };
+        let target: &mut [f32] = if t == 1 { out } else { &mut by_row };
+        target
+            .par_chunks_mut(rows_per_task * t)
+            .enumerate()
+            .for_each(|(task, chunk)| {
+                let first = task * rows_per_task;
+                for (i, row_out) in chunk.chunks_exact_mut(t).enumerate() {
+                    kernel.row(self.format, self.row(first + i), x, row_out);
+                }
+            });
+        if t > 1 {
+            for (r, row) in by_row.chunks_exact(t).enumerate() {
+                for (token, &v) in row.iter().enumerate() {
+                    out[token * self.rows + r] = v;
+                }
+            }
+        }
+    }
+}
+
+/// Rows per rayon task: about 16 tasks a thread for balance, at least enough work that
+/// scheduling (a few µs) is noise.
+fn rows_per_task(rows: usize, work_per_row: usize) -> usize {
+    const MIN_WORK: usize = 64 * 1024;
+    let by_balance = rows.div_ceil(16 * rayon::current_num_threads());
+    let by_work = MIN_WORK.div_ceil(work_per_row.max(1));
+    by_balance.max(by_work).clamp(1, rows)
+}
+
+/// The row kernel this CPU runs (picked once per product).
+#[derive(Debug, Clone, Copy)]
+enum RowKernel {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl RowKernel {
+    fn for_this_cpu() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::has_vnni() {
+                return RowKernel::Vnni;
+            }
+            if x86::has_avx2() {
+                return RowKernel::Avx2;
+            }
+        }
+        RowKernel::Scalar
+    }
+
+    /// One row of `W` times every token of `x`: `out[t] = W[r] · x[t]`.
+    fn row(self, format: BlockFormat, row: &[u8], x: &Q8Activations, out: &mut [f32]) {
+        match self {
+            RowKernel::Scalar => scalar::row(format, row, x, out),
+            // SAFETY: the CPU has the features the variant names (checked in `for_this_cpu`).
+            #[cfg(target_arch = "x86_64")]
+            RowKernel::Avx2 => unsafe { x86::avx2::row(format, row, x, out) },
+            #[cfg(target_arch = "x86_64")]
+            RowKernel::Vnni => unsafe { x86::vnni::row(format, row, x, out) },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,210 @@
+//! The block products against their definition: the SIMD kernels give the portable kernel's
+//! sums, the portable kernel gives `dequantize(W) · dequantize(q8(x))` (the integer sums are
+//! exact), and the 8-bit activations stay within their rounding bound of the f32 product.
+
+use half::f16;
+
+use super::*;
+use crate::rng::SplitMix64;
+
+fn uniform(rng: &mut SplitMix64) -> f32 {
+    rng.next_f64() as f32 * 2.0 - 1.0
+}
+
+/// Random rows in `format` with scales like a real checkpoint's (|w| ≲ 0.1).
+fn random_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
+    let mut rng = SplitMix64(seed);
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / BLOCK {
+        let d = f16::from_f32(0.002 + 0.01 * rng.next_f64() as f32);
+        bytes.extend(d.to_le_bytes());
+        match format {
+            BlockFormat::Q4_0 => bytes.extend((0..16).map(|_| (rng.next_u64() & 0xff) as u8)),
+            BlockFormat::Q4_1 => {
+                bytes.extend(f16::from_f32(-0.08 * rng.next_f64() as f32).to_le_bytes());
+                bytes.extend((0..16).map(|_| (rng.next_u64() & 0xff) as u8));
+            }
+            // Every i8 value, −128 included (the sign trick's edge case).
+            BlockFormat::Q8_0 => bytes.extend((0..32).map(|_| (rng.next_u64() & 0xff) as u8)),
+            BlockFormat::F32 => unreachable!(),
+        }
+    }
+    QuantizedMatrix::new(format, rows, cols, bytes).unwrap()
+}
+
+fn activations(tokens: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = SplitMix64(seed);
+    (0..tokens * cols)
+        .map(|_| 3.0 * uniform(&mut rng))
+        .collect()
+}
+
+fn dequantized(w: &QuantizedMatrix) -> Vec<f32> {
+    let mut out = vec![0.0; w.rows() * w.cols()];
+    for (r, row) in out.chunks_exact_mut(w.cols()).enumerate() {
+        w.dequantize_row(r, row);
+    }
+    out
+}
+
+const FORMATS: [BlockFormat; 3] = [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0];
+
+#[test]
+fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
+    let (rows, cols) = (12, 160);
+    for format in FORMATS {
+        let w = random_matrix(format, rows, cols, 1);
+        let x = Q8Activations::new(&activations(3, cols, 2), cols);
+        let mut y = vec![0.0; 3 * rows];
+        for r in 0..rows {
+            let mut out = [0.0; 3];
+            scalar::row(format, w.row(r), &x, &mut out);
+            for t in 0..3 {
+                y[t * rows + r] = out[t];
+            }
+        }
+        let wf = dequantized(&w);
+        for t in 0..3 {
+            let xq: Vec<f64> = x
+                .blocks(t)
+                .iter()
+                .flat_map(|b| b.qs.iter().map(move |&q| q as f64 * b.d as f64))
+                .collect();
+            for r in 0..rows {
+                let exact: f64 = wf[r * cols..(r + 1) * cols]
+                    .iter()
+                    .zip(&xq)
+                    .map(|(&a, &b)| a as f64 * b)
+                    .sum();
+                let scale: f64 = wf[r * cols..(r + 1) * cols]
+                    .iter()
+                    .zip(&xq)
+                    .map(|(&a, &b)| (a as f64 * b).abs())
+                    .sum();
+                let got = y[t * rows + r] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-5 * scale,
+                    "{format:?} row {r} token {t}: {got} vs {exact} (Σ|w·x| {scale})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn eight_bit_activations_stay_within_their_rounding_bound() {
+    // |Σ w·(x − x̂)| ≤ Σ_b (d_x,b / 2)·Σ_{i∈b} |w_i|: each activation is off by at most half a step.
+    let (rows, cols) = (8, 256);
+    for format in FORMATS {
+        let w = random_matrix(format, rows, cols, 3);
+        let xf = activations(1, cols, 4);
+        let x = Q8Activations::new(&xf, cols);
+        let mut y = vec![0.0; rows];
+        w.matmul(&x, &mut y);
+        let wf = dequantized(&w);
+        for r in 0..rows {
+            let row = &wf[r * cols..(r + 1) * cols];
+            let exact: f64 = row
+                .iter()
+                .zip(&xf)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            let bound: f64 = row
+                .chunks_exact(BLOCK)
+                .zip(x.blocks(0))
+                .map(|(wb, xb)| xb.d as f64 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>())
+                .sum();
+            let err = (y[r] as f64 - exact).abs();
+            assert!(
+                err <= bound * 1.001 + 1e-6,
+                "{format:?} row {r}: error {err} > bound {bound}"
+            );
+            assert!(
+                err > 0.0 || bound == 0.0,
+                "the 8-bit activations changed nothing?"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_kernel_this_cpu_runs_matches_the_portable_one() {
+    let (rows, cols) = (40, 192);
+    let mut kernels = vec![RowKernel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            kernels.push(RowKernel::Avx2);
+        }
+        if x86::has_vnni() {
+            kernels.push(RowKernel::Vnni);
+        }
+    }
+    for format in FORMATS {
+        let w = random_matrix(format, rows, cols, 5);
+        // 1 token (decoding), a whole tile, and tiles with a remainder.
+        for tokens in [1, 4, 7] {
+            let x = Q8Activations::new(&activations(tokens, cols, 6), cols);
+            for r in 0..rows {
+                let mut reference = vec![0.0; tokens];
+                scalar::row(format, w.row(r), &x, &mut reference);
+                for &kernel in &kernels {
+                    let mut got = vec![0.0; tokens];
+                    kernel.row(format, w.row(r), &x, &mut got);
+                    for (t, (a, b)) in got.iter().zip(&reference).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "{kernel:?} {format:?} row {r} token {t}/{tokens}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prompt_product_is_each_tokens_product_and_f32_rows_are_plain_dot_products() {
+    let (rows, cols) = (300, 64);
+    let xs = activations(5, cols, 7);
+    let mut w = random_matrix(BlockFormat::Q4_1, rows, cols, 8);
+    let wf = dequantized(&w);
+    for pass in 0..2 {
+        let x = Q8Activations::new(&xs, cols);
+        let mut all = vec![0.0; 5 * rows];
+        w.matmul(&x, &mut all);
+        for t in 0..5 {
+            let one = Q8Activations::new(&xs[t * cols..(t + 1) * cols], cols);
+            let mut y = vec![0.0; rows];
+            w.matmul(&one, &mut y);
+            assert_eq!(
+                &all[t * rows..(t + 1) * rows],
+                &y[..],
+                "{:?} token {t}",
+                w.format()
+            );
+        }
+        if pass == 0 {
+            w = QuantizedMatrix::from_f32(rows, cols, &wf);
+        } else {
+            let exact: f32 = wf[..cols].iter().zip(&xs[..cols]).map(|(a, b)| a * b).sum();
+            assert!((all[0] - exact).abs() < 1e-4, "{} vs {exact}", all[0]);
+        }
+    }
+}
+
+#[test]
+fn rows_reorder_and_stack_without_touching_the_blocks() {
+    let a = random_matrix(BlockFormat::Q8_0, 3, 64, 9);
+    let b = random_matrix(BlockFormat::Q8_0, 2, 64, 10);
+    let both = QuantizedMatrix::stacked(&[&a, &b]).unwrap();
+    assert_eq!((both.rows(), both.cols()), (5, 64));
+    assert_eq!(both.row(3), b.row(0));
+    let swapped = a.with_rows_in_order(&[2, 0, 1]);
+    assert_eq!(swapped.row(0), a.row(2));
+    assert_eq!(swapped.row(1), a.row(0));
+    let other = random_matrix(BlockFormat::Q4_0, 2, 64, 11);
+    assert!(QuantizedMatrix::stacked(&[&a, &other]).is_none());
+    assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 1, 48, vec![0; 30]).is_err());
+    assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 2, 64, vec![0; 79]).is_err());
+}

@@ -1,0 +1,426 @@
+//! A Llama for generation whose linear weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0):
+//! the same math as [`Llama`](super::Llama) in inference, run on host vectors with the block
+//! products of `kernels::quantized` (8-bit activations, integer SIMD dot products), a key/value
+//! cache, and no f32 copy of the model. Decoding streams the quantized bytes once per token
+//! (SmolLM2-135M Q4_1: 96 MB instead of 538 MB).
+//!
+//! The order of the math is [`Block`](super::block)'s: `x + attn(norm₁(x))`, then
+//! `x + mlp(norm₂(x))`; HF's rotate-half RoPE (the loader undoes llama.cpp's Q/K row order);
+//! grouped-query attention (head h reads K/V head `h / (H / Hkv)`); SwiGLU.
+
+use rayon::prelude::*;
+
+use super::rope::{inverse_frequencies, tables};
+use crate::config::LlamaConfig;
+use crate::error::{Error, Result};
+use crate::kernels::quantized::{Q8Activations, QuantizedMatrix};
+
+/// One decoder block's weights, as read from a checkpoint.
+#[derive(Debug, Clone)]
+pub struct QuantizedBlockWeights {
+    /// `[D]`.
+    pub attn_norm: Vec<f32>,
+    /// `[H·Dh, D]`, rows in HF's order.
+    pub q: QuantizedMatrix,
+    /// `[Hkv·Dh, D]`, rows in HF's order.
+    pub k: QuantizedMatrix,
+    /// `[Hkv·Dh, D]`.
+    pub v: QuantizedMatrix,
+    /// `[D, H·Dh]`.
+    pub o: QuantizedMatrix,
+    /// `[D]`.
+    pub ffn_norm: Vec<f32>,
+    /// `[F, D]`.
+    pub gate: QuantizedMatrix,
+    /// `[F, D]`.
+    pub up: QuantizedMatrix,
+    /// `[D, F]`.
+    pub down: QuantizedMatrix,
+}
+
+/// Products that read the same input (Q, K, V; gate, up): one product over their stacked rows
+/// when they share a format, else one each.
+#[derive(Debug, Clone)]
+struct SameInput {
+    stacked: Option<QuantizedMatrix>,
+    parts: Vec<QuantizedMatrix>,
+}
+
+impl SameInput {
+    fn new(parts: Vec<QuantizedMatrix>) -> Self {
+        let stacked = QuantizedMatrix::stacked(&parts.iter().collect::<Vec<_>>());
+        SameInput {
+            parts: if stacked.is_some() { Vec::new() } else { parts },
+            stacked,
+        }
+    }
+
+    fn resident_bytes(&self) -> usize {
+        let stacked = self
+            .stacked
+            .as_ref()
+            .map_or(0, QuantizedMatrix::resident_bytes);
+        stacked
+            + self
+                .parts
+                .iter()
+                .map(QuantizedMatrix::resident_bytes)
+                .sum::<usize>()
+    }
+
+    /// Each part's `[T, rows_i]` output, given the parts' row counts.
+    fn matmul(&self, x: &Q8Activations, rows: &[usize]) -> Vec<Vec<f32>> {
+        let t = x.tokens();
+        match &self.stacked {
+            Some(w) => {
+                let mut all = vec![0.0; t * w.rows()];
+                w.matmul(x, &mut all);
+                let mut outs: Vec<Vec<f32>> =
+                    rows.iter().map(|&r| Vec::with_capacity(t * r)).collect();
+                for token in all.chunks_exact(w.rows()) {
+                    let mut start = 0;
+                    for (out, &r) in outs.iter_mut().zip(rows) {
+                        out.extend_from_slice(&token[start..start + r]);
+                        start += r;
+                    }
+                }
+                outs
+            }
+            None => self
+                .parts
+                .iter()
+                .map(|w| {
+                    let mut out = vec![0.0; t * w.rows()];
+                    w.matmul(x, &mut out);
+                    out
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct QuantizedBlock {
+    attn_norm: Vec<f32>,
+    qkv: SameInput,
+    o: QuantizedMatrix,
+    ffn_norm: Vec<f32>,
+    gate_up: SameInput,
+    down: QuantizedMatrix,
+}
+
+/// One block's cached keys and values, `[S, Hkv·Dh]` each (RoPE applied to the keys).
+#[derive(Debug, Clone, Default)]
+pub struct HostLayerCache {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// The keys and values of every block.
+#[derive(Debug, Clone, Default)]
+pub struct QuantizedKvCache {
+    layers: Vec<HostLayerCache>,
+    len: usize,
+}
+
+impl QuantizedKvCache {
+    /// Positions cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A Llama whose linear weights stay quantized (see the module docs).
+#[derive(Debug, Clone)]
+pub struct QuantizedLlama {
+    /// The architecture.
+    pub config: LlamaConfig,
+    /// `[V, D]`; also the output head when the embeddings are tied.
+    embed: QuantizedMatrix,
+    layers: Vec<QuantizedBlock>,
+    /// `[D]`.
+    norm: Vec<f32>,
+    /// `[V, D]`, `None` when tied to `embed`.
+    head: Option<QuantizedMatrix>,
+    inv_freq: Vec<f32>,
+}
+
+impl QuantizedLlama {
+    /// The model from its weights; `source` names the checkpoint in messages.
+    pub fn new(
+        config: LlamaConfig,
+        embed: QuantizedMatrix,
+        blocks: Vec<QuantizedBlockWeights>,
+        norm: Vec<f32>,
+        head: Option<QuantizedMatrix>,
+        source: &str,
+    ) -> Result<Self> {
+        let c = &config;
+        let (d, f) = (c.hidden_size, c.intermediate_size);
+        let (q_rows, kv_rows) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        let check = |name: &str, w: &QuantizedMatrix, rows: usize, cols: usize| {
+            if (w.rows(), w.cols()) == (rows, cols) {
+                Ok(())
+            } else {
+                Err(Error::Input(format!(
+                    "{source}: `{name}` is [{}, {}], the config needs [{rows}, {cols}]",
+                    w.rows(),
+                    w.cols()
+                )))
+            }
+        };
+        let check_norm = |name: &str, w: &[f32]| {
+            if w.len() == d {
+                Ok(())
+            } else {
+                Err(Error::Input(format!(
+                    "{source}: `{name}` has {} values, not {d}",
+                    w.len()
+                )))
+            }
+        };
+        check("embedding", &embed, c.vocab_size, d)?;
+        if let Some(head) = &head {
+            check("output head", head, c.vocab_size, d)?;
+        }
+        check_norm("final norm", &norm)?;
+        if blocks.len() != c.num_hidden_layers {
+            return Err(Error::Input(format!(
+                "{source}: {} blocks, the config has {}",
+                blocks.len(),
+                c.num_hidden_layers
+            )));
+        }
+        let mut layers = Vec::with_capacity(blocks.len());
+        for (i, b) in blocks.into_iter().enumerate() {
+            let name = |part: &str| format!("layers.{i}.{part}");
+            check(&name("q"), &b.q, q_rows, d)?;
+            check(&name("k"), &b.k, kv_rows, d)?;
+            check(&name("v"), &b.v, kv_rows, d)?;
+            check(&name("o"), &b.o, d, q_rows)?;
+            check(&name("gate"), &b.gate, f, d)?;
+            check(&name("up"), &b.up, f, d)?;
+            check(&name("down"), &b.down, d, f)?;
+            check_norm(&name("attn_norm"), &b.attn_norm)?;
+            check_norm(&name("ffn_norm"), &b.ffn_norm)?;
+            layers.push(QuantizedBlock {
+                attn_norm: b.attn_norm,
+                qkv: SameInput::new(vec![b.q, b.k, b.v]),
+                o: b.o,
+                ffn_norm: b.ffn_norm,
+                gate_up: SameInput::new(vec![b.gate, b.up]),
+                down: b.down,
+            });
+        }
+        Ok(QuantizedLlama {
+            inv_freq: inverse_frequencies(&config),
+            config,
+            embed,
+            layers,
+            norm,
+            head,
+        })
+    }
+
+    /// Bytes of every weight as held (quantized blocks, f32 norms).
+    pub fn resident_bytes(&self) -> usize {
+        let norms = 4 * (self.norm.len() + self.layers.len() * 2 * self.config.hidden_size);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv.resident_bytes()
+                    + l.o.resident_bytes()
+                    + l.gate_up.resident_bytes()
+                    + l.down.resident_bytes()
+            })
+            .sum();
+        self.embed.resident_bytes()
+            + self
+                .head
+                .as_ref()
+                .map_or(0, QuantizedMatrix::resident_bytes)
+            + layers
+            + norms
+    }
+
+    /// Logits of the last new token, running only the new tokens through the model.
+    ///
+    /// # Shapes
+    /// - `new_ids`: T new tokens of one sequence → `[V]`
+    pub fn next_token_logits(
+        &self,
+        new_ids: &[u32],
+        cache: &mut QuantizedKvCache,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (t, d) = (new_ids.len(), c.hidden_size);
+        if t == 0 {
+            return Err(Error::Input("no tokens to feed the model".into()));
+        }
+        if let Some(id) = new_ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(Error::Input(format!(
+                "token id {id} is out of range for a vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let past = cache.len;
+        let positions: Vec<u32> = (past as u32..(past + t) as u32).collect();
+        let (cos, sin) = tables(&self.inv_freq, &positions); // [T, Dh] each
+        cache
+            .layers
+            .resize_with(self.layers.len(), HostLayerCache::default);
+
+        let mut x = vec![0.0f32; t * d]; // [T, D]
+        for (row, &id) in x.chunks_exact_mut(d).zip(new_ids) {
+            self.embed.dequantize_row(id as usize, row);
+        }
+        for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            self.block(layer, &mut x, &cos, &sin, layer_cache, past);
+        }
+        cache.len = past + t;
+        let mut last = x[(t - 1) * d..].to_vec(); // [1, D]
+        rms_norm(&mut last, &self.norm, c.rms_norm_eps as f32);
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0; c.vocab_size];
+        head.matmul(&Q8Activations::new(&last, d), &mut logits);
+        Ok(logits)
+    }
+
+    /// One decoder block over the T new tokens, in place on `x` (`[T, D]`).
+    fn block(
+        &self,
+        layer: &QuantizedBlock,
+        x: &mut [f32],
+        cos: &[f32],
+        sin: &[f32],
+        cache: &mut HostLayerCache,
+        past: usize,
+    ) {
+        let c = &self.config;
+        let (d, dh, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps as f32);
+        let (q_rows, kv_rows) = (c.num_attention_heads * dh, c.num_key_value_heads * dh);
+        let t = x.len() / d;
+
+        // x + attn(norm₁(x))
+        let h = normed(x, &layer.attn_norm, d, eps);
+        let mut qkv = layer
+            .qkv
+            .matmul(&Q8Activations::new(&h, d), &[q_rows, kv_rows, kv_rows]);
+        let v = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
+        let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
+        let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]
+        rotate(&mut q, cos, sin, dh);
+        rotate(&mut k, cos, sin, dh);
+        cache.keys.extend_from_slice(&k);
+        cache.values.extend_from_slice(&v);
+        let attended = attention(c, &q, cache, past); // [T, H·Dh]
+        let mut o = vec![0.0; t * d];
+        layer
+            .o
+            .matmul(&Q8Activations::new(&attended, q_rows), &mut o);
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+        // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
+        let f = c.intermediate_size;
+        let h = normed(x, &layer.ffn_norm, d, eps);
+        let mut gate_up = layer.gate_up.matmul(&Q8Activations::new(&h, d), &[f, f]);
+        let up = gate_up.pop().unwrap_or_default();
+        let mut act = gate_up.pop().unwrap_or_default(); // [T, F]
+        act.iter_mut()
+            .zip(&up)
+            .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+        let mut down = vec![0.0; t * d];
+        layer.down.matmul(&Q8Activations::new(&act, f), &mut down);
+        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// HF's RMSNorm of one row in place: `x / sqrt(mean(x²) + eps) · w`.
+fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (mean_square + eps).sqrt();
+    x.iter_mut()
+        .zip(weight)
+        .for_each(|(v, w)| *v = *v * scale * w);
+}
+
+/// Every row of `x` (`[T, D]`) normed into a new buffer.
+fn normed(x: &[f32], weight: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    let mut h = x.to_vec();
+    h.chunks_exact_mut(d)
+        .for_each(|row| rms_norm(row, weight, eps));
+    h
+}
+
+/// Rotate-half RoPE in place on `[T, heads·Dh]` with `[T, Dh]` tables.
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], dh: usize) {
+    let half = dh / 2;
+    let t = cos.len() / dh;
+    let width = x.len() / t.max(1);
+    for (token, row) in x.chunks_exact_mut(width).enumerate() {
+        let (cos, sin) = (
+            &cos[token * dh..(token + 1) * dh],
+            &sin[token * dh..(token + 1) * dh],
+        );
+        for head in row.chunks_exact_mut(dh) {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i + half] + a * sin[i + half];
+            }
+        }
+    }
+}
+
+/// Causal grouped-query attention of the T new queries over the cache (which already holds the
+/// new keys): query i (position `past + i`) sees keys `0..=past + i`.
+///
+/// # Shapes
+/// - `q`: `[T, H·Dh]`, cache `[S, Hkv·Dh]` → `[T, H·Dh]`
+fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) -> Vec<f32> {
+    let (h, hkv, dh) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let group = h / hkv;
+    let scale = 1.0 / (dh as f32).sqrt();
+    let kv_width = hkv * dh;
+    let mut out = vec![0.0f32; q.len()];
+    // One task per (token, head); small cases stay on one thread.
+    let seen = cache.keys.len() / kv_width;
+    let min_len = (16 * 1024 / (seen * dh).max(1)).max(1);
+    out.par_chunks_mut(dh)
+        .with_min_len(min_len)
+        .enumerate()
+        .for_each(|(i, out)| {
+            let (token, head) = (i / h, i % h);
+            let g = head / group;
+            let query = &q[i * dh..(i + 1) * dh];
+            let visible = past + token + 1;
+            let mut scores: Vec<f32> = (0..visible)
+                .map(|j| {
+                    let key = &cache.keys[j * kv_width + g * dh..j * kv_width + (g + 1) * dh];
+                    scale * query.iter().zip(key).map(|(a, b)| a * b).sum::<f32>()
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in &mut scores {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            for (j, p) in scores.iter().enumerate() {
+                let value = &cache.values[j * kv_width + g * dh..j * kv_width + (g + 1) * dh];
+                out.iter_mut()
+                    .zip(value)
+                    .for_each(|(o, v)| *o += p / total * v);
+            }
+        });
+    out
+}

@@ -1,0 +1,64 @@
+"""llama.cpp's generation speed on a GGUF, for `napkin bench generate --reference PYTHON`:
+the same prompt token ids (no tokenizing here), threads and token counts as napkin's run.
+Prints one JSON object: prompt and decode tokens/s per timed run, the resident growth while
+the model loads (VmRSS), and llama.cpp's settings."""
+
+import argparse
+import json
+import time
+
+
+def resident_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--tokens", type=int, required=True)
+    p.add_argument("--runs", type=int, required=True)
+    p.add_argument("--prompt-ids", required=True)
+    a = p.parse_args()
+    import llama_cpp
+    import numpy as np
+
+    ids = json.loads(a.prompt_ids)
+    before = resident_bytes()
+    llm = llama_cpp.Llama(model_path=a.model, n_ctx=512, n_batch=512, n_threads=a.threads,
+                          n_threads_batch=a.threads, verbose=False)
+    grown = resident_bytes() - before if before is not None else None
+
+    def once():
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(ids)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(a.tokens):
+            # Greedy, as napkin's run: the argmax of the last logits.
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        decode = time.perf_counter() - start
+        return len(ids) / prefill, a.tokens / decode
+
+    once()  # warm-up, as napkin's
+    runs = [once() for _ in range(a.runs)]
+    print(json.dumps({
+        "prefill": [r[0] for r in runs],
+        "decode": [r[1] for r in runs],
+        "resident_bytes": grown,
+        "settings": {
+            "llama_cpp_python": llama_cpp.__version__,
+            "n_threads": a.threads, "n_threads_batch": a.threads, "n_ctx": 512, "n_batch": 512,
+            "kv_cache": "f16 (llama.cpp's default)", "sampling": "argmax of the logits",
+            "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+        },
+    }))
+
+
+if __name__ == "__main__":
+    main()
