@@ -3,7 +3,8 @@
 use super::BLOCK;
 
 /// 32 activations as `x ≈ d·q`: `d = max|x| / 127`, `q = round(x / d)` (ties away from zero, as
-/// llama.cpp's `quantize_row_q8_1`), and `sum = Σ q` (exact, for the formats with an offset).
+/// llama.cpp's `quantize_row_q8_1`), and `sum = Σ q` (exact, for the formats with an offset;
+/// `d_sum = d·sum` saves the SIMD kernels a conversion per block).
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(8))]
 pub struct Q8Block {
@@ -13,6 +14,8 @@ pub struct Q8Block {
     pub d: f32,
     /// `Σ qs`.
     pub sum: i32,
+    /// `d · Σ qs`.
+    pub d_sum: f32,
 }
 
 /// T rows of `cols` activations, as f32 and (when `cols` is a multiple of 32) as [`Q8Block`]s.
@@ -81,9 +84,11 @@ fn quantize_block(x: &[f32]) -> Q8Block {
     for (q, &v) in qs.iter_mut().zip(x) {
         *q = (v * inverse).round().clamp(-127.0, 127.0) as i8;
     }
+    let sum = qs.iter().map(|&q| q as i32).sum();
     Q8Block {
         qs,
         d,
-        sum: qs.iter().map(|&q| q as i32).sum(),
+        sum,
+        d_sum: d * sum as f32,
     }
 }

@@ -142,8 +142,8 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
     }
     for format in FORMATS {
         let w = random_matrix(format, rows, cols, 5);
-        // 1 token (decoding), a whole tile, and tiles with a remainder.
-        for tokens in [1, 4, 7] {
+        // 1 token (decoding), whole tiles (4 with AVX2, 8 with AVX-512), and remainders.
+        for tokens in [1, 4, 7, 8, 9, 17] {
             let x = Q8Activations::new(&activations(tokens, cols, 6), cols);
             for r in 0..rows {
                 let mut reference = vec![0.0; tokens];

@@ -3,8 +3,9 @@
 //! The same source is compiled twice, once per instruction set, by the `kernels!` macro below.
 //!
 //! Each kernel walks one row of `W` block by block, unpacks the block once and multiplies it
-//! with up to four tokens' activation blocks (so a prompt streams each weight once per four
-//! tokens). Both byte products take an unsigned first operand: 4-bit values are 0..15; an
+//! with a tile of tokens' activation blocks (4 with AVX2, 8 with AVX-512: a prompt reads each
+//! weight block once per tile); even and odd blocks accumulate in separate chains, so that a
+//! single token (decoding) is not bound by the FMA's latency. Both byte products take an unsigned first operand: 4-bit values are 0..15; an
 //! 8-bit weight row is passed as `|w|`, its signs moved onto the activations
 //! (`sign(x, w)`), as llama.cpp does. `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
 
@@ -25,13 +26,13 @@ pub(super) fn has_vnni() -> bool {
     has_avx2() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
 
-/// Tokens multiplied with one unpacked weight block.
-const TILE: usize = 4;
-
 macro_rules! kernels {
-    ($isa:ident, $features:literal, |$w:ident, $x:ident| $dot:expr) => {
+    ($isa:ident, $features:literal, tile $tile:literal, |$w:ident, $x:ident| $dot:expr) => {
         pub(super) mod $isa {
             use super::*;
+
+            /// Tokens multiplied with one unpacked weight block (accumulators: two per token).
+            const TILE: usize = $tile;
 
             /// `Σ w·x` of 32 unsigned bytes and 32 signed bytes, as eight i32 partial sums.
             #[target_feature(enable = $features)]
@@ -76,26 +77,28 @@ macro_rules! kernels {
             /// Q4_0 row × N tokens: `Σ_b d_w·d_x·(Σ q·x − 8·Σ x)`.
             #[target_feature(enable = $features)]
             fn q4_0<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                let mut acc = [_mm256_setzero_ps(); N];
+                // Even and odd blocks in separate chains, so one token's FMAs overlap.
+                let mut acc = [[_mm256_setzero_ps(); N]; 2];
                 let mut offset = [0.0f32; N];
                 for (b, block) in row.chunks_exact(18).enumerate() {
                     let d = half(block, 0);
                     let w = nibbles(&block[2..]);
                     for k in 0..N {
                         let xb = &xs[k][b];
-                        let scale = d * xb.d;
                         let p = _mm256_cvtepi32_ps(dot_u8_i8(w, activations(xb)));
-                        acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(scale), acc[k]);
-                        offset[k] -= 8.0 * scale * xb.sum as f32;
+                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
+                        offset[k] -= 8.0 * d * xb.d_sum;
                     }
                 }
-                std::array::from_fn(|k| horizontal_sum(acc[k]) + offset[k])
+                std::array::from_fn(|k| {
+                    horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])) + offset[k]
+                })
             }
 
             /// Q4_1 row × N tokens: `Σ_b d_w·d_x·Σ q·x + m·d_x·Σ x`.
             #[target_feature(enable = $features)]
             fn q4_1<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc = [[_mm256_setzero_ps(); N]; 2];
                 let mut offset = [0.0f32; N];
                 for (b, block) in row.chunks_exact(20).enumerate() {
                     let (d, m) = (half(block, 0), half(block, 2));
@@ -103,17 +106,19 @@ macro_rules! kernels {
                     for k in 0..N {
                         let xb = &xs[k][b];
                         let p = _mm256_cvtepi32_ps(dot_u8_i8(w, activations(xb)));
-                        acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[k]);
-                        offset[k] += m * xb.d * xb.sum as f32;
+                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
+                        offset[k] += m * xb.d_sum;
                     }
                 }
-                std::array::from_fn(|k| horizontal_sum(acc[k]) + offset[k])
+                std::array::from_fn(|k| {
+                    horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])) + offset[k]
+                })
             }
 
             /// Q8_0 row × N tokens: `Σ_b d_w·d_x·Σ q·x`, as `|q|·(x·sign q)`.
             #[target_feature(enable = $features)]
             fn q8_0<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc = [[_mm256_setzero_ps(); N]; 2];
                 for (b, block) in row.chunks_exact(34).enumerate() {
                     let d = half(block, 0);
                     assert!(block.len() == 34);
@@ -124,13 +129,14 @@ macro_rules! kernels {
                         let xb = &xs[k][b];
                         let signed = _mm256_sign_epi8(activations(xb), w);
                         let p = _mm256_cvtepi32_ps(dot_u8_i8(magnitude, signed));
-                        acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[k]);
+                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
                     }
                 }
-                std::array::from_fn(|k| horizontal_sum(acc[k]))
+                std::array::from_fn(|k| horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])))
             }
 
-            /// `out[t] = row · x[t]` for every token, `TILE` tokens per pass over the row.
+            /// `out[t] = row · x[t]` for every token: `TILE` tokens per pass over the row, the
+            /// rest in tiles of 4, 2 and 1.
             ///
             /// # Safety
             /// The CPU must have the features this module is compiled for.
@@ -141,50 +147,49 @@ macro_rules! kernels {
                 x: &Q8Activations,
                 out: &mut [f32],
             ) {
-                let kernel = match format {
-                    BlockFormat::F32 => return scalar::row(format, row, x, out),
-                    BlockFormat::Q4_0 => Kernel {
-                        one: q4_0::<1>,
-                        tile: q4_0::<TILE>,
-                    },
-                    BlockFormat::Q4_1 => Kernel {
-                        one: q4_1::<1>,
-                        tile: q4_1::<TILE>,
-                    },
-                    BlockFormat::Q8_0 => Kernel {
-                        one: q8_0::<1>,
-                        tile: q8_0::<TILE>,
-                    },
-                };
+                if format == BlockFormat::F32 {
+                    return scalar::row(format, row, x, out);
+                }
                 debug_assert_eq!(row.len(), format.row_bytes(x.cols()));
                 let mut t0 = 0;
-                while t0 + TILE <= out.len() {
-                    let xs = std::array::from_fn(|k| x.blocks(t0 + k));
-                    // SAFETY: the same features as this function.
-                    let sums = unsafe { (kernel.tile)(row, xs) };
-                    out[t0..t0 + TILE].copy_from_slice(&sums);
-                    t0 += TILE;
-                }
-                for (t, o) in out.iter_mut().enumerate().skip(t0) {
-                    // SAFETY: the same features as this function.
-                    *o = unsafe { (kernel.one)(row, [x.blocks(t)]) }[0];
-                }
+                tiles::<TILE>(format, row, x, out, &mut t0);
+                tiles::<4>(format, row, x, out, &mut t0);
+                tiles::<2>(format, row, x, out, &mut t0);
+                tiles::<1>(format, row, x, out, &mut t0);
             }
 
-            /// One format's kernel for a single token and for a tile of tokens.
-            struct Kernel {
-                one: unsafe fn(&[u8], [&[Q8Block]; 1]) -> [f32; 1],
-                tile: unsafe fn(&[u8], [&[Q8Block]; TILE]) -> [f32; TILE],
+            /// As many tiles of N tokens as fit from token `t0` on.
+            #[target_feature(enable = $features)]
+            fn tiles<const N: usize>(
+                format: BlockFormat,
+                row: &[u8],
+                x: &Q8Activations,
+                out: &mut [f32],
+                t0: &mut usize,
+            ) {
+                while *t0 + N <= out.len() {
+                    let xs = std::array::from_fn(|k| x.blocks(*t0 + k));
+                    let sums = match format {
+                        BlockFormat::Q4_0 => q4_0::<N>(row, xs),
+                        BlockFormat::Q4_1 => q4_1::<N>(row, xs),
+                        BlockFormat::Q8_0 => q8_0::<N>(row, xs),
+                        BlockFormat::F32 => unreachable!("f32 rows take the portable kernel"),
+                    };
+                    out[*t0..*t0 + N].copy_from_slice(&sums);
+                    *t0 += N;
+                }
             }
         }
     };
 }
 
-kernels!(avx2, "avx2,fma,f16c", |w, x| {
+// AVX2 has 16 vector registers: 2 × 4 accumulators leave room for the operands.
+kernels!(avx2, "avx2,fma,f16c", tile 4, |w, x| {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 });
 
-kernels!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |w, x| {
+// AVX-512 has 32: 2 × 8 accumulators.
+kernels!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", tile 8, |w, x| {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 });
 
