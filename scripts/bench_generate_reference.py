@@ -1,10 +1,13 @@
 """llama.cpp's generation speed on a GGUF, for `napkin bench generate --reference PYTHON`:
 the same prompt token ids (no tokenizing here), threads and token counts as napkin's run.
-Prints one JSON object: prompt and decode tokens/s per timed run, the resident growth while
-the model loads (VmRSS), and llama.cpp's settings."""
+
+It loads the model, prints one JSON line (its resident growth while loading, VmRSS, and its
+settings), then answers each `run` line on stdin with one timed run as a JSON line (prompt and
+decode tokens/s), so that napkin can alternate its runs with these; `quit` ends it."""
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -21,7 +24,6 @@ def main():
     p.add_argument("model")
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--tokens", type=int, required=True)
-    p.add_argument("--runs", type=int, required=True)
     p.add_argument("--prompt-ids", required=True)
     a = p.parse_args()
     import llama_cpp
@@ -43,13 +45,9 @@ def main():
             # Greedy, as napkin's run: the argmax of the last logits.
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
         decode = time.perf_counter() - start
-        return len(ids) / prefill, a.tokens / decode
+        return {"prefill": len(ids) / prefill, "decode": a.tokens / decode}
 
-    once()  # warm-up, as napkin's
-    runs = [once() for _ in range(a.runs)]
     print(json.dumps({
-        "prefill": [r[0] for r in runs],
-        "decode": [r[1] for r in runs],
         "resident_bytes": grown,
         "settings": {
             "llama_cpp_python": llama_cpp.__version__,
@@ -57,7 +55,11 @@ def main():
             "kv_cache": "f16 (llama.cpp's default)", "sampling": "argmax of the logits",
             "system_info": llama_cpp.llama_print_system_info().decode().strip(),
         },
-    }))
+    }), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        print(json.dumps(once()), flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ pub struct Q8Activations {
     cols: usize,
     values: Vec<f32>,
     blocks: Vec<Q8Block>,
+    /// Each block's `d`, `[T, cols / 32]` (contiguous, for vector loads).
+    scales: Vec<f32>,
+    /// Each block's `d·Σq`, `[T, cols / 32]`.
+    d_sums: Vec<f32>,
 }
 
 impl Q8Activations {
@@ -41,7 +45,7 @@ impl Q8Activations {
             "{} values in rows of {cols}",
             x.len()
         );
-        let blocks = if cols.is_multiple_of(BLOCK) {
+        let blocks: Vec<Q8Block> = if cols.is_multiple_of(BLOCK) {
             x.chunks_exact(BLOCK).map(quantize_block).collect()
         } else {
             Vec::new()
@@ -50,6 +54,8 @@ impl Q8Activations {
             tokens: x.len() / cols,
             cols,
             values: x.to_vec(),
+            scales: blocks.iter().map(|b| b.d).collect(),
+            d_sums: blocks.iter().map(|b| b.d_sum).collect(),
             blocks,
         }
     }
@@ -73,6 +79,18 @@ impl Q8Activations {
     pub fn blocks(&self, t: usize) -> &[Q8Block] {
         let n = self.cols / BLOCK;
         self.blocks.get(t * n..(t + 1) * n).unwrap_or(&[])
+    }
+
+    /// Token `t`'s block scales `d`.
+    pub fn scales(&self, t: usize) -> &[f32] {
+        let n = self.cols / BLOCK;
+        self.scales.get(t * n..(t + 1) * n).unwrap_or(&[])
+    }
+
+    /// Token `t`'s `d·Σq` per block.
+    pub fn d_sums(&self, t: usize) -> &[f32] {
+        let n = self.cols / BLOCK;
+        self.d_sums.get(t * n..(t + 1) * n).unwrap_or(&[])
     }
 }
 

@@ -232,9 +232,9 @@ impl QuantizedMatrix {
             .enumerate()
             .for_each(|(task, chunk)| {
                 let first = task * rows_per_task;
-                for (i, row_out) in chunk.chunks_exact_mut(t).enumerate() {
-                    kernel.row(self.format, self.row(first + i), x, row_out);
-                }
+                let row_bytes = self.format.row_bytes(self.cols);
+                let rows = &self.bytes[first * row_bytes..(first + chunk.len() / t) * row_bytes];
+                kernel.rows(self.format, rows, x, chunk);
             });
         if t > 1 {
             for (r, row) in by_row.chunks_exact(t).enumerate() {
@@ -279,15 +279,15 @@ impl RowKernel {
         RowKernel::Scalar
     }
 
-    /// One row of `W` times every token of `x`: `out[t] = W[r] · x[t]`.
-    fn row(self, format: BlockFormat, row: &[u8], x: &Q8Activations, out: &mut [f32]) {
+    /// A run of rows of `W` times every token of `x`: `out[r·T + t] = W[r] · x[t]`.
+    fn rows(self, format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
         match self {
-            RowKernel::Scalar => scalar::row(format, row, x, out),
+            RowKernel::Scalar => scalar::rows(format, rows, x, out),
             // SAFETY: the CPU has the features the variant names (checked in `for_this_cpu`).
             #[cfg(target_arch = "x86_64")]
-            RowKernel::Avx2 => unsafe { x86::avx2::row(format, row, x, out) },
+            RowKernel::Avx2 => unsafe { x86::avx2::rows(format, rows, x, out) },
             #[cfg(target_arch = "x86_64")]
-            RowKernel::Vnni => unsafe { x86::vnni::row(format, row, x, out) },
+            RowKernel::Vnni => unsafe { x86::vnni::rows(format, rows, x, out) },
         }
     }
 }

@@ -10,6 +10,14 @@ fn f16_at(bytes: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32()
 }
 
+/// `out[r·T + t] = W[r] · x[t]` for a run of rows of `W` and every token.
+pub(super) fn rows(format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
+    let row_bytes = format.row_bytes(x.cols());
+    for (r, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(x.tokens())) {
+        row(format, r, x, out);
+    }
+}
+
 /// `out[t] = row · x[t]` for every token.
 pub(super) fn row(format: BlockFormat, row: &[u8], x: &Q8Activations, out: &mut [f32]) {
     for (t, o) in out.iter_mut().enumerate() {

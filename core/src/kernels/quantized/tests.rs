@@ -129,7 +129,8 @@ fn eight_bit_activations_stay_within_their_rounding_bound() {
 
 #[test]
 fn every_kernel_this_cpu_runs_matches_the_portable_one() {
-    let (rows, cols) = (40, 192);
+    // 18 blocks a row: two groups of eight and two left over (the SIMD kernels' two paths).
+    let (rows, cols) = (40, 576);
     let mut kernels = vec![RowKernel::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
@@ -142,21 +143,20 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
     }
     for format in FORMATS {
         let w = random_matrix(format, rows, cols, 5);
-        // 1 token (decoding), whole tiles (4 with AVX2, 8 with AVX-512), and remainders.
+        // 1 token (decoding) and prompts of several.
         for tokens in [1, 4, 7, 8, 9, 17] {
             let x = Q8Activations::new(&activations(tokens, cols, 6), cols);
-            for r in 0..rows {
-                let mut reference = vec![0.0; tokens];
-                scalar::row(format, w.row(r), &x, &mut reference);
-                for &kernel in &kernels {
-                    let mut got = vec![0.0; tokens];
-                    kernel.row(format, w.row(r), &x, &mut got);
-                    for (t, (a, b)) in got.iter().zip(&reference).enumerate() {
-                        assert!(
-                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                            "{kernel:?} {format:?} row {r} token {t}/{tokens}: {a} vs {b}"
-                        );
-                    }
+            let mut reference = vec![0.0; rows * tokens];
+            scalar::rows(format, &w.bytes, &x, &mut reference);
+            for &kernel in &kernels {
+                let mut got = vec![0.0; rows * tokens];
+                kernel.rows(format, &w.bytes, &x, &mut got);
+                for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+                    let (r, t) = (i / tokens, i % tokens);
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{kernel:?} {format:?} row {r} token {t}/{tokens}: {a} vs {b}"
+                    );
                 }
             }
         }

@@ -2,12 +2,15 @@
 //! `vpdpbusd` (32 byte products summed into eight i32 in one instruction) where the CPU has it.
 //! The same source is compiled twice, once per instruction set, by the `kernels!` macro below.
 //!
-//! Each kernel walks one row of `W` block by block, unpacks the block once and multiplies it
-//! with a tile of tokens' activation blocks (4 with AVX2, 8 with AVX-512: a prompt reads each
-//! weight block once per tile); even and odd blocks accumulate in separate chains, so that a
-//! single token (decoding) is not bound by the FMA's latency. Both byte products take an unsigned first operand: 4-bit values are 0..15; an
-//! 8-bit weight row is passed as `|w|`, its signs moved onto the activations
-//! (`sign(x, w)`), as llama.cpp does. `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
+//! For each row of `W`: the row is unpacked once into a small buffer that stays in L1 (each
+//! block's 32 unsigned bytes, its scale `d_w` and its offset: `m` for Q4_1, `−8·d_w` for Q4_0),
+//! then every token walks it eight blocks at a time: eight byte products, their lanes summed
+//! into one vector of eight block sums, scaled by `d_w·d_x` and the offsets added (`off·d_x·Σx`)
+//! in two vector FMAs. The last `nb mod 8` blocks go one by one.
+//!
+//! Both byte products take an unsigned first operand: 4-bit values are 0..15; an 8-bit weight
+//! is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp does.
+//! `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
 
 use std::arch::x86_64::*;
 
@@ -26,13 +29,34 @@ pub(super) fn has_vnni() -> bool {
     has_avx2() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
 
+/// The formats as const parameters of the one kernel.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Bytes per block of a format.
+const fn block_bytes(format: u8) -> usize {
+    match format {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        _ => 34,
+    }
+}
+
+/// Blocks whose sums go into one vector.
+const GROUP: usize = 8;
+
+/// One row unpacked: per block its unsigned bytes, `d_w` and offset.
+struct Unpacked {
+    bytes: Vec<__m256i>,
+    scales: Vec<f32>,
+    offsets: Vec<f32>,
+}
+
 macro_rules! kernels {
-    ($isa:ident, $features:literal, tile $tile:literal, |$w:ident, $x:ident| $dot:expr) => {
+    ($isa:ident, $features:literal, |$w:ident, $x:ident| $dot:expr) => {
         pub(super) mod $isa {
             use super::*;
-
-            /// Tokens multiplied with one unpacked weight block (accumulators: two per token).
-            const TILE: usize = $tile;
 
             /// `Σ w·x` of 32 unsigned bytes and 32 signed bytes, as eight i32 partial sums.
             #[target_feature(enable = $features)]
@@ -56,6 +80,22 @@ macro_rules! kernels {
                 _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
             }
 
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn load32(bytes: &[u8]) -> __m256i {
+                assert!(bytes.len() >= 32);
+                // SAFETY: 32 readable bytes (checked above); unaligned load.
+                unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+            }
+
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn load8(values: &[f32]) -> __m256 {
+                assert!(values.len() >= 8);
+                // SAFETY: 8 readable values (checked above).
+                unsafe { _mm256_loadu_ps(values.as_ptr()) }
+            }
+
             /// A 4-bit block's 16 bytes as 32 bytes 0..15 (low nibbles first).
             #[target_feature(enable = $features)]
             #[inline]
@@ -67,129 +107,135 @@ macro_rules! kernels {
                 _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
             }
 
+            /// The eight lane sums of eight vectors, as one vector: `[Σp0, …, Σp7]`.
             #[target_feature(enable = $features)]
             #[inline]
-            fn activations(xb: &Q8Block) -> __m256i {
+            fn reduce8(p: &[__m256i; GROUP]) -> __m256i {
+                let s01 = _mm256_hadd_epi32(p[0], p[1]);
+                let s23 = _mm256_hadd_epi32(p[2], p[3]);
+                let s45 = _mm256_hadd_epi32(p[4], p[5]);
+                let s67 = _mm256_hadd_epi32(p[6], p[7]);
+                // Per 128-bit half: [Σ₀₋₃ p0, p1, p2, p3] | [Σ₄₋₇ p0, p1, p2, p3]; then p4..p7.
+                let q0 = _mm256_hadd_epi32(s01, s23);
+                let q1 = _mm256_hadd_epi32(s45, s67);
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256(q0, q1, 0x20),
+                    _mm256_permute2x128_si256(q0, q1, 0x31),
+                )
+            }
+
+            /// Unpacks one row of format `F` into `u`.
+            #[target_feature(enable = $features)]
+            fn unpack<const F: u8>(row: &[u8], u: &mut Unpacked) {
+                let size = block_bytes(F);
+                let blocks = row.chunks_exact(size);
+                for (((block, bytes), scale), offset) in blocks
+                    .zip(&mut u.bytes)
+                    .zip(&mut u.scales)
+                    .zip(&mut u.offsets)
+                {
+                    *scale = half(block, 0);
+                    (*bytes, *offset) = match F {
+                        Q4_0 => (nibbles(&block[2..]), -8.0 * *scale),
+                        Q4_1 => (nibbles(&block[4..]), half(block, 2)),
+                        _ => {
+                            let raw = load32(&block[2..]);
+                            (_mm256_sign_epi8(raw, raw), 0.0)
+                        }
+                    };
+                }
+            }
+
+            /// The activations' signed operand: `x`, or `x·sign(w)` for Q8_0 (`w` read again from
+            /// the row, which is in L1).
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn signed<const F: u8>(xb: &Q8Block, block: &[u8]) -> __m256i {
                 // SAFETY: `qs` is 32 bytes; unaligned load.
-                unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) }
+                let x = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+                if F == Q8_0 {
+                    _mm256_sign_epi8(x, load32(&block[2..]))
+                } else {
+                    x
+                }
             }
 
-            /// Q4_0 row × N tokens: `Σ_b d_w·d_x·(Σ q·x − 8·Σ x)`.
+            /// One unpacked row · one token's blocks.
             #[target_feature(enable = $features)]
-            fn q4_0<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                // Even and odd blocks in separate chains, so one token's FMAs overlap.
-                let mut acc = [[_mm256_setzero_ps(); N]; 2];
-                let mut offset = [0.0f32; N];
-                for (b, block) in row.chunks_exact(18).enumerate() {
-                    let d = half(block, 0);
-                    let w = nibbles(&block[2..]);
-                    for k in 0..N {
-                        let xb = &xs[k][b];
-                        let p = _mm256_cvtepi32_ps(dot_u8_i8(w, activations(xb)));
-                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
-                        offset[k] -= 8.0 * d * xb.d_sum;
+            fn dot<const F: u8>(row: &[u8], u: &Unpacked, x: &Q8Activations, t: usize) -> f32 {
+                let size = block_bytes(F);
+                let (xs, dx, dsum) = (x.blocks(t), x.scales(t), x.d_sums(t));
+                let nb = xs.len();
+                let grouped = nb - nb % GROUP;
+                let mut acc = _mm256_setzero_ps();
+                for g in (0..grouped).step_by(GROUP) {
+                    let mut p = [_mm256_setzero_si256(); GROUP];
+                    for (j, p) in p.iter_mut().enumerate() {
+                        let b = g + j;
+                        let xv = signed::<F>(&xs[b], &row[b * size..]);
+                        *p = dot_u8_i8(u.bytes[b], xv);
+                    }
+                    let sums = _mm256_cvtepi32_ps(reduce8(&p));
+                    let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
+                    acc = _mm256_fmadd_ps(sums, scale, acc);
+                    if F != Q8_0 {
+                        acc = _mm256_fmadd_ps(load8(&u.offsets[g..]), load8(&dsum[g..]), acc);
                     }
                 }
-                std::array::from_fn(|k| {
-                    horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])) + offset[k]
-                })
+                let mut tail = 0.0f32;
+                for b in grouped..nb {
+                    let xv = signed::<F>(&xs[b], &row[b * size..]);
+                    let p = _mm256_cvtepi32_ps(dot_u8_i8(u.bytes[b], xv));
+                    tail += u.scales[b] * dx[b] * horizontal_sum(p) + u.offsets[b] * dsum[b];
+                }
+                horizontal_sum(acc) + tail
             }
 
-            /// Q4_1 row × N tokens: `Σ_b d_w·d_x·Σ q·x + m·d_x·Σ x`.
             #[target_feature(enable = $features)]
-            fn q4_1<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                let mut acc = [[_mm256_setzero_ps(); N]; 2];
-                let mut offset = [0.0f32; N];
-                for (b, block) in row.chunks_exact(20).enumerate() {
-                    let (d, m) = (half(block, 0), half(block, 2));
-                    let w = nibbles(&block[4..]);
-                    for k in 0..N {
-                        let xb = &xs[k][b];
-                        let p = _mm256_cvtepi32_ps(dot_u8_i8(w, activations(xb)));
-                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
-                        offset[k] += m * xb.d_sum;
+            fn rows_of<const F: u8>(rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
+                let t = x.tokens();
+                let nb = x.cols() / BLOCK;
+                let mut u = Unpacked {
+                    bytes: vec![_mm256_setzero_si256(); nb],
+                    scales: vec![0.0; nb],
+                    offsets: vec![0.0; nb],
+                };
+                let row_bytes = nb * block_bytes(F);
+                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    unpack::<F>(row, &mut u);
+                    for (token, o) in out.iter_mut().enumerate() {
+                        *o = dot::<F>(row, &u, x, token);
                     }
                 }
-                std::array::from_fn(|k| {
-                    horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])) + offset[k]
-                })
             }
 
-            /// Q8_0 row × N tokens: `Σ_b d_w·d_x·Σ q·x`, as `|q|·(x·sign q)`.
-            #[target_feature(enable = $features)]
-            fn q8_0<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-                let mut acc = [[_mm256_setzero_ps(); N]; 2];
-                for (b, block) in row.chunks_exact(34).enumerate() {
-                    let d = half(block, 0);
-                    assert!(block.len() == 34);
-                    // SAFETY: 32 readable bytes after the scale (checked above).
-                    let w = unsafe { _mm256_loadu_si256(block[2..].as_ptr().cast()) };
-                    let magnitude = _mm256_sign_epi8(w, w);
-                    for k in 0..N {
-                        let xb = &xs[k][b];
-                        let signed = _mm256_sign_epi8(activations(xb), w);
-                        let p = _mm256_cvtepi32_ps(dot_u8_i8(magnitude, signed));
-                        acc[b & 1][k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xb.d), acc[b & 1][k]);
-                    }
-                }
-                std::array::from_fn(|k| horizontal_sum(_mm256_add_ps(acc[0][k], acc[1][k])))
-            }
-
-            /// `out[t] = row · x[t]` for every token: `TILE` tokens per pass over the row, the
-            /// rest in tiles of 4, 2 and 1.
+            /// `out[r·T + t] = W[r] · x[t]` for a run of rows of `W` and every token.
             ///
             /// # Safety
             /// The CPU must have the features this module is compiled for.
             #[target_feature(enable = $features)]
-            pub(in super::super) unsafe fn row(
+            pub(in super::super) unsafe fn rows(
                 format: BlockFormat,
-                row: &[u8],
+                rows: &[u8],
                 x: &Q8Activations,
                 out: &mut [f32],
             ) {
-                if format == BlockFormat::F32 {
-                    return scalar::row(format, row, x, out);
-                }
-                debug_assert_eq!(row.len(), format.row_bytes(x.cols()));
-                let mut t0 = 0;
-                tiles::<TILE>(format, row, x, out, &mut t0);
-                tiles::<4>(format, row, x, out, &mut t0);
-                tiles::<2>(format, row, x, out, &mut t0);
-                tiles::<1>(format, row, x, out, &mut t0);
-            }
-
-            /// As many tiles of N tokens as fit from token `t0` on.
-            #[target_feature(enable = $features)]
-            fn tiles<const N: usize>(
-                format: BlockFormat,
-                row: &[u8],
-                x: &Q8Activations,
-                out: &mut [f32],
-                t0: &mut usize,
-            ) {
-                while *t0 + N <= out.len() {
-                    let xs = std::array::from_fn(|k| x.blocks(*t0 + k));
-                    let sums = match format {
-                        BlockFormat::Q4_0 => q4_0::<N>(row, xs),
-                        BlockFormat::Q4_1 => q4_1::<N>(row, xs),
-                        BlockFormat::Q8_0 => q8_0::<N>(row, xs),
-                        BlockFormat::F32 => unreachable!("f32 rows take the portable kernel"),
-                    };
-                    out[*t0..*t0 + N].copy_from_slice(&sums);
-                    *t0 += N;
+                match format {
+                    BlockFormat::F32 => scalar::rows(format, rows, x, out),
+                    BlockFormat::Q4_0 => rows_of::<Q4_0>(rows, x, out),
+                    BlockFormat::Q4_1 => rows_of::<Q4_1>(rows, x, out),
+                    BlockFormat::Q8_0 => rows_of::<Q8_0>(rows, x, out),
                 }
             }
         }
     };
 }
 
-// AVX2 has 16 vector registers: 2 × 4 accumulators leave room for the operands.
-kernels!(avx2, "avx2,fma,f16c", tile 4, |w, x| {
+kernels!(avx2, "avx2,fma,f16c", |w, x| {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 });
 
-// AVX-512 has 32: 2 × 8 accumulators.
-kernels!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", tile 8, |w, x| {
+kernels!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |w, x| {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 });
 

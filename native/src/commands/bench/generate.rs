@@ -4,11 +4,15 @@
 //! model (every weight dequantized to f32) — and, with `--reference PYTHON`, llama.cpp
 //! (llama-cpp-python) on the same file, the same token ids, threads and token counts.
 //!
-//! Resident size of each engine: the process's `VmRSS` growth while it loads (the file is
-//! memory-mapped and read; what stays is the engine's own copy).
+//! The engines' timed runs alternate (llama.cpp, blocks, float, llama.cpp, …) so that a slow
+//! spell of the machine falls on all of them; each ratio is taken per round and reported as
+//! the median with a distribution-free 95 % interval. Resident size of each engine: the
+//! process's `VmRSS` growth while it loads (the file is memory-mapped and read; what stays is
+//! the engine's own copy).
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -21,17 +25,120 @@ use napkin_core::tokenizer::tokenizer_for_model;
 use serde_json::Value;
 
 use super::process_memory::{resident_bytes, restart_peak};
-use super::spread;
+use super::{median_interval, spread};
 use crate::cli::BenchArgs;
 
-/// The prompt: 32 tokens with SmolLM2's tokenizer.
+/// The prompt: 29 tokens with SmolLM2's tokenizer.
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small \
                       village by the sea, there lived an old fisherman who";
 
-/// Prompt and decode tokens/s of each timed run.
-struct Speeds {
-    prefill: Vec<f64>,
-    decode: Vec<f64>,
+/// One timed run: prompt and decode tokens/s.
+type Speed = (f64, f64);
+
+/// Something that runs once when asked.
+trait Engine {
+    fn run_once(&mut self) -> Result<Speed>;
+}
+
+/// One of napkin's engines with its prompt.
+struct Napkin<'a, M: NextToken> {
+    model: &'a M,
+    prompt: &'a [u32],
+    new_tokens: usize,
+}
+
+impl<M: NextToken> Engine for Napkin<'_, M> {
+    fn run_once(&mut self) -> Result<Speed> {
+        let start = Instant::now();
+        let mut cache = M::Cache::default();
+        let mut logits = self.model.next_token_logits(self.prompt, &mut cache)?;
+        let prefill = start.elapsed().as_secs_f64();
+        let mut rng = SplitMix64(0);
+        let start = Instant::now();
+        for _ in 0..self.new_tokens {
+            let next = choose(&logits, &Sampling::default(), &mut rng);
+            logits = self.model.next_token_logits(&[next], &mut cache)?;
+        }
+        let decode = start.elapsed().as_secs_f64();
+        Ok((
+            self.prompt.len() as f64 / prefill.max(1e-9),
+            self.new_tokens as f64 / decode.max(1e-9),
+        ))
+    }
+}
+
+/// llama.cpp in `scripts/bench_generate_reference.py`, answering `run` lines.
+struct LlamaCpp {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl LlamaCpp {
+    /// Starts the reference; returns it with its resident growth and settings.
+    fn start(
+        python: &Path,
+        model: &Path,
+        prompt: &[u32],
+        threads: usize,
+        tokens: usize,
+    ) -> Result<(Self, Option<u64>, String)> {
+        // Started with the whole process's CPUs, not this pinned compute thread's one (a child
+        // inherits the mask: on one CPU llama.cpp ran at ~55 % of its speed).
+        let mut child = napkin_core::device::spawn_unpinned(
+            Command::new(python)
+                .arg("scripts/bench_generate_reference.py")
+                .arg(model)
+                .args(["--threads", &threads.to_string()])
+                .args(["--tokens", &tokens.to_string()])
+                .args(["--prompt-ids", &serde_json::to_string(prompt)?])
+                .env("OMP_NUM_THREADS", threads.to_string())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        )
+        .with_context(|| format!("starting {}", python.display()))?;
+        let stdin = child.stdin.take().context("the reference's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the reference's stdout")?);
+        let mut reference = LlamaCpp {
+            child,
+            stdin,
+            stdout,
+        };
+        let hello = reference.read_line()?;
+        Ok((
+            reference,
+            hello["resident_bytes"].as_u64(),
+            hello["settings"].to_string(),
+        ))
+    }
+
+    fn read_line(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the llama.cpp reference stopped (is llama-cpp-python installed in that Python?)");
+        }
+        serde_json::from_str(&line).with_context(|| format!("the reference said: {line}"))
+    }
+}
+
+impl Engine for LlamaCpp {
+    fn run_once(&mut self) -> Result<Speed> {
+        writeln!(self.stdin, "run")?;
+        self.stdin.flush()?;
+        let answer = self.read_line()?;
+        match (answer["prefill"].as_f64(), answer["decode"].as_f64()) {
+            (Some(p), Some(d)) => Ok((p, d)),
+            _ => bail!("the llama.cpp reference answered {answer}"),
+        }
+    }
+}
+
+impl Drop for LlamaCpp {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.child.wait();
+    }
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -42,161 +149,123 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let tokenizer = tokenizer_for_model(path, None)?;
     let prompt = tokenizer.encode(PROMPT)?;
     let threads = napkin_core::device::compute_thread_count();
+    let runs = args.runs.max(1);
     println!(
-        "generation, {}: {} prompt tokens, {} greedy new tokens, {threads} threads, {} timed runs \
-         after a warm-up (median, min–max)",
+        "generation, {}: {} prompt tokens, {} greedy new tokens, {threads} threads; a warm-up \
+         each, then {runs} rounds with the engines' runs alternating",
         path.display(),
         prompt.len(),
         args.tokens,
-        args.runs.max(1)
     );
 
-    let mut rows: Vec<(String, Speeds, Option<u64>)> = Vec::new();
-    // llama.cpp first, while this process has not yet started a compute thread (its idle
-    // threads halved llama.cpp's figures on two cores when it ran last).
-    if let Some(python) = &args.reference {
-        let (speeds, resident, settings) = llama_cpp(python, path, &prompt, threads, args)?;
-        println!("llama.cpp settings: {settings}");
-        rows.push(("llama.cpp".into(), speeds, resident));
+    // Load everything first, measuring each load's resident growth.
+    let mut reference = match &args.reference {
+        Some(python) => {
+            let (r, resident, settings) =
+                LlamaCpp::start(python, path, &prompt, threads, args.tokens)?;
+            println!("llama.cpp settings: {settings}");
+            Some((r, resident))
+        }
+        None => None,
+    };
+    let grown_while = |load: &mut dyn FnMut() -> Result<()>| -> Result<Option<u64>> {
+        restart_peak();
+        let before = resident_bytes();
+        load()?;
+        Ok(resident_bytes()
+            .zip(before)
+            .map(|(a, b)| a.saturating_sub(b)))
+    };
+    let mut blocks = None;
+    let blocks_resident = if is_gguf {
+        grown_while(&mut || {
+            let gguf = GgufFile::open(path)?;
+            blocks = Some(
+                load_gguf_quantized(&gguf)
+                    .with_context(|| format!("loading {} with its blocks kept", path.display()))?,
+            );
+            Ok(())
+        })?
+    } else {
+        None
+    };
+    let mut float = None;
+    let float_resident = grown_while(&mut || {
+        float = Some(
+            load_model(path, &DeviceKind::Cpu.open()?)
+                .with_context(|| format!("loading {}", path.display()))?,
+        );
+        Ok(())
+    })?;
+
+    let mut engines: Vec<(&str, Box<dyn Engine + '_>, Option<u64>)> = Vec::new();
+    if let Some((r, resident)) = reference.take() {
+        engines.push(("llama.cpp", Box::new(r), resident));
+    }
+    if let Some(model) = &blocks {
+        let engine = Napkin {
+            model,
+            prompt: &prompt,
+            new_tokens: args.tokens,
+        };
+        engines.push(("napkin, GGUF blocks", Box::new(engine), blocks_resident));
+    }
+    if let Some(model) = &float {
+        let engine = Napkin {
+            model,
+            prompt: &prompt,
+            new_tokens: args.tokens,
+        };
+        engines.push(("napkin, f32 weights", Box::new(engine), float_resident));
+    }
+    for (_, engine, _) in &mut engines {
+        engine.run_once()?; // warm-up
+    }
+    let mut speeds: Vec<Vec<Speed>> = vec![Vec::new(); engines.len()];
+    for _ in 0..runs {
+        for ((_, engine, _), figures) in engines.iter_mut().zip(&mut speeds) {
+            figures.push(engine.run_once()?);
+        }
     }
 
-    if is_gguf {
-        restart_peak();
-        let before = resident_bytes();
-        let gguf = GgufFile::open(path)?;
-        let model = load_gguf_quantized(&gguf)
-            .with_context(|| format!("loading {} with its blocks kept", path.display()))?;
-        drop(gguf);
-        let grown = resident_bytes()
-            .zip(before)
-            .map(|(a, b)| a.saturating_sub(b));
-        rows.push((
-            "napkin, GGUF blocks".into(),
-            time_engine(&model, &prompt, args)?,
-            grown,
-        ));
-    }
-    {
-        restart_peak();
-        let before = resident_bytes();
-        let model = load_model(path, &DeviceKind::Cpu.open()?)
-            .with_context(|| format!("loading {}", path.display()))?;
-        let grown = resident_bytes()
-            .zip(before)
-            .map(|(a, b)| a.saturating_sub(b));
-        rows.push((
-            "napkin, f32 weights".into(),
-            time_engine(&model, &prompt, args)?,
-            grown,
-        ));
-    }
     println!(
         "{:<22} {:>26} {:>26} {:>12}",
         "engine", "prompt tokens/s", "decode tokens/s", "resident MB"
     );
-    let show = |v: &[f64]| match spread(v) {
+    let show = |v: Vec<f64>| match spread(&v) {
         Some((median, min, max)) => format!("{median:.1} ({min:.1}–{max:.1})"),
         None => "-".into(),
     };
-    for (name, speeds, resident) in &rows {
+    for ((name, _, resident), figures) in engines.iter().zip(&speeds) {
         println!(
             "{name:<22} {:>26} {:>26} {:>12}",
-            show(&speeds.prefill),
-            show(&speeds.decode),
+            show(figures.iter().map(|s| s.0).collect()),
+            show(figures.iter().map(|s| s.1).collect()),
             resident.map_or("-".into(), |b| format!("{:.0}", b as f64 / 1e6))
         );
     }
-    if let (Some((_, theirs, _)), Some((_, ours, _))) = (rows.first(), rows.get(1))
-        && args.reference.is_some()
-        && is_gguf
-    {
-        let ratio = |a: &[f64], b: &[f64]| match (spread(a), spread(b)) {
-            (Some((a, ..)), Some((b, ..))) => format!("{:.2}×", a / b),
-            _ => "-".into(),
-        };
-        println!(
-            "napkin (blocks) ÷ llama.cpp, medians: prompt {}, decode {}",
-            ratio(&ours.prefill, &theirs.prefill),
-            ratio(&ours.decode, &theirs.decode)
-        );
+    println!("(median, min–max of the rounds)");
+    if args.reference.is_some() && engines.len() == 3 {
+        for (i, name) in [(1, "GGUF blocks"), (2, "f32 weights")] {
+            let ratio = |pick: fn(&Speed) -> f64| {
+                let per_round: Vec<f64> = speeds[i]
+                    .iter()
+                    .zip(&speeds[0])
+                    .map(|(ours, theirs)| pick(ours) / pick(theirs))
+                    .collect();
+                match median_interval(&per_round) {
+                    Some((m, lo, hi)) => format!("{m:.2}× (95 % interval {lo:.2}–{hi:.2})"),
+                    None => spread(&per_round).map_or("-".into(), |(m, lo, hi)| {
+                        format!("{m:.2}× (min–max {lo:.2}–{hi:.2}; 6 runs or more give an interval)")
+                    }),
+                }
+            };
+            println!(
+                "napkin ({name}) ÷ llama.cpp per round: prompt {}, decode {}",
+                ratio(|s| s.0),
+                ratio(|s| s.1)
+            );
+        }
     }
     Ok(())
-}
-
-/// Warm-up, then `args.runs` timed runs of prefill + `args.tokens` greedy decode steps.
-fn time_engine(model: &impl NextToken, prompt: &[u32], args: &BenchArgs) -> Result<Speeds> {
-    let once = || -> Result<(f64, f64)> {
-        let start = Instant::now();
-        let mut cache = Default::default();
-        let mut logits = model.next_token_logits(prompt, &mut cache)?;
-        let prefill = start.elapsed().as_secs_f64();
-        let mut rng = SplitMix64(0);
-        let start = Instant::now();
-        for _ in 0..args.tokens {
-            let next = choose(&logits, &Sampling::default(), &mut rng);
-            logits = model.next_token_logits(&[next], &mut cache)?;
-        }
-        let decode = start.elapsed().as_secs_f64();
-        Ok((
-            prompt.len() as f64 / prefill.max(1e-9),
-            args.tokens as f64 / decode.max(1e-9),
-        ))
-    };
-    once()?;
-    let runs: Vec<(f64, f64)> = (0..args.runs.max(1))
-        .map(|_| once())
-        .collect::<Result<_>>()?;
-    Ok(Speeds {
-        prefill: runs.iter().map(|r| r.0).collect(),
-        decode: runs.iter().map(|r| r.1).collect(),
-    })
-}
-
-/// llama.cpp's figures from `scripts/bench_generate_reference.py`: speeds, resident growth
-/// while loading, and its settings as it reports them.
-fn llama_cpp(
-    python: &Path,
-    model: &Path,
-    prompt: &[u32],
-    threads: usize,
-    args: &BenchArgs,
-) -> Result<(Speeds, Option<u64>, String)> {
-    // Started with the whole process's CPUs, not this pinned compute thread's one (a child
-    // inherits the mask: on one CPU llama.cpp ran at ~55 % of its speed).
-    let child = napkin_core::device::spawn_unpinned(
-        Command::new(python)
-            .arg("scripts/bench_generate_reference.py")
-            .arg(model)
-            .args(["--threads", &threads.to_string()])
-            .args(["--tokens", &args.tokens.to_string()])
-            .args(["--runs", &args.runs.max(1).to_string()])
-            .args(["--prompt-ids", &serde_json::to_string(prompt)?])
-            .env("OMP_NUM_THREADS", threads.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .with_context(|| format!("starting {}", python.display()))?;
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!(
-            "the llama.cpp reference failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let report: Value = serde_json::from_slice(&output.stdout)
-        .context("the llama.cpp reference printed no JSON report")?;
-    let figures = |key: &str| -> Vec<f64> {
-        report[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_f64).collect())
-            .unwrap_or_default()
-    };
-    Ok((
-        Speeds {
-            prefill: figures("prefill"),
-            decode: figures("decode"),
-        },
-        report["resident_bytes"].as_u64(),
-        report["settings"].to_string(),
-    ))
 }

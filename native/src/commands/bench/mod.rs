@@ -47,3 +47,42 @@ fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
         *sorted.last()?,
     ))
 }
+
+/// The median of a set of figures with a distribution-free 95 % interval for it: the order
+/// statistics `x₍ₖ₎ … x₍ₙ₊₁₋ₖ₎` with the largest k for which `P(Binomial(n, ½) < k) ≤ 2.5 %`
+/// (n = 15: the 4th and 12th of 15). `None` below 6 figures, where no such interval exists.
+fn median_interval(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let n = values.len();
+    if n < 6 {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    // P(X < k) for X ~ Binomial(n, ½), accumulated term by term.
+    let mut k = 0;
+    let mut below = 0.0f64;
+    let mut term = 0.5f64.powi(n as i32); // P(X = 0)
+    while below + term <= 0.025 {
+        below += term;
+        term *= (n - k) as f64 / (k + 1) as f64;
+        k += 1;
+    }
+    // k is now the largest count with P(X < k) ≤ 2.5 %; 1-based x₍ₖ₎ is sorted[k − 1].
+    let k = k.max(1);
+    Some((sorted[n / 2], sorted[k - 1], sorted[n - k]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_interval_takes_the_binomial_order_statistics() {
+        let values: Vec<f64> = (1..=15).map(f64::from).collect();
+        // n = 15: P(X ≤ 3) = 1.76 % ≤ 2.5 % < P(X ≤ 4) = 5.9 % → the 4th and the 12th.
+        assert_eq!(median_interval(&values), Some((8.0, 4.0, 12.0)));
+        let values: Vec<f64> = (1..=6).map(f64::from).collect();
+        assert_eq!(median_interval(&values), Some((4.0, 1.0, 6.0)));
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0]), None);
+    }
+}
