@@ -2,6 +2,16 @@
 
 use super::BLOCK;
 
+/// Each token's blocks are a multiple of this many (zero blocks at the end).
+pub const PADDING: usize = 8;
+
+const ZERO: Q8Block = Q8Block {
+    qs: [0; BLOCK],
+    d: 0.0,
+    sum: 0,
+    d_sum: 0.0,
+};
+
 /// 32 activations as `x ≈ d·q`: `d = max|x| / 127`, `q = round(x / d)` (ties away from zero, as
 /// llama.cpp's `quantize_row_q8_1`), and `sum = Σ q` (exact, for the formats with an offset;
 /// `d_sum = d·sum` saves the SIMD kernels a conversion per block).
@@ -19,6 +29,8 @@ pub struct Q8Block {
 }
 
 /// T rows of `cols` activations, as f32 and (when `cols` is a multiple of 32) as [`Q8Block`]s.
+/// Each token's blocks are padded with zero blocks to a multiple of [`PADDING`], so that the SIMD
+/// kernels take every block in groups (a zero block adds nothing to a product).
 #[derive(Debug, Clone, Default)]
 pub struct Q8Activations {
     tokens: usize,
@@ -46,7 +58,13 @@ impl Q8Activations {
             x.len()
         );
         let blocks: Vec<Q8Block> = if cols.is_multiple_of(BLOCK) {
-            x.chunks_exact(BLOCK).map(quantize_block).collect()
+            let padded = padded_blocks(cols);
+            x.chunks_exact(cols)
+                .flat_map(|row| {
+                    let real = row.chunks_exact(BLOCK).map(quantize_block);
+                    real.chain(std::iter::repeat_n(ZERO, padded - cols / BLOCK))
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -75,23 +93,29 @@ impl Q8Activations {
         &self.values[t * self.cols..(t + 1) * self.cols]
     }
 
-    /// Token `t`'s blocks (empty when `cols` is not a multiple of 32).
+    /// Token `t`'s blocks, zero blocks at the end included (empty when `cols` is not a multiple
+    /// of 32).
     pub fn blocks(&self, t: usize) -> &[Q8Block] {
-        let n = self.cols / BLOCK;
+        let n = padded_blocks(self.cols);
         self.blocks.get(t * n..(t + 1) * n).unwrap_or(&[])
     }
 
     /// Token `t`'s block scales `d`.
     pub fn scales(&self, t: usize) -> &[f32] {
-        let n = self.cols / BLOCK;
+        let n = padded_blocks(self.cols);
         self.scales.get(t * n..(t + 1) * n).unwrap_or(&[])
     }
 
     /// Token `t`'s `d·Σq` per block.
     pub fn d_sums(&self, t: usize) -> &[f32] {
-        let n = self.cols / BLOCK;
+        let n = padded_blocks(self.cols);
         self.d_sums.get(t * n..(t + 1) * n).unwrap_or(&[])
     }
+}
+
+/// Blocks per token, padding included.
+pub fn padded_blocks(cols: usize) -> usize {
+    (cols / BLOCK).div_ceil(PADDING) * PADDING
 }
 
 fn quantize_block(x: &[f32]) -> Q8Block {

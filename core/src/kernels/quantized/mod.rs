@@ -237,11 +237,14 @@ impl QuantizedMatrix {
                 kernel.rows(self.format, rows, x, chunk);
             });
         if t > 1 {
-            for (r, row) in by_row.chunks_exact(t).enumerate() {
-                for (token, &v) in row.iter().enumerate() {
-                    out[token * self.rows + r] = v;
-                }
-            }
+            // [rows, T] → [T, rows], one token's row a task.
+            out.par_chunks_mut(self.rows)
+                .enumerate()
+                .for_each(|(token, out)| {
+                    for (r, o) in out.iter_mut().enumerate() {
+                        *o = by_row[r * t + token];
+                    }
+                });
         }
     }
 }

@@ -13,7 +13,10 @@ fn f16_at(bytes: &[u8], i: usize) -> f32 {
 /// `out[r·T + t] = W[r] · x[t]` for a run of rows of `W` and every token.
 pub(super) fn rows(format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
     let row_bytes = format.row_bytes(x.cols());
-    for (r, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(x.tokens())) {
+    for (r, out) in rows
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(x.tokens()))
+    {
         row(format, r, x, out);
     }
 }

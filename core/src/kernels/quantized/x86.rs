@@ -6,7 +6,7 @@
 //! block's 32 unsigned bytes, its scale `d_w` and its offset: `m` for Q4_1, `−8·d_w` for Q4_0),
 //! then every token walks it eight blocks at a time: eight byte products, their lanes summed
 //! into one vector of eight block sums, scaled by `d_w·d_x` and the offsets added (`off·d_x·Σx`)
-//! in two vector FMAs. The last `nb mod 8` blocks go one by one.
+//! in two vector FMAs. Rows and activations are padded with zero blocks to whole groups.
 //!
 //! Both byte products take an unsigned first operand: 4-bit values are 0..15; an 8-bit weight
 //! is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp does.
@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::activations::{Q8Activations, Q8Block};
+use super::activations::{PADDING, Q8Activations, Q8Block, padded_blocks};
 use super::{BLOCK, BlockFormat, scalar};
 
 /// AVX2 with FMA and F16C (every x86-64 CPU since 2013–2015).
@@ -45,10 +45,13 @@ const fn block_bytes(format: u8) -> usize {
 
 /// Blocks whose sums go into one vector.
 const GROUP: usize = 8;
+const _: () = assert!(PADDING.is_multiple_of(GROUP));
 
-/// One row unpacked: per block its unsigned bytes, `d_w` and offset.
+/// One row unpacked: per block its unsigned bytes, the signs to move onto the activations
+/// (Q8_0), `d_w` and the offset; zero blocks at the end up to the activations' padding.
 struct Unpacked {
     bytes: Vec<__m256i>,
+    signs: Vec<__m256i>,
     scales: Vec<f32>,
     offsets: Vec<f32>,
 }
@@ -129,8 +132,9 @@ macro_rules! kernels {
             fn unpack<const F: u8>(row: &[u8], u: &mut Unpacked) {
                 let size = block_bytes(F);
                 let blocks = row.chunks_exact(size);
-                for (((block, bytes), scale), offset) in blocks
+                for ((((block, bytes), signs), scale), offset) in blocks
                     .zip(&mut u.bytes)
+                    .zip(&mut u.signs)
                     .zip(&mut u.scales)
                     .zip(&mut u.offsets)
                 {
@@ -140,40 +144,36 @@ macro_rules! kernels {
                         Q4_1 => (nibbles(&block[4..]), half(block, 2)),
                         _ => {
                             let raw = load32(&block[2..]);
+                            *signs = raw;
                             (_mm256_sign_epi8(raw, raw), 0.0)
                         }
                     };
                 }
             }
 
-            /// The activations' signed operand: `x`, or `x·sign(w)` for Q8_0 (`w` read again from
-            /// the row, which is in L1).
+            /// The activations' signed operand: `x`, or `x·sign(w)` for Q8_0.
             #[target_feature(enable = $features)]
             #[inline]
-            fn signed<const F: u8>(xb: &Q8Block, block: &[u8]) -> __m256i {
+            fn signed<const F: u8>(xb: &Q8Block, signs: __m256i) -> __m256i {
                 // SAFETY: `qs` is 32 bytes; unaligned load.
                 let x = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
                 if F == Q8_0 {
-                    _mm256_sign_epi8(x, load32(&block[2..]))
+                    _mm256_sign_epi8(x, signs)
                 } else {
                     x
                 }
             }
 
-            /// One unpacked row · one token's blocks.
+            /// One unpacked row · one token's blocks (both padded to whole groups).
             #[target_feature(enable = $features)]
-            fn dot<const F: u8>(row: &[u8], u: &Unpacked, x: &Q8Activations, t: usize) -> f32 {
-                let size = block_bytes(F);
+            fn dot<const F: u8>(u: &Unpacked, x: &Q8Activations, t: usize) -> f32 {
                 let (xs, dx, dsum) = (x.blocks(t), x.scales(t), x.d_sums(t));
-                let nb = xs.len();
-                let grouped = nb - nb % GROUP;
                 let mut acc = _mm256_setzero_ps();
-                for g in (0..grouped).step_by(GROUP) {
+                for g in (0..xs.len()).step_by(GROUP) {
                     let mut p = [_mm256_setzero_si256(); GROUP];
                     for (j, p) in p.iter_mut().enumerate() {
                         let b = g + j;
-                        let xv = signed::<F>(&xs[b], &row[b * size..]);
-                        *p = dot_u8_i8(u.bytes[b], xv);
+                        *p = dot_u8_i8(u.bytes[b], signed::<F>(&xs[b], u.signs[b]));
                     }
                     let sums = _mm256_cvtepi32_ps(reduce8(&p));
                     let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
@@ -182,29 +182,25 @@ macro_rules! kernels {
                         acc = _mm256_fmadd_ps(load8(&u.offsets[g..]), load8(&dsum[g..]), acc);
                     }
                 }
-                let mut tail = 0.0f32;
-                for b in grouped..nb {
-                    let xv = signed::<F>(&xs[b], &row[b * size..]);
-                    let p = _mm256_cvtepi32_ps(dot_u8_i8(u.bytes[b], xv));
-                    tail += u.scales[b] * dx[b] * horizontal_sum(p) + u.offsets[b] * dsum[b];
-                }
-                horizontal_sum(acc) + tail
+                horizontal_sum(acc)
             }
 
             #[target_feature(enable = $features)]
             fn rows_of<const F: u8>(rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
                 let t = x.tokens();
-                let nb = x.cols() / BLOCK;
+                let padded = padded_blocks(x.cols());
+                let zero = _mm256_setzero_si256();
                 let mut u = Unpacked {
-                    bytes: vec![_mm256_setzero_si256(); nb],
-                    scales: vec![0.0; nb],
-                    offsets: vec![0.0; nb],
+                    bytes: vec![zero; padded],
+                    signs: vec![zero; padded],
+                    scales: vec![0.0; padded],
+                    offsets: vec![0.0; padded],
                 };
-                let row_bytes = nb * block_bytes(F);
+                let row_bytes = x.cols() / BLOCK * block_bytes(F);
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
                     unpack::<F>(row, &mut u);
                     for (token, o) in out.iter_mut().enumerate() {
-                        *o = dot::<F>(row, &u, x, token);
+                        *o = dot::<F>(&u, x, token);
                     }
                 }
             }

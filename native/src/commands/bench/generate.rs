@@ -116,7 +116,9 @@ impl LlamaCpp {
     fn read_line(&mut self) -> Result<Value> {
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {
-            bail!("the llama.cpp reference stopped (is llama-cpp-python installed in that Python?)");
+            bail!(
+                "the llama.cpp reference stopped (is llama-cpp-python installed in that Python?)"
+            );
         }
         serde_json::from_str(&line).with_context(|| format!("the reference said: {line}"))
     }
@@ -256,7 +258,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 match median_interval(&per_round) {
                     Some((m, lo, hi)) => format!("{m:.2}× (95 % interval {lo:.2}–{hi:.2})"),
                     None => spread(&per_round).map_or("-".into(), |(m, lo, hi)| {
-                        format!("{m:.2}× (min–max {lo:.2}–{hi:.2}; 6 runs or more give an interval)")
+                        format!(
+                            "{m:.2}× (min–max {lo:.2}–{hi:.2}; 6 runs or more give an interval)"
+                        )
                     }),
                 }
             };
