@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::rope::{inverse_frequencies, tables};
 use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
-use crate::kernels::quantized::{Q8Activations, QuantizedMatrix};
+use crate::kernels::quantized::{BlockFormat, Q8Activations, QuantizedMatrix};
 
 /// One decoder block's weights, as read from a checkpoint.
 #[derive(Debug, Clone)]
@@ -250,6 +250,27 @@ impl QuantizedLlama {
                 .map_or(0, QuantizedMatrix::resident_bytes)
             + layers
             + norms
+    }
+
+    /// How many weight matrices are held in each format (a stacked Q/K/V counts as one).
+    pub fn format_counts(&self) -> Vec<(BlockFormat, usize)> {
+        let mut all: Vec<&QuantizedMatrix> = vec![&self.embed];
+        all.extend(&self.head);
+        for l in &self.layers {
+            for same in [&l.qkv, &l.gate_up] {
+                all.extend(&same.stacked);
+                all.extend(&same.parts);
+            }
+            all.extend([&l.o, &l.down]);
+        }
+        let mut counts: Vec<(BlockFormat, usize)> = Vec::new();
+        for m in all {
+            match counts.iter_mut().find(|(f, _)| *f == m.format()) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((m.format(), 1)),
+            }
+        }
+        counts
     }
 
     /// Logits of the last new token, running only the new tokens through the model.

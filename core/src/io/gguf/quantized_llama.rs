@@ -1,13 +1,18 @@
-//! A llama-architecture GGUF as a [`QuantizedLlama`]: Q4_0, Q4_1 and Q8_0 tensors keep their
-//! blocks (copied once from the file; Q/K rows put back in HF's order block row by block row),
-//! every other type is dequantized to f32 once (K-quants, Q5_*, F16, BF16: correct, but without
-//! the memory saving — their fused products are not written yet).
+//! A llama-architecture GGUF as a [`QuantizedLlama`]:
+//! - Q4_0, Q4_1 and Q8_0 tensors keep their blocks (copied once from the file; Q/K rows put
+//!   back in HF's order row by row, the blocks untouched);
+//! - the other quantized types (Q5_0, Q5_1, Q2_K … Q6_K) are converted to Q8_0 row by row when
+//!   their rows are whole blocks of 32: each value moves by at most half a Q8_0 step (1/254 of
+//!   its block's largest), far below the 2–6-bit rounding they already carry, and the products
+//!   run on the Q8_0 kernel at 8.5 bits a weight (their own kernels are not written yet);
+//! - F32, F16 and BF16 tensors (and rows that are not whole blocks) are kept as f32, exactly.
 
 use super::dequant::GgmlType;
 use super::llama::{find_tensor, gguf_config, hf_row_order, refuse_unexpected_tensors};
+use super::quantize::quantize;
 use super::reader::GgufFile;
 use crate::error::{Error, Result};
-use crate::kernels::quantized::{BlockFormat, QuantizedMatrix};
+use crate::kernels::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
 
 /// Loads a llama GGUF for generation with its weights kept quantized.
@@ -33,11 +38,20 @@ pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
             GgmlType::Q8_0 => Some(BlockFormat::Q8_0),
             _ => None,
         };
+        let in_file = |m: String| Error::checkpoint(&gguf.path, format!("tensor `{name}`: {m}"));
+        let exact = matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16
+        );
         let matrix = match format {
             Some(format) => {
                 let bytes = gguf.tensor_bytes(info).to_vec();
-                QuantizedMatrix::new(format, rows, cols, bytes)
-                    .map_err(|m| Error::checkpoint(&gguf.path, format!("tensor `{name}`: {m}")))?
+                QuantizedMatrix::new(format, rows, cols, bytes).map_err(in_file)?
+            }
+            None if !exact && cols.is_multiple_of(BLOCK) => {
+                let (_, values) = gguf.read_f32(&name)?;
+                let bytes = quantize(GgmlType::Q8_0, &values).map_err(in_file)?;
+                QuantizedMatrix::new(BlockFormat::Q8_0, rows, cols, bytes).map_err(in_file)?
             }
             None => {
                 let (_, values) = gguf.read_f32(&name)?;
