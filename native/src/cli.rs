@@ -335,9 +335,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Run a GGUF as the float model (every weight dequantized to f32, activations in f32)
-    /// instead of keeping its Q4_0/Q4_1/Q8_0 blocks with 8-bit activations as llama.cpp does
-    /// (the default on the CPU without --adapter: ~4× faster decoding, ~5× less memory; the
-    /// logits move by a few percent of their largest, so a greedy answer can change).
+    /// instead of keeping its quantized blocks with 8-bit activations as llama.cpp does (the
+    /// default on the CPU: ~4× faster decoding, ~5× less memory; the logits move by a few
+    /// percent of their largest, so a greedy answer can change). An adapter trained on an NF4
+    /// base always runs the float model with that base.
     #[arg(long)]
     pub dequantize: bool,
 }

@@ -17,9 +17,61 @@ use crate::kernels::values::to_f32_vec;
 use crate::model::Llama;
 use crate::model::apply_tricks::matrix;
 use crate::model::lora::LoraAdapter;
+use crate::model::quantized_llama::QuantizedLlama;
 
 /// The prefix peft puts before the HF module path.
 pub const PEFT_PREFIX: &str = "base_model.model.";
+
+/// Refuses an adapter file holding tensors beyond the `used` ones that were read.
+fn refuse_unused_tensors(
+    checkpoint: &SafetensorsCheckpoint,
+    used: usize,
+    file: &Path,
+) -> Result<()> {
+    let total = checkpoint.names().count();
+    if total == used {
+        return Ok(());
+    }
+    let extra: Vec<&str> = checkpoint
+        .names()
+        .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B."))
+        .take(5)
+        .collect();
+    Err(Error::UnexpectedTensors {
+        path: file.to_path_buf(),
+        names: format!("{total} tensors for {used} expected ({})", extra.join(", ")),
+    })
+}
+
+/// Puts the peft adapter in `dir` on a [`QuantizedLlama`] (A and B kept in f32 beside the
+/// quantized products); returns its configuration.
+pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<LoraConfig> {
+    let config = read_adapter_config(dir)?;
+    let file = dir.join("adapter_model.safetensors");
+    let checkpoint = SafetensorsCheckpoint::open(&file)?;
+    let shapes = model.config.hf_parameter_shapes();
+    let mut used = 0usize;
+    for layer in 0..model.config.num_hidden_layers {
+        for target in LoraTarget::ALL {
+            if !config.targets(target) {
+                continue;
+            }
+            let path = format!("model.layers.{layer}.{}", target.block_path());
+            let weight = format!("{path}.weight");
+            let [out, inp] = match shapes.iter().find(|(n, _)| *n == weight) {
+                Some((_, shape)) if shape.len() == 2 => [shape[0], shape[1]],
+                _ => return Err(Error::Internal(format!("no shape for `{weight}`"))),
+            };
+            let key = |m: &str| format!("{PEFT_PREFIX}{path}.{m}.weight");
+            let a = checkpoint.read_f32(&key("lora_A"), &[config.r, inp])?;
+            let b = checkpoint.read_f32(&key("lora_B"), &[out, config.r])?;
+            used += 2;
+            model.attach_lora(layer, target, &a, &b, config.r, config.scaling() as f32)?;
+        }
+    }
+    refuse_unused_tensors(&checkpoint, used, &file)?;
+    Ok(config)
+}
 
 /// Reads `adapter_config.json`.
 pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
@@ -151,22 +203,7 @@ impl Llama {
                 config.dropout,
             ));
         }
-        let total = checkpoint.names().count();
-        if total != used {
-            let extra: Vec<&str> = checkpoint
-                .names()
-                .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B."))
-                .take(5)
-                .collect();
-            return Err(Error::UnexpectedTensors {
-                path: file,
-                names: format!(
-                    "{} tensors for {used} expected ({})",
-                    total,
-                    extra.join(", ")
-                ),
-            });
-        }
+        refuse_unused_tensors(&checkpoint, used, &file)?;
         Ok((model, config))
     }
 

@@ -6,12 +6,13 @@
 //!
 //! The order of the math is [`Block`](super::block)'s: `x + attn(norm₁(x))`, then
 //! `x + mlp(norm₂(x))`; HF's rotate-half RoPE (the loader undoes llama.cpp's Q/K row order);
-//! grouped-query attention (head h reads K/V head `h / (H / Hkv)`); SwiGLU.
+//! grouped-query attention (head h reads K/V head `h / (H / Hkv)`); SwiGLU. LoRA adapters
+//! (peft's A and B) can sit on any projection, in f32 on the side of the quantized product.
 
 use rayon::prelude::*;
 
 use super::rope::{inverse_frequencies, tables};
-use crate::config::LlamaConfig;
+use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
 use crate::kernels::quantized::{BlockFormat, Q8Activations, QuantizedMatrix};
 
@@ -99,6 +100,31 @@ impl SameInput {
     }
 }
 
+/// A LoRA adapter on one projection, on the host in f32: `y += s·(x·Aᵀ)·Bᵀ`.
+#[derive(Debug, Clone)]
+struct HostLora {
+    /// `[r, in]`.
+    a: QuantizedMatrix,
+    /// `[out, r]`.
+    b: QuantizedMatrix,
+    scale: f32,
+}
+
+impl HostLora {
+    /// Adds the adapter's output for `x` (`[T, in]`) to `y` (`[T, out]`).
+    fn add_to(&self, x: &Q8Activations, y: &mut [f32]) {
+        let t = x.tokens();
+        let mut low = vec![0.0; t * self.a.rows()]; // [T, r]
+        self.a.matmul(x, &mut low);
+        let mut delta = vec![0.0; t * self.b.rows()]; // [T, out]
+        self.b
+            .matmul(&Q8Activations::new(&low, self.a.rows()), &mut delta);
+        y.iter_mut()
+            .zip(&delta)
+            .for_each(|(y, d)| *y += self.scale * d);
+    }
+}
+
 #[derive(Debug, Clone)]
 struct QuantizedBlock {
     attn_norm: Vec<f32>,
@@ -107,6 +133,17 @@ struct QuantizedBlock {
     ffn_norm: Vec<f32>,
     gate_up: SameInput,
     down: QuantizedMatrix,
+    /// Adapters by [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down).
+    lora: [Option<HostLora>; 7],
+}
+
+impl QuantizedBlock {
+    /// Adds target `i`'s adapter output (if any) to `y`.
+    fn adapt(&self, i: usize, x: &Q8Activations, y: &mut [f32]) {
+        if let Some(lora) = &self.lora[i] {
+            lora.add_to(x, y);
+        }
+    }
 }
 
 /// One block's cached keys and values, `[S, Hkv·Dh]` each (RoPE applied to the keys).
@@ -218,6 +255,7 @@ impl QuantizedLlama {
                 ffn_norm: b.ffn_norm,
                 gate_up: SameInput::new(vec![b.gate, b.up]),
                 down: b.down,
+                lora: Default::default(),
             });
         }
         Ok(QuantizedLlama {
@@ -250,6 +288,56 @@ impl QuantizedLlama {
                 .map_or(0, QuantizedMatrix::resident_bytes)
             + layers
             + norms
+    }
+
+    /// Puts a LoRA adapter on one projection of block `layer`: `A` is `[r, in]`, `B` `[out, r]`
+    /// (row-major f32, peft's layout); its output is scaled by `scale` (α/r, or α/√r).
+    pub fn attach_lora(
+        &mut self,
+        layer: usize,
+        target: LoraTarget,
+        a: &[f32],
+        b: &[f32],
+        r: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (q_rows, kv_rows) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        let (d, f) = (c.hidden_size, c.intermediate_size);
+        let (out, inp) = match target {
+            LoraTarget::QProj => (q_rows, d),
+            LoraTarget::KProj | LoraTarget::VProj => (kv_rows, d),
+            LoraTarget::OProj => (d, q_rows),
+            LoraTarget::GateProj | LoraTarget::UpProj => (f, d),
+            LoraTarget::DownProj => (d, f),
+        };
+        let name = format!("layers.{layer}.{}", target.block_path());
+        if r == 0 || a.len() != r * inp || b.len() != out * r {
+            return Err(Error::Input(format!(
+                "{name}: a LoRA of rank {r} needs A [{r}, {inp}] and B [{out}, {r}], got {} and {} values",
+                a.len(),
+                b.len()
+            )));
+        }
+        let block = self.layers.get_mut(layer).ok_or_else(|| {
+            Error::Input(format!(
+                "{name}: the model has {} blocks",
+                c.num_hidden_layers
+            ))
+        })?;
+        let i = LoraTarget::ALL
+            .iter()
+            .position(|&t| t == target)
+            .unwrap_or(0);
+        block.lora[i] = Some(HostLora {
+            a: QuantizedMatrix::from_f32(r, inp, a),
+            b: QuantizedMatrix::from_f32(out, r, b),
+            scale,
+        });
+        Ok(())
     }
 
     /// How many weight matrices are held in each format (a stacked Q/K/V counts as one).
@@ -332,10 +420,11 @@ impl QuantizedLlama {
         let t = x.len() / d;
 
         // x + attn(norm₁(x))
-        let h = normed(x, &layer.attn_norm, d, eps);
-        let mut qkv = layer
-            .qkv
-            .matmul(&Q8Activations::new(&h, d), &[q_rows, kv_rows, kv_rows]);
+        let h = Q8Activations::new(&normed(x, &layer.attn_norm, d, eps), d);
+        let mut qkv = layer.qkv.matmul(&h, &[q_rows, kv_rows, kv_rows]);
+        for (i, y) in qkv.iter_mut().enumerate() {
+            layer.adapt(i, &h, y);
+        }
         let v = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]
@@ -345,22 +434,27 @@ impl QuantizedLlama {
         cache.values.extend_from_slice(&v);
         let attended = attention(c, &q, cache, past); // [T, H·Dh]
         let mut o = vec![0.0; t * d];
-        layer
-            .o
-            .matmul(&Q8Activations::new(&attended, q_rows), &mut o);
+        let attended = Q8Activations::new(&attended, q_rows);
+        layer.o.matmul(&attended, &mut o);
+        layer.adapt(3, &attended, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
         let f = c.intermediate_size;
-        let h = normed(x, &layer.ffn_norm, d, eps);
-        let mut gate_up = layer.gate_up.matmul(&Q8Activations::new(&h, d), &[f, f]);
+        let h = Q8Activations::new(&normed(x, &layer.ffn_norm, d, eps), d);
+        let mut gate_up = layer.gate_up.matmul(&h, &[f, f]);
+        for (i, y) in gate_up.iter_mut().enumerate() {
+            layer.adapt(4 + i, &h, y);
+        }
         let up = gate_up.pop().unwrap_or_default();
         let mut act = gate_up.pop().unwrap_or_default(); // [T, F]
         act.iter_mut()
             .zip(&up)
             .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
         let mut down = vec![0.0; t * d];
-        layer.down.matmul(&Q8Activations::new(&act, f), &mut down);
+        let act = Q8Activations::new(&act, f);
+        layer.down.matmul(&act, &mut down);
+        layer.adapt(6, &act, &mut down);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
 }

@@ -3,10 +3,11 @@
 use std::io::Write;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
+use napkin_core::io::peft::load_lora_quantized;
 use napkin_core::io::resolve_model_path;
 use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
@@ -39,8 +40,25 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let is_gguf = resolved
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if is_gguf && kind == DeviceKind::Cpu && args.adapter.is_none() && !args.dequantize {
-        let model = load_gguf_quantized(&GgufFile::open(&resolved)?)?;
+    // A GGUF on the CPU keeps its blocks, unless asked otherwise or the adapter was trained on
+    // an NF4 base (only the float path rebuilds that base, so that the model is the trained one).
+    let nf4_adapter = match &args.adapter {
+        Some(dir) => super::trained_nf4_base(dir)?.is_some(),
+        None => false,
+    };
+    if is_gguf && kind == DeviceKind::Cpu && !args.dequantize && !nf4_adapter {
+        let mut model = load_gguf_quantized(&GgufFile::open(&resolved)?)?;
+        if let Some(dir) = &args.adapter {
+            let lora = load_lora_quantized(&mut model, dir)
+                .with_context(|| format!("loading the adapter in {}", dir.display()))?;
+            eprintln!(
+                "adapter {}: r {}, α {}, {} target(s), beside the GGUF's blocks",
+                dir.display(),
+                lora.r,
+                lora.alpha,
+                lora.targets.len()
+            );
+        }
         return stream(&model, &prompt_ids, args, &sampling, &tokenizer);
     }
     let model = super::load_with_adapter(path, args.adapter.as_deref(), &kind.open()?)?;

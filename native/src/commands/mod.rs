@@ -160,6 +160,17 @@ pub fn working<T>(what: &str, plain: bool, work: impl FnOnce() -> T) -> T {
 /// The model at `path`, with the LoRA adapter in `adapter` when given. A `napkin train` output
 /// folder (its `run_config.toml` beside the adapter) brings the NF4 settings the base was
 /// trained with, so a QLoRA adapter meets the same quantized base.
+/// The NF4 base an adapter folder's run trained on (`run_config.toml`), if any.
+pub fn trained_nf4_base(dir: &Path) -> Result<Option<napkin_core::config::Nf4Config>> {
+    let run_config = dir.join("run_config.toml");
+    Ok(match std::fs::read_to_string(&run_config) {
+        Ok(text) => toml::from_str::<napkin_core::train::TrainConfig>(&text)
+            .with_context(|| format!("{}: not a run configuration", run_config.display()))?
+            .nf4_config(),
+        Err(_) => None,
+    })
+}
+
 pub fn load_with_adapter(
     path: &Path,
     adapter: Option<&Path>,
@@ -168,13 +179,7 @@ pub fn load_with_adapter(
     let Some(dir) = adapter else {
         return Ok(napkin_core::io::load_model(path, device)?);
     };
-    let run_config = dir.join("run_config.toml");
-    let nf4 = match std::fs::read_to_string(&run_config) {
-        Ok(text) => toml::from_str::<napkin_core::train::TrainConfig>(&text)
-            .with_context(|| format!("{}: not a run configuration", run_config.display()))?
-            .nf4_config(),
-        Err(_) => None,
-    };
+    let nf4 = trained_nf4_base(dir)?;
     let model = napkin_core::io::load_model_with(path, device, nf4.as_ref())?;
     let (model, lora) = model
         .load_lora(dir)

@@ -162,3 +162,64 @@ fn the_quantized_engine_follows_the_float_model_on_every_weight_type() {
         std::fs::remove_file(&path).ok();
     }
 }
+
+#[test]
+fn a_peft_adapter_on_the_quantized_engine_gives_the_float_models_logits() {
+    use napkin_core::io::gguf::load_gguf_quantized;
+    use napkin_core::io::peft::load_lora_quantized;
+    use napkin_core::model::generate::{KvCache, NextToken};
+    use napkin_core::model::quantized_llama::QuantizedKvCache;
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let device = DeviceKind::Cpu.open().unwrap();
+        let base = load_hf_llama(&dir, &device).unwrap();
+        // F16 blocks are held as f32 with f32 activations: nothing rounds but f16 itself, so
+        // the two engines must agree to float precision — with the adapter on either side.
+        let path = scratch(&format!("lora-{}.gguf", reference.name));
+        export_gguf(&base, Vec::new(), &path, GgufQuant::F16, false, "fixture").unwrap();
+        let gguf = GgufFile::open(&path).unwrap();
+        let mut quantized = load_gguf_quantized(&gguf).unwrap();
+        let plain = quantized.clone();
+        load_lora_quantized(&mut quantized, &dir.join("lora")).unwrap();
+        let (float, _) = load_model(&path, &device)
+            .unwrap()
+            .load_lora(&dir.join("lora"))
+            .unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 7 % 100) as u32).collect();
+        let (mut qc, mut fc, mut pc) = (
+            QuantizedKvCache::default(),
+            KvCache::default(),
+            QuantizedKvCache::default(),
+        );
+        let mut adapter_effect = 0.0f32;
+        for (t, id) in ids.iter().enumerate() {
+            let q = NextToken::next_token_logits(&quantized, &[*id], &mut qc).unwrap();
+            let f = NextToken::next_token_logits(&float, &[*id], &mut fc).unwrap();
+            let p = NextToken::next_token_logits(&plain, &[*id], &mut pc).unwrap();
+            let scale = f.iter().map(|v| v.abs()).fold(0.0, f32::max);
+            let gap = q
+                .iter()
+                .zip(&f)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                gap <= 1e-5 * scale,
+                "{} position {t}: {gap} of {scale}",
+                reference.name
+            );
+            let effect = p
+                .iter()
+                .zip(&f)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            adapter_effect = adapter_effect.max(effect / scale);
+        }
+        // The adapter moves the logits far more than the engines differ.
+        assert!(
+            adapter_effect > 1e-3,
+            "{}: adapter changed nothing ({adapter_effect})",
+            reference.name
+        );
+        std::fs::remove_file(&path).ok();
+    }
+}

@@ -31,16 +31,24 @@ pub(super) fn row(format: BlockFormat, row: &[u8], x: &Q8Activations, out: &mut 
     }
 }
 
-/// `row · x` for an f32 row (little-endian bytes), in eight chains so that it vectorizes.
+/// `row · x` for an f32 row (little-endian bytes), in eight chains of fixed lanes so that it
+/// vectorizes (LoRA's A and B run here, and rows that are not blocks).
 pub(super) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
-    let values = row
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    for (i, (w, &v)) in values.zip(x).enumerate() {
-        lanes[i % 8] += w * v;
+    let (rows, xs) = (row.chunks_exact(32), x.chunks_exact(8));
+    let (row_rest, x_rest) = (rows.remainder(), xs.remainder());
+    for (w, v) in rows.zip(xs) {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            let w = f32::from_le_bytes([w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]]);
+            *lane += w * v[j];
+        }
     }
-    lanes.iter().sum()
+    let rest: f32 = row_rest
+        .chunks_exact(4)
+        .zip(x_rest)
+        .map(|(w, v)| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * v)
+        .sum();
+    lanes.iter().sum::<f32>() + rest
 }
 
 fn dot_blocks(format: BlockFormat, row: &[u8], x: &[Q8Block]) -> f32 {
