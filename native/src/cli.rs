@@ -334,13 +334,27 @@ pub struct GenerateArgs {
     /// Compute device: cpu, wgpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Run a GGUF as the float model (every weight dequantized to f32, activations in f32)
-    /// instead of keeping its quantized blocks with 8-bit activations as llama.cpp does (the
-    /// default on the CPU: ~4× faster decoding, ~5× less memory; the logits move by a few
-    /// percent of their largest, so a greedy answer can change). An adapter trained on an NF4
-    /// base always runs the float model with that base.
+    /// Run a GGUF as the float model (every weight dequantized to f32) instead of keeping its
+    /// quantized blocks (the default on the CPU: ~4× faster decoding, ~3× less memory). An
+    /// adapter trained on an NF4 base always runs the float model with that base.
     #[arg(long)]
     pub dequantize: bool,
+    /// With a GGUF's blocks kept: the bits each product's input is quantized to. 16 keeps the
+    /// logits within ~1e-4 of the float model's; 8 is llama.cpp's choice, ~10–25 % faster, but
+    /// moves them by a few percent (SmolLM2's answer to "the capital of France" changes).
+    #[arg(long, value_enum, default_value = "16")]
+    pub activation_bits: ActivationBitsArg,
+}
+
+/// `--activation-bits`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ActivationBitsArg {
+    /// 16-bit activations.
+    #[value(name = "16")]
+    Sixteen,
+    /// 8-bit activations, as llama.cpp.
+    #[value(name = "8")]
+    Eight,
 }
 
 /// Every flag overrides the same key of `--config FILE` (TOML), which overrides the defaults.

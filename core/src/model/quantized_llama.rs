@@ -1,7 +1,7 @@
 //! A Llama for generation whose linear weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0):
 //! the same math as [`Llama`](super::Llama) in inference, run on host vectors with the block
-//! products of `kernels::quantized` (8-bit activations, integer SIMD dot products), a key/value
-//! cache, and no f32 copy of the model. Decoding streams the quantized bytes once per token
+//! products of `kernels::quantized` (16- or 8-bit activations, integer SIMD dot products), a
+//! key/value cache, and no f32 copy of the model. Decoding streams the quantized bytes once per token
 //! (SmolLM2-135M Q4_1: 96 MB instead of 538 MB).
 //!
 //! The order of the math is [`Block`](super::block)'s: `x + attn(norm₁(x))`, then
@@ -14,7 +14,9 @@ use rayon::prelude::*;
 use super::rope::{inverse_frequencies, tables};
 use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
-use crate::kernels::quantized::{BlockFormat, Q8Activations, QuantizedMatrix};
+use crate::kernels::quantized::{
+    ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix,
+};
 
 /// One decoder block's weights, as read from a checkpoint.
 #[derive(Debug, Clone)]
@@ -70,7 +72,7 @@ impl SameInput {
     }
 
     /// Each part's `[T, rows_i]` output, given the parts' row counts.
-    fn matmul(&self, x: &Q8Activations, rows: &[usize]) -> Vec<Vec<f32>> {
+    fn matmul(&self, x: &QuantizedActivations, rows: &[usize]) -> Vec<Vec<f32>> {
         let t = x.tokens();
         match &self.stacked {
             Some(w) => {
@@ -112,13 +114,13 @@ struct HostLora {
 
 impl HostLora {
     /// Adds the adapter's output for `x` (`[T, in]`) to `y` (`[T, out]`).
-    fn add_to(&self, x: &Q8Activations, y: &mut [f32]) {
+    fn add_to(&self, x: &QuantizedActivations, y: &mut [f32]) {
         let t = x.tokens();
         let mut low = vec![0.0; t * self.a.rows()]; // [T, r]
         self.a.matmul(x, &mut low);
         let mut delta = vec![0.0; t * self.b.rows()]; // [T, out]
         self.b
-            .matmul(&Q8Activations::new(&low, self.a.rows()), &mut delta);
+            .matmul(&QuantizedActivations::new(&low, self.a.rows()), &mut delta);
         y.iter_mut()
             .zip(&delta)
             .for_each(|(y, d)| *y += self.scale * d);
@@ -139,7 +141,7 @@ struct QuantizedBlock {
 
 impl QuantizedBlock {
     /// Adds target `i`'s adapter output (if any) to `y`.
-    fn adapt(&self, i: usize, x: &Q8Activations, y: &mut [f32]) {
+    fn adapt(&self, i: usize, x: &QuantizedActivations, y: &mut [f32]) {
         if let Some(lora) = &self.lora[i] {
             lora.add_to(x, y);
         }
@@ -185,6 +187,8 @@ pub struct QuantizedLlama {
     /// `[V, D]`, `None` when tied to `embed`.
     head: Option<QuantizedMatrix>,
     inv_freq: Vec<f32>,
+    /// The precision the products' inputs are quantized to.
+    activation_bits: ActivationBits,
 }
 
 impl QuantizedLlama {
@@ -265,7 +269,21 @@ impl QuantizedLlama {
             layers,
             norm,
             head,
+            activation_bits: ActivationBits::default(),
         })
+    }
+
+    /// The same model with its products' inputs quantized to `bits`: 16 (the default: logits
+    /// within ~1e-4 of the float model's) or 8 (llama.cpp's choice: faster, but a block's
+    /// outlier coarsens its other values; SmolLM2's greedy answers change).
+    pub fn with_activation_bits(mut self, bits: ActivationBits) -> Self {
+        self.activation_bits = bits;
+        self
+    }
+
+    /// `x` (`[T, cols]`) quantized for the products.
+    fn quantized(&self, x: &[f32], cols: usize) -> QuantizedActivations {
+        QuantizedActivations::with_bits(x, cols, self.activation_bits)
     }
 
     /// Bytes of every weight as held (quantized blocks, f32 norms).
@@ -400,7 +418,7 @@ impl QuantizedLlama {
         rms_norm(&mut last, &self.norm, c.rms_norm_eps as f32);
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0; c.vocab_size];
-        head.matmul(&Q8Activations::new(&last, d), &mut logits);
+        head.matmul(&self.quantized(&last, d), &mut logits);
         Ok(logits)
     }
 
@@ -420,7 +438,7 @@ impl QuantizedLlama {
         let t = x.len() / d;
 
         // x + attn(norm₁(x))
-        let h = Q8Activations::new(&normed(x, &layer.attn_norm, d, eps), d);
+        let h = self.quantized(&normed(x, &layer.attn_norm, d, eps), d);
         let mut qkv = layer.qkv.matmul(&h, &[q_rows, kv_rows, kv_rows]);
         for (i, y) in qkv.iter_mut().enumerate() {
             layer.adapt(i, &h, y);
@@ -434,14 +452,14 @@ impl QuantizedLlama {
         cache.values.extend_from_slice(&v);
         let attended = attention(c, &q, cache, past); // [T, H·Dh]
         let mut o = vec![0.0; t * d];
-        let attended = Q8Activations::new(&attended, q_rows);
+        let attended = self.quantized(&attended, q_rows);
         layer.o.matmul(&attended, &mut o);
         layer.adapt(3, &attended, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
         // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
         let f = c.intermediate_size;
-        let h = Q8Activations::new(&normed(x, &layer.ffn_norm, d, eps), d);
+        let h = self.quantized(&normed(x, &layer.ffn_norm, d, eps), d);
         let mut gate_up = layer.gate_up.matmul(&h, &[f, f]);
         for (i, y) in gate_up.iter_mut().enumerate() {
             layer.adapt(4 + i, &h, y);
@@ -452,7 +470,7 @@ impl QuantizedLlama {
             .zip(&up)
             .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
         let mut down = vec![0.0; t * d];
-        let act = Q8Activations::new(&act, f);
+        let act = self.quantized(&act, f);
         layer.down.matmul(&act, &mut down);
         layer.adapt(6, &act, &mut down);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);

@@ -9,10 +9,11 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
 use napkin_core::io::peft::load_lora_quantized;
 use napkin_core::io::resolve_model_path;
+use napkin_core::kernels::quantized::ActivationBits;
 use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
 
-use crate::cli::GenerateArgs;
+use crate::cli::{ActivationBitsArg, GenerateArgs};
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let path = &args.model.model;
@@ -47,7 +48,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         None => false,
     };
     if is_gguf && kind == DeviceKind::Cpu && !args.dequantize && !nf4_adapter {
-        let mut model = load_gguf_quantized(&GgufFile::open(&resolved)?)?;
+        let bits = match args.activation_bits {
+            ActivationBitsArg::Sixteen => ActivationBits::Sixteen,
+            ActivationBitsArg::Eight => ActivationBits::Eight,
+        };
+        let mut model =
+            load_gguf_quantized(&GgufFile::open(&resolved)?)?.with_activation_bits(bits);
         if let Some(dir) = &args.adapter {
             let lora = load_lora_quantized(&mut model, dir)
                 .with_context(|| format!("loading the adapter in {}", dir.display()))?;

@@ -3,8 +3,9 @@
 //!   back in HF's order row by row, the blocks untouched);
 //! - the other quantized types (Q5_0, Q5_1, Q2_K … Q6_K) are converted to Q8_0 row by row when
 //!   their rows are whole blocks of 32: each value moves by at most half a Q8_0 step (1/254 of
-//!   its block's largest), far below the 2–6-bit rounding they already carry, and the products
-//!   run on the Q8_0 kernel at 8.5 bits a weight (their own kernels are not written yet);
+//!   its block's largest) and the products run on the Q8_0 kernel at 8.5 bits a weight (their
+//!   own kernels are not written yet). On a random model's Q4_K export the logits moved by
+//!   1.4 % of the largest against the float model of the same file (`gguf_export.rs`);
 //! - F32, F16 and BF16 tensors (and rows that are not whole blocks) are kept as f32, exactly.
 
 use super::dequant::GgmlType;

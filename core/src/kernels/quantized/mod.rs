@@ -2,7 +2,7 @@
 //! inference: no f32 copy of a weight is ever made.
 //!
 //! A product `y = x · Wᵀ` quantizes the activations `x` to 8 bits per block of 32 (one f32
-//! scale and the integer sum of each block, [`Q8Activations`]); each (weight block, activation
+//! scale and the integer sum of each block, [`QuantizedActivations`]); each (weight block, activation
 //! block) pair is then an integer dot product of 32 values, scaled once by `d_w · d_x`. The
 //! block formats:
 //! - Q4_0: f16 `d`, 16 bytes of nibbles `q`; `w = d·(q − 8)` → `d_w·d_x·(Σ q·x − 8·Σ x)`;
@@ -31,7 +31,7 @@ mod x86;
 
 use rayon::prelude::*;
 
-pub use activations::{Q8Activations, Q8Block};
+pub use activations::{ActivationBits, Q8Block, Q16Block, QuantizedActivations};
 
 /// Values per block of every block format.
 pub const BLOCK: usize = 32;
@@ -205,7 +205,7 @@ impl QuantizedMatrix {
     ///
     /// # Panics
     /// If the shapes disagree (a bug in the caller).
-    pub fn matmul(&self, x: &Q8Activations, out: &mut [f32]) {
+    pub fn matmul(&self, x: &QuantizedActivations, out: &mut [f32]) {
         let t = x.tokens();
         assert!(
             x.cols() == self.cols && out.len() == t * self.rows,
@@ -283,7 +283,7 @@ impl RowKernel {
     }
 
     /// A run of rows of `W` times every token of `x`: `out[r·T + t] = W[r] · x[t]`.
-    fn rows(self, format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
+    fn rows(self, format: BlockFormat, rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
         match self {
             RowKernel::Scalar => scalar::rows(format, rows, x, out),
             // SAFETY: the CPU has the features the variant names (checked in `for_this_cpu`).

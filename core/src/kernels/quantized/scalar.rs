@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::activations::{Q8Activations, Q8Block};
+use super::activations::{ActivationBits, QuantizedActivations};
 use super::{BLOCK, BlockFormat};
 
 fn f16_at(bytes: &[u8], i: usize) -> f32 {
@@ -11,7 +11,7 @@ fn f16_at(bytes: &[u8], i: usize) -> f32 {
 }
 
 /// `out[r·T + t] = W[r] · x[t]` for a run of rows of `W` and every token.
-pub(super) fn rows(format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
+pub(super) fn rows(format: BlockFormat, rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
     let row_bytes = format.row_bytes(x.cols());
     for (r, out) in rows
         .chunks_exact(row_bytes)
@@ -22,11 +22,11 @@ pub(super) fn rows(format: BlockFormat, rows: &[u8], x: &Q8Activations, out: &mu
 }
 
 /// `out[t] = row · x[t]` for every token.
-pub(super) fn row(format: BlockFormat, row: &[u8], x: &Q8Activations, out: &mut [f32]) {
+pub(super) fn row(format: BlockFormat, row: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
     for (t, o) in out.iter_mut().enumerate() {
         *o = match format {
             BlockFormat::F32 => dot_f32(row, x.values(t)),
-            _ => dot_blocks(format, row, x.blocks(t)),
+            _ => dot_blocks(format, row, x, t),
         };
     }
 }
@@ -51,41 +51,58 @@ pub(super) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + rest
 }
 
-fn dot_blocks(format: BlockFormat, row: &[u8], x: &[Q8Block]) -> f32 {
+/// `Σ_b d_w·d_x·(Σ q_w·q_x) + offset·d_x·Σ q_x` over the blocks of a row: the offset is `−8·d_w`
+/// for Q4_0, `m` for Q4_1, 0 for Q8_0.
+fn dot_blocks(format: BlockFormat, row: &[u8], x: &QuantizedActivations, t: usize) -> f32 {
     let size = format.row_bytes(BLOCK);
+    let (scales, d_sums) = (x.scales(t), x.d_sums(t));
     let mut total = 0.0f32;
-    for (block, xb) in row.chunks_exact(size).zip(x) {
-        let d = f16_at(block, 0);
-        total += match format {
-            BlockFormat::Q4_0 => {
-                let dot = nibble_dot(&block[2..18], &xb.qs);
-                d * xb.d * (dot - 8 * xb.sum) as f32
-            }
-            BlockFormat::Q4_1 => {
-                let dot = nibble_dot(&block[4..20], &xb.qs);
-                d * xb.d * dot as f32 + f16_at(block, 2) * xb.d * xb.sum as f32
-            }
-            BlockFormat::Q8_0 => {
-                let dot: i32 = block[2..34]
-                    .iter()
-                    .zip(&xb.qs)
-                    .map(|(&w, &v)| (w as i8) as i32 * v as i32)
-                    .sum();
-                d * xb.d * dot as f32
-            }
-            BlockFormat::F32 => unreachable!("f32 rows are not blocks"),
+    for (b, block) in row.chunks_exact(size).enumerate() {
+        let (weights, offset) = weight_block(format, block);
+        let activations: [i32; BLOCK] = match x.bits() {
+            ActivationBits::Eight => x.blocks(t)[b].qs.map(i32::from),
+            ActivationBits::Sixteen => x.wide_blocks(t)[b].qs.map(i32::from),
         };
+        let dot: i64 = weights
+            .iter()
+            .zip(&activations)
+            .map(|(&w, &v)| w as i64 * v as i64)
+            .sum();
+        total += f16_at(block, 0) * scales[b] * dot as f32 + offset * d_sums[b];
     }
     total
 }
 
-/// `Σ q·x` over a block's 32 nibbles (low halves are elements 0..16, high halves 16..32).
-fn nibble_dot(qs: &[u8], x: &[i8; BLOCK]) -> i32 {
-    let (low, high) = x.split_at(BLOCK / 2);
-    qs.iter()
-        .zip(low.iter().zip(high))
-        .map(|(&q, (&a, &b))| (q & 0x0f) as i32 * a as i32 + (q >> 4) as i32 * b as i32)
-        .sum()
+/// A block's 32 integer weights in element order (nibbles 0..15, or i8), and its offset.
+fn weight_block(format: BlockFormat, block: &[u8]) -> ([i32; BLOCK], f32) {
+    let mut w = [0i32; BLOCK];
+    let d = f16_at(block, 0);
+    let offset = match format {
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+            let qs = if format == BlockFormat::Q4_0 {
+                &block[2..18]
+            } else {
+                &block[4..20]
+            };
+            for (i, &q) in qs.iter().enumerate() {
+                w[i] = (q & 0x0f) as i32;
+                w[i + BLOCK / 2] = (q >> 4) as i32;
+            }
+            if format == BlockFormat::Q4_0 {
+                -8.0 * d
+            } else {
+                f16_at(block, 2)
+            }
+        }
+        BlockFormat::Q8_0 => {
+            for (o, &q) in w.iter_mut().zip(&block[2..34]) {
+                *o = (q as i8) as i32;
+            }
+            0.0
+        }
+        BlockFormat::F32 => unreachable!("f32 rows are not blocks"),
+    };
+    (w, offset)
 }
 
 /// One row as f32 values.

@@ -48,13 +48,35 @@ fn dequantized(w: &QuantizedMatrix) -> Vec<f32> {
 }
 
 const FORMATS: [BlockFormat; 3] = [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0];
+const BITS: [ActivationBits; 2] = [ActivationBits::Eight, ActivationBits::Sixteen];
+
+/// Token t's activations as the blocks hold them (`d·q`), padding dropped.
+fn dequantized_activations(x: &QuantizedActivations, t: usize) -> Vec<f64> {
+    let n = x.cols() / BLOCK;
+    let scales = &x.scales(t)[..n];
+    let values: Vec<i32> = match x.bits() {
+        ActivationBits::Eight => x.blocks(t)[..n]
+            .iter()
+            .flat_map(|b| b.qs.map(i32::from))
+            .collect(),
+        ActivationBits::Sixteen => x.wide_blocks(t)[..n]
+            .iter()
+            .flat_map(|b| b.qs.map(i32::from))
+            .collect(),
+    };
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| q as f64 * scales[i / BLOCK] as f64)
+        .collect()
+}
 
 #[test]
 fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
     let (rows, cols) = (12, 160);
-    for format in FORMATS {
+    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let w = random_matrix(format, rows, cols, 1);
-        let x = Q8Activations::new(&activations(3, cols, 2), cols);
+        let x = QuantizedActivations::with_bits(&activations(3, cols, 2), cols, bits);
         let mut y = vec![0.0; 3 * rows];
         for r in 0..rows {
             let mut out = [0.0; 3];
@@ -65,11 +87,7 @@ fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
         }
         let wf = dequantized(&w);
         for t in 0..3 {
-            let xq: Vec<f64> = x
-                .blocks(t)
-                .iter()
-                .flat_map(|b| b.qs.iter().map(move |&q| q as f64 * b.d as f64))
-                .collect();
+            let xq = dequantized_activations(&x, t);
             for r in 0..rows {
                 let exact: f64 = wf[r * cols..(r + 1) * cols]
                     .iter()
@@ -84,7 +102,7 @@ fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
                 let got = y[t * rows + r] as f64;
                 assert!(
                     (got - exact).abs() <= 1e-5 * scale,
-                    "{format:?} row {r} token {t}: {got} vs {exact} (Σ|w·x| {scale})"
+                    "{format:?} {bits:?} row {r} token {t}: {got} vs {exact} (Σ|w·x| {scale})"
                 );
             }
         }
@@ -92,13 +110,14 @@ fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
 }
 
 #[test]
-fn eight_bit_activations_stay_within_their_rounding_bound() {
-    // |Σ w·(x − x̂)| ≤ Σ_b (d_x,b / 2)·Σ_{i∈b} |w_i|: each activation is off by at most half a step.
+fn quantized_activations_stay_within_their_rounding_bound() {
+    // |Σ w·(x − x̂)| ≤ Σ_b (d_x,b / 2)·Σ_{i∈b} |w_i|: each activation is off by at most half a
+    // step (d_x = max|x| / 127 with 8 bits, / 32767 with 16).
     let (rows, cols) = (8, 256);
-    for format in FORMATS {
+    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let w = random_matrix(format, rows, cols, 3);
         let xf = activations(1, cols, 4);
-        let x = Q8Activations::new(&xf, cols);
+        let x = QuantizedActivations::with_bits(&xf, cols, bits);
         let mut y = vec![0.0; rows];
         w.matmul(&x, &mut y);
         let wf = dequantized(&w);
@@ -111,8 +130,8 @@ fn eight_bit_activations_stay_within_their_rounding_bound() {
                 .sum();
             let bound: f64 = row
                 .chunks_exact(BLOCK)
-                .zip(x.blocks(0))
-                .map(|(wb, xb)| xb.d as f64 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>())
+                .zip(x.scales(0))
+                .map(|(wb, &d)| d as f64 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>())
                 .sum();
             let err = (y[r] as f64 - exact).abs();
             assert!(
@@ -141,11 +160,11 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
             kernels.push(RowKernel::Vnni);
         }
     }
-    for format in FORMATS {
+    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let w = random_matrix(format, rows, cols, 5);
         // 1 token (decoding) and prompts of several.
         for tokens in [1, 4, 7, 8, 9, 17] {
-            let x = Q8Activations::new(&activations(tokens, cols, 6), cols);
+            let x = QuantizedActivations::with_bits(&activations(tokens, cols, 6), cols, bits);
             let mut reference = vec![0.0; rows * tokens];
             scalar::rows(format, &w.bytes, &x, &mut reference);
             for &kernel in &kernels {
@@ -155,7 +174,7 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
                     let (r, t) = (i / tokens, i % tokens);
                     assert!(
                         (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                        "{kernel:?} {format:?} row {r} token {t}/{tokens}: {a} vs {b}"
+                        "{kernel:?} {format:?} {bits:?} row {r} token {t}/{tokens}: {a} vs {b}"
                     );
                 }
             }
@@ -170,11 +189,11 @@ fn a_prompt_product_is_each_tokens_product_and_f32_rows_are_plain_dot_products()
     let mut w = random_matrix(BlockFormat::Q4_1, rows, cols, 8);
     let wf = dequantized(&w);
     for pass in 0..2 {
-        let x = Q8Activations::new(&xs, cols);
+        let x = QuantizedActivations::new(&xs, cols);
         let mut all = vec![0.0; 5 * rows];
         w.matmul(&x, &mut all);
         for t in 0..5 {
-            let one = Q8Activations::new(&xs[t * cols..(t + 1) * cols], cols);
+            let one = QuantizedActivations::new(&xs[t * cols..(t + 1) * cols], cols);
             let mut y = vec![0.0; rows];
             w.matmul(&one, &mut y);
             assert_eq!(

@@ -8,13 +8,18 @@
 //! into one vector of eight block sums, scaled by `d_w·d_x` and the offsets added (`off·d_x·Σx`)
 //! in two vector FMAs. Rows and activations are padded with zero blocks to whole groups.
 //!
+//! With 16-bit activations the weights are widened to i16 at unpacking and each block is two
+//! `vpmaddwd` (or VNNI's `vpdpwssd`): i16 × i16 pairs summed into i32 (`2·127·32767` fits).
+//!
 //! Both byte products take an unsigned first operand: 4-bit values are 0..15; an 8-bit weight
 //! is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp does.
 //! `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
 
 use std::arch::x86_64::*;
 
-use super::activations::{PADDING, Q8Activations, Q8Block, padded_blocks};
+use super::activations::{
+    ActivationBits, PADDING, Q8Block, Q16Block, QuantizedActivations, padded_blocks,
+};
 use super::{BLOCK, BlockFormat, scalar};
 
 /// AVX2 with FMA and F16C (every x86-64 CPU since 2013–2015).
@@ -47,17 +52,24 @@ const fn block_bytes(format: u8) -> usize {
 const GROUP: usize = 8;
 const _: () = assert!(PADDING.is_multiple_of(GROUP));
 
-/// One row unpacked: per block its unsigned bytes, the signs to move onto the activations
-/// (Q8_0), `d_w` and the offset; zero blocks at the end up to the activations' padding.
+/// One row unpacked: per block its unsigned bytes and the signs to move onto 8-bit activations
+/// (Q8_0), or its values as two vectors of 16 i16 (for 16-bit activations), `d_w` and the
+/// offset; zero blocks at the end up to the activations' padding.
 struct Unpacked {
     bytes: Vec<__m256i>,
     signs: Vec<__m256i>,
+    wide: Vec<[__m256i; 2]>,
     scales: Vec<f32>,
     offsets: Vec<f32>,
 }
 
 macro_rules! kernels {
-    ($isa:ident, $features:literal, |$w:ident, $x:ident| $dot:expr) => {
+    (
+        $isa:ident,
+        $features:literal,
+        |$w:ident, $x:ident| $dot:expr,
+        |$wl:ident, $xl:ident, $wh:ident, $xh:ident| $dot16:expr
+    ) => {
         pub(super) mod $isa {
             use super::*;
 
@@ -66,6 +78,13 @@ macro_rules! kernels {
             #[inline]
             fn dot_u8_i8($w: __m256i, $x: __m256i) -> __m256i {
                 $dot
+            }
+
+            /// `Σ w·x` of two pairs of 16 i16, as eight i32 partial sums.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn dot_i16($wl: __m256i, $xl: __m256i, $wh: __m256i, $xh: __m256i) -> __m256i {
+                $dot16
             }
 
             #[target_feature(enable = $features)]
@@ -127,27 +146,36 @@ macro_rules! kernels {
                 )
             }
 
-            /// Unpacks one row of format `F` into `u`.
+            /// Unpacks one row of format `F` into `u`, for 16-bit activations when `WIDE`.
             #[target_feature(enable = $features)]
-            fn unpack<const F: u8>(row: &[u8], u: &mut Unpacked) {
+            fn unpack<const F: u8, const WIDE: bool>(row: &[u8], u: &mut Unpacked) {
                 let size = block_bytes(F);
-                let blocks = row.chunks_exact(size);
-                for ((((block, bytes), signs), scale), offset) in blocks
-                    .zip(&mut u.bytes)
-                    .zip(&mut u.signs)
-                    .zip(&mut u.scales)
-                    .zip(&mut u.offsets)
-                {
-                    *scale = half(block, 0);
-                    (*bytes, *offset) = match F {
-                        Q4_0 => (nibbles(&block[2..]), -8.0 * *scale),
+                for (b, block) in row.chunks_exact(size).enumerate() {
+                    let scale = half(block, 0);
+                    u.scales[b] = scale;
+                    let (unsigned, offset) = match F {
+                        Q4_0 => (nibbles(&block[2..]), -8.0 * scale),
                         Q4_1 => (nibbles(&block[4..]), half(block, 2)),
                         _ => {
                             let raw = load32(&block[2..]);
-                            *signs = raw;
+                            u.signs[b] = raw;
                             (_mm256_sign_epi8(raw, raw), 0.0)
                         }
                     };
+                    u.offsets[b] = offset;
+                    if WIDE {
+                        // Element order: the first 16 values, then the last 16.
+                        let values = if F == Q8_0 { u.signs[b] } else { unsigned };
+                        let low = _mm256_castsi256_si128(values);
+                        let high = _mm256_extracti128_si256(values, 1);
+                        u.wide[b] = if F == Q8_0 {
+                            [_mm256_cvtepi8_epi16(low), _mm256_cvtepi8_epi16(high)]
+                        } else {
+                            [_mm256_cvtepu8_epi16(low), _mm256_cvtepu8_epi16(high)]
+                        };
+                    } else {
+                        u.bytes[b] = unsigned;
+                    }
                 }
             }
 
@@ -166,7 +194,7 @@ macro_rules! kernels {
 
             /// One unpacked row · one token's blocks (both padded to whole groups).
             #[target_feature(enable = $features)]
-            fn dot<const F: u8>(u: &Unpacked, x: &Q8Activations, t: usize) -> f32 {
+            fn dot<const F: u8>(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
                 let (xs, dx, dsum) = (x.blocks(t), x.scales(t), x.d_sums(t));
                 let mut acc = _mm256_setzero_ps();
                 for g in (0..xs.len()).step_by(GROUP) {
@@ -185,22 +213,65 @@ macro_rules! kernels {
                 horizontal_sum(acc)
             }
 
+            /// One unpacked row · one token's 16-bit blocks.
             #[target_feature(enable = $features)]
-            fn rows_of<const F: u8>(rows: &[u8], x: &Q8Activations, out: &mut [f32]) {
+            fn dot_wide<const F: u8>(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
+                let (xs, dx, dsum) = (x.wide_blocks(t), x.scales(t), x.d_sums(t));
+                let mut acc = _mm256_setzero_ps();
+                for g in (0..xs.len()).step_by(GROUP) {
+                    let mut p = [_mm256_setzero_si256(); GROUP];
+                    for (j, p) in p.iter_mut().enumerate() {
+                        let b = g + j;
+                        let (low, high) = wide_halves(&xs[b]);
+                        *p = dot_i16(u.wide[b][0], low, u.wide[b][1], high);
+                    }
+                    let sums = _mm256_cvtepi32_ps(reduce8(&p));
+                    let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
+                    acc = _mm256_fmadd_ps(sums, scale, acc);
+                    if F != Q8_0 {
+                        acc = _mm256_fmadd_ps(load8(&u.offsets[g..]), load8(&dsum[g..]), acc);
+                    }
+                }
+                horizontal_sum(acc)
+            }
+
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn wide_halves(xb: &Q16Block) -> (__m256i, __m256i) {
+                // SAFETY: `qs` is 32 i16 (64 bytes); unaligned loads.
+                unsafe {
+                    (
+                        _mm256_loadu_si256(xb.qs.as_ptr().cast()),
+                        _mm256_loadu_si256(xb.qs[16..].as_ptr().cast()),
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            fn rows_of<const F: u8, const WIDE: bool>(
+                rows: &[u8],
+                x: &QuantizedActivations,
+                out: &mut [f32],
+            ) {
                 let t = x.tokens();
                 let padded = padded_blocks(x.cols());
                 let zero = _mm256_setzero_si256();
                 let mut u = Unpacked {
                     bytes: vec![zero; padded],
                     signs: vec![zero; padded],
+                    wide: vec![[zero; 2]; if WIDE { padded } else { 0 }],
                     scales: vec![0.0; padded],
                     offsets: vec![0.0; padded],
                 };
                 let row_bytes = x.cols() / BLOCK * block_bytes(F);
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    unpack::<F>(row, &mut u);
+                    unpack::<F, WIDE>(row, &mut u);
                     for (token, o) in out.iter_mut().enumerate() {
-                        *o = dot::<F>(&u, x, token);
+                        *o = if WIDE {
+                            dot_wide::<F>(&u, x, token)
+                        } else {
+                            dot::<F>(&u, x, token)
+                        };
                     }
                 }
             }
@@ -213,27 +284,41 @@ macro_rules! kernels {
             pub(in super::super) unsafe fn rows(
                 format: BlockFormat,
                 rows: &[u8],
-                x: &Q8Activations,
+                x: &QuantizedActivations,
                 out: &mut [f32],
             ) {
-                match format {
-                    BlockFormat::F32 => scalar::rows(format, rows, x, out),
-                    BlockFormat::Q4_0 => rows_of::<Q4_0>(rows, x, out),
-                    BlockFormat::Q4_1 => rows_of::<Q4_1>(rows, x, out),
-                    BlockFormat::Q8_0 => rows_of::<Q8_0>(rows, x, out),
+                let wide = x.bits() == ActivationBits::Sixteen;
+                match (format, wide) {
+                    (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
+                    (BlockFormat::Q4_0, false) => rows_of::<Q4_0, false>(rows, x, out),
+                    (BlockFormat::Q4_1, false) => rows_of::<Q4_1, false>(rows, x, out),
+                    (BlockFormat::Q8_0, false) => rows_of::<Q8_0, false>(rows, x, out),
+                    (BlockFormat::Q4_0, true) => rows_of::<Q4_0, true>(rows, x, out),
+                    (BlockFormat::Q4_1, true) => rows_of::<Q4_1, true>(rows, x, out),
+                    (BlockFormat::Q8_0, true) => rows_of::<Q8_0, true>(rows, x, out),
                 }
             }
         }
     };
 }
 
-kernels!(avx2, "avx2,fma,f16c", |w, x| {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
-});
+kernels!(
+    avx2,
+    "avx2,fma,f16c",
+    |w, x| _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
+    |wl, xl, wh, xh| _mm256_add_epi32(_mm256_madd_epi16(wl, xl), _mm256_madd_epi16(wh, xh))
+);
 
-kernels!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |w, x| {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
-});
+kernels!(
+    vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
+    |wl, xl, wh, xh| _mm256_dpwssd_epi32(
+        _mm256_dpwssd_epi32(_mm256_setzero_si256(), wl, xl),
+        wh,
+        xh
+    )
+);
 
 /// Values per block (the kernels assume 32).
 const _: () = assert!(BLOCK == 32);

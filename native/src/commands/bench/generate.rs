@@ -1,10 +1,11 @@
 //! `napkin bench generate`: generation with a real GGUF checkpoint, prompt pass (prefill) and
-//! KV-cached greedy decoding in tokens/s, for both of napkin's engines — the weights kept in
-//! their GGUF blocks (`QuantizedLlama`: 8-bit activations, integer SIMD products) and the float
-//! model (every weight dequantized to f32) — and, with `--reference PYTHON`, llama.cpp
+//! KV-cached greedy decoding in tokens/s, for napkin's engines — the weights kept in their GGUF
+//! blocks (`QuantizedLlama`, integer SIMD products on 16-bit activations, napkin's default, and
+//! on 8-bit ones, llama.cpp's choice) and the float model (every weight dequantized to f32) —
+//! and, with `--reference PYTHON`, llama.cpp
 //! (llama-cpp-python) on the same file, the same token ids, threads and token counts.
 //!
-//! The engines' timed runs alternate (llama.cpp, blocks, float, llama.cpp, …) so that a slow
+//! The engines' timed runs alternate (llama.cpp, napkin's three, llama.cpp, …) so that a slow
 //! spell of the machine falls on all of them; each ratio is taken per round and reported as
 //! the median with a distribution-free 95 % interval. Resident size of each engine: the
 //! process's `VmRSS` growth while it loads (the file is memory-mapped and read; what stays is
@@ -19,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
 use napkin_core::io::load_model;
+use napkin_core::kernels::quantized::ActivationBits;
 use napkin_core::model::generate::{NextToken, Sampling, choose};
 use napkin_core::rng::SplitMix64;
 use napkin_core::tokenizer::tokenizer_for_model;
@@ -200,17 +202,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Ok(())
     })?;
 
+    let narrow = blocks
+        .clone()
+        .map(|m| m.with_activation_bits(ActivationBits::Eight));
     let mut engines: Vec<(&str, Box<dyn Engine + '_>, Option<u64>)> = Vec::new();
     if let Some((r, resident)) = reference.take() {
         engines.push(("llama.cpp", Box::new(r), resident));
     }
-    if let Some(model) = &blocks {
-        let engine = Napkin {
-            model,
-            prompt: &prompt,
-            new_tokens: args.tokens,
-        };
-        engines.push(("napkin, GGUF blocks", Box::new(engine), blocks_resident));
+    for (name, model) in [
+        ("napkin, blocks, 16-bit", &blocks),
+        ("napkin, blocks, 8-bit", &narrow),
+    ] {
+        if let Some(model) = model {
+            let engine = Napkin {
+                model,
+                prompt: &prompt,
+                new_tokens: args.tokens,
+            };
+            engines.push((name, Box::new(engine), blocks_resident));
+        }
     }
     if let Some(model) = &float {
         let engine = Napkin {
@@ -247,8 +257,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     println!("(median, min–max of the rounds)");
-    if args.reference.is_some() && engines.len() == 3 {
-        for (i, name) in [(1, "GGUF blocks"), (2, "f32 weights")] {
+    if args.reference.is_some() {
+        for i in 1..engines.len() {
+            let name = engines[i].0;
             let ratio = |pick: fn(&Speed) -> f64| {
                 let per_round: Vec<f64> = speeds[i]
                     .iter()
@@ -265,7 +276,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
             };
             println!(
-                "napkin ({name}) ÷ llama.cpp per round: prompt {}, decode {}",
+                "{name} ÷ llama.cpp per round: prompt {}, decode {}",
                 ratio(|s| s.0),
                 ratio(|s| s.1)
             );
