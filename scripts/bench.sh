@@ -3,7 +3,7 @@
 # from PyPI (scripts/bench-requirements.txt: torch, transformers, peft, bitsandbytes), then builds
 # the release CLI and runs `napkin bench suite` with the reference interleaved, 2 threads on both
 # sides. Figures: printed, and written to runs/bench/suite.json. Not part of scripts/test.sh.
-# Usage: scripts/bench.sh [napkin bench suite options, e.g. --only QLoRA]   (env: RUNS, default 5)
+# Usage: scripts/bench.sh [napkin bench suite options, e.g. --only QLoRA]   (env: RUNS, default 15)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -17,5 +17,5 @@ fi
 cargo build --release -p napkin
 mkdir -p runs/bench
 export RAYON_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
-target/release/napkin bench suite --reference .venv/bin/python --runs "${RUNS:-5}" \
+target/release/napkin bench suite --reference .venv/bin/python --runs "${RUNS:-15}" \
     --json runs/bench/suite.json "$@"

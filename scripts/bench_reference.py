@@ -41,6 +41,12 @@ def rss_bytes(field):
     return 0
 
 
+def rss_split():
+    """Resident bytes now by kind: anonymous (heap, tensors), file-backed (mapped files such as
+    a loaded safetensors checkpoint), shared memory."""
+    return {k: rss_bytes(k) for k in ("RssAnon", "RssFile", "RssShmem")}
+
+
 def reset_peak_rss():
     """Returns freed heap to the OS and restarts the kernel's peak-RSS counter (VmHWM)."""
     gc.collect()
@@ -89,6 +95,7 @@ def llama(config_json, quantized):
 class Train:
     def __init__(self, case):
         method = case["method"]
+        wanted = case["settings"]
         model = llama(case["config"], quantized=method == "qlora")
         if method in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model
@@ -100,12 +107,10 @@ class Train:
                     model, use_gradient_checkpointing=False
                 )
             lora = LoraConfig(
-                r=case["lora_r"],
-                lora_alpha=case["lora_alpha"],
-                lora_dropout=0.0,
-                target_modules=[
-                    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
-                ],
+                r=wanted["lora"]["r"],
+                lora_alpha=wanted["lora"]["alpha"],
+                lora_dropout=wanted["lora"]["dropout"],
+                target_modules=wanted["lora"]["targets"],
                 task_type="CAUSAL_LM",
             )
             model = get_peft_model(model, lora)
@@ -118,7 +123,45 @@ class Train:
         self.model = model
         self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+        o = wanted["optimizer"]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+            weight_decay=o["weight_decay"],
+        )
+        self.settings = self.read_settings(case["checkpointing"])
+
+    def read_settings(self, checkpointing):
+        """The hyper-parameters as the built objects hold them (not as they were asked for)."""
+        group = self.optimizer.param_groups[0]
+        settings = {
+            "threads": torch.get_num_threads(),
+            "optimizer": {
+                "name": type(self.optimizer).__name__,
+                "lr": group["lr"],
+                "betas": list(group["betas"]),
+                "eps": group["eps"],
+                "weight_decay": group["weight_decay"],
+            },
+            "checkpointing": bool(getattr(self.model, "is_gradient_checkpointing", False)),
+        }
+        peft_config = getattr(self.model, "peft_config", None)
+        if peft_config:
+            lora = peft_config["default"]
+            settings["lora"] = {
+                "r": lora.r,
+                "alpha": float(lora.lora_alpha),
+                "dropout": float(lora.lora_dropout),
+                "targets": sorted(lora.target_modules),
+            }
+        for module in self.model.modules():
+            state = getattr(getattr(module, "weight", None), "quant_state", None)
+            if state is not None:
+                settings["nf4"] = {
+                    "block_size": state.blocksize,
+                    "double_quant": bool(state.nested),
+                }
+                break
+        return settings
 
     def run(self):
         self.optimizer.zero_grad(set_to_none=True)
@@ -182,10 +225,12 @@ class Nf4Dequantize(Nf4Quantize):
         self.q, self.state = self.F.quantize_4bit(
             self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
         )
+        # Written into one preallocated output, as napkin's dequantize reuses its buffer.
+        self.out = torch.empty_like(self.w)
 
     def run(self):
         for _ in range(self.repeats):
-            self.F.dequantize_4bit(self.q, self.state)
+            self.F.dequantize_4bit(self.q, self.state, out=self.out)
 
 
 class Nf4Matmul(Nf4Dequantize):
@@ -259,9 +304,12 @@ def main():
                 current = None
                 reset_peak_rss()
                 idle = rss_bytes("VmRSS")
+                idle_split = rss_split()
                 current = KINDS[request["case"]["kind"]](request["case"])
                 current.run()  # warm-up
-                answer({"ok": True, "idle_rss_bytes": idle, "torch": torch.__version__})
+                settings = getattr(current, "settings", {"threads": torch.get_num_threads()})
+                answer({"ok": True, "idle_rss_bytes": idle, "idle_split": idle_split,
+                        "torch": torch.__version__, "settings": settings})
             elif op == "run":
                 # A peak run starts from a trimmed heap; a timed one runs in the steady state.
                 peak = request.get("peak", True)
@@ -270,7 +318,8 @@ def main():
                 start = time.perf_counter()
                 current.run()
                 seconds = time.perf_counter() - start
-                answer({"seconds": seconds, "peak_rss_bytes": rss_bytes("VmHWM") if peak else 0})
+                answer({"seconds": seconds, "peak_rss_bytes": rss_bytes("VmHWM") if peak else 0,
+                        "split": rss_split()})
             elif op == "quit":
                 return
             else:

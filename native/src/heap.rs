@@ -15,6 +15,14 @@
 /// to this much: 1 GiB, above TinyLlama's largest tensor (the 32000 × 2048 embedding, 262 MB).
 const RETAINED_BYTES: i32 = 1 << 30;
 
+/// The same settings as glibc tunables, for a reference process started by a benchmark (which
+/// must get what napkin gets): `GLIBC_TUNABLES=<this>`.
+pub fn glibc_tunables() -> String {
+    format!(
+        "glibc.malloc.mmap_threshold={RETAINED_BYTES}:glibc.malloc.trim_threshold={RETAINED_BYTES}"
+    )
+}
+
 /// Applies the settings (glibc on Linux; elsewhere nothing).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn keep_large_buffers() {

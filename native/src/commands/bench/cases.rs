@@ -4,6 +4,7 @@
 use napkin_core::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::time::step_work;
+use napkin_core::train::OptimizerConfig;
 use serde_json::{Value, json};
 
 /// What one timed run does.
@@ -70,7 +71,45 @@ pub const NF4: Nf4Config = Nf4Config {
     double_quant: true,
 };
 
+/// The train cases' learning rate (both sides).
+pub const LEARNING_RATE: f64 = 1e-5;
+
 impl Case {
+    /// The hyper-parameters both sides must share, as napkin runs them; the reference answers
+    /// its own, read back from the objects it built, and the suite refuses a comparison when
+    /// they differ.
+    pub fn settings(&self, threads: usize) -> Value {
+        let mut settings = json!({ "threads": threads });
+        if let Work::Train(s) = &self.work {
+            let adamw = OptimizerConfig::default().adamw;
+            settings["optimizer"] = json!({
+                "name": "AdamW",
+                "lr": LEARNING_RATE,
+                "betas": [adamw.beta1, adamw.beta2],
+                "eps": adamw.eps,
+                "weight_decay": adamw.weight_decay,
+            });
+            if let Some(lora) = &s.lora {
+                let mut targets: Vec<&str> = lora.targets.iter().map(|t| t.module_name()).collect();
+                targets.sort_unstable();
+                settings["lora"] = json!({
+                    "r": lora.r,
+                    "alpha": lora.alpha,
+                    "dropout": lora.dropout,
+                    "targets": targets,
+                });
+            }
+            if let Some(nf4) = &s.nf4 {
+                settings["nf4"] = json!({
+                    "block_size": nf4.block_size,
+                    "double_quant": nf4.double_quant,
+                });
+            }
+            settings["checkpointing"] = json!(s.checkpointing);
+        }
+        settings
+    }
+
     fn new(name: impl Into<String>, work: Work) -> Self {
         Case {
             name: name.into(),
@@ -149,6 +188,7 @@ impl Case {
                 "lora_r": s.lora.as_ref().map_or(0, |l| l.r),
                 "lora_alpha": s.lora.as_ref().map_or(0.0, |l| l.alpha),
                 "checkpointing": s.checkpointing,
+                "settings": self.settings(0),
                 "batch": s.micro_batch,
                 "seq": s.seq_len,
             }),

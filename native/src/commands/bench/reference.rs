@@ -20,16 +20,22 @@ pub struct Reference {
 pub struct ReferenceSetup {
     /// Its resident bytes before building (the interpreter and torch, nothing of the case).
     pub idle_resident_bytes: u64,
+    /// The same by kind (`RssAnon`, `RssFile`, `RssShmem`).
+    pub idle_split: Value,
     /// torch's version string.
     pub torch: String,
+    /// The hyper-parameters as its built objects hold them.
+    pub settings: Value,
 }
 
 /// One run's figures.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReferenceRun {
     pub seconds: f64,
     /// The resident high-water mark after a [`RunKind::Peak`] run (0 after a timed one).
     pub peak_resident_bytes: u64,
+    /// Resident bytes by kind at the end of the run.
+    pub split: Value,
 }
 
 /// What a run is for.
@@ -55,6 +61,12 @@ impl Reference {
                 .arg(script)
                 .env("NAPKIN_BENCH_THREADS", threads.to_string())
                 .env("OMP_NUM_THREADS", threads.to_string())
+                // What napkin gets, the reference gets: glibc's allocator thresholds raised as
+                // napkin's heap.rs raises them, and its OpenMP threads pinned one per CPU as
+                // napkin's compute threads are.
+                .env("GLIBC_TUNABLES", crate::heap::glibc_tunables())
+                .env("OMP_PROC_BIND", "close")
+                .env("OMP_PLACES", "threads")
                 .env("HF_HUB_OFFLINE", "1")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -75,7 +87,9 @@ impl Reference {
         let answer = self.ask(&json!({ "op": "setup", "case": request }))?;
         Ok(ReferenceSetup {
             idle_resident_bytes: answer["idle_rss_bytes"].as_u64().unwrap_or(0),
+            idle_split: answer["idle_split"].clone(),
             torch: answer["torch"].as_str().unwrap_or("?").to_string(),
+            settings: answer["settings"].clone(),
         })
     }
 
@@ -87,6 +101,7 @@ impl Reference {
                 .as_f64()
                 .ok_or_else(|| anyhow!("the reference answered no `seconds`: {answer}"))?,
             peak_resident_bytes: answer["peak_rss_bytes"].as_u64().unwrap_or(0),
+            split: answer["split"].clone(),
         })
     }
 

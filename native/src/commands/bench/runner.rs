@@ -15,7 +15,7 @@ use napkin_core::rng::SplitMix64;
 use napkin_core::train::{Optimizer, OptimizerConfig, StepOptions, forward_backward};
 use napkin_core::tricks::nf4::Nf4Tensor;
 
-use super::cases::{Case, NF4, Work};
+use super::cases::{Case, LEARNING_RATE, NF4, Work};
 
 /// One run of a prepared case.
 pub type Run = Box<dyn FnMut() -> Result<()>>;
@@ -44,7 +44,7 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
                     &StepOptions::default().with_checkpointing(checkpointing),
                 )?
                 .read();
-                model = Some(optimizer.step(current, &out.grads, 1e-5));
+                model = Some(optimizer.step(current, &out.grads, LEARNING_RATE));
                 let _ = train_device.sync();
                 Ok(())
             }))

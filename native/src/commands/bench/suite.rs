@@ -13,12 +13,13 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc;
 use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::cases::{Case, Work, suite};
 use super::process_memory::{peak_resident_bytes, resident_bytes, restart_peak};
 use super::reference::{Reference, RunKind};
 use super::runner::prepare;
-use super::spread;
+use super::{median_interval, spread};
 use crate::cli::BenchArgs;
 
 /// One side's figures for a case.
@@ -45,8 +46,16 @@ pub struct CaseResult {
     pub pytorch: Option<SideFigures>,
     /// Why there is no PyTorch figure, when there is none.
     pub pytorch_error: Option<String>,
-    /// napkin speed / PyTorch speed (> 1: napkin is faster).
+    /// napkin speed / PyTorch speed (> 1: napkin is faster): the median of the per-round
+    /// ratios.
     pub speed_ratio: Option<f64>,
+    /// A distribution-free 95 % interval of that median (6 rounds or more).
+    pub speed_ratio_interval: Option<(f64, f64)>,
+    /// The shared hyper-parameters (napkin's; the reference's were found equal).
+    pub settings: Value,
+    /// Resident bytes by kind (`RssAnon`, `RssFile`, `RssShmem`) at the end of each side's peak
+    /// run, and PyTorch's before the case was built.
+    pub resident_split: Value,
     /// napkin peak / PyTorch peak (< 1: napkin needs less).
     pub memory_ratio: Option<f64>,
 }
@@ -143,11 +152,22 @@ fn run_case(
     napkin_run()?; // warm-up
 
     let mut pytorch_error = None;
+    let settings = case.settings(report.threads);
     let mut reference = match reference {
         Some(r) => match r.setup(&case.reference_request()) {
             Ok(setup) => {
                 report.torch = Some(setup.torch.clone());
-                Some((r, setup))
+                let differences = differences("", &settings, &setup.settings);
+                if differences.is_empty() {
+                    Some((r, setup))
+                } else {
+                    // Not the same work: no figure from it is compared.
+                    pytorch_error = Some(format!(
+                        "not compared, the settings differ: {}",
+                        differences.join("; ")
+                    ));
+                    None
+                }
             }
             Err(e) => {
                 pytorch_error = Some(format!("{e:#}"));
@@ -168,6 +188,7 @@ fn run_case(
         (Some(peak), Some(idle)) => Some(peak.saturating_sub(idle)),
         _ => None,
     };
+    let mut resident_split = json!({ "napkin": resident_by_kind() });
     let mut torch_peak: Option<u64> = None;
     if let Some((r, setup)) = reference.as_mut() {
         settle();
@@ -176,7 +197,9 @@ fn run_case(
                 torch_peak = Some(
                     run.peak_resident_bytes
                         .saturating_sub(setup.idle_resident_bytes),
-                )
+                );
+                resident_split["pytorch"] = run.split;
+                resident_split["pytorch_idle"] = setup.idle_split.clone();
             }
             Err(e) => {
                 pytorch_error = Some(format!("{e:#}"));
@@ -236,7 +259,16 @@ fn run_case(
     let napkin =
         figures(&napkin_seconds, napkin_peak, attainable).context("no timed napkin run")?;
     let pytorch = figures(&torch_seconds, torch_peak, attainable);
-    let speed_ratio = pytorch.as_ref().map(|p| napkin.median / p.median);
+    // Per round: PyTorch's seconds over napkin's (> 1: napkin faster).
+    let per_round: Vec<f64> = torch_seconds
+        .iter()
+        .zip(&napkin_seconds)
+        .map(|(t, n)| t / n)
+        .collect();
+    let (speed_ratio, speed_ratio_interval) = match median_interval(&per_round) {
+        Some((m, lo, hi)) => (Some(m), Some((lo, hi))),
+        None => (spread(&per_round).map(|(m, ..)| m), None),
+    };
     let memory_ratio = match (napkin.peak_resident_bytes, pytorch.as_ref()) {
         (Some(n), Some(p)) => p
             .peak_resident_bytes
@@ -252,7 +284,74 @@ fn run_case(
         pytorch,
         pytorch_error,
         speed_ratio,
+        speed_ratio_interval,
+        settings,
+        resident_split,
         memory_ratio,
+    })
+}
+
+/// Where two settings objects differ (`path: napkin X, PyTorch Y`); numbers compare as f64
+/// within 1e-9 relative.
+fn differences(path: &str, napkin: &Value, torch: &Value) -> Vec<String> {
+    let here = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (napkin, torch) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter()
+                .flat_map(|k| {
+                    differences(
+                        &here(k),
+                        a.get(k).unwrap_or(&Value::Null),
+                        b.get(k).unwrap_or(&Value::Null),
+                    )
+                })
+                .collect()
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .flat_map(|(i, (x, y))| differences(&here(&i.to_string()), x, y))
+            .collect(),
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (
+                a.as_f64().unwrap_or(f64::NAN),
+                b.as_f64().unwrap_or(f64::NAN),
+            );
+            if (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) {
+                Vec::new()
+            } else {
+                vec![format!("{path}: napkin {a}, PyTorch {b}")]
+            }
+        }
+        (a, b) if a == b => Vec::new(),
+        (a, b) => vec![format!("{path}: napkin {a}, PyTorch {b}")],
+    }
+}
+
+/// This process's resident bytes by kind now (Linux), as the reference reports its own.
+fn resident_by_kind() -> Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    json!({
+        "RssAnon": field("RssAnon"),
+        "RssFile": field("RssFile"),
+        "RssShmem": field("RssShmem"),
     })
 }
 
@@ -264,12 +363,12 @@ fn settle() {
 
 fn print_header() {
     println!(
-        "{:<40} {:>9} {:>21} {:>21} {:>7} {:>13} {:>13} {:>6}",
+        "{:<40} {:>9} {:>21} {:>21} {:>16} {:>13} {:>13} {:>6}",
         "case",
         "unit",
         "napkin med [min-max]",
         "PyTorch med [min-max]",
-        "speed×",
+        "speed× [95 %]",
         "peak MB n/pt",
         "%GEMM n/pt",
         "mem×"
@@ -291,19 +390,38 @@ fn print_row(r: &CaseResult) {
             .map_or("-".to_string(), |f| format!("{:.0}", f * 100.0))
     };
     let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}"));
+    let speed = match (r.speed_ratio, r.speed_ratio_interval) {
+        (Some(m), Some((lo, hi))) => format!("{m:.2} [{lo:.2}-{hi:.2}]"),
+        (m, _) => ratio(m),
+    };
     println!(
-        "{:<40} {:>9} {:>21} {:>21} {:>7} {:>13} {:>13} {:>6}",
+        "{:<40} {:>9} {:>21} {:>21} {:>16} {:>13} {:>13} {:>6}",
         r.name,
         r.unit,
         side(Some(&r.napkin)),
         side(r.pytorch.as_ref()),
-        ratio(r.speed_ratio),
+        speed,
         format!("{}/{}", mb(Some(&r.napkin)), mb(r.pytorch.as_ref())),
         format!("{}/{}", pct(Some(&r.napkin)), pct(r.pytorch.as_ref())),
         ratio(r.memory_ratio),
     );
     if let Some(e) = &r.pytorch_error {
         println!("    PyTorch: {e}");
+    }
+    if r.pytorch.is_some() {
+        println!("    same settings on both sides: {}", r.settings);
+        let mb = |v: &Value, k: &str| {
+            v[k].as_u64()
+                .map_or("?".into(), |b| format!("{:.0}", b as f64 / 1e6))
+        };
+        let split = |v: &Value| format!("{}/{}", mb(v, "RssAnon"), mb(v, "RssFile"));
+        let s = &r.resident_split;
+        println!(
+            "    resident after the peak run, anon/file MB: napkin {}, PyTorch {} (PyTorch idle {})",
+            split(&s["napkin"]),
+            split(&s["pytorch"]),
+            split(&s["pytorch_idle"])
+        );
     }
 }
 
