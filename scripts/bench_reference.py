@@ -225,12 +225,23 @@ class Nf4Dequantize(Nf4Quantize):
         self.q, self.state = self.F.quantize_4bit(
             self.w, blocksize=self.block, quant_type="nf4", compress_statistics=self.double
         )
-        # Written into one preallocated output, as napkin's dequantize reuses its buffer.
+        # Written into one preallocated output, as napkin's dequantize reuses its buffer — where
+        # bitsandbytes offers it: its `dequantize_4bit.out` has no CPU kernel in 0.50.2.
         self.out = torch.empty_like(self.w)
+        try:
+            self.F.dequantize_4bit(self.q, self.state, out=self.out)
+            self.notes = "dequantize_4bit writes into a preallocated out="
+        except NotImplementedError:
+            self.out = None
+            self.notes = ("dequantize_4bit allocates its output each call: bitsandbytes "
+                          "has no CPU kernel for out= (dequantize_4bit.out)")
 
     def run(self):
         for _ in range(self.repeats):
-            self.F.dequantize_4bit(self.q, self.state, out=self.out)
+            if self.out is None:
+                self.F.dequantize_4bit(self.q, self.state)
+            else:
+                self.F.dequantize_4bit(self.q, self.state, out=self.out)
 
 
 class Nf4Matmul(Nf4Dequantize):
@@ -309,7 +320,8 @@ def main():
                 current.run()  # warm-up
                 settings = getattr(current, "settings", {"threads": torch.get_num_threads()})
                 answer({"ok": True, "idle_rss_bytes": idle, "idle_split": idle_split,
-                        "torch": torch.__version__, "settings": settings})
+                        "torch": torch.__version__, "settings": settings,
+                        "notes": getattr(current, "notes", None)})
             elif op == "run":
                 # A peak run starts from a trimmed heap; a timed one runs in the steady state.
                 peak = request.get("peak", True)

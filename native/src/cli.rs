@@ -197,6 +197,10 @@ pub struct BenchArgs {
         default_value = "scripts/bench_reference.py"
     )]
     pub reference_script: PathBuf,
+    /// `suite`: the reference's environment: `napkin` (its OpenMP threads pinned one per CPU and
+    /// glibc's allocator thresholds raised, as napkin's own) or `plain` (neither).
+    #[arg(long, value_enum, default_value = "napkin")]
+    pub reference_env: ReferenceEnv,
     /// `suite`: the napkin device (cpu, flex, ndarray, or wgpu/cuda when built with them);
     /// the reference always runs torch on the CPU.
     #[arg(long, default_value = "cpu")]
@@ -345,6 +349,15 @@ pub struct GenerateArgs {
     /// moves them by a few percent (SmolLM2's answer to "the capital of France" changes).
     #[arg(long, value_enum, default_value = "16")]
     pub activation_bits: ActivationBitsArg,
+}
+
+/// `bench suite --reference-env`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReferenceEnv {
+    /// What napkin gets: pinned OpenMP threads, glibc's thresholds raised.
+    Napkin,
+    /// Neither.
+    Plain,
 }
 
 /// `--activation-bits`.

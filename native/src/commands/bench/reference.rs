@@ -6,6 +6,8 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
+
+use crate::cli::ReferenceEnv;
 use serde_json::{Value, json};
 
 /// A running reference process.
@@ -26,6 +28,8 @@ pub struct ReferenceSetup {
     pub torch: String,
     /// The hyper-parameters as its built objects hold them.
     pub settings: Value,
+    /// Anything it could not do as asked (printed with the case).
+    pub notes: Option<String>,
 }
 
 /// One run's figures.
@@ -49,30 +53,33 @@ pub enum RunKind {
 
 impl Reference {
     /// Starts `python script` with `threads` torch threads.
-    pub fn start(python: &Path, script: &Path, threads: usize) -> Result<Self> {
+    pub fn start(python: &Path, script: &Path, threads: usize, env: ReferenceEnv) -> Result<Self> {
         if !script.is_file() {
             bail!(
                 "the reference script {} does not exist (run from the repository root or give --reference-script)",
                 script.display()
             );
         }
-        let mut child = napkin_core::device::spawn_unpinned(
-            Command::new(python)
-                .arg(script)
-                .env("NAPKIN_BENCH_THREADS", threads.to_string())
-                .env("OMP_NUM_THREADS", threads.to_string())
-                // What napkin gets, the reference gets: glibc's allocator thresholds raised as
-                // napkin's heap.rs raises them, and its OpenMP threads pinned one per CPU as
-                // napkin's compute threads are.
+        let mut command = Command::new(python);
+        command
+            .arg(script)
+            .env("NAPKIN_BENCH_THREADS", threads.to_string())
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .env("HF_HUB_OFFLINE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if env == ReferenceEnv::Napkin {
+            // What napkin gets, the reference gets: glibc's allocator thresholds raised as
+            // napkin's heap.rs raises them, and its OpenMP threads pinned one per CPU as
+            // napkin's compute threads are.
+            command
                 .env("GLIBC_TUNABLES", crate::heap::glibc_tunables())
                 .env("OMP_PROC_BIND", "close")
-                .env("OMP_PLACES", "threads")
-                .env("HF_HUB_OFFLINE", "1")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit()),
-        )
-        .with_context(|| format!("starting the reference {}", python.display()))?;
+                .env("OMP_PLACES", "threads");
+        }
+        let mut child = napkin_core::device::spawn_unpinned(&mut command)
+            .with_context(|| format!("starting the reference {}", python.display()))?;
         let stdin = child.stdin.take().context("the reference's stdin")?;
         let stdout = BufReader::new(child.stdout.take().context("the reference's stdout")?);
         Ok(Reference {
@@ -90,6 +97,7 @@ impl Reference {
             idle_split: answer["idle_split"].clone(),
             torch: answer["torch"].as_str().unwrap_or("?").to_string(),
             settings: answer["settings"].clone(),
+            notes: answer["notes"].as_str().map(str::to_string),
         })
     }
 

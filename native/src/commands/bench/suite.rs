@@ -20,7 +20,7 @@ use super::process_memory::{peak_resident_bytes, resident_bytes, restart_peak};
 use super::reference::{Reference, RunKind};
 use super::runner::prepare;
 use super::{median_interval, spread};
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, ReferenceEnv};
 
 /// One side's figures for a case.
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +99,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ""
         },
     );
+    if args.reference.is_some() {
+        println!(
+            "reference environment: {}",
+            match args.reference_env {
+                ReferenceEnv::Napkin =>
+                    "napkin's (OpenMP threads pinned one per CPU, glibc's allocator thresholds raised)",
+                ReferenceEnv::Plain => "plain (nothing pinned, glibc's defaults)",
+            }
+        );
+    }
     print_header();
     let mut report = SuiteReport {
         backend: kind.backend_name().to_string(),
@@ -118,7 +128,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // 2263–2364 after the SmolLM2 cases), so one shared process made its figures depend
         // on the order of the cases.
         let mut reference = match &args.reference {
-            Some(python) => Some(Reference::start(python, &args.reference_script, threads)?),
+            Some(python) => Some(Reference::start(
+                python,
+                &args.reference_script,
+                threads,
+                args.reference_env,
+            )?),
             None => None,
         };
         let result = run_case(case, &device, reference.as_mut(), runs, &mut report)
@@ -157,6 +172,9 @@ fn run_case(
         Some(r) => match r.setup(&case.reference_request()) {
             Ok(setup) => {
                 report.torch = Some(setup.torch.clone());
+                if let Some(notes) = &setup.notes {
+                    println!("    PyTorch: {notes}");
+                }
                 let differences = differences("", &settings, &setup.settings);
                 if differences.is_empty() {
                     Some((r, setup))
