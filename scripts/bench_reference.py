@@ -124,10 +124,13 @@ class Train:
         self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
         params = [p for p in model.parameters() if p.requires_grad]
         o = wanted["optimizer"]
+        fused = bool(case.get("fused_adamw", False))
         self.optimizer = torch.optim.AdamW(
             params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-            weight_decay=o["weight_decay"],
+            weight_decay=o["weight_decay"], fused=fused or None,
         )
+        if fused:
+            self.notes = "AdamW(fused=True): PyTorch's one-kernel update"
         self.settings = self.read_settings(case["checkpointing"])
 
     def read_settings(self, checkpointing):

@@ -201,6 +201,10 @@ pub struct BenchArgs {
     /// glibc's allocator thresholds raised, as napkin's own) or `plain` (neither).
     #[arg(long, value_enum, default_value = "napkin")]
     pub reference_env: ReferenceEnv,
+    /// `suite`: the reference's AdamW with `fused=True` (PyTorch's one-kernel update, its
+    /// strongest optimizer on the CPU) instead of the default for-each implementation.
+    #[arg(long)]
+    pub reference_fused_adamw: bool,
     /// `suite`: the napkin device (cpu, flex, ndarray, or wgpu/cuda when built with them);
     /// the reference always runs torch on the CPU.
     #[arg(long, default_value = "cpu")]

@@ -136,7 +136,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             )?),
             None => None,
         };
-        let result = run_case(case, &device, reference.as_mut(), runs, &mut report)
+        let result = run_case(case, &device, reference.as_mut(), runs, args, &mut report)
             .with_context(|| format!("case `{}`", case.name))?;
         if terminal {
             eprint!("\r\x1b[2K"); // clear the progress line
@@ -158,6 +158,7 @@ fn run_case(
     device: &burn::tensor::Device,
     reference: Option<&mut Reference>,
     runs: usize,
+    args: &BenchArgs,
     report: &mut SuiteReport,
 ) -> Result<CaseResult> {
     restart_peak();
@@ -169,7 +170,11 @@ fn run_case(
     let mut pytorch_error = None;
     let settings = case.settings(report.threads);
     let mut reference = match reference {
-        Some(r) => match r.setup(&case.reference_request()) {
+        Some(r) => match r.setup(&{
+            let mut request = case.reference_request();
+            request["fused_adamw"] = json!(args.reference_fused_adamw);
+            request
+        }) {
             Ok(setup) => {
                 report.torch = Some(setup.torch.clone());
                 if let Some(notes) = &setup.notes {
