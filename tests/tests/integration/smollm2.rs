@@ -89,13 +89,11 @@ fn kv_cached_generation_matches_full_forward_logits() {
     }
 }
 
-#[test]
-fn smollm2_chat_answers_paris_greedily() {
+/// The GGUF, its tokenizer, and "What is the capital of France?" in its chat template.
+fn capital_of_france_chat() -> (GgufFile, napkin_core::tokenizer::TextTokenizer, String) {
     use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
-    use napkin_core::model::generate::{NextToken, Sampling};
-    use napkin_core::tokenizer::TextTokenizer;
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
-    let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
+    let tokenizer = napkin_core::tokenizer::TextTokenizer::from_gguf(&gguf).unwrap();
     let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
     let prompt = format
         .render(
@@ -103,6 +101,13 @@ fn smollm2_chat_answers_paris_greedily() {
             true,
         )
         .unwrap();
+    (gguf, tokenizer, prompt)
+}
+
+#[test]
+fn smollm2_chat_answers_paris_greedily() {
+    use napkin_core::model::generate::{NextToken, Sampling};
+    let (gguf, tokenizer, prompt) = capital_of_france_chat();
     let model = load_gguf_llama(&gguf, &DeviceKind::Cpu.open().unwrap()).unwrap();
     let ids = model
         .generate(
@@ -195,20 +200,10 @@ fn quantized_smollm2_answers_paris_with_16_bit_activations_and_as_llama_cpp_with
     // start of the answer is the check; the two runs part after a few tokens (llama.cpp rounds
     // its activation scales and its key/value cache to f16, napkin keeps f32). With 16-bit
     // activations (napkin's default) the answer is the float model's.
-    use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
     use napkin_core::io::gguf::load_gguf_quantized;
     use napkin_core::kernels::quantized::ActivationBits;
     use napkin_core::model::generate::{NextToken, Sampling};
-    use napkin_core::tokenizer::TextTokenizer;
-    let gguf = GgufFile::open(&smollm2_path()).unwrap();
-    let tokenizer = TextTokenizer::from_gguf(&gguf).unwrap();
-    let format = ChatFormat::from_template(ChatTemplate::of(&tokenizer)).unwrap();
-    let prompt = format
-        .render(
-            &[Message::new("user", "What is the capital of France?")],
-            true,
-        )
-        .unwrap();
+    let (gguf, tokenizer, prompt) = capital_of_france_chat();
     let model = load_gguf_quantized(&gguf).unwrap();
     let answer = |bits: ActivationBits| {
         let ids = model
