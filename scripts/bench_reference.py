@@ -61,42 +61,68 @@ def tokens(batch, seq, vocab):
     return torch.tensor(rows, dtype=torch.long)
 
 
-def llama(config_json, quantized):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(config_json):
+    from transformers import LlamaConfig
 
     # SDPA: transformers' default attention, fused and memory-efficient on the CPU (napkin's
     # side runs its efficient attention); said explicitly so a changed default cannot slip in.
-    config = LlamaConfig(**config_json, attn_implementation="sdpa")
+    return LlamaConfig(**config_json, attn_implementation="sdpa")
+
+
+def save_random_checkpoint(config_json):
+    """A random f32 model saved to a temporary folder (returned; deleted when it is dropped).
+    The QLoRA case loads it quantized, as users load a checkpoint; the driver calls this before
+    the case's idle size is read, so the f32 model built here is not in the step's peak."""
+    from transformers import LlamaForCausalLM
+
+    folder = tempfile.TemporaryDirectory()
+    model = LlamaForCausalLM(llama_config(config_json))
+    model.save_pretrained(folder.name)
+    del model
+    return folder
+
+
+def llama(config_json, quantized, checkpoint=None):
+    from transformers import LlamaForCausalLM
+
     if not quantized:
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(llama_config(config_json))
         assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
         return model.float()
-    # QLoRA as users write it: save, then load with a BitsAndBytesConfig (NF4, double quant).
+    # QLoRA as users write it: a checkpoint loaded with a BitsAndBytesConfig (NF4, double
+    # quant), from the folder the driver saved before reading the idle size.
     from transformers import BitsAndBytesConfig
 
-    with tempfile.TemporaryDirectory() as folder:
-        LlamaForCausalLM(config).save_pretrained(folder)
-        q = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.float32,
-            bnb_4bit_quant_storage=torch.uint8,
-        )
-        return LlamaForCausalLM.from_pretrained(
-            folder,
-            quantization_config=q,
-            device_map="cpu",
-            torch_dtype=torch.float32,
-            attn_implementation="sdpa",
-        )
+    q = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.float32,
+        bnb_4bit_quant_storage=torch.uint8,
+    )
+    return LlamaForCausalLM.from_pretrained(
+        checkpoint.name,
+        quantization_config=q,
+        device_map="cpu",
+        torch_dtype=torch.float32,
+        attn_implementation="sdpa",
+    )
+
+
+def compiled(model, case):
+    """`torch.compile(model)` when the case asks for it (the driver's --reference-compile),
+    else the model itself."""
+    if not case.get("compile"):
+        return model
+    return torch.compile(model)
 
 
 class Train:
     def __init__(self, case):
         method = case["method"]
         wanted = case["settings"]
-        model = llama(case["config"], quantized=method == "qlora")
+        model = llama(case["config"], quantized=method == "qlora",
+                      checkpoint=case.get("checkpoint"))
         if method in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model
 
@@ -121,6 +147,10 @@ class Train:
         model.config.use_cache = False
         model.train()
         self.model = model
+        # torch.compile (inductor, C++ on the CPU): the step's forward and backward as compiled
+        # graphs; the settings are read from the module it wraps.
+        self.step_model = compiled(model, case)
+        self.compiles = self.step_model is not model
         self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
         params = [p for p in model.parameters() if p.requires_grad]
         o = wanted["optimizer"]
@@ -129,8 +159,12 @@ class Train:
             params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
             weight_decay=o["weight_decay"], fused=fused or None,
         )
+        notes = []
         if fused:
-            self.notes = "AdamW(fused=True): PyTorch's one-kernel update"
+            notes.append("AdamW(fused=True): PyTorch's one-kernel update")
+        if self.compiles:
+            notes.append("torch.compile (inductor)")
+        self.notes = "; ".join(notes) or None
         self.settings = self.read_settings(case["checkpointing"])
 
     def read_settings(self, checkpointing):
@@ -168,15 +202,18 @@ class Train:
 
     def run(self):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(input_ids=self.ids, labels=self.ids).loss
+        loss = self.step_model(input_ids=self.ids, labels=self.ids).loss
         loss.backward()
         self.optimizer.step()
 
 
 class Forward:
     def __init__(self, case):
-        self.model = llama(case["config"], quantized=False).eval()
+        self.model = compiled(llama(case["config"], quantized=False).eval(), case)
         self.ids = tokens(case["batch"], case["seq"], case["config"]["vocab_size"])
+        self.compiles = bool(case.get("compile"))
+        if self.compiles:
+            self.notes = "torch.compile (inductor)"
 
     def run(self):
         with torch.no_grad():
@@ -316,15 +353,24 @@ def main():
         try:
             if op == "setup":
                 current = None
+                case = request["case"]
+                if case.get("method") == "qlora":
+                    case["checkpoint"] = save_random_checkpoint(case["config"])
                 reset_peak_rss()
                 idle = rss_bytes("VmRSS")
                 idle_split = rss_split()
-                current = KINDS[request["case"]["kind"]](request["case"])
-                current.run()  # warm-up
+                current = KINDS[case["kind"]](case)
+                start = time.perf_counter()
+                current.run()  # warm-up (with torch.compile: the compilation)
+                first_seconds = time.perf_counter() - start
+                notes = getattr(current, "notes", None)
+                if getattr(current, "compiles", False):
+                    current.run()  # a second warm-up: any recompilation the first one causes
+                    notes += f"; the first run, compiling, took {first_seconds:.1f} s"
                 settings = getattr(current, "settings", {"threads": torch.get_num_threads()})
                 answer({"ok": True, "idle_rss_bytes": idle, "idle_split": idle_split,
                         "torch": torch.__version__, "settings": settings,
-                        "notes": getattr(current, "notes", None)})
+                        "notes": notes, "first_run_seconds": first_seconds})
             elif op == "run":
                 # A peak run starts from a trimmed heap; a timed one runs in the steady state.
                 peak = request.get("peak", True)

@@ -205,6 +205,11 @@ pub struct BenchArgs {
     /// strongest optimizer on the CPU) instead of the default for-each implementation.
     #[arg(long)]
     pub reference_fused_adamw: bool,
+    /// `suite`: the reference's model under `torch.compile` (inductor, C++ kernels built with
+    /// the system compiler) for the training and forward cases; each case's first run, the
+    /// compilation, is reported apart and never timed.
+    #[arg(long)]
+    pub reference_compile: bool,
     /// `suite`: the napkin device (cpu, flex, ndarray, or wgpu/cuda when built with them);
     /// the reference always runs torch on the CPU.
     #[arg(long, default_value = "cpu")]
@@ -212,9 +217,13 @@ pub struct BenchArgs {
     /// `suite`, `gpu`: only the cases whose name contains this text.
     #[arg(long, value_name = "TEXT")]
     pub only: Option<String>,
-    /// `suite`, `gpu`: also write every figure as JSON to this file.
+    /// `suite`, `gpu`, `matmul --page-shapes`: also write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// `matmul`: the shapes the browser sandbox times, on burn Flex on one thread (the page's
+    /// backend and thread count), for `scripts/bench-page.sh` to compare with the page's own.
+    #[arg(long)]
+    pub page_shapes: bool,
     /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).
     #[arg(long)]
     pub smoke: bool,

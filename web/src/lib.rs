@@ -2,8 +2,8 @@
 //! reducer, the view model from napkin-core's predictor), the training job the page runs in a
 //! Web Worker (`training.rs`) and the import of `napkin measure` JSON (`import.rs`) are plain
 //! Rust, tested natively; the chart geometry is napkin-core's (`report::chart`, shared with
-//! `napkin report`); the yew components (`app/`) and the worker's entry point (`worker.rs`)
-//! exist only in the WebAssembly build.
+//! `napkin report`); the yew components (`app/`), the worker's entry point (`worker.rs`) and the
+//! page's GEMM benchmark (`bench.rs`) exist only in the WebAssembly build.
 
 pub mod import;
 pub mod page;
@@ -13,6 +13,8 @@ pub mod training;
 // The WebGPU module only trains (the page's own module renders), so it carries no components.
 #[cfg(all(target_arch = "wasm32", not(feature = "webgpu")))]
 mod app;
+#[cfg(all(target_arch = "wasm32", not(feature = "webgpu")))]
+mod bench;
 #[cfg(target_arch = "wasm32")]
 mod worker;
 

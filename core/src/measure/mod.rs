@@ -9,8 +9,10 @@
 //!   the training steps, the comparisons);
 //! - `inputs.rs`: the random model and the synthetic micro-batches it runs;
 //! - `machine.rs`: this machine's GEMM rate and bandwidth for the roofline;
+//! - `gemm_rate.rs`: one product shape's GEMM throughput (the native and in-page benchmarks);
 //! - `trace.rs`: the Chrome trace it records.
 
+mod gemm_rate;
 mod inputs;
 mod machine;
 mod run;
@@ -18,6 +20,9 @@ mod trace;
 
 use serde::{Deserialize, Serialize};
 
+pub use gemm_rate::{
+    GemmFigure, GemmShape, PAGE_GEMM_SHAPES, Product, gemm_gflops, page_gemm_figures,
+};
 pub use inputs::{micro_batches_of, random_model, synthetic_micro_batches};
 pub use machine::{MachineProbe, this_machine};
 pub use run::measure;

@@ -58,6 +58,9 @@ pub struct CaseResult {
     pub resident_split: Value,
     /// napkin peak / PyTorch peak (< 1: napkin needs less).
     pub memory_ratio: Option<f64>,
+    /// What the reference said of how it ran (fused AdamW, `torch.compile` and its compile
+    /// time, a kernel it lacks).
+    pub reference_notes: Option<String>,
 }
 
 /// The whole run.
@@ -168,11 +171,13 @@ fn run_case(
     napkin_run()?; // warm-up
 
     let mut pytorch_error = None;
+    let mut reference_notes = None;
     let settings = case.settings(report.threads);
     let mut reference = match reference {
         Some(r) => match r.setup(&{
             let mut request = case.reference_request();
             request["fused_adamw"] = json!(args.reference_fused_adamw);
+            request["compile"] = json!(args.reference_compile);
             request
         }) {
             Ok(setup) => {
@@ -180,6 +185,7 @@ fn run_case(
                 if let Some(notes) = &setup.notes {
                     println!("    PyTorch: {notes}");
                 }
+                reference_notes = setup.notes.clone();
                 let differences = differences("", &settings, &setup.settings);
                 if differences.is_empty() {
                     Some((r, setup))
@@ -311,6 +317,7 @@ fn run_case(
         settings,
         resident_split,
         memory_ratio,
+        reference_notes,
     })
 }
 
