@@ -58,7 +58,7 @@ pub mod ndarray_gemm {
     use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
     use burn_backend::tensor::FloatTensor;
     use burn_ndarray::NdArrayTensor;
-    use ndarray::{Array2, ArrayView2, Ix2};
+    use ndarray::{ArrayView2, Ix2};
 
     /// The backend these kernels serve.
     pub type NdArray = burn_ndarray::NdArray;
@@ -83,7 +83,7 @@ pub mod ndarray_gemm {
                     unreachable!("matmul_wt takes 2-D tensors")
                 };
                 let (a, b) = (oriented(a, op_a), oriented(b, op_b));
-                let mut out = Array2::<f32>::zeros((a.nrows(), b.ncols()));
+                let mut out = crate::kernels::cpu_gemm::zeroed_output(a.nrows(), b.ncols());
                 crate::kernels::cpu_gemm::gemm_add(a, b, out.view_mut());
                 NdArrayTensor::from(out.into_dyn().into_shared())
             }
