@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
-use super::nf4_decode::decoder;
+use super::nf4_decode::{decode_blocks, decoder};
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
 
@@ -194,20 +194,28 @@ impl Nf4Tensor {
     /// Dequantizes into `out` (length n): `codebook[code] · absmax[block]`, in float32.
     pub fn dequantize_into(&self, out: &mut [f32]) {
         let absmax = self.absmax();
-        let decode = decoder();
         let bs = self.block_size;
         debug_assert_eq!(out.len(), self.len());
-        // Runs of blocks on rayon's threads; block by block: a 16-entry table of code · scale,
-        // then its packed codes through it (`nf4_decode.rs`; bs is even, so a block never splits
-        // a byte).
+        // Runs of blocks on rayon's threads, each value `codebook[code] · absmax[block]`
+        // (`nf4_decode.rs`; bs is even, so a block never splits a byte).
         out.par_chunks_mut(bs * DEQUANTIZE_BLOCKS_PER_TASK)
             .enumerate()
             .for_each(|(task, run)| {
-                for (i, block) in run.chunks_mut(bs).enumerate() {
-                    let b = task * DEQUANTIZE_BLOCKS_PER_TASK + i;
-                    let scale = absmax[b];
-                    let table: [f32; 16] = std::array::from_fn(|c| NF4_CODEBOOK[c] * scale);
-                    decode(&table, &self.packed[b * bs / 2..], block);
+                let first = task * DEQUANTIZE_BLOCKS_PER_TASK;
+                let whole = run.len() / bs * bs;
+                let (blocks, tail) = run.split_at_mut(whole);
+                decode_blocks(
+                    &NF4_CODEBOOK,
+                    &absmax[first..],
+                    bs,
+                    &self.packed[first * bs / 2..],
+                    blocks,
+                );
+                if !tail.is_empty() {
+                    // A last, partial block (a length that is not a multiple of bs).
+                    let b = first + whole / bs;
+                    let table: [f32; 16] = std::array::from_fn(|c| NF4_CODEBOOK[c] * absmax[b]);
+                    decoder()(&table, &self.packed[b * bs / 2..], tail);
                 }
             });
     }

@@ -3,7 +3,9 @@
 //! Each byte holds two codes, the first value in the high nibble. The plain loop does two
 //! table loads and two stores per byte; on x86-64 with AVX2 eight values come from one
 //! vector step: the nibbles are spread to eight 32-bit lanes, each half of the table is
-//! permuted by the code's low three bits, and the code's fourth bit picks the half.
+//! permuted by the code's low three bits, and the code's fourth bit picks the half. With
+//! AVX-512 the whole 16-entry codebook sits in one register: sixteen values a step, one
+//! permute, then the block's scale ([`decode_blocks`]).
 
 /// A decoder: `out[2i] = table[bytes[i] >> 4]`, `out[2i + 1] = table[bytes[i] & 0xf]`; an
 /// odd-length `out` ends with the high nibble of its last byte. `bytes` holds at least
@@ -17,6 +19,34 @@ pub(crate) fn decoder() -> Decode {
         return decode_with_avx2;
     }
     decode_plain
+}
+
+/// Decodes consecutive blocks: `out[b·bs + i] = codebook[code(b·bs + i)] · scales[b]` for
+/// `bs = block_size` (even), `out.len()` a multiple of it, one scale per block, the codes
+/// packed as [`Decode`] reads them. The same products as a per-block table `codebook · scale`
+/// (one f32 multiply each), so every value is bit-identical to [`decoder`]'s.
+pub(crate) fn decode_blocks(
+    codebook: &[f32; 16],
+    scales: &[f32],
+    block_size: usize,
+    bytes: &[u8],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if block_size % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F detected just above.
+        unsafe { avx512::decode_blocks(codebook, scales, block_size, bytes, out) };
+        return;
+    }
+    let decode = decoder();
+    for ((block, &scale), codes) in out
+        .chunks_mut(block_size)
+        .zip(scales)
+        .zip(bytes.chunks(block_size / 2))
+    {
+        let table: [f32; 16] = std::array::from_fn(|c| codebook[c] * scale);
+        decode(&table, codes, block);
+    }
 }
 
 /// [`decoder`]'s choice on AVX2 machines: the vector loop, then the plain one for the tail.
@@ -80,9 +110,76 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::decode_blocks`] for a block size that is a multiple of 16.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn decode_blocks(
+        codebook: &[f32; 16],
+        scales: &[f32],
+        block_size: usize,
+        bytes: &[u8],
+        out: &mut [f32],
+    ) {
+        assert!(block_size % 16 == 0 && out.len() <= scales.len() * block_size);
+        assert!(bytes.len() * 2 >= out.len());
+        // SAFETY: `codebook` holds 16 floats; unaligned load.
+        let table = unsafe { _mm512_loadu_ps(codebook.as_ptr()) };
+        // Lane 2k takes byte k's high nibble, lane 2k + 1 its low one.
+        let shifts = _mm512_set_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        let nibble = _mm512_set1_epi32(0x0f);
+        for ((block, &scale), codes) in out
+            .chunks_exact_mut(block_size)
+            .zip(scales)
+            .zip(bytes.chunks_exact(block_size / 2))
+        {
+            let scale = _mm512_set1_ps(scale);
+            for (sixteen, eight) in block.chunks_exact_mut(16).zip(codes.chunks_exact(8)) {
+                let word = u64::from_le_bytes(eight.try_into().expect("8 bytes"));
+                let packed = _mm_cvtsi64_si128(word as i64);
+                let doubled = _mm_unpacklo_epi8(packed, packed); // b0 b0 b1 b1 … b7 b7
+                let lanes = _mm512_cvtepu8_epi32(doubled);
+                let codes = _mm512_and_si512(_mm512_srlv_epi32(lanes, shifts), nibble);
+                let values = _mm512_mul_ps(_mm512_permutexvar_ps(codes, table), scale);
+                // SAFETY: `sixteen` is 16 floats; unaligned store.
+                unsafe { _mm512_storeu_ps(sixteen.as_mut_ptr(), values) };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{decode_plain, decoder};
+    use super::{decode_blocks, decode_plain, decoder};
+
+    /// Whole blocks (sizes 16, 64, 128; one to five blocks) through [`decode_blocks`] (the
+    /// AVX-512 loop where the CPU has it) equal a per-block table `codebook · scale` through the
+    /// plain loop, bit for bit.
+    #[test]
+    fn block_decoding_equals_per_block_tables() {
+        let codebook: [f32; 16] = std::array::from_fn(|i| (i as f32 - 7.3) / 7.7);
+        let bytes: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+        for block_size in [16usize, 64, 128] {
+            for blocks in 1..=5 {
+                let scales: Vec<f32> = (0..blocks).map(|b| 0.37 + b as f32 * 1.91).collect();
+                let len = block_size * blocks;
+                let mut fast = vec![f32::NAN; len];
+                decode_blocks(&codebook, &scales, block_size, &bytes, &mut fast);
+                let mut plain = vec![f32::NAN; len];
+                for (b, block) in plain.chunks_mut(block_size).enumerate() {
+                    let table: [f32; 16] = std::array::from_fn(|c| codebook[c] * scales[b]);
+                    decode_plain(&table, &bytes[b * block_size / 2..], block);
+                }
+                assert_eq!(
+                    fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "block size {block_size}, {blocks} blocks"
+                );
+            }
+        }
+    }
 
     /// Every byte value, in runs of every length up to 40 (odd ones included), through the
     /// dispatching decoder (the AVX2 loop where the CPU has it) against the plain loop and
