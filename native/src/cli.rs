@@ -198,7 +198,7 @@ pub struct BenchArgs {
     )]
     pub reference_script: PathBuf,
     /// `suite`: the reference's environment: `napkin` (its OpenMP threads pinned one per CPU and
-    /// glibc's allocator thresholds raised, as napkin's own) or `plain` (neither).
+    /// glibc's allocator thresholds raised and one arena, as napkin's own) or `plain` (neither).
     #[arg(long, value_enum, default_value = "napkin")]
     pub reference_env: ReferenceEnv,
     /// `suite`: the reference's AdamW with `fused=True` (PyTorch's one-kernel update, its

@@ -33,7 +33,7 @@ pub(crate) fn decode_blocks(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if block_size % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+    if block_size.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F detected just above.
         unsafe { avx512::decode_blocks(codebook, scales, block_size, bytes, out) };
         return;
@@ -123,7 +123,7 @@ mod avx512 {
         bytes: &[u8],
         out: &mut [f32],
     ) {
-        assert!(block_size % 16 == 0 && out.len() <= scales.len() * block_size);
+        assert!(block_size.is_multiple_of(16) && out.len() <= scales.len() * block_size);
         assert!(bytes.len() * 2 >= out.len());
         // SAFETY: `codebook` holds 16 floats; unaligned load.
         let table = unsafe { _mm512_loadu_ps(codebook.as_ptr()) };

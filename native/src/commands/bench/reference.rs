@@ -70,9 +70,9 @@ impl Reference {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if env == ReferenceEnv::Napkin {
-            // What napkin gets, the reference gets: glibc's allocator thresholds raised as
-            // napkin's heap.rs raises them, and its OpenMP threads pinned one per CPU as
-            // napkin's compute threads are.
+            // What napkin gets, the reference gets: glibc's allocator thresholds raised and
+            // one arena as napkin's heap.rs sets them, and its OpenMP threads pinned one per
+            // CPU as napkin's compute threads are.
             command
                 .env("GLIBC_TUNABLES", crate::heap::glibc_tunables())
                 .env("OMP_PROC_BIND", "close")

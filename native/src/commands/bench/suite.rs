@@ -107,7 +107,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "reference environment: {}",
             match args.reference_env {
                 ReferenceEnv::Napkin =>
-                    "napkin's (OpenMP threads pinned one per CPU, glibc's allocator thresholds raised)",
+                    "napkin's (OpenMP threads pinned one per CPU, glibc's allocator thresholds raised, one arena)",
                 ReferenceEnv::Plain => "plain (nothing pinned, glibc's defaults)",
             }
         );
