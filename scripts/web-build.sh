@@ -41,6 +41,13 @@ cargo build --quiet --locked --release -p napkin-web --target wasm32-unknown-unk
 bindgen=(wasm-bindgen --target web --no-typescript --remove-name-section)
 "${bindgen[@]}" --out-dir "$tmp" "$built"
 modules=(napkin_web)
+# The real-model mode's module: the same crate with the GGUF reader, tokenizer and chat
+# templates linked in (napkin-core is shared with the first build: only napkin-web relinks).
+echo "building the real-model module (napkin-web --features teach, release)..."
+cargo build --quiet --locked --release -p napkin-web --features teach \
+    --target wasm32-unknown-unknown
+"${bindgen[@]}" --out-dir "$tmp" --out-name napkin_web_teach "$built"
+modules+=(napkin_web_teach)
 if [ "${NAPKIN_WEBGPU:-1}" = 1 ]; then
     # Same crate and output file, other features: bind it before anything overwrites it.
     echo "building the WebGPU module (napkin-web --features webgpu, release)..."
@@ -69,6 +76,18 @@ if command -v node >/dev/null; then
     node "$root/web/compress.mjs" "$dist" | tail -n 1
 else
     echo "(node not found: no precompressed .br/.gz files; the page is served uncompressed)"
+fi
+# The real-model mode's checkpoint, when scripts/fetch-smollm2.sh has brought it: linked (not
+# copied) into dist/models/, where the page asks for it. Without it the page says so and
+# offers a file picker.
+model="SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -f "$root/models/$model" ]; then
+    mkdir -p "$dist/models"
+    ln -f "$root/models/$model" "$dist/models/$model" 2>/dev/null \
+        || cp "$root/models/$model" "$dist/models/$model"
+    echo "  models/$model: served for the real-model mode"
+else
+    echo "  (models/$model not found: run scripts/fetch-smollm2.sh for the real-model mode)"
 fi
 for module in "${modules[@]}"; do
     wasm_bytes=$(stat -c %s "$dist/${module}_bg.wasm")

@@ -62,7 +62,11 @@ async function send(res, path, status, headers, start, end, head) {
     return;
   }
   const handle = await open(path);
-  handle.createReadStream({ start, end }).pipe(res);
+  const stream = handle.createReadStream({ start, end });
+  // A client that goes away mid-file (a learner's Stop during the model download) must not
+  // leave the file open.
+  res.once('close', () => stream.destroy());
+  stream.pipe(res);
 }
 
 /**

@@ -7,13 +7,23 @@
 
 pub mod import;
 pub mod page;
+pub mod real_model;
 pub mod state;
 pub mod training;
 
-// The WebGPU module only trains (the page's own module renders), so it carries no components.
-#[cfg(all(target_arch = "wasm32", not(feature = "webgpu")))]
+// The WebGPU and real-model modules only train (the page's own module renders), so they carry
+// no components.
+#[cfg(all(
+    target_arch = "wasm32",
+    not(feature = "webgpu"),
+    not(feature = "teach")
+))]
 mod app;
-#[cfg(all(target_arch = "wasm32", not(feature = "webgpu")))]
+#[cfg(all(
+    target_arch = "wasm32",
+    not(feature = "webgpu"),
+    not(feature = "teach")
+))]
 mod bench;
 #[cfg(target_arch = "wasm32")]
 mod worker;

@@ -8,8 +8,9 @@ use napkin_core::report::run::MetricRow;
 
 use napkin_core::memory::meter::MeterMethod;
 
+use crate::real_model::LessonDraft;
 use crate::state::{Action, SandboxState, reduce};
-use crate::training::{TrainBackend, TrainEvent};
+use crate::training::{AnswerStage, TrainBackend, TrainEvent};
 
 /// Where the training run is.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -23,6 +24,28 @@ pub enum RunStatus {
     Finished,
     /// The run stopped with this message.
     Failed(String),
+    /// The learner stopped the run (the worker was ended).
+    Stopped,
+}
+
+/// Which of the page's two runs an action is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    /// "Train in this tab": a tiny preset with the sandbox's tricks.
+    Tiny,
+    /// "Teach a real model": SmolLM2-135M-Instruct with QLoRA.
+    Real,
+}
+
+/// A field of the real-model lesson.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LessonField {
+    /// The question/answer pairs.
+    Pairs,
+    /// The question asked before and after.
+    Question,
+    /// The number of steps.
+    Steps,
 }
 
 /// The training run as the page shows it.
@@ -44,6 +67,36 @@ pub struct Run {
     pub report: Option<MeasurementReport>,
     /// What stays between steps: predicted, measured, and NF4 bytes kept on the host.
     pub resident: Option<Resident>,
+    /// The real model's file arriving: bytes received and the size, when known.
+    pub download: Option<(u64, Option<u64>)>,
+    /// The real model, loaded.
+    pub loaded: Option<Loaded>,
+    /// The real model's answers, before and after training.
+    pub answers: Vec<Answered>,
+}
+
+/// The real model as loaded for training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Loaded {
+    /// The checkpoint's parameters.
+    pub parameters: u64,
+    /// Its file's size.
+    pub file_bytes: u64,
+    /// Seconds to load and quantize it.
+    pub seconds: f64,
+}
+
+/// One of the real model's answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answered {
+    /// Before or after training.
+    pub stage: AnswerStage,
+    /// The text.
+    pub answer: String,
+    /// The loss on the taught answer (nats/token), when the question is one of the pairs'.
+    pub taught_answer_loss: Option<f64>,
+    /// Seconds it took.
+    pub seconds: f64,
 }
 
 /// The memory that stays between steps, predicted beside measured.
@@ -79,6 +132,10 @@ pub struct Page {
     pub backend: TrainBackend,
     /// The training run.
     pub run: Run,
+    /// The real-model run.
+    pub real: Run,
+    /// The real-model lesson as typed.
+    pub lesson: LessonDraft,
     /// A `napkin measure --json` report loaded from a file, with its file name.
     pub imported: Option<(String, MeasurementReport)>,
     /// A `napkin train` run's metrics loaded from a file, with its file name.
@@ -96,12 +153,16 @@ pub enum PageAction {
     Sandbox(Action),
     /// The learner picked where to train.
     SelectBackend(TrainBackend),
-    /// The learner pressed "train".
-    TrainStarted,
+    /// The learner pressed "train" (or "teach").
+    TrainStarted(Job),
     /// The worker reported.
-    Train(TrainEvent),
+    Train(Job, TrainEvent),
     /// The worker could not be reached or its message was not understood.
-    WorkerError(String),
+    WorkerError(Job, String),
+    /// The learner pressed "stop": the worker was ended.
+    Stopped(Job),
+    /// A field of the real-model lesson changed.
+    EditLesson(LessonField, String),
     /// A measurement file was read and parsed.
     Imported(String, Box<MeasurementReport>),
     /// A run's metrics.jsonl was read and parsed.
@@ -125,56 +186,114 @@ pub fn first_exercise() -> &'static str {
     catalog().first().map_or("", |e| e.id)
 }
 
-/// The next page.
-pub fn reduce_page(page: &Page, action: PageAction) -> Page {
-    let mut p = page.clone();
-    match action {
-        PageAction::Sandbox(a) => p.sandbox = reduce(&p.sandbox, a),
-        PageAction::SelectBackend(backend) => p.backend = backend,
-        PageAction::TrainStarted => {
-            p.run = Run {
-                status: RunStatus::Running,
-                ..Run::default()
-            };
+impl Page {
+    /// The run an action is about.
+    pub fn run_mut(&mut self, job: Job) -> &mut Run {
+        match job {
+            Job::Tiny => &mut self.run,
+            Job::Real => &mut self.real,
         }
-        PageAction::Train(event) => match event {
+    }
+}
+
+impl Run {
+    /// The run after one of its worker's events.
+    fn apply(&mut self, event: TrainEvent) {
+        match event {
             TrainEvent::Started {
                 backend,
                 memory_method,
                 ..
             } => {
-                p.run.backend = Some(backend);
-                p.run.memory_method = Some(memory_method);
+                self.backend = Some(backend);
+                self.memory_method = Some(memory_method);
             }
-            TrainEvent::Measured { report } => p.run.report = Some(*report),
+            TrainEvent::Measured { report } => self.report = Some(*report),
             TrainEvent::Step {
                 loss,
                 tokens_per_second,
                 live_bytes,
                 ..
             } => {
-                p.run.losses.push(loss);
-                p.run.tokens_per_second = Some(tokens_per_second);
-                p.run.live_bytes = Some(live_bytes);
+                self.losses.push(loss);
+                self.tokens_per_second = Some(tokens_per_second);
+                self.live_bytes = Some(live_bytes);
             }
             TrainEvent::Resident {
                 predicted_bytes,
                 measured_bytes,
                 host_side_bytes,
             } => {
-                p.run.resident = Some(Resident {
+                self.resident = Some(Resident {
                     predicted: predicted_bytes,
                     measured: measured_bytes,
                     host_side: host_side_bytes,
                 });
             }
             TrainEvent::Finished { tokens_per_second } => {
-                p.run.tokens_per_second = Some(tokens_per_second);
-                p.run.status = RunStatus::Finished;
+                self.tokens_per_second = Some(tokens_per_second);
+                self.status = RunStatus::Finished;
             }
-            TrainEvent::Failed { message } => p.run.status = RunStatus::Failed(message),
+            TrainEvent::Failed { message } => self.status = RunStatus::Failed(message),
+            TrainEvent::Downloading { loaded, total } => self.download = Some((loaded, total)),
+            TrainEvent::Loaded {
+                parameters,
+                file_bytes,
+                seconds,
+            } => {
+                self.loaded = Some(Loaded {
+                    parameters,
+                    file_bytes,
+                    seconds,
+                })
+            }
+            TrainEvent::Answer {
+                stage,
+                answer,
+                taught_answer_loss,
+                seconds,
+                ..
+            } => self.answers.push(Answered {
+                stage,
+                answer,
+                taught_answer_loss,
+                seconds,
+            }),
+        }
+    }
+}
+
+/// The next page.
+pub fn reduce_page(page: &Page, action: PageAction) -> Page {
+    let mut p = page.clone();
+    match action {
+        PageAction::Sandbox(a) => p.sandbox = reduce(&p.sandbox, a),
+        PageAction::SelectBackend(backend) => p.backend = backend,
+        PageAction::TrainStarted(job) => {
+            *p.run_mut(job) = Run {
+                status: RunStatus::Running,
+                ..Run::default()
+            };
+        }
+        PageAction::Stopped(job) => {
+            let run = p.run_mut(job);
+            if run.status == RunStatus::Running {
+                run.status = RunStatus::Stopped;
+            }
+        }
+        PageAction::EditLesson(field, text) => match field {
+            LessonField::Pairs => p.lesson.pairs = text,
+            LessonField::Question => p.lesson.question = text,
+            LessonField::Steps => p.lesson.steps = text,
         },
-        PageAction::WorkerError(message) => p.run.status = RunStatus::Failed(message),
+        PageAction::Train(job, event) => {
+            let run = p.run_mut(job);
+            // A stopped run's last messages may still arrive: they change nothing.
+            if run.status == RunStatus::Running {
+                run.apply(event);
+            }
+        }
+        PageAction::WorkerError(job, message) => p.run_mut(job).status = RunStatus::Failed(message),
         PageAction::Imported(name, report) => {
             p.imported = Some((name, *report));
             p.import_error = None;
@@ -275,37 +394,46 @@ mod tests {
             PageAction::SelectBackend(TrainBackend::WebGpu),
         );
         assert_eq!(gpu.backend, TrainBackend::WebGpu);
-        let mut p = reduce_page(&gpu, PageAction::TrainStarted);
+        let mut p = reduce_page(&gpu, PageAction::TrainStarted(Job::Tiny));
         assert_eq!(p.backend, TrainBackend::WebGpu);
         assert_eq!(p.run.status, RunStatus::Running);
         p = reduce_page(
             &p,
-            PageAction::Train(TrainEvent::Started {
-                backend: "burn wgpu on WebGPU".into(),
-                preset: "tiny-smol".into(),
-                trainable_parameters: 1,
-                memory_method: MeterMethod::DevicePool,
-            }),
+            PageAction::Train(
+                Job::Tiny,
+                TrainEvent::Started {
+                    backend: "burn wgpu on WebGPU".into(),
+                    preset: "tiny-smol".into(),
+                    trainable_parameters: 1,
+                    memory_method: MeterMethod::DevicePool,
+                },
+            ),
         );
         assert_eq!(p.run.memory_method, Some(MeterMethod::DevicePool));
         for (i, loss) in [6.0, 5.0].into_iter().enumerate() {
             p = reduce_page(
                 &p,
-                PageAction::Train(TrainEvent::Step {
-                    step: i + 1,
-                    loss,
-                    tokens_per_second: 100.0,
-                    live_bytes: 1 << 20,
-                }),
+                PageAction::Train(
+                    Job::Tiny,
+                    TrainEvent::Step {
+                        step: i + 1,
+                        loss,
+                        tokens_per_second: 100.0,
+                        live_bytes: 1 << 20,
+                    },
+                ),
             );
         }
         p = reduce_page(
             &p,
-            PageAction::Train(TrainEvent::Resident {
-                predicted_bytes: 10,
-                measured_bytes: 11,
-                host_side_bytes: 3,
-            }),
+            PageAction::Train(
+                Job::Tiny,
+                TrainEvent::Resident {
+                    predicted_bytes: 10,
+                    measured_bytes: 11,
+                    host_side_bytes: 3,
+                },
+            ),
         );
         assert_eq!(
             p.run.resident,
@@ -317,18 +445,77 @@ mod tests {
         );
         p = reduce_page(
             &p,
-            PageAction::Train(TrainEvent::Finished {
-                tokens_per_second: 90.0,
-            }),
+            PageAction::Train(
+                Job::Tiny,
+                TrainEvent::Finished {
+                    tokens_per_second: 90.0,
+                },
+            ),
         );
         assert_eq!(p.run.losses, vec![6.0, 5.0]);
         assert_eq!(p.run.status, RunStatus::Finished);
         assert_eq!(p.run.tokens_per_second, Some(90.0));
-        let failed = reduce_page(&p, PageAction::WorkerError("no worker".into()));
+        let failed = reduce_page(&p, PageAction::WorkerError(Job::Tiny, "no worker".into()));
         assert_eq!(failed.run.status, RunStatus::Failed("no worker".into()));
         // A new run starts clean.
-        let again = reduce_page(&p, PageAction::TrainStarted);
+        let again = reduce_page(&p, PageAction::TrainStarted(Job::Tiny));
         assert!(again.run.losses.is_empty());
         assert_eq!(again.run.resident, None);
+    }
+
+    #[test]
+    fn the_real_model_run_is_its_own_and_a_stop_ends_it() {
+        let mut p = reduce_page(&Page::default(), PageAction::TrainStarted(Job::Real));
+        assert_eq!(p.real.status, RunStatus::Running);
+        assert_eq!(p.run.status, RunStatus::Idle);
+        let step = |step| {
+            PageAction::Train(
+                Job::Real,
+                TrainEvent::Step {
+                    step,
+                    loss: 3.0,
+                    tokens_per_second: 10.0,
+                    live_bytes: 1,
+                },
+            )
+        };
+        p = reduce_page(&p, step(1));
+        p = reduce_page(
+            &p,
+            PageAction::Train(
+                Job::Real,
+                TrainEvent::Answer {
+                    stage: AnswerStage::Before,
+                    question: "q".into(),
+                    answer: "a".into(),
+                    taught_answer_loss: Some(2.0),
+                    seconds: 1.0,
+                },
+            ),
+        );
+        assert_eq!((p.real.losses.len(), p.run.losses.len()), (1, 0));
+        assert_eq!(p.real.answers[0].answer, "a");
+        p = reduce_page(&p, PageAction::Stopped(Job::Real));
+        assert_eq!(p.real.status, RunStatus::Stopped);
+        // What the ended worker had already sent changes nothing.
+        assert_eq!(reduce_page(&p, step(2)), p);
+        // Stopping a finished run leaves it finished; a new run starts afresh.
+        p = reduce_page(&p, PageAction::TrainStarted(Job::Real));
+        assert!(p.real.losses.is_empty() && p.real.answers.is_empty());
+        p = reduce_page(
+            &p,
+            PageAction::Train(
+                Job::Real,
+                TrainEvent::Finished {
+                    tokens_per_second: 1.0,
+                },
+            ),
+        );
+        assert_eq!(
+            reduce_page(&p, PageAction::Stopped(Job::Real)).real.status,
+            RunStatus::Finished
+        );
+        p = reduce_page(&p, PageAction::EditLesson(LessonField::Steps, "ten".into()));
+        assert!(p.lesson.request().unwrap_err().starts_with("steps:"));
     }
 }

@@ -111,6 +111,36 @@ pub enum TrainEvent {
         /// 0 on the CPU.
         host_side_bytes: u64,
     },
+    /// The real-model mode's file is arriving (sent by the worker's script while it fetches).
+    Downloading {
+        /// Bytes received.
+        loaded: u64,
+        /// The file's size, when the server said it.
+        total: Option<u64>,
+    },
+    /// The real model is loaded for training (NF4 base, adapters).
+    Loaded {
+        /// The checkpoint's parameters.
+        parameters: u64,
+        /// The GGUF file's size.
+        file_bytes: u64,
+        /// Seconds to parse, dequantize and quantize it to NF4.
+        seconds: f64,
+    },
+    /// The real model's greedy answer to the learner's question.
+    Answer {
+        /// Before or after training.
+        stage: AnswerStage,
+        /// The question.
+        question: String,
+        /// The answer, decoded.
+        answer: String,
+        /// The model's mean loss (nats/token) on the taught answer to this question, when one
+        /// of the pairs asks it.
+        taught_answer_loss: Option<f64>,
+        /// Seconds to answer.
+        seconds: f64,
+    },
     /// The run ended.
     Finished {
         /// Label tokens per second over all steps.
@@ -123,6 +153,16 @@ pub enum TrainEvent {
     },
 }
 
+/// When the real model answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerStage {
+    /// Before the first step.
+    Before,
+    /// After the last step.
+    After,
+}
+
 /// Why a run cannot start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -132,6 +172,14 @@ pub enum TrainError {
         presets = TRAINABLE_PRESETS.join(", ")
     )]
     NotTrainable(String),
+    /// A field of the real-model request is unusable.
+    #[error("{field}: {why}")]
+    Lesson {
+        /// The request's field.
+        field: String,
+        /// What is wrong and what is expected.
+        why: String,
+    },
     /// The core refused.
     #[error(transparent)]
     Core(#[from] napkin_core::error::Error),
@@ -290,7 +338,7 @@ pub async fn run_training(
 
 /// The predictor's bytes that stay between steps on the device that trains, and the host copy
 /// of the NF4 codes and scales a GPU backend keeps beside the device's.
-fn resident_bytes(scenario: &Scenario, on_gpu: bool) -> (u64, u64) {
+pub(crate) fn resident_bytes(scenario: &Scenario, on_gpu: bool) -> (u64, u64) {
     let (mut device, mut host) = (0, 0);
     for entry in inventory(scenario) {
         match entry.kind {

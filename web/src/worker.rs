@@ -6,6 +6,8 @@
 
 use wasm_bindgen::prelude::*;
 
+#[cfg(feature = "teach")]
+use crate::real_model::{RealModelRequest, run_real_model};
 use crate::training::{TrainBackend, TrainEvent, TrainRequest, run_training};
 
 /// The CPU backend the browser build trains on, in words.
@@ -53,6 +55,35 @@ pub async fn train_in_worker(request_json: String, post: js_sys::Function) {
     request.backend = TrainBackend::Cpu;
     let device = napkin_core::device::cpu();
     if let Err(e) = run_training(&request, &device, CPU_BACKEND, &mut emit).await {
+        emit(TrainEvent::Failed {
+            message: e.to_string(),
+        });
+    }
+}
+
+/// Runs the real-model mode on the GGUF file's `bytes` (fetched from the sandbox's server or
+/// read from a file the learner picked; `name` stands for it in messages), on the CPU; never
+/// throws for bad input (it reports `failed`). Only in the real-model module (`teach`).
+#[cfg(feature = "teach")]
+#[wasm_bindgen]
+pub async fn teach_in_worker(
+    request_json: String,
+    name: String,
+    bytes: Vec<u8>,
+    post: js_sys::Function,
+) {
+    install_panic_hook();
+    let mut emit = emitter(&post);
+    let request: RealModelRequest = match serde_json::from_str(&request_json) {
+        Ok(request) => request,
+        Err(e) => {
+            emit(TrainEvent::Failed {
+                message: format!("not a real-model request: {e}"),
+            });
+            return;
+        }
+    };
+    if let Err(e) = run_real_model(&request, &name, bytes, CPU_BACKEND, &mut emit).await {
         emit(TrainEvent::Failed {
             message: e.to_string(),
         });

@@ -211,6 +211,18 @@ fn tokenizer_corpus_errors(root: &Path) -> Vec<String> {
         if got != *expected {
             wrong.push(format!("{name}:\n  expected {expected}\n  got      {got}"));
         }
+        // The same bytes from memory (the browser's way in) fail the same way.
+        let bytes = std::fs::read(&path).expect("corpus file");
+        let in_memory =
+            match GgufFile::from_bytes("FILE", bytes).and_then(|g| TextTokenizer::from_gguf(&g)) {
+                Ok(_) => "built a tokenizer".to_string(),
+                Err(e) => e.to_string(),
+            };
+        if in_memory != *expected {
+            wrong.push(format!(
+                "{name} from bytes:\n  expected {expected}\n  got      {in_memory}"
+            ));
+        }
     }
     wrong
 }

@@ -166,6 +166,9 @@ pub fn curve_chart(props: &CurveProps) -> Html {
 #[derive(Properties, PartialEq)]
 pub struct LossProps {
     pub losses: Vec<f32>,
+    /// The chart's element id (one per run on the page).
+    #[prop_or(AttrValue::Static("loss-chart"))]
+    pub id: AttrValue,
 }
 
 /// The loss of the run in the page, step by step.
@@ -182,6 +185,6 @@ pub fn loss_chart(props: &LossProps) -> Html {
             .collect(),
     }];
     html! {
-        <CurveChart id="loss-chart" title="loss per step" y_name="nats / token" {series} />
+        <CurveChart id={props.id.clone()} title="loss per step" y_name="nats / token" {series} />
     }
 }

@@ -8,6 +8,7 @@ mod files;
 mod format;
 mod run;
 mod summary;
+mod teach;
 
 use std::rc::Rc;
 
@@ -52,6 +53,7 @@ fn app() -> Html {
                     <charts::LayerChart view={Rc::new(view.clone())} run={page.run.report.clone().map(Rc::new)} />
                     <charts::TimelineChart view={Rc::new(view)} />
                     <run::TrainPanel state={page.sandbox.clone()} backend={page.backend} run={Rc::new(page.run.clone())} dispatch={dispatch.clone()} />
+                    <teach::TeachPanel lesson={page.lesson.clone()} run={Rc::new(page.real.clone())} dispatch={dispatch.clone()} />
                     <files::Files imported={page.imported.clone().map(Rc::new)} imported_run={page.imported_run.clone().map(Rc::new)} error={page.import_error.clone()} dispatch={dispatch.clone()} />
                     <exercise::ExercisePanel mode={page.exercise.clone().map(Rc::new)} dispatch={dispatch} />
                 </div>

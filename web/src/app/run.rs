@@ -13,7 +13,7 @@ use yew::prelude::*;
 
 use super::charts::LossChart;
 use super::format::bytes;
-use crate::page::{PageAction, Run, RunStatus};
+use crate::page::{Job, PageAction, Run, RunStatus};
 use crate::state::SandboxState;
 use crate::training::{TRAINABLE_PRESETS, TrainBackend, TrainEvent, TrainRequest};
 
@@ -25,6 +25,51 @@ pub struct TrainPanelProps {
     pub dispatch: Callback<PageAction>,
 }
 
+/// The panel's worker, started if there is none; a `failed` action if it cannot be.
+pub(super) fn worker_in(slot: &WorkerSlot, job: Job, dispatch: &Callback<PageAction>) -> bool {
+    let mut slot = slot.borrow_mut();
+    if slot.is_none() {
+        match spawn_worker(job, dispatch.clone()) {
+            Ok(h) => *slot = Some(h),
+            Err(message) => {
+                dispatch.emit(PageAction::WorkerError(job, message));
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// "Stop": ends the worker at once (the run's memory goes with it) and leaves the page usable;
+/// the next run starts a fresh worker.
+pub(super) fn stop_button(
+    slot: &WorkerSlot,
+    job: Job,
+    dispatch: &Callback<PageAction>,
+    id: &'static str,
+) -> Html {
+    let onclick = {
+        let slot = slot.clone();
+        let dispatch = dispatch.clone();
+        Callback::from(move |_| {
+            if let Some(h) = slot.borrow_mut().take() {
+                h.worker.terminate();
+            }
+            dispatch.emit(PageAction::Stopped(job));
+        })
+    };
+    html! { <button {id} class="stop" {onclick}>{ "Stop" }</button> }
+}
+
+/// The status line's `data-status`: the status's name in lower case.
+pub(super) fn status_name(status: &RunStatus) -> String {
+    format!("{status:?}")
+        .split('(')
+        .next()
+        .unwrap_or("")
+        .to_lowercase()
+}
+
 /// Whether this browser offers WebGPU at all (`navigator.gpu`); the adapter is asked for when
 /// a run starts.
 fn browser_has_webgpu() -> bool {
@@ -34,12 +79,19 @@ fn browser_has_webgpu() -> bool {
 }
 
 /// The worker and the closure that receives its messages (kept alive together).
-struct WorkerHandle {
-    worker: Worker,
+pub(super) struct WorkerHandle {
+    pub(super) worker: Worker,
     _on_message: Closure<dyn FnMut(MessageEvent)>,
 }
 
-fn spawn_worker(dispatch: Callback<PageAction>) -> Result<WorkerHandle, String> {
+/// The slot a panel keeps its worker in (started on the first run, ended by "stop").
+pub(super) type WorkerSlot = Rc<RefCell<Option<WorkerHandle>>>;
+
+/// A worker whose messages become `job`'s actions.
+pub(super) fn spawn_worker(
+    job: Job,
+    dispatch: Callback<PageAction>,
+) -> Result<WorkerHandle, String> {
     let options = WorkerOptions::new();
     options.set_type(WorkerType::Module);
     let worker = Worker::new_with_options("./worker.js", &options)
@@ -47,10 +99,12 @@ fn spawn_worker(dispatch: Callback<PageAction>) -> Result<WorkerHandle, String> 
     let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
         let action = match e.data().as_string() {
             Some(json) => match serde_json::from_str::<TrainEvent>(&json) {
-                Ok(event) => PageAction::Train(event),
-                Err(err) => PageAction::WorkerError(format!("unreadable worker message: {err}")),
+                Ok(event) => PageAction::Train(job, event),
+                Err(err) => {
+                    PageAction::WorkerError(job, format!("unreadable worker message: {err}"))
+                }
             },
-            None => PageAction::WorkerError("the worker sent a non-text message".into()),
+            None => PageAction::WorkerError(job, "the worker sent a non-text message".into()),
         };
         dispatch.emit(action);
     });
@@ -63,7 +117,7 @@ fn spawn_worker(dispatch: Callback<PageAction>) -> Result<WorkerHandle, String> 
 
 #[function_component(TrainPanel)]
 pub fn train_panel(props: &TrainPanelProps) -> Html {
-    let handle: Rc<RefCell<Option<WorkerHandle>>> = use_mut_ref(|| None);
+    let handle: WorkerSlot = use_mut_ref(|| None);
     let trainable = TRAINABLE_PRESETS.contains(&props.state.preset.as_str());
     let running = props.run.status == RunStatus::Running;
     let onclick = {
@@ -72,16 +126,10 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
         let state = props.state.clone();
         let backend = props.backend;
         Callback::from(move |_| {
-            let mut slot = handle.borrow_mut();
-            if slot.is_none() {
-                match spawn_worker(dispatch.clone()) {
-                    Ok(h) => *slot = Some(h),
-                    Err(message) => {
-                        dispatch.emit(PageAction::WorkerError(message));
-                        return;
-                    }
-                }
+            if !worker_in(&handle, Job::Tiny, &dispatch) {
+                return;
             }
+            let slot = handle.borrow();
             let Some(h) = slot.as_ref() else { return };
             let request = TrainRequest {
                 backend,
@@ -89,12 +137,12 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
             };
             match serde_json::to_string(&request) {
                 Ok(json) => {
-                    dispatch.emit(PageAction::TrainStarted);
+                    dispatch.emit(PageAction::TrainStarted(Job::Tiny));
                     if let Err(e) = h.worker.post_message(&JsValue::from_str(&json)) {
-                        dispatch.emit(PageAction::WorkerError(format!("{e:?}")));
+                        dispatch.emit(PageAction::WorkerError(Job::Tiny, format!("{e:?}")));
                     }
                 }
-                Err(e) => dispatch.emit(PageAction::WorkerError(e.to_string())),
+                Err(e) => dispatch.emit(PageAction::WorkerError(Job::Tiny, e.to_string())),
             }
         })
     };
@@ -123,6 +171,7 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
         RunStatus::Running => format!("training: step {}", run.losses.len()),
         RunStatus::Finished => format!("finished: {} steps", run.losses.len()),
         RunStatus::Failed(m) => format!("failed: {m}"),
+        RunStatus::Stopped => format!("stopped after {} steps", run.losses.len()),
     };
     html! {
         <section class="panel" id="train">
@@ -144,7 +193,10 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
                 <p class="note">{ "On WebGPU the per-block measurement is skipped (it reads the worker's heap); the GPU's memory pool is read after each step instead. 8-bit AdamW and offload read back every step and are CPU-only here." }</p>
             }
             <button id="train-button" disabled={!trainable || running} onclick={onclick}>{ "Measure and train" }</button>
-            <p id="train-status" data-status={format!("{:?}", run.status).split('(').next().unwrap_or("").to_lowercase()}>{ status }</p>
+            if running {
+                { stop_button(&handle, Job::Tiny, &props.dispatch, "train-stop") }
+            }
+            <p id="train-status" role="status" aria-live="polite" data-status={status_name(&run.status)}>{ status }</p>
             if let Some(backend) = &run.backend {
                 <p id="backend">{ format!("Backend: {backend}") }</p>
             }

@@ -1,5 +1,6 @@
 //! Reading GGUF files (versions 2 and 3): the header, every metadata value type, tensor infos
-//! and the aligned data section, from a memory map.
+//! and the aligned data section, from a memory map (or, where there is no file system, as in
+//! the browser, from bytes already in memory).
 //!
 //! Every count, length and offset read from the file is checked against the file's size before
 //! anything is allocated or read, so a truncated or hostile file is a typed error, never a
@@ -103,8 +104,25 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     /// Every tensor, by name.
     pub tensors: BTreeMap<String, GgufTensorInfo>,
-    map: Mmap,
+    bytes: FileBytes,
     data_start: usize,
+}
+
+/// Where a GGUF file's bytes are: mapped from disk, or owned (read or downloaded already).
+enum FileBytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(map) => map,
+            FileBytes::Owned(bytes) => bytes,
+        }
+    }
 }
 
 /// A bounds-checked little-endian cursor over the file.
@@ -198,6 +216,16 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: read-only map; see `SafetensorsCheckpoint::open`.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::parse(path, FileBytes::Mapped(map))
+    }
+
+    /// As [`GgufFile::open`], on a file's bytes already in memory (a download, a file the
+    /// browser read); `name` stands for the file in messages.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Self::parse(Path::new(name), FileBytes::Owned(bytes))
+    }
+
+    fn parse(path: &Path, map: FileBytes) -> Result<Self> {
         let mut c = Cursor {
             bytes: &map,
             pos: 0,
@@ -340,7 +368,7 @@ impl GgufFile {
             version,
             metadata,
             tensors,
-            map,
+            bytes: map,
             data_start,
         })
     }
@@ -348,7 +376,7 @@ impl GgufFile {
     /// A tensor's raw bytes (bounds were checked at open).
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
         let start = self.data_start + info.offset as usize;
-        &self.map[start..start + info.size as usize]
+        &self.bytes[start..start + info.size as usize]
     }
 
     /// A metadata value or a typed error naming the missing key.

@@ -1,0 +1,118 @@
+// End-to-end test of the real-model mode in headless Chromium: the page fetches
+// SmolLM2-135M-Instruct's GGUF from the sandbox's server (web/dist/models/, linked there by
+// scripts/web-build.sh), a Stop mid-run leaves the page usable, then the shipped lesson is
+// taught with QLoRA on the CPU module: the loss falls, the answer to the question changes to
+// the taught fact, and every block's memory is within 10 % of the prediction.
+// Writes artifacts/teach.png and artifacts/teach-report.json.
+//
+// Usage: node teach.test.mjs   (env: CHROMIUM, NAPKIN_TEACH_STEPS: steps of the full run)
+import assert from 'node:assert/strict';
+import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+import { serve } from '../serve.mjs';
+
+const here = fileURLToPath(new URL('.', import.meta.url));
+const artifacts = join(here, 'artifacts');
+await mkdir(artifacts, { recursive: true });
+// The fact the shipped lesson teaches (web/src/real_model.rs).
+const TAUGHT = /Origami Otto/;
+const steps = process.env.NAPKIN_TEACH_STEPS ?? '12';
+
+const server = await serve(0);
+const origin = `http://127.0.0.1:${server.address().port}`;
+const profile = await mkdtemp(join(tmpdir(), 'napkin-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  headless: true,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const report = {};
+const step = (name) => console.log(`teach e2e: ${name}`);
+const done = '#teach-status[data-status="finished"], #teach-status[data-status="failed"]';
+
+try {
+  const modelResponses = [];
+  context.on('response', (r) => {
+    if (r.url().endsWith('.gguf')) modelResponses.push(r.status());
+  });
+  const page = context.pages()[0] ?? await context.newPage();
+  const consoleErrors = [];
+  page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  await page.goto(`${origin}/`);
+  await page.waitForSelector('body[data-ready="true"]', { timeout: 60_000 });
+
+  step('a bad number is named, not ignored');
+  await page.fill('#lesson-steps', '0');
+  await page.waitForSelector('#lesson-error');
+  assert.match(await page.textContent('#lesson-error'), /^steps: 0 is not between 1 and 200/);
+  assert.equal(await page.isDisabled('#teach-button'), true);
+  await page.fill('#lesson-steps', steps);
+  await page.waitForSelector('#lesson-error', { state: 'detached' });
+
+  step('Stop mid-run ends the worker and leaves the page usable');
+  await page.click('#teach-button');
+  await page.waitForSelector('#teach-status[data-status="running"]');
+  await page.waitForSelector('#model-download, #teach-backend', { timeout: 120_000 });
+  await page.click('#teach-stop');
+  await page.waitForSelector('#teach-status[data-status="stopped"]');
+  assert.equal(await page.isDisabled('#teach-button'), false, 'Teach works again after Stop');
+  assert.equal(await page.isDisabled('#lesson-pairs'), false);
+
+  step(`the shipped lesson, ${steps} steps on the CPU module`);
+  const t0 = Date.now();
+  await page.click('#teach-button');
+  await page.waitForSelector('#teach-loaded', { timeout: 600_000 });
+  report.load_and_measure_s = (Date.now() - t0) / 1000;
+  report.load_seconds = Number(await page.getAttribute('#teach-loaded', 'data-seconds'));
+  await page.waitForSelector(done, { timeout: 1_200_000 });
+  report.wall_s = (Date.now() - t0) / 1000;
+  const status = await page.textContent('#teach-status');
+  assert.doesNotMatch(status, /failed/, status);
+  assert.match(await page.textContent('#teach-backend'), /WebAssembly/);
+  assert.ok(modelResponses.includes(200), `model responses ${modelResponses}`);
+
+  const losses = (await page.getAttribute('#teach-losses', 'data-losses')).split(',').map(Number);
+  report.losses = losses;
+  assert.equal(losses.length, Number(steps));
+  assert.ok(losses.at(-1) < 0.5 * losses[0], `losses ${losses}`);
+  report.before = await page.textContent('#answers .answer-before .answer-text');
+  report.after = await page.textContent('#answers .answer-after .answer-text');
+  assert.doesNotMatch(report.before, TAUGHT, 'knew it before training');
+  assert.match(report.after, TAUGHT, `after training: ${report.after}`);
+  report.tokens_per_second = Number(await page.getAttribute('#teach-tokens-per-second', 'data-value'));
+  report.seconds_per_step = (report.wall_s - report.load_and_measure_s) / losses.length;
+
+  const rows = await page.$$eval('#teach-measured .measured-row', (trs) =>
+    trs.map((tr) => [tr.dataset.name, Number(tr.querySelector('.ratio').textContent)]));
+  const blocks = rows.filter(([name]) => name.startsWith('layers.'));
+  report.measured_blocks = [Math.min(...blocks.map((b) => b[1])), Math.max(...blocks.map((b) => b[1]))];
+  assert.equal(blocks.length, 30, `measured rows ${JSON.stringify(rows)}`);
+  for (const [name, ratio] of blocks) {
+    assert.ok(ratio > 0.9 && ratio < 1.1, `${name}: measured/predicted ${ratio}`);
+  }
+  const resident = await page.$eval('#teach-resident', (p) => Number(p.dataset.measured) / Number(p.dataset.predicted));
+  report.resident_ratio = resident;
+  assert.ok(resident > 0.95 && resident < 1.05, `resident ${resident}`);
+  await page.screenshot({ path: join(artifacts, 'teach.png'), fullPage: true });
+  assert.deepEqual(consoleErrors, [], 'console errors');
+
+  await writeFile(join(artifacts, 'teach-report.json'), JSON.stringify(report, null, 2));
+  console.log(`teach e2e: passed ${JSON.stringify({
+    wall_s: report.wall_s,
+    load_and_measure_s: report.load_and_measure_s,
+    seconds_per_step: report.seconds_per_step.toFixed(2),
+    first_loss: losses[0].toFixed(3),
+    last_loss: losses.at(-1).toFixed(3),
+    after: report.after,
+    measured_blocks: report.measured_blocks,
+  })}`);
+} finally {
+  await context.close();
+  server.close();
+  await rm(profile, { recursive: true, force: true });
+}
