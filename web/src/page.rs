@@ -67,12 +67,30 @@ pub struct Run {
     pub report: Option<MeasurementReport>,
     /// What stays between steps: predicted, measured, and NF4 bytes kept on the host.
     pub resident: Option<Resident>,
-    /// The real model's file arriving: bytes received and the size, when known.
-    pub download: Option<(u64, Option<u64>)>,
+    /// The last file the worker fetched, as it arrived.
+    pub download: Option<Download>,
     /// The real model, loaded.
     pub loaded: Option<Loaded>,
     /// The real model's answers, before and after training.
     pub answers: Vec<Answered>,
+}
+
+/// A file the worker fetches (a module, the model).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Download {
+    /// What, in words.
+    pub what: String,
+    /// Bytes received (decompressed).
+    pub loaded: u64,
+    /// The size, when the server said it and sent the file as it is.
+    pub total: Option<u64>,
+}
+
+impl Download {
+    /// Whether bytes are still to come (unknown: until a later event says otherwise).
+    pub fn arriving(&self) -> bool {
+        self.total.is_none_or(|t| self.loaded < t)
+    }
 }
 
 /// The real model as loaded for training.
@@ -235,7 +253,17 @@ impl Run {
                 self.status = RunStatus::Finished;
             }
             TrainEvent::Failed { message } => self.status = RunStatus::Failed(message),
-            TrainEvent::Downloading { loaded, total } => self.download = Some((loaded, total)),
+            TrainEvent::Downloading {
+                what,
+                loaded,
+                total,
+            } => {
+                self.download = Some(Download {
+                    what,
+                    loaded,
+                    total,
+                })
+            }
             TrainEvent::Loaded {
                 parameters,
                 file_bytes,
@@ -468,6 +496,21 @@ mod tests {
         let mut p = reduce_page(&Page::default(), PageAction::TrainStarted(Job::Real));
         assert_eq!(p.real.status, RunStatus::Running);
         assert_eq!(p.run.status, RunStatus::Idle);
+        // A compressed module: its size is unknown until the last event says it.
+        let downloading = |loaded, total| {
+            PageAction::Train(
+                Job::Real,
+                TrainEvent::Downloading {
+                    what: "the real-model module".into(),
+                    loaded,
+                    total,
+                },
+            )
+        };
+        p = reduce_page(&p, downloading(4 << 20, None));
+        assert!(p.real.download.as_ref().unwrap().arriving());
+        p = reduce_page(&p, downloading(9 << 20, Some(9 << 20)));
+        assert!(!p.real.download.as_ref().unwrap().arriving());
         let step = |step| {
             PageAction::Train(
                 Job::Real,

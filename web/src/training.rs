@@ -111,8 +111,12 @@ pub enum TrainEvent {
         /// 0 on the CPU.
         host_side_bytes: u64,
     },
-    /// The real-model mode's file is arriving (sent by the worker's script while it fetches).
+    /// A file is arriving: the WebGPU or real-model module, or the real model (sent by the
+    /// worker's script while it fetches).
     Downloading {
+        /// What, in words.
+        #[serde(default)]
+        what: String,
         /// Bytes received.
         loaded: u64,
         /// The file's size, when the server said it.

@@ -12,8 +12,60 @@ let teachModule = null;
 
 const post = (event) => self.postMessage(event);
 const failed = (message) => post(JSON.stringify({ event: 'failed', message }));
-const progress = (loaded, total) =>
-  post(JSON.stringify({ event: 'downloading', loaded, total: total || null }));
+const progress = (what, loaded, total) =>
+  post(JSON.stringify({ event: 'downloading', what, loaded, total: total || null }));
+
+/**
+ * A file's bytes with `downloading` events as they arrive (every 4 MB, and once at the end
+ * with the total); null (and a `failed` event naming what to do) when the server has none.
+ * A compressed response's length is not the file's: the total is then unknown until the end.
+ */
+async function fetchBytes(url, what, missing) {
+  const response = await fetch(url);
+  if (!response.ok) {
+    failed(`${missing} (${url}: HTTP ${response.status})`);
+    return null;
+  }
+  const length = Number(response.headers.get('Content-Length')) || 0;
+  const total = response.headers.get('Content-Encoding') ? 0 : length;
+  const chunks = [];
+  let loaded = 0;
+  let reported = 0;
+  const reader = response.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    loaded += value.length;
+    if (loaded - reported >= (1 << 22)) {
+      progress(what, loaded, total);
+      reported = loaded;
+    }
+  }
+  progress(what, loaded, loaded);
+  const bytes = new Uint8Array(loaded);
+  let at = 0;
+  for (const c of chunks) {
+    bytes.set(c, at);
+    at += c.length;
+  }
+  return bytes;
+}
+
+/** A wasm-bindgen module loaded on demand: its glue imported, its wasm fetched with progress. */
+async function loadModule(name, what, hint) {
+  let glue;
+  try {
+    glue = await import(`./${name}.js`);
+  } catch (error) {
+    failed(`this build has no ${what} (${name}.js; ${hint}): ${error}`);
+    return null;
+  }
+  const bytes = await fetchBytes(`./${name}_bg.wasm`, what, `this build has no ${what} (${hint})`);
+  if (!bytes) return null;
+  await glue.default({ module_or_path: bytes });
+  return glue;
+}
 
 async function trainOnWebGpu(json) {
   if (!navigator.gpu) {
@@ -28,66 +80,26 @@ async function trainOnWebGpu(json) {
   const info = adapter.info ?? {};
   const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ');
   if (!gpuModule) {
-    try {
-      gpuModule = await import('./napkin_web_gpu.js');
-    } catch (error) {
-      failed(`this build has no WebGPU module (scripts/web-build.sh skips it with NAPKIN_WEBGPU=0): ${error}`);
-      return;
-    }
-    await gpuModule.default();
+    gpuModule = await loadModule('napkin_web_gpu', 'the WebGPU module',
+      'scripts/web-build.sh skips it with NAPKIN_WEBGPU=0');
+    if (!gpuModule) return;
   }
   await gpuModule.train_on_webgpu(json, name || 'unnamed', post);
 }
 
-/** The model file from the server, with progress events; null (and a `failed` event) if not. */
-async function download(url) {
-  const response = await fetch(url);
-  if (!response.ok) {
-    failed(`the sandbox server has no ${url} (HTTP ${response.status}): run scripts/fetch-smollm2.sh ` +
-      'and rebuild with scripts/web-build.sh, or pick the .gguf file from disk');
-    return null;
-  }
-  const total = Number(response.headers.get('Content-Length')) || 0;
-  const chunks = [];
-  let loaded = 0;
-  let reported = 0;
-  const reader = response.body.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    chunks.push(value);
-    loaded += value.length;
-    if (loaded - reported >= (1 << 22)) {
-      progress(loaded, total);
-      reported = loaded;
-    }
-  }
-  progress(loaded, total);
-  const bytes = new Uint8Array(loaded);
-  let at = 0;
-  for (const c of chunks) {
-    bytes.set(c, at);
-    at += c.length;
-  }
-  return bytes;
-}
-
 async function teach({ request, file, name, url }) {
   if (!teachModule) {
-    try {
-      teachModule = await import('./napkin_web_teach.js');
-    } catch (error) {
-      failed(`this build has no real-model module (napkin_web_teach.js): ${error}`);
-      return;
-    }
-    await teachModule.default();
+    teachModule = await loadModule('napkin_web_teach', 'the real-model module',
+      'scripts/web-build.sh builds it');
+    if (!teachModule) return;
   }
   let bytes;
   if (file) {
     bytes = new Uint8Array(file);
-    progress(bytes.length, bytes.length);
+    progress('the model', bytes.length, bytes.length);
   } else {
-    bytes = await download(url);
+    bytes = await fetchBytes(url, 'the model', 'the sandbox server has no model file: run ' +
+      'scripts/fetch-smollm2.sh and rebuild with scripts/web-build.sh, or pick the .gguf file from disk');
     if (!bytes) return;
   }
   await teachModule.teach_in_worker(request, name, bytes, post);

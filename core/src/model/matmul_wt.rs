@@ -41,6 +41,11 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
             return Tensor::from_primitive::<Ad>(ndarray_gemm::tracked(xp, wp));
         }
     }
+    #[cfg(feature = "flex")]
+    let (x, w) = match crate::kernels::fused::x_wt::x_wt_on_flex(x, w) {
+        Ok(y) => return y,
+        Err(inputs) => inputs,
+    };
     x.matmul(w.transpose())
 }
 

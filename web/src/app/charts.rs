@@ -57,6 +57,25 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                 { for STACK_KINDS.iter().map(|(name, class)| html! { <li><span class={format!("swatch {class}")}></span>{ *name }</li> }) }
                 <li><span class="swatch k-measured"></span>{ "measured activations (after a run)" }</li>
             </ul>
+            <details id="layer-table">
+                <summary>{ "The chart's numbers, per layer and kind (predicted)" }</summary>
+                <table>
+                    <thead><tr>
+                        <th scope="col">{ "layer" }</th><th scope="col">{ "weights" }</th><th scope="col">{ "NF4 codes + scales" }</th>
+                        <th scope="col">{ "LoRA adapters" }</th><th scope="col">{ "gradients" }</th><th scope="col">{ "optimizer state" }</th>
+                        <th scope="col">{ "activations" }</th>
+                    </tr></thead>
+                    <tbody>
+                        { for props.view.report.per_layer.iter().map(|r| html! {
+                            <tr>
+                                <th scope="row">{ r.layer.clone() }</th>
+                                <td>{ bytes(r.weights as f64) }</td><td>{ bytes(r.quant as f64) }</td><td>{ bytes(r.adapters as f64) }</td>
+                                <td>{ bytes(r.gradients as f64) }</td><td>{ bytes(r.optimizer_state as f64) }</td><td>{ bytes(r.activations as f64) }</td>
+                            </tr>
+                        }) }
+                    </tbody>
+                </table>
+            </details>
             if let Some(report) = &props.run {
                 <MeasuredTable report={report.clone()} />
             }
@@ -134,6 +153,9 @@ pub fn timeline_chart(props: &TimelineProps) -> Html {
                  aria-label="bytes alive through one optimizer step">
                 <polyline class="timeline" points={line.points} />
                 { for peak }
+                <text x="0" y="0" class="axis">{ format!("bytes alive (top: {})", bytes(line.max)) }</text>
+                <text x="0" y={(H + 16.0).to_string()} class="axis">{ "start of the step" }</text>
+                <text x={W.to_string()} y={(H + 16.0).to_string()} class="axis end">{ "events: forward → backward → optimizer" }</text>
             </svg>
             <p class="note">{ "Forward keeps activations block by block, the backward frees them as gradients appear, then the optimizer updates." }</p>
         </section>

@@ -149,7 +149,7 @@ pub fn controls(props: &ControlsProps) -> Html {
             </fieldset>
             <fieldset>
                 <legend>{ "Optimizer" }</legend>
-                <select id="optimizer" onchange={on_select(d, |v| OPTIMIZERS.iter().find(|o| o.1 == v).map(|o| Action::SetOptimizer(o.0)))}>
+                <select id="optimizer" aria-label="optimizer" onchange={on_select(d, |v| OPTIMIZERS.iter().find(|o| o.1 == v).map(|o| Action::SetOptimizer(o.0)))}>
                     { for OPTIMIZERS.iter().map(|(k, v, l)| option(v, l, *k == s.optimizer)) }
                 </select>
                 { checkbox("offload", "offload optimizer state to CPU", s.offload_optimizer, on_check(d, Action::SetOffloadOptimizer)) }
@@ -174,7 +174,7 @@ pub fn controls(props: &ControlsProps) -> Html {
             </fieldset>
             <fieldset>
                 <legend>{ "Precision" }</legend>
-                <select id="precision" onchange={on_select(d, |v| match v.as_str() {
+                <select id="precision" aria-label="precision" onchange={on_select(d, |v| match v.as_str() {
                     "f32" => Some(Action::SetPrecision(Precision::F32)),
                     "bf16" => Some(Action::SetPrecision(Precision::Bf16Autocast)),
                     _ => None,

@@ -90,6 +90,7 @@ pub fn exercise_panel(props: &ExerciseProps) -> Html {
             if mode.hint {
                 <p id="hint" class="note">{ &x.hint }</p>
             }
+            <div aria-live="polite">
             if let Some((correct, message)) = &mode.verdict {
                 <p id="verdict" class={if *correct { "fits yes" } else { "fits no" }} data-correct={correct.to_string()}>{ message }</p>
                 if *correct {
@@ -99,6 +100,7 @@ pub fn exercise_panel(props: &ExerciseProps) -> Html {
                     }
                 }
             }
+            </div>
         </section>
     }
 }

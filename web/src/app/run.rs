@@ -13,7 +13,7 @@ use yew::prelude::*;
 
 use super::charts::LossChart;
 use super::format::bytes;
-use crate::page::{Job, PageAction, Run, RunStatus};
+use crate::page::{Download, Job, PageAction, Run, RunStatus};
 use crate::state::SandboxState;
 use crate::training::{TRAINABLE_PRESETS, TrainBackend, TrainEvent, TrainRequest};
 
@@ -59,6 +59,19 @@ pub(super) fn stop_button(
         })
     };
     html! { <button {id} class="stop" {onclick}>{ "Stop" }</button> }
+}
+
+/// A download in progress, in words.
+pub(super) fn download_line(d: &Download) -> String {
+    match d.total {
+        Some(total) => format!(
+            "downloading {}: {} of {}",
+            d.what,
+            bytes(d.loaded as f64),
+            bytes(total as f64)
+        ),
+        None => format!("downloading {}: {}", d.what, bytes(d.loaded as f64)),
+    }
 }
 
 /// The status line's `data-status`: the status's name in lower case.
@@ -166,6 +179,9 @@ pub fn train_panel(props: &TrainPanelProps) -> Html {
         }
         RunStatus::Running if run.losses.is_empty() && props.backend == TrainBackend::Cpu => {
             "measuring one step…".to_string()
+        }
+        RunStatus::Running if run.download.as_ref().is_some_and(|d| d.arriving()) => {
+            run.download.as_ref().map(download_line).unwrap_or_default()
         }
         RunStatus::Running if run.losses.is_empty() => "building the model…".to_string(),
         RunStatus::Running => format!("training: step {}", run.losses.len()),

@@ -12,10 +12,13 @@ use yew::prelude::*;
 
 use super::charts::{LossChart, MeasuredTable};
 use super::format::{bytes, seconds};
-use super::run::{WorkerSlot, status_name, stop_button, worker_in};
+use super::run::{WorkerSlot, download_line, status_name, stop_button, worker_in};
 use crate::page::{Job, LessonField, PageAction, Run, RunStatus};
 use crate::real_model::{LessonDraft, REAL_MODEL_FILE, REAL_MODEL_URL, RealModelRequest};
 use crate::training::AnswerStage;
+
+/// What the worker calls the model file in its `downloading` events (`worker.js`).
+const MODEL_DOWNLOAD: &str = "the model";
 
 #[derive(Properties, PartialEq)]
 pub struct TeachPanelProps {
@@ -120,15 +123,15 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
     };
     let status = match &run.status {
         RunStatus::Idle => "not started".to_string(),
-        RunStatus::Running if run.loaded.is_none() => match run.download {
-            Some((loaded, Some(total))) if loaded < total => format!(
-                "downloading the model: {} of {}",
-                bytes(loaded as f64),
-                bytes(total as f64)
-            ),
-            Some(_) if run.report.is_none() => "measuring one step of the real model…".into(),
-            Some(_) => "loading the model for training (NF4 + adapters)…".into(),
-            None => "starting…".into(),
+        RunStatus::Running if run.loaded.is_none() => match &run.download {
+            Some(d) if d.arriving() => download_line(d),
+            Some(d) if d.what == MODEL_DOWNLOAD && run.report.is_none() => {
+                "measuring one step of the real model…".into()
+            }
+            Some(d) if d.what == MODEL_DOWNLOAD => {
+                "loading the model for training (NF4 + adapters)…".into()
+            }
+            _ => "starting…".into(),
         },
         RunStatus::Running if run.answers.is_empty() => "answering the question…".into(),
         RunStatus::Running if run.answers.len() == 1 && !run.losses.is_empty() => {
@@ -161,10 +164,8 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
                 { stop_button(&handle, Job::Real, &props.dispatch, "teach-stop") }
             }
             <p id="teach-status" role="status" aria-live="polite" data-status={status_name(&run.status)}>{ status }</p>
-            if let Some((loaded, Some(total))) = run.download {
-                if run.loaded.is_none() {
-                    <progress id="model-download" aria-label="model download" value={loaded.to_string()} max={total.to_string()} />
-                }
+            if let Some(d) = run.download.as_ref().filter(|d| d.arriving() && running) {
+                <progress id="model-download" aria-label={d.what.clone()} value={d.loaded.to_string()} max={d.total.map(|t| t.to_string())} />
             }
             if let Some(backend) = &run.backend {
                 <p id="teach-backend">{ format!("Backend: {backend}") }</p>

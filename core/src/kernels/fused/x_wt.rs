@@ -1,0 +1,271 @@
+//! `y = x · Wᵀ` on burn Flex as napkin's own op, forward and backward, with every output
+//! written into one `Vec<f32>`.
+//!
+//! Why: burn Flex makes each product's output with `FlexTensor::empty`, a `vec![0u8; n]` that
+//! the bytes container then copies into a 16-byte-aligned allocation — every output is
+//! allocated twice, and for a step the largest one, the logits (`[B·T, V]`, 12.6 MB for
+//! SmolLM2 at T = 64), set the peak: the page measured 1.71× the predicted step peak. Such an
+//! aligned buffer also cannot become a `Vec<f32>` without another copy, which every fused
+//! kernel reading a product's output paid. Here the outputs are `Vec<f32>`s handed to Flex
+//! as they are (no copy either way), so a product holds one output, as the predictor says.
+//!
+//! - forward: `y [N, out] = x [N, in] · Wᵀ`
+//! - backward: `∂x = ∂y · W`, `∂W = ∂yᵀ · x` (each only when its input needs it)
+//!
+//! The GEMM: with OpenBLAS compiled in, `cpu_gemm` (the output cut over rayon's threads, as
+//! napkin's NdArray products); else the `gemm` crate on rayon's threads, which is what Flex
+//! itself runs (in the browser rayon has one thread).
+
+use burn::tensor::{Device, Tensor};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn_backend::tensor::FloatTensor;
+use burn_dispatch::{DispatchKindConversion, DispatchTensor};
+
+use super::{CpuKernel, CpuValues, backend_tensor, is_f32, tracked_or_plain, with_values};
+
+/// `x · Wᵀ` when both live on burn Flex in f32 (tracked or not); both back otherwise.
+///
+/// # Shapes
+/// - `x`: `[N, in]`, `w`: `[out, in]` → `[N, out]`
+#[cfg(feature = "flex")]
+pub fn x_wt_on_flex(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, (Tensor<2>, Tensor<2>)> {
+    if !is_f32(&x) || !is_f32(&w) {
+        return Err((x, w));
+    }
+    XWt.on_backend::<burn_flex::Flex>((x, w))
+}
+
+/// A row-major matrix as stored (`rows × cols`), read as it is or transposed.
+#[derive(Clone, Copy)]
+struct Stored<'a> {
+    values: &'a [f32],
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+}
+
+impl<'a> Stored<'a> {
+    fn plain(values: &'a [f32], rows: usize, cols: usize) -> Self {
+        Stored {
+            values,
+            rows,
+            cols,
+            transposed: false,
+        }
+    }
+
+    fn transposed(self) -> Self {
+        Stored {
+            transposed: true,
+            ..self
+        }
+    }
+
+    /// Rows and columns as read.
+    #[cfg(not(feature = "openblas"))]
+    fn dims(&self) -> (usize, usize) {
+        if self.transposed {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+}
+
+/// `a · b` into a new row-major vector, on rayon's threads.
+#[cfg(feature = "openblas")]
+fn product(a: Stored<'_>, b: Stored<'_>) -> Vec<f32> {
+    use crate::kernels::cpu_gemm::{gemm_add, zeroed_output};
+    use ndarray::ArrayView2;
+    fn view(s: Stored<'_>) -> ArrayView2<'_, f32> {
+        let v = ArrayView2::from_shape((s.rows, s.cols), &s.values[..s.rows * s.cols])
+            .expect("a kept tensor holds rows × cols values");
+        if s.transposed { v.reversed_axes() } else { v }
+    }
+    let (a, b) = (view(a), view(b));
+    let mut c = zeroed_output(a.nrows(), b.ncols());
+    gemm_add(a, b, c.view_mut());
+    c.into_raw_vec_and_offset().0
+}
+
+/// `a · b` into a new row-major vector, on rayon's threads.
+#[cfg(not(feature = "openblas"))]
+fn product(a: Stored<'_>, b: Stored<'_>) -> Vec<f32> {
+    let ((m, k), (k_b, n)) = (a.dims(), b.dims());
+    assert_eq!(k, k_b, "inner dimensions");
+    assert!(a.values.len() >= a.rows * a.cols && b.values.len() >= b.rows * b.cols);
+    let mut c = vec![0.0f32; m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return c;
+    }
+    // (row stride, column stride) as read, in elements.
+    let strides = |s: &Stored<'_>| {
+        let ld = s.cols as isize;
+        if s.transposed { (1, ld) } else { (ld, 1) }
+    };
+    let (a_rs, a_cs) = strides(&a);
+    let (b_rs, b_cs) = strides(&b);
+    let parallelism = match rayon::current_num_threads() {
+        1 => gemm::Parallelism::None,
+        threads => gemm::Parallelism::Rayon(threads),
+    };
+    // SAFETY: the asserts above put every element read inside `a` and `b`; `c` holds m × n
+    // values and, with `read_dst` false, is only written. The crate computes
+    // `dst ← α·dst + β·lhs·rhs`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.values.as_ptr(),
+            a_cs,
+            a_rs,
+            b.values.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    c
+}
+
+/// `x · Wᵀ` on host values.
+fn forward(x: &[f32], w: &[f32], [n, input]: [usize; 2], out: usize) -> Vec<f32> {
+    product(
+        Stored::plain(x, n, input),
+        Stored::plain(w, out, input).transposed(),
+    )
+}
+
+/// The op on one CPU backend.
+struct XWt;
+
+impl CpuKernel for XWt {
+    type Inputs = (Tensor<2>, Tensor<2>);
+    type Output = Tensor<2>;
+
+    fn on_backend<B: CpuValues>(&self, inputs: Self::Inputs) -> Result<Tensor<2>, Self::Inputs>
+    where
+        DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B>>,
+    {
+        tracked_or_plain::<B, _, _>(
+            inputs,
+            |(x, w)| Tensor::from_primitive::<Autodiff<B>>(tracked::<B>(x, w)),
+            |(x, w)| Tensor::from_primitive::<B>(plain::<B>(&x, &w)),
+        )
+    }
+}
+
+/// The forward on backend tensors.
+fn plain<B: CpuValues>(x: &FloatTensor<B>, w: &FloatTensor<B>) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let xt = Tensor::<2>::from_primitive::<B>(x.clone());
+    let (shape, device) = (xt.dims(), xt.device());
+    let out = Tensor::<2>::from_primitive::<B>(w.clone()).dims()[0];
+    let y = with_values::<B, 2, _>(x, |x| {
+        with_values::<B, 2, _>(w, |w| forward(x, w, shape, out))
+    });
+    backend_tensor::<B, 2>(y, [shape[0], out], &device)
+}
+
+/// What the backward needs: x (when W needs a gradient), W (when x needs one), the shapes.
+#[derive(Debug, Clone)]
+struct Saved<B: CpuValues> {
+    x: Option<FloatTensor<B>>,
+    w: Option<FloatTensor<B>>,
+    /// `[N, in]` and `out`.
+    shape: ([usize; 2], usize),
+    device: Device,
+}
+
+#[derive(Debug)]
+struct XWtBackward;
+
+impl<B: CpuValues> Backward<B, 2> for XWtBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    type State = Saved<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let Saved {
+            x,
+            w,
+            shape: ([n, input], out),
+            device,
+        } = ops.state;
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            // ∂x [N, in] = ∂y [N, out] · W [out, in]
+            |grad| {
+                let w = w.expect("W kept for ∂x");
+                let dx = with_values::<B, 2, _>(&grad, |dy| {
+                    with_values::<B, 2, _>(&w, |w| {
+                        product(Stored::plain(dy, n, out), Stored::plain(w, out, input))
+                    })
+                });
+                backend_tensor::<B, 2>(dx, [n, input], &device)
+            },
+            // ∂W [out, in] = ∂yᵀ [out, N] · x [N, in]
+            |grad| {
+                let x = x.expect("x kept for ∂W");
+                let dw = with_values::<B, 2, _>(&grad, |dy| {
+                    with_values::<B, 2, _>(&x, |x| {
+                        product(
+                            Stored::plain(dy, n, out).transposed(),
+                            Stored::plain(x, n, input),
+                        )
+                    })
+                });
+                backend_tensor::<B, 2>(dw, [out, input], &device)
+            },
+        );
+    }
+}
+
+fn tracked<B: CpuValues>(
+    x: FloatTensor<Autodiff<B>>,
+    w: FloatTensor<Autodiff<B>>,
+) -> FloatTensor<Autodiff<B>>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    let (x_needs_grad, w_needs_grad) = (x.is_tracked(), w.is_tracked());
+    let prep = XWtBackward
+        .prepare::<NoCheckpointing>([x.node(), w.node()])
+        .compute_bound()
+        .stateful();
+    let y = plain::<B>(x.primitive(), w.primitive());
+    match prep {
+        OpsKind::Tracked(prep) => {
+            let xt = Tensor::<2>::from_primitive::<B>(x.primitive().clone());
+            let (shape, device) = (xt.dims(), xt.device());
+            let out = Tensor::<2>::from_primitive::<B>(w.primitive().clone()).dims()[0];
+            let state = Saved {
+                x: w_needs_grad.then(|| x.into_primitive()),
+                w: x_needs_grad.then(|| w.into_primitive()),
+                shape: (shape, out),
+                device,
+            };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
