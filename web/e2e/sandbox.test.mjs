@@ -115,11 +115,18 @@ try {
   const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
   assert.equal(recipes, 9, 'one precision-table row per recipe');
 
+  step('a refused number is named under the controls, not ignored');
+  await page.fill('#seq', '1');
+  await page.dispatchEvent('#seq', 'change');
+  await page.waitForSelector('#controls-error');
+  assert.match(await page.textContent('#controls-error'), /^sequence length T: `1` is not a whole number from 2/);
+
   step('a training run in the page: QLoRA + checkpointing on tiny-smol, T = 64');
   await page.selectOption('#preset', 'tiny-smol');
   await page.fill('#seq', '64');
   await page.press('#seq', 'Enter');
   await page.dispatchEvent('#seq', 'change');
+  await page.waitForSelector('#controls-error', { state: 'detached' });
   await page.check('#dq');
   await page.check('#ckpt');
   const trainStart = Date.now();

@@ -93,6 +93,45 @@ impl Download {
     }
 }
 
+/// What a number field accepts.
+#[derive(Clone, Copy)]
+pub enum Accepts {
+    /// A whole number at least this.
+    WholeFrom(u64),
+    /// Any number at least this.
+    From(f64),
+}
+
+impl Accepts {
+    /// The number `text` holds when it is one this field accepts.
+    pub fn check(self, text: &str) -> Option<f64> {
+        let v = text.trim().parse::<f64>().ok().filter(|v| v.is_finite())?;
+        match self {
+            Accepts::WholeFrom(min) => (v.fract() == 0.0 && v >= min as f64).then_some(v),
+            Accepts::From(min) => (v >= min).then_some(v),
+        }
+    }
+
+    /// What it accepts, in words.
+    pub fn words(self) -> String {
+        match self {
+            Accepts::WholeFrom(min) => format!("a whole number from {min}"),
+            Accepts::From(min) => format!("a number from {min}"),
+        }
+    }
+
+    /// The number, or the refusal shown under the controls naming the field.
+    pub fn read(self, field: &str, text: &str) -> Result<f64, String> {
+        self.check(text).ok_or_else(|| {
+            format!(
+                "{field}: `{}` is not {}; the prediction keeps the last accepted value",
+                text.trim(),
+                self.words()
+            )
+        })
+    }
+}
+
 /// The real model as loaded for training.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Loaded {
@@ -154,6 +193,8 @@ pub struct Page {
     pub real: Run,
     /// The real-model lesson as typed.
     pub lesson: LessonDraft,
+    /// The last refused control value, in words (cleared by the next accepted change).
+    pub control_error: Option<String>,
     /// A `napkin measure --json` report loaded from a file, with its file name.
     pub imported: Option<(String, MeasurementReport)>,
     /// A `napkin train` run's metrics loaded from a file, with its file name.
@@ -181,6 +222,8 @@ pub enum PageAction {
     Stopped(Job),
     /// A field of the real-model lesson changed.
     EditLesson(LessonField, String),
+    /// A control's value was refused (the message names the field and what it accepts).
+    ControlRefused(String),
     /// A measurement file was read and parsed.
     Imported(String, Box<MeasurementReport>),
     /// A run's metrics.jsonl was read and parsed.
@@ -295,7 +338,11 @@ impl Run {
 pub fn reduce_page(page: &Page, action: PageAction) -> Page {
     let mut p = page.clone();
     match action {
-        PageAction::Sandbox(a) => p.sandbox = reduce(&p.sandbox, a),
+        PageAction::Sandbox(a) => {
+            p.sandbox = reduce(&p.sandbox, a);
+            p.control_error = None;
+        }
+        PageAction::ControlRefused(message) => p.control_error = Some(message),
         PageAction::SelectBackend(backend) => p.backend = backend,
         PageAction::TrainStarted(job) => {
             *p.run_mut(job) = Run {
@@ -560,5 +607,26 @@ mod tests {
         );
         p = reduce_page(&p, PageAction::EditLesson(LessonField::Steps, "ten".into()));
         assert!(p.lesson.request().unwrap_err().starts_with("steps:"));
+    }
+
+    #[test]
+    fn a_refused_number_is_named_until_an_accepted_change() {
+        let seq = Accepts::WholeFrom(2);
+        assert_eq!(seq.read("T", " 128 "), Ok(128.0));
+        for bad in ["", "1", "2.5", "-4", "NaN", "inf"] {
+            let err = seq.read("sequence length T", bad).unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "sequence length T: `{bad}` is not a whole number from 2"
+                )),
+                "{err}"
+            );
+        }
+        assert_eq!(Accepts::From(0.0).read("α", "0.5"), Ok(0.5));
+        let mut p = reduce_page(&Page::default(), PageAction::ControlRefused("T: ``".into()));
+        assert_eq!(p.control_error.as_deref(), Some("T: ``"));
+        assert_eq!(p.sandbox, SandboxState::default());
+        p = reduce_page(&p, PageAction::Sandbox(Action::SetSeqLen(64)));
+        assert_eq!(p.control_error, None);
     }
 }

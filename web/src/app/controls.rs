@@ -8,13 +8,15 @@ use napkin_core::predict::time::device_presets;
 use web_sys::{HtmlInputElement, HtmlSelectElement};
 use yew::prelude::*;
 
-use crate::page::PageAction;
+use crate::page::{Accepts, PageAction};
 use crate::state::{Action, NF4_BLOCK_SIZES, Precision, SandboxState};
 use crate::training::TRAINABLE_PRESETS;
 
 #[derive(Properties, PartialEq)]
 pub struct ControlsProps {
     pub state: SandboxState,
+    /// The last refused value, in words.
+    pub error: Option<String>,
     pub dispatch: Callback<PageAction>,
 }
 
@@ -26,13 +28,21 @@ fn on_check(dispatch: &Callback<PageAction>, make: fn(bool) -> Action) -> Callba
     })
 }
 
-fn on_number(dispatch: &Callback<PageAction>, make: fn(f64) -> Action) -> Callback<Event> {
+/// A number field's change: the action when the text is a number it accepts; otherwise the
+/// refusal shown under the controls (the prediction keeps the last accepted value).
+fn on_number(
+    dispatch: &Callback<PageAction>,
+    field: &'static str,
+    accepts: Accepts,
+    make: fn(f64) -> Action,
+) -> Callback<Event> {
     let dispatch = dispatch.clone();
     Callback::from(move |e: Event| {
         let input: HtmlInputElement = e.target_unchecked_into();
-        if let Ok(v) = input.value().trim().parse::<f64>() {
-            dispatch.emit(PageAction::Sandbox(make(v)));
-        }
+        dispatch.emit(match accepts.read(field, &input.value()) {
+            Ok(v) => PageAction::Sandbox(make(v)),
+            Err(refusal) => PageAction::ControlRefused(refusal),
+        });
     })
 }
 
@@ -115,8 +125,8 @@ pub fn controls(props: &ControlsProps) -> Html {
             <fieldset>
                 <legend>{ "LoRA" }</legend>
                 { checkbox("lora", "LoRA adapters (freeze the base)", s.lora, on_check(d, Action::SetLora)) }
-                { number("rank", "rank r", s.rank.to_string(), "1", on_number(d, |v| Action::SetRank(v as usize))) }
-                { number("alpha", "α", s.alpha.to_string(), "0", on_number(d, Action::SetAlpha)) }
+                { number("rank", "rank r", s.rank.to_string(), "1", on_number(d, "rank r", Accepts::WholeFrom(1), |v| Action::SetRank(v as usize))) }
+                { number("alpha", "α", s.alpha.to_string(), "0", on_number(d, "α", Accepts::From(0.0), Action::SetAlpha)) }
                 <div class="targets">
                     { for LoraTarget::ALL.into_iter().map(|t| {
                         let d = d.clone();
@@ -143,9 +153,9 @@ pub fn controls(props: &ControlsProps) -> Html {
                 <legend>{ "Activations and batch" }</legend>
                 { checkbox("ckpt", "gradient checkpointing (per block)", s.checkpointing, on_check(d, Action::SetCheckpointing)) }
                 { checkbox("efficient-attention", "memory-efficient attention (tiled, no T×T probabilities)", s.attention == AttentionKind::Efficient, on_check(d, |on| Action::SetAttention(if on { AttentionKind::Efficient } else { AttentionKind::Eager }))) }
-                { number("micro", "micro-batch B", s.micro_batch.to_string(), "1", on_number(d, |v| Action::SetMicroBatch(v as usize))) }
-                { number("seq", "sequence length T", s.seq_len.to_string(), "2", on_number(d, |v| Action::SetSeqLen(v as usize))) }
-                { number("accum", "gradient accumulation steps", s.accumulation.to_string(), "1", on_number(d, |v| Action::SetAccumulation(v as usize))) }
+                { number("micro", "micro-batch B", s.micro_batch.to_string(), "1", on_number(d, "micro-batch B", Accepts::WholeFrom(1), |v| Action::SetMicroBatch(v as usize))) }
+                { number("seq", "sequence length T", s.seq_len.to_string(), "2", on_number(d, "sequence length T", Accepts::WholeFrom(2), |v| Action::SetSeqLen(v as usize))) }
+                { number("accum", "gradient accumulation steps", s.accumulation.to_string(), "1", on_number(d, "gradient accumulation steps", Accepts::WholeFrom(1), |v| Action::SetAccumulation(v as usize))) }
             </fieldset>
             <fieldset>
                 <legend>{ "Optimizer" }</legend>
@@ -165,7 +175,7 @@ pub fn controls(props: &ControlsProps) -> Html {
                         { for device_presets().iter().map(|p| option(&p.id, &p.name, p.id == s.device)) }
                     </select>
                 </label>
-                { number("gpus", "GPUs", s.gpus.to_string(), "1", on_number(d, |v| Action::SetGpus(v as u64))) }
+                { number("gpus", "GPUs", s.gpus.to_string(), "1", on_number(d, "GPUs", Accepts::WholeFrom(1), |v| Action::SetGpus(v as u64))) }
                 <label for="strategy">{ "sharding" }
                     <select id="strategy" onchange={on_select(d, |v| STRATEGIES.iter().find(|st| st.1 == v).map(|st| Action::SetStrategy(st.0)))}>
                         { for STRATEGIES.iter().map(|(k, v, l)| option(v, l, *k == s.strategy)) }
@@ -184,6 +194,11 @@ pub fn controls(props: &ControlsProps) -> Html {
                 </select>
                 <p class="note">{ "Training in the page runs in f32." }</p>
             </fieldset>
+            <div aria-live="polite">
+                if let Some(error) = &props.error {
+                    <p id="controls-error" class="error" role="alert">{ error.clone() }</p>
+                }
+            </div>
         </section>
     }
 }

@@ -47,7 +47,7 @@ fn app() -> Html {
                 </p>
             </header>
             <div class="layout">
-                <controls::Controls state={page.sandbox.clone()} dispatch={dispatch.clone()} />
+                <controls::Controls state={page.sandbox.clone()} error={page.control_error.clone()} dispatch={dispatch.clone()} />
                 <div class="results">
                     <summary::Summary state={page.sandbox.clone()} view={Rc::new(view.clone())} />
                     <charts::LayerChart view={Rc::new(view.clone())} run={page.run.report.clone().map(Rc::new)} />
