@@ -46,7 +46,10 @@ try {
   context.on('request', (r) => requests.push(r.url()));
   // How the page's module travels: the browser accepts brotli, the server sends its copy.
   const moduleEncodings = [];
+  // Every response's transferred bytes (headers and body as sent, compressed where it was).
+  const transfers = [];
   context.on('response', (r) => {
+    transfers.push(r.request().sizes().then((z) => z.responseHeadersSize + z.responseBodySize, () => 0));
     if (r.url().endsWith('napkin_web_bg.wasm')) {
       const seen = { encoding: r.headers()['content-encoding'] };
       moduleEncodings.push(seen);
@@ -67,6 +70,10 @@ try {
   assert.equal(moduleEncodings[0]?.encoding, 'br', 'the page module is sent brotli-compressed');
   report.module_bytes_transferred = moduleEncodings[0]?.bytes;
   report.load_wall_ms = Date.now() - t0;
+  // A first visit: everything fetched until the page is ready (the service worker's own copy
+  // of the shell included, which a browser fetches right after).
+  report.first_visit_bytes = (await Promise.all(transfers)).reduce((a, b) => a + b, 0);
+  report.first_visit_requests = transfers.length;
   assert.match(await page.textContent('#peak'), /Step peak/);
 
   step('NF4 lowers a block\'s weights by napkin math\'s ratio');
@@ -244,6 +251,7 @@ try {
   await writeFile(join(artifacts, 'e2e-report.json'), JSON.stringify(report, null, 2));
   console.log(`e2e: passed ${JSON.stringify({
     first_render_ms: Math.round(report.first_render_ms),
+    first_visit_bytes: report.first_visit_bytes,
     tokens_per_second: Math.round(report.tokens_per_second),
     train_wall_s: report.train_wall_s,
     nf4_block_ratio: report.nf4_block_ratio.toFixed(4),
