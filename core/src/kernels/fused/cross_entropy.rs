@@ -20,7 +20,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::{
-    CpuKernel, CpuValues, Kept, backend_tensor, exp_in_place, host_values, is_f32, max_of, on_cpu,
+    CpuKernel, CpuValues, backend_tensor, exp_in_place, host_values, is_f32, max_of, on_cpu, owned,
     sum_of_exp, tracked_or_plain,
 };
 
@@ -130,14 +130,13 @@ pub fn backward_in_place(
 }
 
 /// The kept logits, the row log-sum-exps, the labels, the shape and the device.
-#[derive(Debug, Clone)]
-struct Saved<B: CpuValues> {
-    logits: Kept<B>,
-    lse: Vec<f32>,
-    labels: ShiftedLabels,
-    shape: [usize; 3],
-    device: Device,
-}
+type Saved = (
+    Arc<Vec<f32>>,
+    Arc<Vec<f32>>,
+    ShiftedLabels,
+    [usize; 3],
+    Device,
+);
 
 #[derive(Debug)]
 struct CrossEntropyBackward;
@@ -146,23 +145,16 @@ impl<B: CpuValues> Backward<B, 1> for CrossEntropyBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    type State = Saved<B>;
+    type State = Saved;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let Saved {
-            logits,
-            lse,
-            labels,
-            shape,
-            device,
-        } = ops.state;
+        let (logits, lse, labels, shape, device) = ops.state;
         let (grad_sum, _) = host_values::<B, 1>(grads.consume::<B>(&ops.node));
         let [parent] = ops.parents;
         let Some(node) = parent else { return };
-        let grad = logits.overwritten(shape, &device, |x| {
-            backward_in_place(x, &lse, shape, &labels, grad_sum[0])
-        });
-        grads.register::<B>(node.id, grad);
+        let mut grad = owned(logits);
+        backward_in_place(&mut grad, &lse, shape, &labels, grad_sum[0]);
+        grads.register::<B>(node.id, backend_tensor::<B, 3>(grad, shape, &device));
     }
 }
 
@@ -178,18 +170,12 @@ where
         .prepare::<NoCheckpointing>([logits.node()])
         .compute_bound()
         .stateful();
-    let (kept, device) = Kept::<B>::of::<3>(logits.into_primitive());
-    let (lse, sum) = forward(kept.values(), shape, labels);
+    let (x, device) = host_values::<B, 3>(logits.into_primitive());
+    let (lse, sum) = forward(&x, shape, labels);
     let out = backend_tensor::<B, 1>(vec![sum], [1], &device);
     match prep {
         OpsKind::Tracked(prep) => prep.finish(
-            Saved {
-                logits: kept,
-                lse,
-                labels: labels.clone(),
-                shape,
-                device,
-            },
+            (Arc::new(x), Arc::new(lse), labels.clone(), shape, device),
             out,
         ),
         OpsKind::UnTracked(prep) => prep.finish(out),

@@ -23,7 +23,7 @@ pub mod x_wt;
 pub(crate) use exp::{exp_in_place, fast_exp, sum_of_exp};
 pub use runtime::kernels_on;
 pub(crate) use runtime::{
-    CpuKernel, CpuValues, Kept, backend_tensor, cpu_values, host_values, is_f32, on_cpu, owned,
+    CpuKernel, CpuValues, backend_tensor, cpu_values, host_values, is_f32, on_cpu, owned,
     read_on_cpu, tracked_or_plain, with_values,
 };
 

@@ -58,79 +58,6 @@ pub(crate) trait CpuValues: Backend {
     /// buffer is shared or strided) and the backend's own conversion copies slowly; `None`
     /// when the backend's conversion is the better way.
     fn copy_when_shared(x: &FloatTensor<Self>) -> Option<Vec<f32>>;
-
-    /// The values of a tensor this code holds alone (contiguous f32), to write over in place;
-    /// `None` when the backend's buffers are better taken over as a `Vec` (see `Kept`).
-    fn f32_slice_mut(x: &mut FloatTensor<Self>) -> Option<&mut [f32]>;
-}
-
-/// Values a forward keeps for a backward that writes its gradient over them.
-#[derive(Debug, Clone)]
-pub(crate) enum Kept<B: Backend> {
-    /// Taken over as host values (NdArray: no copy when the array is held alone).
-    Values(std::sync::Arc<Vec<f32>>),
-    /// The backend's own tensor (Flex: its buffers are allocated with another alignment than a
-    /// `Vec<f32>`'s, so taking them over as one copies them — for SmolLM2's logits a second
-    /// 12.6 MB at T = 64, found as the step peak's excess in the page).
-    Tensor(FloatTensor<B>),
-}
-
-impl<B: CpuValues> Kept<B> {
-    /// Keeps `x`: as the tensor when the backend writes over its own buffers, else as values.
-    pub(crate) fn of<const D: usize>(mut x: FloatTensor<B>) -> (Self, Device)
-    where
-        DispatchTensor: DispatchKindConversion<B>,
-    {
-        eprintln!(
-            "KEPT probe: in place {}",
-            B::f32_slice_mut(&mut x).is_some()
-        );
-        if B::f32_slice_mut(&mut x).is_some() {
-            let device = Tensor::<D>::from_primitive::<B>(x.clone()).device();
-            return (Kept::Tensor(x), device);
-        }
-        let (values, device) = host_values::<B, D>(x);
-        (Kept::Values(std::sync::Arc::new(values)), device)
-    }
-
-    /// The kept values, read.
-    pub(crate) fn values(&self) -> &[f32] {
-        match self {
-            Kept::Values(values) => values,
-            Kept::Tensor(x) => B::f32_slice(x).expect("kept because it was contiguous f32"),
-        }
-    }
-
-    /// `write` applied over the kept values, then the result as a backend tensor of `shape`
-    /// (in place, unless something else still holds them).
-    pub(crate) fn overwritten<const D: usize>(
-        self,
-        shape: [usize; D],
-        device: &Device,
-        write: impl FnOnce(&mut [f32]),
-    ) -> FloatTensor<B>
-    where
-        DispatchTensor: DispatchKindConversion<B>,
-    {
-        match self {
-            Kept::Tensor(mut x) => {
-                if let Some(values) = B::f32_slice_mut(&mut x) {
-                    write(values);
-                    return x;
-                }
-                let mut values = B::f32_slice(&x)
-                    .expect("kept because it was contiguous f32")
-                    .to_vec();
-                write(&mut values);
-                backend_tensor::<B, D>(values, shape, device)
-            }
-            Kept::Values(values) => {
-                let mut values = owned(values);
-                write(&mut values);
-                backend_tensor::<B, D>(values, shape, device)
-            }
-        }
-    }
 }
 
 #[cfg(feature = "flex")]
@@ -141,16 +68,6 @@ impl CpuValues for burn_flex::Flex {
 
     fn copy_when_shared(_: &FloatTensor<Self>) -> Option<Vec<f32>> {
         None
-    }
-
-    fn f32_slice_mut(x: &mut FloatTensor<Self>) -> Option<&mut [f32]> {
-        let n = x.layout().num_elements();
-        if x.dtype() != burn::tensor::DType::F32 || x.layout().contiguous_offsets() != Some((0, n))
-        {
-            return None;
-        }
-        x.try_storage_mut::<f32>()
-            .filter(|values| values.len() == n)
     }
 }
 
@@ -186,11 +103,6 @@ impl CpuValues for burn_ndarray::NdArray {
             }
         }
         Some(values)
-    }
-
-    /// NdArray's unique arrays become a `Vec` without a copy: `Kept::Values` is the way.
-    fn f32_slice_mut(_: &mut FloatTensor<Self>) -> Option<&mut [f32]> {
-        None
     }
 }
 
