@@ -12,9 +12,10 @@
 //! - forward: `y [N, out] = x [N, in] · Wᵀ`
 //! - backward: `∂x = ∂y · W`, `∂W = ∂yᵀ · x` (each only when its input needs it)
 //!
-//! The GEMM: with OpenBLAS compiled in, `cpu_gemm` (the output cut over rayon's threads, as
-//! napkin's NdArray products); else the `gemm` crate on rayon's threads, which is what Flex
-//! itself runs (in the browser rayon has one thread).
+//! The GEMM is the `gemm` crate on rayon's threads, the one Flex itself runs (in the browser
+//! rayon has one thread). Not OpenBLAS where it is compiled in: Debian's 0.3.21 runs its
+//! Haswell (AVX2) kernel on an AVX-512 Zen core, and a SmolLM2 QLoRA step on Flex took 8 %
+//! longer with it (measured against burn's matmul, alternated).
 
 use burn::tensor::{Device, Tensor};
 use burn_autodiff::Autodiff;
@@ -66,7 +67,6 @@ impl<'a> Stored<'a> {
     }
 
     /// Rows and columns as read.
-    #[cfg(not(feature = "openblas"))]
     fn dims(&self) -> (usize, usize) {
         if self.transposed {
             (self.cols, self.rows)
@@ -77,23 +77,6 @@ impl<'a> Stored<'a> {
 }
 
 /// `a · b` into a new row-major vector, on rayon's threads.
-#[cfg(feature = "openblas")]
-fn product(a: Stored<'_>, b: Stored<'_>) -> Vec<f32> {
-    use crate::kernels::cpu_gemm::{gemm_add, zeroed_output};
-    use ndarray::ArrayView2;
-    fn view(s: Stored<'_>) -> ArrayView2<'_, f32> {
-        let v = ArrayView2::from_shape((s.rows, s.cols), &s.values[..s.rows * s.cols])
-            .expect("a kept tensor holds rows × cols values");
-        if s.transposed { v.reversed_axes() } else { v }
-    }
-    let (a, b) = (view(a), view(b));
-    let mut c = zeroed_output(a.nrows(), b.ncols());
-    gemm_add(a, b, c.view_mut());
-    c.into_raw_vec_and_offset().0
-}
-
-/// `a · b` into a new row-major vector, on rayon's threads.
-#[cfg(not(feature = "openblas"))]
 fn product(a: Stored<'_>, b: Stored<'_>) -> Vec<f32> {
     let ((m, k), (k_b, n)) = (a.dims(), b.dims());
     assert_eq!(k, k_b, "inner dimensions");
