@@ -13,12 +13,16 @@ fn a_flex_product_allocates_its_output_once() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     assert!(is_installed());
     let device = DeviceKind::Flex.open().unwrap().autodiff();
-    // Odd sizes; the SmolLM2 head's width would be 49152.
-    let (n, input, out) = (37, 200, 3001);
+    // Odd sizes, an output of 4.4 MiB (the SmolLM2 head's at T = 64 is 12 MiB).
+    let (n, input, out) = (37, 200, 31001);
     let x = Tensor::<2>::random([n, input], Distribution::Normal(0.0, 1.0), &device).require_grad();
     let w =
         Tensor::<2>::random([out, input], Distribution::Normal(0.0, 1.0), &device).require_grad();
     let output = (n * out * 4) as i64;
+    // The gemm crate packs its operands into buffers it allocates per call when it runs on
+    // rayon's threads (1.05 MiB measured here, the same whatever the output's size); burn Flex's
+    // own matmul has them too, on top of its second output.
+    let packing = 2 << 20;
     // Once unmeasured: the GEMM's per-thread packing buffers stay allocated after a first use.
     let warm = matmul_wt(x.clone(), w.clone()).sum().backward();
     drop(warm);
@@ -27,9 +31,8 @@ fn a_flex_product_allocates_its_output_once() {
     reset_peak();
     let y = matmul_wt(x.clone(), w.clone());
     let forward_peak = peak_bytes() as i64 - base;
-    // The graph's bookkeeping is a few hundred bytes; 16 KiB of slack.
     assert!(
-        forward_peak < output + (16 << 10),
+        forward_peak < output + packing,
         "forward peak {forward_peak} for a {output}-byte output"
     );
 
@@ -40,7 +43,7 @@ fn a_flex_product_allocates_its_output_once() {
     let grads = y.sum().backward();
     let backward_peak = peak_bytes() as i64 - base;
     assert!(
-        backward_peak < output + grads_bytes + (16 << 10),
+        backward_peak < output + grads_bytes + packing,
         "backward peak {backward_peak}: ∂y {output} + ∂x, ∂W {grads_bytes}"
     );
     drop(grads);
