@@ -194,11 +194,17 @@ mod tests {
     /// ∂x and ∂W of sum(y ⊙ g) against burn's autodiff of the plain matmul.
     #[test]
     fn gradients_match_burn_autodiff() {
-        for kind in DeviceKind::cpu_backends() {
+        // The second shape's output is large enough for napkin's own op on Flex
+        // (`x_wt::SMALLEST_OUTPUT_BYTES`); the first stays with burn's matmul there.
+        let large = crate::kernels::fused::x_wt::SMALLEST_OUTPUT_BYTES / (4 * 8);
+        for (kind, (rows, out)) in DeviceKind::cpu_backends()
+            .into_iter()
+            .flat_map(|kind| [(kind, (5, 16)), (kind, (8, large))])
+        {
             let device = kind.open().unwrap().autodiff();
-            let x0 = Tensor::<2>::random([5, 24], Distribution::Normal(0.0, 1.0), &device);
-            let w0 = Tensor::<2>::random([16, 24], Distribution::Normal(0.0, 1.0), &device);
-            let g = Tensor::<2>::random([5, 16], Distribution::Normal(0.0, 1.0), &device);
+            let x0 = Tensor::<2>::random([rows, 24], Distribution::Normal(0.0, 1.0), &device);
+            let w0 = Tensor::<2>::random([out, 24], Distribution::Normal(0.0, 1.0), &device);
+            let g = Tensor::<2>::random([rows, out], Distribution::Normal(0.0, 1.0), &device);
             let grads_of = |ours: bool| {
                 let x = x0.clone().require_grad();
                 let w = w0.clone().require_grad();
@@ -212,9 +218,9 @@ mod tests {
             };
             let (dx, dw) = grads_of(true);
             let (dx_ref, dw_ref) = grads_of(false);
-            assert_eq!(dw.dims(), [16, 24]);
+            assert_eq!(dw.dims(), [out, 24]);
             let err = max_abs_diff(dx, dx_ref).max(max_abs_diff(dw, dw_ref));
-            assert!(err < 1e-4, "{kind}: max |grad diff| {err}");
+            assert!(err < 1e-4, "{kind}, [{rows}, {out}]: max |grad diff| {err}");
         }
     }
 }

@@ -28,13 +28,20 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
 use super::{CpuKernel, CpuValues, backend_tensor, is_f32, tracked_or_plain, with_values};
 
-/// `x · Wᵀ` when both live on burn Flex in f32 (tracked or not); both back otherwise.
+/// Outputs smaller than this stay with burn Flex's matmul: their second copy is too small to
+/// matter, and the op's own cost per call (~12 µs) made tiny-smol's QLoRA step in the page 11 %
+/// slower when every product took it.
+pub const SMALLEST_OUTPUT_BYTES: usize = 256 << 10;
+
+/// `x · Wᵀ` when both live on burn Flex in f32 (tracked or not) and the output is at least
+/// [`SMALLEST_OUTPUT_BYTES`]; both back otherwise.
 ///
 /// # Shapes
 /// - `x`: `[N, in]`, `w`: `[out, in]` → `[N, out]`
 #[cfg(feature = "flex")]
 pub fn x_wt_on_flex(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, (Tensor<2>, Tensor<2>)> {
-    if !is_f32(&x) || !is_f32(&w) {
+    let output_bytes = x.dims()[0] * w.dims()[0] * 4;
+    if !is_f32(&x) || !is_f32(&w) || output_bytes < SMALLEST_OUTPUT_BYTES {
         return Err((x, w));
     }
     XWt.on_backend::<burn_flex::Flex>((x, w))
