@@ -27,14 +27,13 @@ use napkin_core::memory::meter::Meter;
 use napkin_core::model::Llama;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_core::train::{
-    Optimizer, OptimizerConfig, SamplePrompts, StepOptions, UnreadStep, forward_backward,
-    held_out_loss,
-};
+use napkin_core::train::{Optimizer, OptimizerConfig, SamplePrompts, held_out_loss};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
-use crate::training::{AnswerStage, TrainBackend, TrainError, TrainEvent, resident_bytes};
+use crate::training::{
+    AnswerStage, TrainBackend, TrainError, TrainEvent, resident_bytes, train_step,
+};
 
 /// The checkpoint the mode is built for (`scripts/fetch-smollm2.sh` puts it in `models/`).
 pub const REAL_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -326,35 +325,20 @@ pub async fn run_real_model(
     let started = Instant::now();
     let mut tokens = 0usize;
     for step in 1..=request.steps {
-        let clock = Instant::now();
         let micro = [loader.next_batch()];
-        let unread = forward_backward(
-            &model,
+        let (next, event, step_tokens) = train_step(
+            model,
             &micro,
-            &StepOptions::default().with_checkpointing(true),
-        )?;
-        let mean_loss = unread.mean_loss();
-        let UnreadStep {
-            grads,
-            tokens: step_tokens,
-            ..
-        } = unread;
-        model = optimizer.step(model, &grads, request.learning_rate);
-        drop(grads);
-        let loss: f32 = mean_loss
-            .into_scalar_async()
-            .await
-            .map_err(|e| TrainError::Read(format!("{e:?}")))?;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged { step, loss });
-        }
-        tokens += step_tokens;
-        emit(TrainEvent::Step {
+            true,
+            &mut optimizer,
+            request.learning_rate,
             step,
-            loss,
-            tokens_per_second: step_tokens as f64 / clock.elapsed().as_secs_f64().max(1e-9),
-            live_bytes: meter.live_without_sync(),
-        });
+            &mut meter,
+        )
+        .await?;
+        model = next;
+        tokens += step_tokens;
+        emit(event);
     }
     let tokens_per_second = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
     emit(answer(&model, request, &text, AnswerStage::After)?);

@@ -12,6 +12,7 @@ use napkin_core::measure::{
     MachineProbe, MeasurementReport, measure, micro_batches_of, random_model,
 };
 use napkin_core::memory::meter::{Meter, MeterMethod};
+use napkin_core::model::Llama;
 use napkin_core::predict::inventory::{Kind, Scenario, inventory};
 use napkin_core::train::{
     Optimizer, OptimizerConfig, OptimizerKind, StepOptions, UnreadStep, forward_backward,
@@ -298,35 +299,19 @@ pub async fn run_training(
     let started = Instant::now();
     let mut tokens = 0usize;
     for step in 1..=request.steps.max(1) {
-        let clock = Instant::now();
-        let unread = forward_backward(
-            &model,
+        let (next, event, step_tokens) = train_step(
+            model,
             &micro,
-            &StepOptions::default().with_checkpointing(scenario.checkpointing),
-        )?;
-        let mean_loss = unread.mean_loss();
-        let UnreadStep {
-            grads,
-            tokens: step_tokens,
-            ..
-        } = unread;
-        model = optimizer.step(model, &grads, request.learning_rate);
-        drop(grads);
-        // Queued after the update, so its arrival also means the step is done.
-        let loss: f32 = mean_loss
-            .into_scalar_async()
-            .await
-            .map_err(|e| TrainError::Read(format!("{e:?}")))?;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged { step, loss });
-        }
-        tokens += step_tokens;
-        emit(TrainEvent::Step {
+            scenario.checkpointing,
+            &mut optimizer,
+            request.learning_rate,
             step,
-            loss,
-            tokens_per_second: step_tokens as f64 / clock.elapsed().as_secs_f64().max(1e-9),
-            live_bytes: meter.live_without_sync(),
-        });
+            &mut meter,
+        )
+        .await?;
+        model = next;
+        tokens += step_tokens;
+        emit(event);
     }
     let (predicted_bytes, host_side_bytes) = resident_bytes(&scenario, on_gpu);
     emit(TrainEvent::Resident {
@@ -338,6 +323,49 @@ pub async fn run_training(
         tokens_per_second: tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
     });
     Ok(())
+}
+
+/// One optimizer step of `model` on `micro`: the updated model, its `Step` event and its label
+/// tokens. The loss
+/// is awaited after the update is queued, so its arrival also means the step is done (what
+/// lets the same code run on WebGPU, where a browser cannot wait for a read).
+pub(crate) async fn train_step(
+    model: Llama,
+    micro: &[MicroBatch],
+    checkpointing: bool,
+    optimizer: &mut Optimizer,
+    learning_rate: f64,
+    step: usize,
+    meter: &mut Meter,
+) -> Result<(Llama, TrainEvent, usize), TrainError> {
+    let clock = Instant::now();
+    let unread = forward_backward(
+        &model,
+        micro,
+        &StepOptions::default().with_checkpointing(checkpointing),
+    )?;
+    let mean_loss = unread.mean_loss();
+    let UnreadStep {
+        grads,
+        tokens: step_tokens,
+        ..
+    } = unread;
+    let model = optimizer.step(model, &grads, learning_rate);
+    drop(grads);
+    let loss: f32 = mean_loss
+        .into_scalar_async()
+        .await
+        .map_err(|e| TrainError::Read(format!("{e:?}")))?;
+    if !loss.is_finite() {
+        return Err(TrainError::Diverged { step, loss });
+    }
+    let event = TrainEvent::Step {
+        step,
+        loss,
+        tokens_per_second: step_tokens as f64 / clock.elapsed().as_secs_f64().max(1e-9),
+        live_bytes: meter.live_without_sync(),
+    };
+    Ok((model, event, step_tokens))
 }
 
 /// The predictor's bytes that stay between steps on the device that trains, and the host copy
