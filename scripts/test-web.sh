@@ -39,7 +39,8 @@ fi
 
 bash scripts/web-build.sh
 check_budget() { # module, max bytes, max gzipped bytes
-    local wasm="web/dist/$1_bg.wasm" wasm_bytes gzip_bytes
+    local wasm wasm_bytes gzip_bytes
+    wasm=$(echo web/dist/"$1"_bg.*.wasm)
     wasm_bytes=$(stat -c %s "$wasm")
     gzip_bytes=$(gzip -9 -c "$wasm" | wc -c)
     if [ "$wasm_bytes" -gt "$2" ] || [ "$gzip_bytes" -gt "$3" ]; then

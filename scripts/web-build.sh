@@ -64,7 +64,37 @@ if [ "${NAPKIN_WASM_OPT:-0}" = 1 ]; then
         mv "$tmp/opt.wasm" "$tmp/${module}_bg.wasm"
     done
 fi
+# Content-hashed names for the modules and their glue (napkin_web_bg.<hash>.wasm,
+# napkin_web.<hash>.js): a server may tell browsers to keep them for a year (web/serve.mjs
+# marks them immutable), and a rebuilt module can never be served stale because its name
+# changes. The glue names its wasm, and main.js, worker.js and sw.js name the glue: each
+# reference is rewritten, and the build stops if one is not found. The small files that name
+# them (index.html, main.js, worker.js, sw.js, style.css) keep their names and are revalidated.
+hash12() { sha256sum "$1" | cut -c1-12; }
+renames=()
+for module in "${modules[@]}"; do
+    wasm_name="${module}_bg.$(hash12 "$tmp/${module}_bg.wasm").wasm"
+    mv "$tmp/${module}_bg.wasm" "$tmp/$wasm_name"
+    sed -i "s/'${module}_bg\.wasm'/'$wasm_name'/g" "$tmp/${module}.js"
+    if ! grep -qF "'$wasm_name'" "$tmp/${module}.js"; then
+        echo "error: ${module}.js does not name ${module}_bg.wasm (wasm-bindgen's glue changed?)" >&2
+        exit 1
+    fi
+    glue_name="${module}.$(hash12 "$tmp/${module}.js").js"
+    mv "$tmp/${module}.js" "$tmp/$glue_name"
+    renames+=(-e "s#\./${module}\.js'#./$glue_name'#g" -e "s#\./${module}_bg\.wasm'#./$wasm_name'#g")
+done
 cp web/static/* "$tmp/"
+sed -i "${renames[@]}" "$tmp/main.js" "$tmp/worker.js" "$tmp/sw.js"
+# The service worker's cache is named after this build: a new build's worker drops the old
+# copies when it takes over (the model file has a cache of its own and stays).
+sed -i "s/napkin-sandbox-dev/napkin-sandbox-$(cat "$tmp"/*.js | sha256sum | cut -c1-12)/" "$tmp/sw.js"
+for module in "${modules[@]}"; do
+    if grep -qF "./${module}.js'" "$tmp/main.js" "$tmp/worker.js" "$tmp/sw.js"; then
+        echo "error: a reference to ${module}.js was left unrenamed" >&2
+        exit 1
+    fi
+done
 rm -rf "$dist"
 mv "$tmp" "$dist"
 trap - EXIT
@@ -90,7 +120,8 @@ else
     echo "  (models/$model not found: run scripts/fetch-smollm2.sh for the real-model mode)"
 fi
 for module in "${modules[@]}"; do
-    wasm_bytes=$(stat -c %s "$dist/${module}_bg.wasm")
-    gzip_bytes=$(gzip -9 -c "$dist/${module}_bg.wasm" | wc -c)
-    echo "  ${module}_bg.wasm: $wasm_bytes bytes ($gzip_bytes gzipped)"
+    wasm=$(echo "$dist/${module}"_bg.*.wasm)
+    wasm_bytes=$(stat -c %s "$wasm")
+    gzip_bytes=$(gzip -9 -c "$wasm" | wc -c)
+    echo "  ${wasm##*/}: $wasm_bytes bytes ($gzip_bytes gzipped)"
 done

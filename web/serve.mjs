@@ -1,6 +1,7 @@
 // Serves web/dist for one learner or a whole room: the right MIME types and the page's own
 // Content-Security-Policy; the precompressed `.br` / `.gz` files web/compress.mjs writes beside
-// each module, picked by the browser's Accept-Encoding; ETags, so a second visit revalidates
+// each module, picked by the browser's Accept-Encoding; year-long caching of the modules named
+// after their content's hash, ETags for the rest, so a second visit revalidates
 // instead of downloading again; byte ranges. Node only, no dependencies.
 // Usage: node web/serve.mjs [--host ADDR] [--port N] [N]
 //   --host 127.0.0.1 (default: this machine only) or 0.0.0.0 (every interface: a workshop room;
@@ -38,6 +39,15 @@ async function compressed(file, accept, identity) {
     }
   }
   return null;
+}
+
+/**
+ * A module named after its content's hash (web-build.sh: `napkin_web_bg.<12 hex>.wasm`) never
+ * changes: browsers keep it a year without asking. Everything else is revalidated every time
+ * (an unchanged file costs a 304): the page that names the modules is never stale.
+ */
+export function cacheControl(file) {
+  return /\.[0-9a-f]{12}\.(js|wasm)$/.test(file) ? 'public, max-age=31536000, immutable' : 'no-cache';
 }
 
 /** `bytes=a-b` (one range) against a file of `size` bytes: [start, end] inclusive, or null. */
@@ -97,8 +107,7 @@ export function serve(port = 0, { host = '127.0.0.1', root = join(here, 'dist') 
     const headers = {
       'Content-Type': types[extname(file)] ?? 'application/octet-stream',
       'Content-Security-Policy': csp,
-      // Revalidate every time: unchanged files cost a 304, a rebuilt module is never stale.
-      'Cache-Control': 'no-cache',
+      'Cache-Control': cacheControl(file),
       ETag: etag,
       Vary: 'Accept-Encoding',
       'Accept-Ranges': 'bytes',

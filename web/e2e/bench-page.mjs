@@ -10,6 +10,7 @@
 // Usage: node bench-page.mjs NAPKIN_BINARY LABEL=DIST [LABEL=DIST ...]
 //   (env: CHROMIUM, ROUNDS (default 5), GEMM_RUNS (timed runs per GEMM, default 9))
 import { execFileSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
 import { mkdtemp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -56,16 +57,24 @@ async function train(page, run) {
   return Number(await page.getAttribute('#tokens-per-second', 'data-value'));
 }
 
+/// The page module's glue in a build: content-hashed (napkin_web.<hash>.js) or, in a build
+/// older than the hashed names, napkin_web.js.
+function pageGlue(dist) {
+  const glue = readdirSync(dist).find((f) => /^napkin_web(\.[0-9a-f]{12})?\.js$/.test(f));
+  if (!glue) throw new Error(`${dist} holds no napkin_web glue: build it with scripts/web-build.sh`);
+  return glue;
+}
+
 /// One page build: its GEMM figures and each training run's tokens/s.
-async function measurePage(context, origin) {
+async function measurePage(context, origin, glue) {
   const page = await context.newPage();
   try {
     await page.goto(`${origin}/`);
     await page.waitForSelector('body[data-ready="true"]', { timeout: 60_000 });
-    const gemm = JSON.parse(await page.evaluate(async (runs) => {
-      const module = await import('./napkin_web.js');
+    const gemm = JSON.parse(await page.evaluate(async ([runs, path]) => {
+      const module = await import(path);
       return module.page_gemm_gflops(runs);
-    }, gemmRuns));
+    }, [gemmRuns, `./${glue}`]));
     const tokensPerSecond = {};
     for (const run of RUNS) tokensPerSecond[run.name] = await train(page, run);
     return { gemm, tokensPerSecond };
@@ -103,7 +112,7 @@ try {
     native.push(await nativeFigures());
     for (const [i, p] of pages.entries()) {
       const origin = `http://127.0.0.1:${servers[i].address().port}`;
-      const { gemm, tokensPerSecond } = await measurePage(context, origin);
+      const { gemm, tokensPerSecond } = await measurePage(context, origin, pageGlue(p.dist));
       p.gemm.push(gemm);
       for (const run of RUNS) p.tokensPerSecond[run.name].push(tokensPerSecond[run.name]);
     }

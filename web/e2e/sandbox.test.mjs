@@ -13,7 +13,8 @@
 //   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_CONFIG_JSON, NAPKIN_METRICS_JSONL, NAPKIN_WEBGPU=0
 //   without that module)
 import assert from 'node:assert/strict';
-import { mkdtemp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdtemp, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -26,6 +27,24 @@ const here = fileURLToPath(new URL('.', import.meta.url));
 const WEBGPU_LOSS_TOLERANCE = 1e-3;
 const artifacts = join(here, 'artifacts');
 await mkdir(artifacts, { recursive: true });
+
+// Every module's name carries the first 12 hex digits of its content's SHA-256, and the
+// names the page loads by are those files (web-build.sh rewrote them).
+const dist = join(here, '..', 'dist');
+const hashedFiles = (await readdir(dist)).filter((f) => /\.[0-9a-f]{12}\.(js|wasm)$/.test(f));
+assert.ok(hashedFiles.some((f) => /^napkin_web_bg\./.test(f)), `no hashed page module in ${dist}`);
+for (const f of hashedFiles) {
+  const digest = createHash('sha256').update(await readFile(join(dist, f))).digest('hex');
+  assert.equal(f.split('.').at(-2), digest.slice(0, 12), `${f}: its name is not its content's hash`);
+}
+for (const f of ['main.js', 'worker.js', 'sw.js']) {
+  const text = await readFile(join(dist, f), 'utf8');
+  for (const named of text.matchAll(/\.\/(napkin_web[a-z_]*(?:\.[0-9a-f]{12})?\.(?:js|wasm))/g)) {
+    // Built with NAPKIN_WEBGPU=0, the worker still names the WebGPU module it would fetch.
+    if (process.env.NAPKIN_WEBGPU === '0' && named[1].startsWith('napkin_web_gpu')) continue;
+    assert.ok(hashedFiles.includes(named[1]), `${f} names ${named[1]}, which the build does not hold`);
+  }
+}
 
 const server = await serve(0);
 const origin = `http://127.0.0.1:${server.address().port}`;
@@ -50,8 +69,8 @@ try {
   const transfers = [];
   context.on('response', (r) => {
     transfers.push(r.request().sizes().then((z) => z.responseHeadersSize + z.responseBodySize, () => 0));
-    if (r.url().endsWith('napkin_web_bg.wasm')) {
-      const seen = { encoding: r.headers()['content-encoding'] };
+    if (/\/napkin_web_bg\.[0-9a-f]{12}\.wasm$/.test(r.url())) {
+      const seen = { encoding: r.headers()['content-encoding'], cache: r.headers()['cache-control'] };
       moduleEncodings.push(seen);
       r.request().sizes().then((sizes) => { seen.bytes = sizes.responseBodySize; }, () => {});
     }
@@ -68,6 +87,8 @@ try {
   await page.waitForSelector('#controls');
   report.first_render_ms = await page.evaluate(() => window.napkinFirstRenderMs);
   assert.equal(moduleEncodings[0]?.encoding, 'br', 'the page module is sent brotli-compressed');
+  assert.equal(moduleEncodings[0]?.cache, 'public, max-age=31536000, immutable',
+    'the content-hashed module is cached for a year');
   report.module_bytes_transferred = moduleEncodings[0]?.bytes;
   report.load_wall_ms = Date.now() - t0;
   // A first visit: everything fetched until the page is ready (the service worker's own copy

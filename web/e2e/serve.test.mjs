@@ -1,6 +1,6 @@
 // The sandbox server as a workshop uses it, without a browser: bound to another loopback
 // address (127.0.0.2, never outside the machine); precompressed brotli / gzip by
-// Accept-Encoding, byte-identical once decoded; ETag revalidation (304); byte ranges (206,
+// Accept-Encoding, byte-identical once decoded; year-long caching for content-hashed names only; ETag revalidation (304); byte ranges (206,
 // 416); nothing outside the folder (403 / 404); the command line prints the URL to open.
 // Usage: node web/e2e/serve.test.mjs
 import assert from 'node:assert/strict';
@@ -18,6 +18,8 @@ const root = mkdtempSync(join(tmpdir(), 'napkin-serve-'));
 const module = Buffer.from('(module) '.repeat(20000)); // compressible, like a wasm module
 writeFileSync(join(root, 'app_bg.wasm'), module);
 writeFileSync(join(root, 'index.html'), '<!doctype html><title>napkin</title>');
+const hashedName = 'app_bg.0123456789ab.wasm';
+writeFileSync(join(root, hashedName), module);
 writeFileSync(join(root, '..', `secret-${process.pid}`), 'not for learners');
 execFileSync(process.execPath, [join(web, 'compress.mjs'), root], { stdio: 'ignore' });
 
@@ -65,7 +67,14 @@ const tail = await get('/app_bg.wasm', { range: 'bytes=-5' });
 assert.deepEqual(tail.body, module.subarray(module.length - 5));
 assert.equal((await get('/app_bg.wasm', { range: `bytes=${module.length}-` })).status, 416);
 
-assert.equal((await get('/')).headers['content-type'], 'text/html; charset=utf-8');
+const index = await get('/');
+assert.equal(index.headers['content-type'], 'text/html; charset=utf-8');
+// A content-hashed module is kept for a year; the page that names it is revalidated.
+assert.equal(index.headers['cache-control'], 'no-cache');
+assert.equal(plain.headers['cache-control'], 'no-cache');
+const hashed = await get(`/${hashedName}`, { 'accept-encoding': 'br' });
+assert.equal(hashed.headers['cache-control'], 'public, max-age=31536000, immutable');
+assert.equal(hashed.headers['content-encoding'], 'br');
 for (const path of [`/../secret-${process.pid}`, `/%2e%2e/secret-${process.pid}`,
   `/..%2fsecret-${process.pid}`, `/%2e%2e%2fsecret-${process.pid}`]) {
   const outside = await get(path);

@@ -52,16 +52,20 @@ async function fetchBytes(url, what, missing) {
   return bytes;
 }
 
-/** A wasm-bindgen module loaded on demand: its glue imported, its wasm fetched with progress. */
-async function loadModule(name, what, hint) {
+/**
+ * A wasm-bindgen module loaded on demand: its glue imported, its wasm fetched with progress.
+ * The names are written out in full: scripts/web-build.sh rewrites them to the content-hashed
+ * names of the build.
+ */
+async function loadModule(gluePath, wasmPath, what, hint) {
   let glue;
   try {
-    glue = await import(`./${name}.js`);
+    glue = await import(gluePath);
   } catch (error) {
-    failed(`this build has no ${what} (${name}.js; ${hint}): ${error}`);
+    failed(`this build has no ${what} (${gluePath}; ${hint}): ${error}`);
     return null;
   }
-  const bytes = await fetchBytes(`./${name}_bg.wasm`, what, `this build has no ${what} (${hint})`);
+  const bytes = await fetchBytes(wasmPath, what, `this build has no ${what} (${hint})`);
   if (!bytes) return null;
   await glue.default({ module_or_path: bytes });
   return glue;
@@ -80,7 +84,7 @@ async function trainOnWebGpu(json) {
   const info = adapter.info ?? {};
   const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ');
   if (!gpuModule) {
-    gpuModule = await loadModule('napkin_web_gpu', 'the WebGPU module',
+    gpuModule = await loadModule('./napkin_web_gpu.js', './napkin_web_gpu_bg.wasm', 'the WebGPU module',
       'scripts/web-build.sh skips it with NAPKIN_WEBGPU=0');
     if (!gpuModule) return;
   }
@@ -89,7 +93,8 @@ async function trainOnWebGpu(json) {
 
 async function teach({ request, file, name, url }) {
   if (!teachModule) {
-    teachModule = await loadModule('napkin_web_teach', 'the real-model module',
+    teachModule = await loadModule('./napkin_web_teach.js', './napkin_web_teach_bg.wasm',
+      'the real-model module',
       'scripts/web-build.sh builds it');
     if (!teachModule) return;
   }
