@@ -97,6 +97,26 @@ try {
   report.first_visit_requests = transfers.length;
   assert.match(await page.textContent('#peak'), /Step peak/);
 
+  step('every chart has its numbers in a table, and no memory kind is told by colour alone');
+  // The timeline's table: its largest row is the event the chart marks as the peak.
+  const events = await page.$$eval('#timeline-table tbody tr', (trs) => trs.map((tr) =>
+    [tr.querySelector('th').textContent, Number(tr.dataset.bytes)]));
+  assert.ok(events.length > 4, `timeline rows ${events.length}`);
+  const largest = events.reduce((a, b) => (b[1] > a[1] ? b : a));
+  assert.match(await page.textContent('#timeline-chart'), new RegExp(`peak .* at ${largest[0].replace(/\./g, '\\.')}`));
+  assert.equal(await page.$$eval('#layer-table tbody tr', (trs) => trs.length),
+    await page.$$eval('g.layer', (gs) => gs.length), 'one layer-table row per bar');
+  // Each hatched kind's overlay names a pattern the chart defines, and the legend's swatches
+  // carry hatches that differ from one another.
+  const hatches = await page.$$eval('#layer-chart rect.hatch', (rects) => rects.map((r) =>
+    [r.dataset.kind, !!document.querySelector(r.getAttribute('fill').slice(4, -1) + ' line')]));
+  assert.ok(hatches.length > 0 && hatches.every(([, defined]) => defined), JSON.stringify(hatches));
+  const swatches = await page.$$eval('#layer-chart ~ .legend .swatch', (spans) =>
+    spans.map((s) => getComputedStyle(s).backgroundImage));
+  const hatched = swatches.filter((b) => b !== 'none');
+  assert.equal(hatched.length, 5, `hatched legend swatches ${JSON.stringify(swatches)}`);
+  assert.equal(new Set(hatched).size, 5, 'each hatched kind its own hatch');
+
   step('NF4 lowers a block\'s weights by napkin math\'s ratio');
   const block = async () => page.$eval('g.layer[data-layer="layers.0"]',
     (g) => Number(g.dataset.weights) + Number(g.dataset.quant));
@@ -171,6 +191,14 @@ try {
   assert.ok(losses.at(-1) < 0.8 * losses[0], `losses ${losses}`);
   report.tokens_per_second = Number(await page.getAttribute('#tokens-per-second', 'data-value'));
   assert.ok(report.tokens_per_second > 0);
+  // The loss chart's numbers are in a table beside it, one row a step (four significant digits).
+  const lossRows = await page.$$eval('#loss-chart .curve-table tbody tr', (trs) => trs.map((tr) =>
+    [Number(tr.querySelector('th').textContent), Number(tr.querySelector('td').textContent)]));
+  assert.equal(lossRows.length, losses.length, 'one loss-table row per step');
+  lossRows.forEach(([stepNumber, loss], i) => {
+    assert.equal(stepNumber, i + 1);
+    assert.ok(Math.abs(loss - losses[i]) <= 1e-3 * losses[i], `table loss ${loss} vs ${losses[i]}`);
+  });
   const rows = await page.$$eval('#train ~ * .measured-row, .panel .measured-row', (trs) =>
     trs.map((tr) => [tr.dataset.name, Number(tr.querySelector('.ratio').textContent)]));
   const blocks = rows.filter(([name]) => name.startsWith('layers.'));

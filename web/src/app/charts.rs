@@ -16,6 +16,67 @@ use napkin_core::report::svg::line_chart_svg;
 const W: f64 = 640.0;
 const H: f64 = 220.0;
 
+/// The hatch drawn over a kind's colour, so that no kind is told apart by colour alone. The
+/// legend's swatches carry the same hatches (`style.css`).
+struct Hatch {
+    /// The kind's CSS class (`STACK_KINDS`).
+    class: &'static str,
+    /// The SVG pattern's id.
+    id: &'static str,
+    /// Its lines in an 8 × 8 tile: (x1, y1, x2, y2).
+    lines: &'static [(f64, f64, f64, f64)],
+}
+
+/// Weights stay plain; every other kind has its own hatch.
+const HATCHES: [Hatch; 5] = [
+    Hatch {
+        class: "k-quant",
+        id: "hatch-quant",
+        lines: &[(0.0, 8.0, 8.0, 0.0)],
+    },
+    Hatch {
+        class: "k-adapters",
+        id: "hatch-adapters",
+        lines: &[(2.0, 2.0, 2.5, 2.5), (6.0, 6.0, 6.5, 6.5)],
+    },
+    Hatch {
+        class: "k-grads",
+        id: "hatch-grads",
+        lines: &[(0.0, 4.0, 8.0, 4.0)],
+    },
+    Hatch {
+        class: "k-optim",
+        id: "hatch-optim",
+        lines: &[(0.0, 8.0, 8.0, 0.0), (0.0, 0.0, 8.0, 8.0)],
+    },
+    Hatch {
+        class: "k-acts",
+        id: "hatch-acts",
+        lines: &[(4.0, 0.0, 4.0, 8.0)],
+    },
+];
+
+/// The hatch pattern's id for a kind's class, if it has one.
+fn hatch_of(class: &str) -> Option<&'static str> {
+    HATCHES.iter().find(|h| h.class == class).map(|h| h.id)
+}
+
+/// The `<defs>` of the hatches.
+fn hatch_defs() -> Html {
+    html! {
+        <defs>
+            { for HATCHES.iter().map(|h| html! {
+                <pattern id={h.id} width="8" height="8" patternUnits="userSpaceOnUse">
+                    { for h.lines.iter().map(|(x1, y1, x2, y2)| html! {
+                        <line class="hatch-line" x1={x1.to_string()} y1={y1.to_string()}
+                              x2={x2.to_string()} y2={y2.to_string()} />
+                    }) }
+                </pattern>
+            }) }
+        </defs>
+    }
+}
+
 #[derive(Properties, PartialEq)]
 pub struct LayerChartProps {
     pub view: Rc<View>,
@@ -31,14 +92,22 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
             <h2>{ "Memory per layer" }</h2>
             <svg id="layer-chart" viewBox={format!("0 -10 {W} {}", H + 40.0)} role="img"
                  aria-label="predicted bytes per layer, stacked by kind">
+                { hatch_defs() }
                 { for chart.bars.iter().zip(&props.view.report.per_layer).map(|(bar, row)| html! {
                     <g class="layer" data-layer={row.layer.clone()} data-weights={row.weights.to_string()}
                        data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}>
                         { for bar.segments.iter().map(|r| html! {
-                            <rect class={r.class} x={r.x.to_string()} y={r.y.to_string()}
-                                  width={r.width.to_string()} height={r.height.to_string()}>
-                                <title>{ format!("{}: {}", bar.label, bytes(r.bytes as f64)) }</title>
-                            </rect>
+                            <>
+                                <rect class={r.class} x={r.x.to_string()} y={r.y.to_string()}
+                                      width={r.width.to_string()} height={r.height.to_string()}>
+                                    <title>{ format!("{}: {}", bar.label, bytes(r.bytes as f64)) }</title>
+                                </rect>
+                                if let Some(id) = hatch_of(r.class) {
+                                    <rect class="hatch" data-kind={r.class} fill={format!("url(#{id})")}
+                                          x={r.x.to_string()} y={r.y.to_string()}
+                                          width={r.width.to_string()} height={r.height.to_string()} />
+                                }
+                            </>
                         }) }
                         if let Some(m) = &bar.measured {
                             <rect class="k-measured" x={m.x.to_string()} y={m.y.to_string()}
@@ -158,6 +227,23 @@ pub fn timeline_chart(props: &TimelineProps) -> Html {
                 <text x={W.to_string()} y={(H + 16.0).to_string()} class="axis end">{ "events: forward → backward → optimizer" }</text>
             </svg>
             <p class="note">{ "Forward keeps activations block by block, the backward frees them as gradients appear, then the optimizer updates." }</p>
+            <details id="timeline-table">
+                <summary>{ "The chart's numbers, event by event (predicted)" }</summary>
+                <table>
+                    <thead><tr>
+                        <th scope="col">{ "event" }</th><th scope="col">{ "micro-batch" }</th><th scope="col">{ "bytes alive" }</th>
+                    </tr></thead>
+                    <tbody>
+                        { for v.report.timeline.iter().map(|e| html! {
+                            <tr data-bytes={e.bytes.to_string()}>
+                                <th scope="row">{ e.label.clone() }</th>
+                                <td>{ e.micro_batch + 1 }</td>
+                                <td>{ bytes(e.bytes as f64) }</td>
+                            </tr>
+                        }) }
+                    </tbody>
+                </table>
+            </details>
         </section>
     }
 }
@@ -174,14 +260,79 @@ pub struct CurveProps {
     pub series: Vec<Series>,
 }
 
-/// Curves per optimizer step with axes, ticks and a legend.
+/// Curves per optimizer step with axes, ticks and a legend, and their numbers in a table.
 #[function_component(CurveChart)]
 pub fn curve_chart(props: &CurveProps) -> Html {
     let geometry = line_chart(&props.series, W, 160.0);
     // The SVG text is napkin-core's, every label escaped there: the same chart as the report.
     let svg = line_chart_svg(&geometry, &props.title, "optimizer step", &props.y_name);
+    let rows = curve_rows(&props.series);
     html! {
-        <div class="curve" id={props.id.clone()}>{ Html::from_html_unchecked(svg.into()) }</div>
+        <div class="curve" id={props.id.clone()}>
+            { Html::from_html_unchecked(svg.into()) }
+            <details class="curve-table">
+                <summary>{ format!("The chart's numbers ({})", props.title) }</summary>
+                <table>
+                    <thead><tr>
+                        <th scope="col">{ "optimizer step" }</th>
+                        { for props.series.iter().map(|s| html! {
+                            <th scope="col">{ format!("{} ({})", s.label, props.y_name) }</th>
+                        }) }
+                    </tr></thead>
+                    <tbody>
+                        { for rows.iter().map(|(x, ys)| html! {
+                            <tr>
+                                <th scope="row">{ format_step(*x) }</th>
+                                { for ys.iter().map(|y| html! {
+                                    <td>{ y.map_or_else(|| "–".to_string(), format_value) }</td>
+                                }) }
+                            </tr>
+                        }) }
+                    </tbody>
+                </table>
+            </details>
+        </div>
+    }
+}
+
+/// One row per x any series has, ascending, with each series' value there (if it has one).
+fn curve_rows(series: &[Series]) -> Vec<(f64, Vec<Option<f64>>)> {
+    let mut xs: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    xs.into_iter()
+        .map(|x| {
+            let ys = series
+                .iter()
+                .map(|s| s.points.iter().find(|p| p.0 == x).map(|p| p.1))
+                .collect();
+            (x, ys)
+        })
+        .collect()
+}
+
+/// A step number as a whole number when it is one.
+fn format_step(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A value to four significant digits (losses, learning rates, megabytes alike).
+fn format_value(y: f64) -> String {
+    if y == 0.0 || !y.is_finite() {
+        return format!("{y}");
+    }
+    let digits = (3 - y.abs().log10().floor() as i32).max(0) as usize;
+    if digits > 8 {
+        format!("{y:.3e}")
+    } else {
+        format!("{y:.digits$}")
     }
 }
 
