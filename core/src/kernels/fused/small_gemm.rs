@@ -5,7 +5,8 @@
 //! for none.
 //!
 //! With OpenBLAS compiled in the products are `cblas_sgemm`; otherwise the `gemm` crate's
-//! (the kernels burn Flex uses, also in the browser).
+//! (the kernels burn Flex uses, also in the browser). [`gemm_on_rayon`] is the one product
+//! here that does use the threads: a whole step's large product (`x_wt`).
 
 /// One operand: `values` row-major with `ld` values per row, read as stored or transposed.
 #[derive(Clone, Copy)]
@@ -157,7 +158,14 @@ fn product(
 }
 
 #[cfg(not(feature = "openblas"))]
-fn product(
+fn product(p: Product<'_, '_>) {
+    gemm_crate(p, gemm::Parallelism::None);
+}
+
+/// The `gemm` crate's product on `parallelism` (callers have checked the slices: `gemm` here,
+/// `x_wt` for its products on rayon's threads).
+#[cfg(feature = "flex")]
+fn gemm_crate(
     Product {
         m,
         n,
@@ -167,6 +175,7 @@ fn product(
         c,
         accumulate,
     }: Product<'_, '_>,
+    parallelism: gemm::Parallelism,
 ) {
     // (row stride, column stride) of an operand, in elements.
     let strides = |op: &Operand<'_>| {
@@ -175,8 +184,8 @@ fn product(
     };
     let (a_rs, a_cs) = strides(&a);
     let (b_rs, b_cs) = strides(&b);
-    // SAFETY: `gemm` checked that every element the product reads or writes lies inside its
-    // slice; with `read_dst` false, C is only written. The crate computes
+    // SAFETY: the callers checked that every element the product reads or writes lies inside
+    // its slice; with `read_dst` false, C is only written. The crate computes
     // `dst ← α·dst + β·lhs·rhs`.
     unsafe {
         gemm::gemm(
@@ -198,9 +207,45 @@ fn product(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
+}
+
+/// `a · b` (`m × k` by `k × n`) into a new row-major vector with the `gemm` crate on rayon's
+/// threads: the large products of one step (`x_wt`), not the per-tile ones of [`gemm`].
+///
+/// # Panics
+/// When a slice is too short for its shape.
+#[cfg(feature = "flex")]
+pub(crate) fn gemm_on_rayon(
+    (m, n, k): (usize, usize, usize),
+    a: Operand<'_>,
+    b: Operand<'_>,
+) -> Vec<f32> {
+    a.check(m, k);
+    b.check(k, n);
+    let mut c = vec![0.0f32; m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return c;
+    }
+    // Rayon even on one thread (the page): with `None` the crate blocks the product's columns
+    // in panels of 128 micro-tiles, which ran SmolLM2's 256 × 576 × 1536 at 12.9 GFLOP/s in
+    // Chromium against 29.8 for burn Flex's own call (`Rayon(0)`, one panel; page GEMM bench).
+    let parallelism = gemm::Parallelism::Rayon(rayon::current_num_threads());
+    gemm_crate(
+        Product {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c: &mut c,
+            accumulate: false,
+        },
+        parallelism,
+    );
+    c
 }
 
 #[cfg(test)]

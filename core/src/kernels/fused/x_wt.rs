@@ -12,7 +12,7 @@
 //! - forward: `y [N, out] = x [N, in] · Wᵀ`
 //! - backward: `∂x = ∂y · W`, `∂W = ∂yᵀ · x` (each only when its input needs it)
 //!
-//! The GEMM is the `gemm` crate on rayon's threads, the one Flex itself runs (in the browser
+//! The GEMM is the `gemm` crate on rayon's threads (`small_gemm::gemm_on_rayon`), the one Flex itself runs (in the browser
 //! rayon has one thread). Not OpenBLAS where it is compiled in: Debian's 0.3.21 runs its
 //! Haswell (AVX2) kernel on an AVX-512 Zen core, and a SmolLM2 QLoRA step on Flex took 8 %
 //! longer with it (measured against burn's matmul, alternated).
@@ -26,6 +26,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
+use super::small_gemm::{Operand, gemm_on_rayon};
 use super::{CpuKernel, CpuValues, backend_tensor, is_f32, tracked_or_plain, with_values};
 
 /// Outputs smaller than this stay with burn Flex's matmul: their second copy is too small to
@@ -47,96 +48,12 @@ pub fn x_wt_on_flex(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, (Tensor<2>,
     XWt.on_backend::<burn_flex::Flex>((x, w))
 }
 
-/// A row-major matrix as stored (`rows × cols`), read as it is or transposed.
-#[derive(Clone, Copy)]
-struct Stored<'a> {
-    values: &'a [f32],
-    rows: usize,
-    cols: usize,
-    transposed: bool,
-}
-
-impl<'a> Stored<'a> {
-    fn plain(values: &'a [f32], rows: usize, cols: usize) -> Self {
-        Stored {
-            values,
-            rows,
-            cols,
-            transposed: false,
-        }
-    }
-
-    fn transposed(self) -> Self {
-        Stored {
-            transposed: true,
-            ..self
-        }
-    }
-
-    /// Rows and columns as read.
-    fn dims(&self) -> (usize, usize) {
-        if self.transposed {
-            (self.cols, self.rows)
-        } else {
-            (self.rows, self.cols)
-        }
-    }
-}
-
-/// `a · b` into a new row-major vector, on rayon's threads.
-fn product(a: Stored<'_>, b: Stored<'_>) -> Vec<f32> {
-    let ((m, k), (k_b, n)) = (a.dims(), b.dims());
-    assert_eq!(k, k_b, "inner dimensions");
-    assert!(a.values.len() >= a.rows * a.cols && b.values.len() >= b.rows * b.cols);
-    let mut c = vec![0.0f32; m * n];
-    if m == 0 || n == 0 || k == 0 {
-        return c;
-    }
-    // (row stride, column stride) as read, in elements.
-    let strides = |s: &Stored<'_>| {
-        let ld = s.cols as isize;
-        if s.transposed { (1, ld) } else { (ld, 1) }
-    };
-    let (a_rs, a_cs) = strides(&a);
-    let (b_rs, b_cs) = strides(&b);
-    // Rayon even on one thread (the page): with `None` the crate blocks the product's columns
-    // in panels of 128 micro-tiles, which ran SmolLM2's 256 × 576 × 1536 at 12.9 GFLOP/s in
-    // Chromium against 29.8 for burn Flex's own call (`Rayon(0)`, one panel; page GEMM bench).
-    let parallelism = gemm::Parallelism::Rayon(rayon::current_num_threads());
-    // SAFETY: the asserts above put every element read inside `a` and `b`; `c` holds m × n
-    // values and, with `read_dst` false, is only written. The crate computes
-    // `dst ← α·dst + β·lhs·rhs`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.values.as_ptr(),
-            a_cs,
-            a_rs,
-            b.values.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-    c
-}
-
 /// `x · Wᵀ` on host values.
 fn forward(x: &[f32], w: &[f32], [n, input]: [usize; 2], out: usize) -> Vec<f32> {
-    product(
-        Stored::plain(x, n, input),
-        Stored::plain(w, out, input).transposed(),
+    gemm_on_rayon(
+        (n, out, input),
+        Operand::plain(x, input),
+        Operand::transposed(w, input),
     )
 }
 
@@ -208,7 +125,11 @@ where
                 let w = w.expect("W kept for ∂x");
                 let dx = with_values::<B, 2, _>(&grad, |dy| {
                     with_values::<B, 2, _>(&w, |w| {
-                        product(Stored::plain(dy, n, out), Stored::plain(w, out, input))
+                        gemm_on_rayon(
+                            (n, input, out),
+                            Operand::plain(dy, out),
+                            Operand::plain(w, input),
+                        )
                     })
                 });
                 backend_tensor::<B, 2>(dx, [n, input], &device)
@@ -218,9 +139,10 @@ where
                 let x = x.expect("x kept for ∂W");
                 let dw = with_values::<B, 2, _>(&grad, |dy| {
                     with_values::<B, 2, _>(&x, |x| {
-                        product(
-                            Stored::plain(dy, n, out).transposed(),
-                            Stored::plain(x, n, input),
+                        gemm_on_rayon(
+                            (out, input, n),
+                            Operand::transposed(dy, out),
+                            Operand::plain(x, input),
                         )
                     })
                 });
