@@ -50,8 +50,9 @@ cargo build --quiet --locked --release -p napkin-web --features teach \
 modules+=(napkin_web_teach)
 if [ "${NAPKIN_WEBGPU:-1}" = 1 ]; then
     # Same crate and output file, other features: bind it before anything overwrites it.
-    echo "building the WebGPU module (napkin-web --features webgpu, release)..."
-    cargo build --quiet --locked --release -p napkin-web --features webgpu \
+    # With `teach` too: the real-model mode on WebGPU runs from this module.
+    echo "building the WebGPU module (napkin-web --features webgpu,teach, release)..."
+    cargo build --quiet --locked --release -p napkin-web --features webgpu,teach \
         --target wasm32-unknown-unknown
     "${bindgen[@]}" --out-dir "$tmp" --out-name napkin_web_gpu "$built"
     modules+=(napkin_web_gpu)

@@ -16,18 +16,21 @@
 
 use std::sync::Arc;
 
+use burn::module::Module;
 use burn::tensor::Device;
 use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::config::{LoraConfig, Nf4Config};
+use napkin_core::data::MicroBatch;
 use napkin_core::data::loader::ordered_batches;
 use napkin_core::data::{Conversation, DataLoader, Sample};
 use napkin_core::io::gguf::{GgufFile, gguf_config, load_gguf_llama_with};
 use napkin_core::measure::{MachineProbe, measure};
 use napkin_core::memory::meter::Meter;
-use napkin_core::model::Llama;
+use napkin_core::model::generate::KvCache;
+use napkin_core::model::{Llama, causal_lm_loss};
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_core::train::{Optimizer, OptimizerConfig, SamplePrompts, held_out_loss};
+use napkin_core::train::{Optimizer, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
@@ -228,29 +231,22 @@ fn qlora_model(gguf: &GgufFile, lora: &LoraConfig) -> napkin_core::error::Result
     load_gguf_llama_with(gguf, &device, Some(&NF4))?.with_lora(lora)
 }
 
-/// The greedy answer to `request.question` and the model's loss on the taught answer.
-fn answer(
+/// The greedy answer to `request.question` and the model's loss on the taught answer. Every
+/// value is read back asynchronously (WebGPU in a browser cannot block on a read), one token
+/// id at a time: the argmax is taken on the model's device.
+async fn answer(
     model: &Llama,
     request: &RealModelRequest,
     text: &Text,
     stage: AnswerStage,
 ) -> Result<TrainEvent, TrainError> {
     let clock = Instant::now();
-    let prompts = SamplePrompts::new(
-        std::slice::from_ref(&request.question),
-        Some(&text.format),
-        text.tokenizer.clone(),
-        ANSWER_TOKENS,
-    )?;
-    let answer = prompts
-        .generate(model)?
-        .pop()
-        .map(|s| s.completion)
-        .unwrap_or_default();
+    let frozen = model.valid();
+    let answer = greedy_answer(&frozen, &request.question, text).await?;
     let taught_answer_loss = match request.asked_pair() {
         Some(pair) => {
             let batches = ordered_batches(vec![text.sample(pair)?], MAX_REAL_SEQ_LEN, 1, false);
-            Some(held_out_loss(model, &batches)?.loss)
+            Some(mean_loss(&frozen, &batches).await?)
         }
         None => None,
     };
@@ -263,19 +259,70 @@ fn answer(
     })
 }
 
-/// Runs the real-model mode on the file's `bytes` (`name` stands for it in messages), calling
-/// `emit` with each event. CPU only for now: the program's global allocator must be
-/// napkin-core's counting allocator, as for [`crate::training::run_training`].
+/// Greedy decoding of [`ANSWER_TOKENS`] tokens at most after `question` as a user turn,
+/// stopping at an end-of-sequence token (as `SamplePrompts::generate` does, which reads back
+/// synchronously).
+async fn greedy_answer(model: &Llama, question: &str, text: &Text) -> Result<String, TrainError> {
+    let prompt = text
+        .format
+        .render(&[Message::new("user", question)], true)?;
+    let mut new_ids = text.tokenizer.encode(&prompt)?;
+    let stop = &text.tokenizer.eos_ids;
+    let mut cache = KvCache::default();
+    let mut out = Vec::new();
+    for _ in 0..ANSWER_TOKENS {
+        let logits = model.next_token_logits_on_device(&new_ids, &mut cache)?; // [V]
+        let next: i64 = logits
+            .argmax(0)
+            .into_scalar_async()
+            .await
+            .map_err(|e| TrainError::Read(format!("{e:?}")))?;
+        let next = next as u32;
+        if stop.contains(&next) {
+            break;
+        }
+        out.push(next);
+        new_ids = vec![next];
+    }
+    Ok(text.tokenizer.decode(&out)?)
+}
+
+/// The token-weighted mean loss of `model` on `batches` (as `held_out_loss`, read back
+/// asynchronously).
+async fn mean_loss(model: &Llama, batches: &[MicroBatch]) -> Result<f64, TrainError> {
+    let (mut sum, mut tokens) = (0.0f64, 0usize);
+    for micro in batches {
+        let loss = causal_lm_loss(model.forward(&micro.batch), &micro.labels)?;
+        tokens += loss.tokens;
+        let micro_sum: f32 = loss
+            .sum
+            .into_scalar_async()
+            .await
+            .map_err(|e| TrainError::Read(format!("{e:?}")))?;
+        sum += f64::from(micro_sum);
+    }
+    Ok(sum / tokens.max(1) as f64)
+}
+
+/// Runs the real-model mode on the file's `bytes` (`name` stands for it in messages) on
+/// `device` (`backend` describes it), calling `emit` with each event. The program's global
+/// allocator must be napkin-core's counting allocator, as for
+/// [`crate::training::run_training`]. On the CPU one step is measured against the prediction
+/// per block and kind first; on a GPU that measurement (it reads the heap) is skipped, the
+/// model is built on the CPU and moved (NF4 codes and scales resident on the device) and the
+/// resident bytes are the GPU pool's.
 pub async fn run_real_model(
     request: &RealModelRequest,
     name: &str,
     bytes: Vec<u8>,
+    device: &Device,
     backend: &str,
     emit: &mut dyn FnMut(TrainEvent),
 ) -> Result<(), TrainError> {
     request.check()?;
     let cpu: Device = napkin_core::device::cpu();
-    let mut meter = Meter::for_device(&cpu)?;
+    let on_gpu = *device != cpu;
+    let mut meter = Meter::for_device(device)?;
     let file_bytes = bytes.len() as u64;
     let gguf = GgufFile::from_bytes(name, bytes)?;
     let config = gguf_config(&gguf)?;
@@ -303,22 +350,28 @@ pub async fn run_real_model(
     });
 
     // One step of the real model measured against the predictor, per block and per kind.
-    let report = measure(&scenario, &cpu, 2, MachineProbe::BROWSER, None, || {
-        qlora_model(&gguf, &lora)
-    })?;
-    emit(TrainEvent::Measured {
-        report: Box::new(report),
-    });
+    if !on_gpu {
+        let report = measure(&scenario, &cpu, 2, MachineProbe::BROWSER, None, || {
+            qlora_model(&gguf, &lora)
+        })?;
+        emit(TrainEvent::Measured {
+            report: Box::new(report),
+        });
+    }
 
     let clock = Instant::now();
+    let before_model = meter.live_without_sync();
     let mut model = qlora_model(&gguf, &lora)?;
     drop(gguf);
+    if on_gpu {
+        model = model.on_device(&device.clone().autodiff());
+    }
     emit(TrainEvent::Loaded {
         parameters: config.num_parameters(),
         file_bytes,
         seconds: clock.elapsed().as_secs_f64(),
     });
-    emit(answer(&model, request, &text, AnswerStage::Before)?);
+    emit(answer(&model, request, &text, AnswerStage::Before).await?);
 
     let mut loader = DataLoader::new(samples, request.seq_len, 1, true, 7)?;
     let mut optimizer = Optimizer::new(&OptimizerConfig::default());
@@ -341,16 +394,23 @@ pub async fn run_real_model(
         emit(event);
     }
     let tokens_per_second = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
-    emit(answer(&model, request, &text, AnswerStage::After)?);
-    // What the model and the optimizer hold: the heap with them less the heap without them
-    // (the file was dropped after loading, so a "before the model" reading would include it).
+    emit(answer(&model, request, &text, AnswerStage::After).await?);
+    // What the model and the optimizer hold. On the CPU: the heap with them less the heap
+    // without them (the file was dropped after loading, so a "before the model" reading would
+    // include it). On a GPU, as for the tiny presets' run: the device pool's bytes in use now
+    // less before the model came (the file and the host copy live in the worker's heap).
     let with_model = meter.live_without_sync();
-    drop(model);
-    drop(optimizer);
-    let (predicted_bytes, host_side_bytes) = resident_bytes(&scenario, false);
+    let measured_bytes = if on_gpu {
+        with_model.saturating_sub(before_model)
+    } else {
+        drop(model);
+        drop(optimizer);
+        with_model.saturating_sub(meter.live_without_sync())
+    };
+    let (predicted_bytes, host_side_bytes) = resident_bytes(&scenario, on_gpu);
     emit(TrainEvent::Resident {
         predicted_bytes,
-        measured_bytes: with_model.saturating_sub(meter.live_without_sync()),
+        measured_bytes,
         host_side_bytes,
     });
     emit(TrainEvent::Finished { tokens_per_second });

@@ -2,7 +2,9 @@
 //! (the page's own module, burn Flex on the CPU) or `train_on_webgpu` (the second module, built
 //! with the `webgpu` feature and fetched only when a learner picks WebGPU) with a JSON
 //! [`TrainRequest`]; each [`TrainEvent`] goes back as JSON through the `post` callback (the
-//! worker's `postMessage`). Both return a promise that settles when the run ends.
+//! worker's `postMessage`). Both return a promise that settles when the run ends. The
+//! real-model mode's entry points are `teach_in_worker` (the third module, `teach`: CPU) and
+//! `teach_on_webgpu` (the WebGPU module, built with `webgpu` and `teach`).
 
 use wasm_bindgen::prelude::*;
 
@@ -61,10 +63,24 @@ pub async fn train_in_worker(request_json: String, post: js_sys::Function) {
     }
 }
 
+/// The real-model request, or a `failed` event saying why it is not one.
+#[cfg(feature = "teach")]
+fn parse_lesson(json: &str, emit: &mut dyn FnMut(TrainEvent)) -> Option<RealModelRequest> {
+    match serde_json::from_str(json) {
+        Ok(request) => Some(request),
+        Err(e) => {
+            emit(TrainEvent::Failed {
+                message: format!("not a real-model request: {e}"),
+            });
+            None
+        }
+    }
+}
+
 /// Runs the real-model mode on the GGUF file's `bytes` (fetched from the sandbox's server or
 /// read from a file the learner picked; `name` stands for it in messages), on the CPU; never
 /// throws for bad input (it reports `failed`). Only in the real-model module (`teach`).
-#[cfg(feature = "teach")]
+#[cfg(all(feature = "teach", not(feature = "webgpu")))]
 #[wasm_bindgen]
 pub async fn teach_in_worker(
     request_json: String,
@@ -74,19 +90,55 @@ pub async fn teach_in_worker(
 ) {
     install_panic_hook();
     let mut emit = emitter(&post);
-    let request: RealModelRequest = match serde_json::from_str(&request_json) {
-        Ok(request) => request,
-        Err(e) => {
-            emit(TrainEvent::Failed {
-                message: format!("not a real-model request: {e}"),
-            });
-            return;
-        }
+    let Some(request) = parse_lesson(&request_json, &mut emit) else {
+        return;
     };
-    if let Err(e) = run_real_model(&request, &name, bytes, CPU_BACKEND, &mut emit).await {
+    let device = napkin_core::device::cpu();
+    if let Err(e) = run_real_model(&request, &name, bytes, &device, CPU_BACKEND, &mut emit).await {
         emit(TrainEvent::Failed {
             message: e.to_string(),
         });
+    }
+}
+
+/// The real-model mode on the browser's WebGPU (`adapter`: the adapter in words, as
+/// `worker.js` read it). Only in the WebGPU module, which is built with `teach` too.
+#[cfg(all(feature = "teach", feature = "webgpu"))]
+#[wasm_bindgen]
+pub async fn teach_on_webgpu(
+    request_json: String,
+    name: String,
+    bytes: Vec<u8>,
+    adapter: String,
+    post: js_sys::Function,
+) {
+    install_panic_hook();
+    let mut emit = emitter(&post);
+    let Some(request) = parse_lesson(&request_json, &mut emit) else {
+        return;
+    };
+    let Some(device) = webgpu_device(&mut emit).await else {
+        return;
+    };
+    let backend = format!("burn wgpu on WebGPU (adapter: {adapter})");
+    if let Err(e) = run_real_model(&request, &name, bytes, &device, &backend, &mut emit).await {
+        emit(TrainEvent::Failed {
+            message: e.to_string(),
+        });
+    }
+}
+
+/// The browser's WebGPU device, or a `failed` event that says it could not start.
+#[cfg(feature = "webgpu")]
+async fn webgpu_device(emit: &mut dyn FnMut(TrainEvent)) -> Option<burn::tensor::Device> {
+    match burn::tensor::Device::wgpu_options().init_async().await {
+        Ok(device) => Some(device),
+        Err(e) => {
+            emit(TrainEvent::Failed {
+                message: format!("WebGPU could not start here ({e}); train on the CPU instead"),
+            });
+            None
+        }
     }
 }
 
@@ -101,14 +153,8 @@ pub async fn train_on_webgpu(request_json: String, adapter: String, post: js_sys
         return;
     };
     request.backend = TrainBackend::WebGpu;
-    let device = match burn::tensor::Device::wgpu_options().init_async().await {
-        Ok(device) => device,
-        Err(e) => {
-            emit(TrainEvent::Failed {
-                message: format!("WebGPU could not start here ({e}); train on the CPU instead"),
-            });
-            return;
-        }
+    let Some(device) = webgpu_device(&mut emit).await else {
+        return;
     };
     let backend = format!("burn wgpu on WebGPU (adapter: {adapter})");
     if let Err(e) = run_training(&request, &device, &backend, &mut emit).await {

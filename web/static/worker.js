@@ -1,9 +1,10 @@
 // The training worker, off the main thread. Messages in: a JSON TrainRequest (the tiny
-// presets), or { job: 'teach', request, file?, name? } for the real-model mode (the GGUF is
+// presets), or { job: 'teach', request, file?, name?, url?, backend? } for the real-model mode (the GGUF is
 // fetched from the sandbox's server unless the page sends a file the learner picked). Messages
 // out: JSON TrainEvents. CPU runs use the page's own WebAssembly module; a WebGPU run fetches
-// the second, larger module (burn wgpu) the first time one is asked for, the real-model mode a
-// third (the GGUF reader, tokenizer and chat templates).
+// the second, larger module (burn wgpu; it also holds the real-model mode) the first time one
+// is asked for, the real-model mode on the CPU a third (the GGUF reader, tokenizer and chat
+// templates).
 import init, { train_in_worker } from './napkin_web.js';
 
 const ready = init();
@@ -71,28 +72,42 @@ async function loadModule(gluePath, wasmPath, what, hint) {
   return glue;
 }
 
-async function trainOnWebGpu(json) {
+/**
+ * The WebGPU adapter in words and the WebGPU module (loaded the first time); null (and a
+ * `failed` event saying why) when this browser has no WebGPU or the build has no module.
+ */
+async function webGpu() {
   if (!navigator.gpu) {
     failed('this browser offers no WebGPU (navigator.gpu is missing); train on the CPU instead');
-    return;
+    return null;
   }
   const adapter = await navigator.gpu.requestAdapter();
   if (!adapter) {
     failed('this browser found no WebGPU adapter; train on the CPU instead');
-    return;
+    return null;
   }
   const info = adapter.info ?? {};
   const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ');
   if (!gpuModule) {
     gpuModule = await loadModule('./napkin_web_gpu.js', './napkin_web_gpu_bg.wasm', 'the WebGPU module',
       'scripts/web-build.sh skips it with NAPKIN_WEBGPU=0');
-    if (!gpuModule) return;
+    if (!gpuModule) return null;
   }
-  await gpuModule.train_on_webgpu(json, name || 'unnamed', post);
+  return { adapter: name || 'unnamed', module: gpuModule };
 }
 
-async function teach({ request, file, name, url }) {
-  if (!teachModule) {
+async function trainOnWebGpu(json) {
+  const gpu = await webGpu();
+  if (gpu) await gpu.module.train_on_webgpu(json, gpu.adapter, post);
+}
+
+/** The real-model mode: on WebGPU through the WebGPU module (built with it), else on the CPU. */
+async function teach({ request, file, name, url, backend }) {
+  let gpu = null;
+  if (backend === 'web_gpu') {
+    gpu = await webGpu();
+    if (!gpu) return;
+  } else if (!teachModule) {
     teachModule = await loadModule('./napkin_web_teach.js', './napkin_web_teach_bg.wasm',
       'the real-model module',
       'scripts/web-build.sh builds it');
@@ -107,7 +122,11 @@ async function teach({ request, file, name, url }) {
       'scripts/fetch-smollm2.sh and rebuild with scripts/web-build.sh, or pick the .gguf file from disk');
     if (!bytes) return;
   }
-  await teachModule.teach_in_worker(request, name, bytes, post);
+  if (gpu) {
+    await gpu.module.teach_on_webgpu(request, name, bytes, gpu.adapter, post);
+  } else {
+    await teachModule.teach_in_worker(request, name, bytes, post);
+  }
 }
 
 self.onmessage = async (message) => {

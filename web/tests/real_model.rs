@@ -29,6 +29,7 @@ fn run(request: &RealModelRequest, bytes: Vec<u8>) -> Result<Vec<TrainEvent>, Tr
         request,
         REAL_MODEL_FILE,
         bytes,
+        &napkin_core::device::cpu(),
         "test",
         &mut |e| {
             eprintln!("{}", serde_json::to_string(&e).unwrap_or_default());

@@ -87,6 +87,8 @@ fn double_quant_products(
 
 /// The scales of an NF4 tensor on the device.
 #[derive(Debug, Clone)]
+// Made for one dequantization and consumed by it: its size on the stack does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum DeviceScales {
     /// `[num_blocks]` f32 absmax.
     Plain(CubeTensor),

@@ -1,7 +1,7 @@
 //! Text generation with a key/value cache: greedy, temperature, top-k and top-p sampling with a
 //! seed, stopping at an end-of-sequence token. Tokens are handed to a callback as they come.
 
-use burn::tensor::TensorData;
+use burn::tensor::{Tensor, TensorData};
 
 use super::attention::LayerKvCache;
 use super::batch::TokenBatch;
@@ -50,6 +50,22 @@ impl Llama {
     /// # Shapes
     /// - `new_ids`: T new tokens of one sequence → `[V]`
     pub fn next_token_logits(&self, new_ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        Ok(to_f32_vec(
+            self.next_token_logits_on_device(new_ids, cache)?,
+        ))
+    }
+
+    /// [`Llama::next_token_logits`] left on the model's device, for a caller that reads it
+    /// back asynchronously (WebGPU in a browser cannot block on a read) or only needs its
+    /// argmax there.
+    ///
+    /// # Shapes
+    /// - `new_ids`: T new tokens of one sequence → `[V]`
+    pub fn next_token_logits_on_device(
+        &self,
+        new_ids: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<Tensor<1>> {
         let past = cache.layers.first().map_or(0, LayerKvCache::len);
         let t = new_ids.len();
         if t == 0 {
@@ -81,7 +97,8 @@ impl Llama {
         }
         let d = self.config.hidden_size;
         let last = x.narrow(1, t - 1, 1).reshape([1, 1, d]); // [1, 1, D]
-        Ok(to_f32_vec(self.head(last)))
+        let v = self.config.vocab_size;
+        Ok(self.head(last).reshape([v]))
     }
 }
 

@@ -85,7 +85,7 @@ pub(super) fn status_name(status: &RunStatus) -> String {
 
 /// Whether this browser offers WebGPU at all (`navigator.gpu`); the adapter is asked for when
 /// a run starts.
-fn browser_has_webgpu() -> bool {
+pub(super) fn browser_has_webgpu() -> bool {
     web_sys::window()
         .map(|w| js_sys::Reflect::has(&w.navigator(), &JsValue::from_str("gpu")).unwrap_or(false))
         .unwrap_or(false)

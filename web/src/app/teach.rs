@@ -7,15 +7,17 @@ use std::rc::Rc;
 
 use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::{JsFuture, spawn_local};
-use web_sys::{HtmlInputElement, HtmlTextAreaElement};
+use web_sys::{HtmlInputElement, HtmlSelectElement, HtmlTextAreaElement};
 use yew::prelude::*;
 
 use super::charts::{LossChart, MeasuredTable};
 use super::format::{bytes, seconds};
-use super::run::{WorkerSlot, download_line, status_name, stop_button, worker_in};
+use super::run::{
+    WorkerSlot, browser_has_webgpu, download_line, status_name, stop_button, worker_in,
+};
 use crate::page::{Job, LessonField, PageAction, Run, RunStatus};
 use crate::real_model::{LessonDraft, REAL_MODEL_FILE, REAL_MODEL_URL, RealModelRequest};
-use crate::training::AnswerStage;
+use crate::training::{AnswerStage, TrainBackend};
 
 /// What the worker calls the model file in its `downloading` events (`worker.js`).
 const MODEL_DOWNLOAD: &str = "the model";
@@ -33,6 +35,7 @@ fn post_lesson(
     slot: &WorkerSlot,
     dispatch: &Callback<PageAction>,
     request: &RealModelRequest,
+    backend: TrainBackend,
     file: Option<(String, js_sys::ArrayBuffer)>,
 ) {
     let fail = |m: String| dispatch.emit(PageAction::WorkerError(Job::Real, m));
@@ -49,6 +52,11 @@ fn post_lesson(
     };
     set("job", &JsValue::from_str("teach"));
     set("request", &JsValue::from_str(&json));
+    let backend = match backend {
+        TrainBackend::Cpu => "cpu",
+        TrainBackend::WebGpu => "web_gpu",
+    };
+    set("backend", &JsValue::from_str(backend));
     let transfer = js_sys::Array::new();
     match file {
         Some((name, buffer)) => {
@@ -73,6 +81,19 @@ fn post_lesson(
 pub fn teach_panel(props: &TeachPanelProps) -> Html {
     let handle: WorkerSlot = use_mut_ref(|| None);
     let picked: Rc<std::cell::RefCell<Option<web_sys::File>>> = use_mut_ref(|| None);
+    let backend = use_state(|| TrainBackend::Cpu);
+    let on_gpu = *backend == TrainBackend::WebGpu;
+    let on_backend = {
+        let backend = backend.clone();
+        Callback::from(move |e: Event| {
+            let select: HtmlSelectElement = e.target_unchecked_into();
+            backend.set(match select.value().as_str() {
+                "web_gpu" => TrainBackend::WebGpu,
+                _ => TrainBackend::Cpu,
+            });
+        })
+    };
+    let has_webgpu = browser_has_webgpu();
     let run = &props.run;
     let running = run.status == RunStatus::Running;
     let request = props.lesson.request();
@@ -98,18 +119,20 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
         let picked = picked.clone();
         let dispatch = props.dispatch.clone();
         let request = request.clone();
+        let backend = *backend;
         Callback::from(move |_| {
             let Ok(request) = request.clone() else { return };
             let file = picked.borrow().clone();
             let (handle, dispatch) = (handle.clone(), dispatch.clone());
             match file {
-                None => post_lesson(&handle, &dispatch, &request, None),
+                None => post_lesson(&handle, &dispatch, &request, backend, None),
                 Some(file) => spawn_local(async move {
                     match JsFuture::from(file.array_buffer()).await {
                         Ok(buffer) => post_lesson(
                             &handle,
                             &dispatch,
                             &request,
+                            backend,
                             Some((file.name(), buffer.into())),
                         ),
                         Err(e) => dispatch.emit(PageAction::WorkerError(
@@ -125,7 +148,7 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
         RunStatus::Idle => "not started".to_string(),
         RunStatus::Running if run.loaded.is_none() => match &run.download {
             Some(d) if d.arriving() => download_line(d),
-            Some(d) if d.what == MODEL_DOWNLOAD && run.report.is_none() => {
+            Some(d) if d.what == MODEL_DOWNLOAD && run.report.is_none() && !on_gpu => {
                 "measuring one step of the real model…".into()
             }
             Some(d) if d.what == MODEL_DOWNLOAD => {
@@ -146,7 +169,7 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
     html! {
         <section class="panel" id="teach">
             <h2>{ "Teach a real model" }</h2>
-            <p class="note">{ "SmolLM2-135M-Instruct (135 M parameters, its GGUF file from the sandbox's server, about 98 MB) is quantized to NF4 with double quantization in the worker and taught your pairs with LoRA r 8 on all seven block linears and gradient checkpointing, on the CPU, one thread. One step of the real model is measured against the prediction first. Nothing leaves this machine." }</p>
+            <p class="note">{ "SmolLM2-135M-Instruct (135 M parameters, its GGUF file from the sandbox's server, about 98 MB) is quantized to NF4 with double quantization in the worker and taught your pairs with LoRA r 8 on all seven block linears and gradient checkpointing, on the CPU (one thread) or on WebGPU. One step of the real model is measured against the prediction first. Nothing leaves this machine." }</p>
             <label for="lesson-pairs">{ "Pairs to learn (Q: then A:, a blank line between pairs)" }</label>
             <textarea id="lesson-pairs" rows="8" disabled={running} value={props.lesson.pairs.clone()} oninput={edit(LessonField::Pairs)} />
             <label for="lesson-question">{ "Question to ask before and after" }</label>
@@ -155,6 +178,17 @@ pub fn teach_panel(props: &TeachPanelProps) -> Html {
             <input id="lesson-steps" type="number" min="1" max="200" disabled={running} value={props.lesson.steps.clone()} oninput={edit(LessonField::Steps)} />
             if let Err(message) = &request {
                 <p id="lesson-error" class="error" role="alert">{ message.clone() }</p>
+            }
+            <label for="teach-device">{ "Train on " }
+                <select id="teach-device" disabled={running} onchange={on_backend}>
+                    <option value="cpu" selected={!on_gpu}>{ "the CPU (WebAssembly, one thread)" }</option>
+                    <option value="web_gpu" selected={on_gpu} disabled={!has_webgpu}>
+                        { if has_webgpu { "WebGPU (loads the WebGPU module, about 34 MB)" } else { "WebGPU (not offered by this browser)" } }
+                    </option>
+                </select>
+            </label>
+            if on_gpu {
+                <p class="note">{ "On WebGPU the per-block measurement is skipped (it reads the worker's heap); what stays between steps is read from the GPU's memory pool. A software adapter (SwiftShader) is far slower than the CPU module: try one step first." }</p>
             }
             <label for="model-file">{ "The model file (leave empty to load it from the sandbox's server): " }
                 <input id="model-file" type="file" accept=".gguf" disabled={running} onchange={on_file} />
