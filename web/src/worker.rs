@@ -33,13 +33,18 @@ fn emitter(post: &js_sys::Function) -> impl FnMut(TrainEvent) + '_ {
     }
 }
 
-/// The request, or a `failed` event saying why it is not one.
-fn parse_request(json: &str, emit: &mut dyn FnMut(TrainEvent)) -> Option<TrainRequest> {
+/// The request in `json` (`what` names its kind in the message), or a `failed` event saying
+/// why it is not one.
+fn parse_request<T: serde::de::DeserializeOwned>(
+    json: &str,
+    what: &str,
+    emit: &mut dyn FnMut(TrainEvent),
+) -> Option<T> {
     match serde_json::from_str(json) {
         Ok(request) => Some(request),
         Err(e) => {
             emit(TrainEvent::Failed {
-                message: format!("not a training request: {e}"),
+                message: format!("not a {what}: {e}"),
             });
             None
         }
@@ -51,7 +56,9 @@ fn parse_request(json: &str, emit: &mut dyn FnMut(TrainEvent)) -> Option<TrainRe
 pub async fn train_in_worker(request_json: String, post: js_sys::Function) {
     install_panic_hook();
     let mut emit = emitter(&post);
-    let Some(mut request) = parse_request(&request_json, &mut emit) else {
+    let Some(mut request) =
+        parse_request::<TrainRequest>(&request_json, "training request", &mut emit)
+    else {
         return;
     };
     request.backend = TrainBackend::Cpu;
@@ -60,20 +67,6 @@ pub async fn train_in_worker(request_json: String, post: js_sys::Function) {
         emit(TrainEvent::Failed {
             message: e.to_string(),
         });
-    }
-}
-
-/// The real-model request, or a `failed` event saying why it is not one.
-#[cfg(feature = "teach")]
-fn parse_lesson(json: &str, emit: &mut dyn FnMut(TrainEvent)) -> Option<RealModelRequest> {
-    match serde_json::from_str(json) {
-        Ok(request) => Some(request),
-        Err(e) => {
-            emit(TrainEvent::Failed {
-                message: format!("not a real-model request: {e}"),
-            });
-            None
-        }
     }
 }
 
@@ -90,7 +83,9 @@ pub async fn teach_in_worker(
 ) {
     install_panic_hook();
     let mut emit = emitter(&post);
-    let Some(request) = parse_lesson(&request_json, &mut emit) else {
+    let Some(request) =
+        parse_request::<RealModelRequest>(&request_json, "real-model request", &mut emit)
+    else {
         return;
     };
     let device = napkin_core::device::cpu();
@@ -114,7 +109,9 @@ pub async fn teach_on_webgpu(
 ) {
     install_panic_hook();
     let mut emit = emitter(&post);
-    let Some(request) = parse_lesson(&request_json, &mut emit) else {
+    let Some(request) =
+        parse_request::<RealModelRequest>(&request_json, "real-model request", &mut emit)
+    else {
         return;
     };
     let Some(device) = webgpu_device(&mut emit).await else {
@@ -149,7 +146,9 @@ async fn webgpu_device(emit: &mut dyn FnMut(TrainEvent)) -> Option<burn::tensor:
 pub async fn train_on_webgpu(request_json: String, adapter: String, post: js_sys::Function) {
     install_panic_hook();
     let mut emit = emitter(&post);
-    let Some(mut request) = parse_request(&request_json, &mut emit) else {
+    let Some(mut request) =
+        parse_request::<TrainRequest>(&request_json, "training request", &mut emit)
+    else {
         return;
     };
     request.backend = TrainBackend::WebGpu;
