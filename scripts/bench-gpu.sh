@@ -11,14 +11,11 @@ cd "$(dirname "$0")/.."
 extra=()
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     features=cuda device=cuda profile=release
-    # cudarc takes the CUDA version from nvcc; with only a driver, name one (the driver API and
-    # NVRTC are loaded at run time, and a newer driver serves an older version's calls).
-    if ! command -v nvcc >/dev/null; then
-        export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12080}"
-    fi
+    # cudarc's CUDA version, and LLVM for cubecl-llvm's link (scripts/cuda-env.sh).
+    source scripts/cuda-env.sh
     if ! ldconfig -p 2>/dev/null | grep -q libnvrtc; then
         echo "note: libnvrtc (NVRTC) was not found by ldconfig; CUDA kernels are compiled with it at" \
-            "run time (Debian: nvidia-cuda-toolkit; pip: nvidia-cuda-nvrtc-cu12, then LD_LIBRARY_PATH)" >&2
+            "run time (the CUDA toolkit's lib64, or pip's nvidia-cuda-nvrtc, on LD_LIBRARY_PATH)" >&2
     fi
 else
     features=wgpu device=wgpu profile=release

@@ -139,6 +139,23 @@ pub enum Error {
         message: String,
     },
 
+    /// A GPU had no memory for an allocation in the middle of the work (the pre-flight check
+    /// holds the predicted peak against the driver's budget; this is what happens past it).
+    #[error(
+        "device `{device}` ran out of memory during {during}{}: {cause}; try --checkpointing, --nf4 with --lora-r, a smaller --seq-len or --micro-batch",
+        requested_bytes.map(|b| format!(" asking for {b} bytes ({:.1} MiB)", b as f64 / 1_048_576.0)).unwrap_or_default()
+    )]
+    OutOfDeviceMemory {
+        /// The device (`wgpu`, `cuda`).
+        device: String,
+        /// What napkin was doing (e.g. "training step 3").
+        during: String,
+        /// The allocation that failed, in bytes, where the backend names it.
+        requested_bytes: Option<u64>,
+        /// The backend's own words.
+        cause: String,
+    },
+
     // ---- napkin itself ---------------------------------------------------------------------
     /// An invariant of napkin's own code did not hold: a bug, not a problem with the input.
     #[error("internal error (a bug in napkin; please report it): {0}")]

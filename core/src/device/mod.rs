@@ -8,8 +8,10 @@
 pub mod link;
 #[cfg(feature = "openblas")]
 pub mod openblas;
+mod out_of_memory;
 mod pinning;
 
+pub use out_of_memory::guard_device_memory;
 pub use pinning::{PIN_THREADS_VAR, spawn_unpinned};
 
 use std::fmt;

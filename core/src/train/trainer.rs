@@ -38,6 +38,7 @@ use super::step::{StepOptions, forward_backward};
 use crate::config::LoraConfig;
 use crate::data::DataLoader;
 use crate::data::MicroBatch;
+use crate::device::{guard_device_memory, is_gpu};
 use crate::error::{Error, Result};
 use crate::export::write_hf_folder;
 use crate::io::hf::hf_files;
@@ -240,8 +241,19 @@ impl Trainer {
         }
     }
 
-    /// One optimizer step (see the module documentation for the order of things).
+    /// One optimizer step (see the module documentation for the order of things). On a GPU an
+    /// allocation that does not fit ends the step with [`Error::OutOfDeviceMemory`]; the model
+    /// is left as it was before the step and the checkpoints on disk are untouched.
     pub fn train_step(&mut self) -> Result<StepReport> {
+        if !is_gpu(&self.device) {
+            return self.unguarded_step();
+        }
+        let device = self.config.device.to_string();
+        let during = format!("training step {}", self.step + 1);
+        guard_device_memory(&device, &during, || self.unguarded_step())
+    }
+
+    fn unguarded_step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
         // Dropout draws from the device's generator: seeding it per step makes a resumed run
         // draw the same masks as an uninterrupted one.

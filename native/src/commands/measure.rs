@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, OptimizerKind};
-use napkin_core::device::DeviceKind;
+use napkin_core::device::{DeviceKind, guard_device_memory};
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
 use napkin_core::measure::{Comparison, MachineProbe, MeasurementReport, measure, random_model};
@@ -65,14 +65,16 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         kind.backend_name()
     );
     let run = || {
-        measure(
-            &scenario,
-            &device,
-            args.steps,
-            MachineProbe::NATIVE,
-            offload_to,
-            build,
-        )
+        guard_device_memory(&kind.to_string(), "the measured steps", || {
+            measure(
+                &scenario,
+                &device,
+                args.steps,
+                MachineProbe::NATIVE,
+                offload_to,
+                build,
+            )
+        })
     };
     // JSON on stdout stays alone: no progress lines with --json.
     let report = if args.json {

@@ -27,3 +27,4 @@ mod device_pool;
 mod nf4_backward;
 mod nf4_device;
 mod offload;
+mod out_of_memory;

@@ -14,7 +14,7 @@
 
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
-use napkin_core::device::DeviceKind;
+use napkin_core::device::{DeviceKind, guard_device_memory};
 use napkin_core::measure::{MachineProbe, MeasurementReport, measure, random_model};
 use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::inventory::Scenario;
@@ -129,6 +129,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         [5632, 2048]
     };
     super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
+    let launch = super::gpu_launch::run(&device, args.runs.max(3))?;
     let mut figures = Vec::new();
     for case in cases(args.smoke) {
         if let Some(only) = &args.only
@@ -137,17 +138,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             continue;
         }
         let s = &super::super::with_autocast(case.scenario.clone(), half);
-        let report: MeasurementReport = measure(
-            s,
-            &device,
-            args.runs.max(2),
-            MachineProbe::NATIVE,
-            None,
-            || {
-                train.seed(7);
-                random_model(s, &train)
-            },
-        )
+        let report: MeasurementReport = guard_device_memory(&kind.to_string(), case.name, || {
+            measure(
+                s,
+                &device,
+                args.runs.max(2),
+                MachineProbe::NATIVE,
+                None,
+                || {
+                    train.seed(7);
+                    random_model(s, &train)
+                },
+            )
+        })
         .with_context(|| format!("{}: the measured steps", case.name))?;
         let seconds = report.time.measured_median_seconds;
         let tokens = (s.micro_batch * s.seq_len * s.accumulation.max(1)) as f64;
@@ -204,6 +207,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "backend": kind.backend_name(),
             "compute": compute,
+            "host_micros_per_op": launch.plain_micros,
+            "host_micros_per_autodiff_op": launch.autodiff_micros,
             "cases": figures,
         }))?;
         std::fs::write(path, text).with_context(|| format!("--json {}", path.display()))?;
