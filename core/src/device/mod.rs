@@ -117,11 +117,10 @@ impl DeviceKind {
         match opened {
             Ok(_) => Ok(device),
             Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "the backend panicked while opening it".into());
+                let why = match out_of_memory::panic_text(panic.as_ref()) {
+                    "" => "the backend panicked while opening it".to_string(),
+                    text => text.to_string(),
+                };
                 Err(Error::Device {
                     name: self.to_string(),
                     message: format!(

@@ -45,11 +45,7 @@ pub fn guard_device_memory<T>(
     match outcome {
         Ok(result) => result,
         Err(payload) => {
-            let text = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or_default();
+            let text = panic_text(payload.as_ref());
             match allocation_failure(text) {
                 Some(requested_bytes) => Err(Error::OutOfDeviceMemory {
                     device: device.to_string(),
@@ -61,6 +57,15 @@ pub fn guard_device_memory<T>(
             }
         }
     }
+}
+
+/// A panic's message (`panic!` with a literal or a formatted text), empty for any other payload.
+pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or_default()
 }
 
 /// `Some(bytes asked for, where the text names them)` when `text` is cubecl's allocation

@@ -12,6 +12,7 @@ mod generate;
 mod gpu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu_dequant;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu_launch;
 mod matmul;
 mod process_memory;
