@@ -143,6 +143,31 @@ fn cases() -> Vec<HeldOut> {
     ]
 }
 
+/// Full fine-tuning of the SmolLM2-shaped slice, tied and untied, at two lengths: the head's
+/// `[V, D]` (49152 × 576) gradient is 113 MB, so a second `[V, D]` transient in the
+/// embedding's backward shows as a 10–20 % miss of the step peak.
+fn full_fine_tuning_cases() -> Vec<HeldOut> {
+    let mut cases = Vec::new();
+    for (tied, seq, label) in [
+        (true, 64, "smollm2 slice (tied) T=64 full"),
+        (true, 128, "smollm2 slice (tied) T=128 full"),
+        (false, 128, "smollm2 slice (untied) T=128 full"),
+    ] {
+        cases.push(HeldOut {
+            label,
+            config: smollm2_slice(2, tied),
+            lora: None,
+            nf4: None,
+            batch: 1,
+            seq,
+            checkpointing: false,
+            accumulation: 1,
+            attention: AttentionKind::Eager,
+        });
+    }
+    cases
+}
+
 /// A checkpointed step whose peak the predictor misses (measured on the first run): small,
 /// B = 3, T = 96, QLoRA r 32 on q, k, accumulation 3, eager: the peak is in the top block's MLP
 /// backward, measured 9.30 MiB, predicted 8.57 (ratio 1.085).
@@ -169,7 +194,23 @@ fn known_misses() -> Vec<HeldOut> {
 /// 5 % of the prediction on every held-out case.
 #[test]
 fn predictions_hold_on_cases_the_constants_were_not_fitted_on() {
-    let failures = measure_against_prediction(cases());
+    let failures = measure_against_prediction(DeviceKind::Cpu, cases());
+    assert!(
+        failures.is_empty(),
+        "outside ±5 %:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Full fine-tuning with SmolLM2's vocabulary, tied and untied, where the embedding's
+/// gradient is as large as everything else the step holds.
+#[test]
+fn full_fine_tuning_peak_holds_with_a_large_vocabulary() {
+    let mut failures = measure_against_prediction(DeviceKind::Cpu, full_fine_tuning_cases());
+    failures.extend(measure_against_prediction(
+        DeviceKind::Flex,
+        full_fine_tuning_cases(),
+    ));
     assert!(
         failures.is_empty(),
         "outside ±5 %:\n{}",
@@ -181,7 +222,7 @@ fn predictions_hold_on_cases_the_constants_were_not_fitted_on() {
 #[test]
 #[ignore = "known miss of the checkpointed step peak on this shape; see known_misses"]
 fn known_misses_of_the_checkpointed_peak() {
-    let failures = measure_against_prediction(known_misses());
+    let failures = measure_against_prediction(DeviceKind::Cpu, known_misses());
     assert!(
         failures.is_empty(),
         "outside ±5 %:\n{}",
@@ -189,12 +230,12 @@ fn known_misses_of_the_checkpointed_peak() {
     );
 }
 
-/// Runs each case and returns the figures outside ±5 %.
-fn measure_against_prediction(cases: Vec<HeldOut>) -> Vec<String> {
+/// Runs each case on `device` and returns the figures outside ±5 %.
+fn measure_against_prediction(device: DeviceKind, cases: Vec<HeldOut>) -> Vec<String> {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut failures = Vec::new();
     for case in cases {
-        let mut model = build(&case.config, case.nf4.as_ref(), true);
+        let mut model = build_on(device, &case.config, case.nf4.as_ref(), true);
         if let Some(lora) = &case.lora {
             model = model.with_lora(lora).unwrap();
         }
@@ -249,11 +290,16 @@ fn measure_against_prediction(cases: Vec<HeldOut>) -> Vec<String> {
                 (totals[&Kind::SavedActivations] + totals[&Kind::Logits]) as f64,
             ));
         }
+        eprintln!(
+            "{}: the predicted step peak is at {}",
+            case.label, timeline.peak.label
+        );
         for (what, measured, predicted) in figures {
             let ratio = measured / predicted;
             let line = format!(
-                "{:<56} {what:<18} measured {} predicted {} ratio {ratio:.4}",
+                "{:<56} {:<5} {what:<18} measured {} predicted {} ratio {ratio:.4}",
                 case.label,
+                device.to_string(),
                 mib(measured),
                 mib(predicted)
             );

@@ -27,7 +27,17 @@ mod held_out;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn build(config: &LlamaConfig, nf4: Option<&Nf4Config>, autodiff: bool) -> Llama {
-    let device = DeviceKind::Cpu.open().unwrap();
+    build_on(DeviceKind::Cpu, config, nf4, autodiff)
+}
+
+/// [`build`] on another CPU backend.
+fn build_on(
+    kind: DeviceKind,
+    config: &LlamaConfig,
+    nf4: Option<&Nf4Config>,
+    autodiff: bool,
+) -> Llama {
+    let device = kind.open().unwrap();
     let device = if autodiff { device.autodiff() } else { device };
     device.seed(7);
     let model = Llama::init(config, &device);

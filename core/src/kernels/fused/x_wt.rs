@@ -26,7 +26,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
-use super::small_gemm::{Operand, gemm_on_rayon};
+use super::small_gemm::{Operand, gemm_on_rayon, gemm_on_rayon_in_row_blocks};
 use super::{CpuKernel, CpuValues, backend_tensor, is_f32, tracked_or_plain, with_values};
 
 /// Outputs smaller than this stay with burn Flex's matmul: their second copy is too small to
@@ -47,6 +47,16 @@ pub fn x_wt_on_flex(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, (Tensor<2>,
     }
     XWt.on_backend::<burn_flex::Flex>((x, w))
 }
+
+/// Output rows per product of a weight gradient over `tokens` tokens: the block of `∂y` the
+/// GEMM packs stays within [`PACKED_GRADIENT_BYTES`] (at least 256 rows, so each product is
+/// still large enough to keep every thread busy).
+fn weight_gradient_rows(tokens: usize) -> usize {
+    (PACKED_GRADIENT_BYTES / (4 * tokens.max(1))).max(256)
+}
+
+/// The most bytes of `∂y` a weight gradient's GEMM packs at once.
+const PACKED_GRADIENT_BYTES: usize = 4 << 20;
 
 /// `x · Wᵀ` on host values.
 fn forward(x: &[f32], w: &[f32], [n, input]: [usize; 2], out: usize) -> Vec<f32> {
@@ -134,15 +144,17 @@ where
                 });
                 backend_tensor::<B, 2>(dx, [n, input], &device)
             },
-            // ∂W [out, in] = ∂yᵀ [out, N] · x [N, in]
+            // ∂W [out, in] = ∂yᵀ [out, N] · x [N, in], in blocks of output rows so that the
+            // GEMM never packs all of ∂y at once.
             |grad| {
                 let x = x.expect("x kept for ∂W");
                 let dw = with_values::<B, 2, _>(&grad, |dy| {
                     with_values::<B, 2, _>(&x, |x| {
-                        gemm_on_rayon(
+                        gemm_on_rayon_in_row_blocks(
                             (out, input, n),
                             Operand::transposed(dy, out),
                             Operand::plain(x, input),
+                            weight_gradient_rows(n),
                         )
                     })
                 });
