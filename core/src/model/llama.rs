@@ -132,8 +132,15 @@ impl Llama {
     /// # Shapes
     /// - returns logits `[B, T, V]`
     pub fn forward(&self, batch: &TokenBatch) -> Tensor<3> {
+        self.forward_embedded(self.embed(batch), batch)
+    }
+
+    /// The forward pass from already embedded tokens (the blocks and the head).
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → logits `[B, T, V]`
+    pub fn forward_embedded(&self, mut x: Tensor<3>, batch: &TokenBatch) -> Tensor<3> {
         let ctx = self.context(batch);
-        let mut x = self.embed(batch); // [B, T, D]
         for layer in &self.layers {
             x = layer.forward(x, &ctx.rope, &ctx.mask);
         }

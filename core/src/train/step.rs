@@ -196,13 +196,8 @@ fn plain_backward(
     let table = model.embed_tokens.val().inner(); // [V, D], outside autodiff
     let ids = batch.ids_tensor(&table.device()); // [B, T]
     let embedded = Tensor::from_inner(embedding(table, ids.clone())).require_grad(); // [B, T, D]
-    let ctx = model.context(batch);
-    let mut x = embedded.clone();
-    for block in &model.layers {
-        x = block.forward(x, &ctx.rope, &ctx.mask);
-    }
-    drop(ctx);
-    let loss = causal_lm_loss(model.head(x), &micro.labels)?;
+    let logits = model.forward_embedded(embedded.clone(), batch);
+    let loss = causal_lm_loss(logits, &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
     mark();
     let mut backward = (loss.sum * scale).backward();
