@@ -265,6 +265,9 @@ fn checkpointed_backward(
     let mut upstream = top
         .grad(&head_grads)
         .ok_or_else(|| Error::Internal("no gradient reached the last block".into()))?;
+    // The last block's output is not needed again: held to the end of the function it was
+    // one more `[B, T, D]` through every block's recomputation and backward.
+    drop(top);
     grads.add(ParamGrads::from_backward(model, &mut head_grads));
     drop(head_grads);
 
