@@ -186,33 +186,41 @@ fn plain_backward(
     mark: &mut dyn FnMut(),
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let batch = &micro.batch;
-    if !model.embed_tokens.val().is_require_grad() {
-        let loss = causal_lm_loss(model.forward(batch), &micro.labels)?;
-        let loss_sum = loss.sum.clone().inner();
-        mark();
-        let mut grads = (loss.sum * scale).backward();
-        return Ok((ParamGrads::from_backward(model, &mut grads), loss_sum));
-    }
-    let table = model.embed_tokens.val().inner(); // [V, D], outside autodiff
-    let ids = batch.ids_tensor(&table.device()); // [B, T]
-    let embedded = Tensor::from_inner(embedding(table, ids.clone())).require_grad(); // [B, T, D]
-    let logits = model.forward_embedded(embedded.clone(), batch);
+    // With a trained embedding: the ids and the looked-up `[B, T, D]`, a leaf of the graph.
+    let looked_up = model.embed_tokens.val().is_require_grad().then(|| {
+        let table = model.embed_tokens.val().inner(); // [V, D], outside autodiff
+        let ids = batch.ids_tensor(&table.device()); // [B, T]
+        let embedded = Tensor::from_inner(embedding(table, ids.clone())).require_grad();
+        (ids, embedded)
+    });
+    let logits = match &looked_up {
+        Some((_, embedded)) => model.forward_embedded(embedded.clone(), batch),
+        None => model.forward(batch),
+    };
     let loss = causal_lm_loss(logits, &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
     mark();
     let mut backward = (loss.sum * scale).backward();
-    let upstream = embedded
-        .grad_remove(&mut backward)
-        .ok_or_else(|| Error::Internal("no gradient reached the embedding".into()))?;
+    let upstream = match looked_up {
+        Some((ids, embedded)) => Some((
+            ids,
+            embedded
+                .grad_remove(&mut backward)
+                .ok_or_else(|| Error::Internal("no gradient reached the embedding".into()))?,
+        )),
+        None => None,
+    };
     let mut grads = ParamGrads::from_backward(model, &mut backward);
     drop(backward);
-    let [b, t, d] = upstream.dims();
-    grads.add_rows(
-        model.embed_tokens.id,
-        model.embed_tokens.val().dims(),
-        ids.reshape([b * t]),
-        upstream.reshape([b * t, d]),
-    );
+    if let Some((ids, upstream)) = upstream {
+        let [b, t, d] = upstream.dims();
+        grads.add_rows(
+            model.embed_tokens.id,
+            model.embed_tokens.val().dims(),
+            ids.reshape([b * t]),
+            upstream.reshape([b * t, d]),
+        );
+    }
     Ok((grads, loss_sum))
 }
 

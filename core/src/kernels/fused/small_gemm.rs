@@ -236,29 +236,7 @@ pub(crate) fn gemm_on_rayon(
     a: Operand<'_>,
     b: Operand<'_>,
 ) -> Vec<f32> {
-    a.check(m, k);
-    b.check(k, n);
-    let mut c = vec![0.0f32; m * n];
-    if m == 0 || n == 0 || k == 0 {
-        return c;
-    }
-    // Rayon even on one thread (the page): with `None` the crate blocks the product's columns
-    // in panels of 128 micro-tiles, which ran SmolLM2's 256 × 576 × 1536 at 12.9 GFLOP/s in
-    // Chromium against 29.8 for burn Flex's own call (`Rayon(0)`, one panel; page GEMM bench).
-    let parallelism = gemm::Parallelism::Rayon(rayon::current_num_threads());
-    gemm_crate(
-        Product {
-            m,
-            n,
-            k,
-            a,
-            b,
-            c: &mut c,
-            accumulate: false,
-        },
-        parallelism,
-    );
-    c
+    gemm_on_rayon_in_row_blocks((m, n, k), a, b, m)
 }
 
 /// [`gemm_on_rayon`] over blocks of at most `rows` rows of `a` (and of the output), one product
@@ -284,6 +262,9 @@ pub(crate) fn gemm_on_rayon_in_row_blocks(
         return c;
     }
     let rows = rows.clamp(1, m);
+    // Rayon even on one thread (the page): with `None` the crate blocks the product's columns
+    // in panels of 128 micro-tiles, which ran SmolLM2's 256 × 576 × 1536 at 12.9 GFLOP/s in
+    // Chromium against 29.8 for burn Flex's own call (`Rayon(0)`, one panel; page GEMM bench).
     let parallelism = gemm::Parallelism::Rayon(rayon::current_num_threads());
     for (block, c) in c.chunks_mut(rows * n).enumerate() {
         gemm_crate(
@@ -306,15 +287,17 @@ pub(crate) fn gemm_on_rayon_in_row_blocks(
 mod tests {
     use super::{Operand, gemm};
 
+    /// `len` values in [−1, 1) that differ with `seed`.
+    fn filled(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
+            .collect()
+    }
+
     /// Every operand orientation, both with and without accumulation, against an f64 loop.
     #[test]
     fn products_match_the_triple_loop() {
         let (m, n, k) = (37, 29, 45);
-        let filled = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len)
-                .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
-                .collect()
-        };
         // Stored with one extra column (ld > cols) to exercise the stride.
         let a_plain = filled(m * (k + 1), 1); // m × k, ld k+1
         let a_trans = filled(k * (m + 1), 2); // stored k × m, ld m+1
@@ -377,11 +360,6 @@ mod tests {
     fn row_blocks_equal_one_product() {
         use super::{gemm_on_rayon, gemm_on_rayon_in_row_blocks};
         let (m, n, k) = (37, 29, 45);
-        let filled = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len)
-                .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
-                .collect()
-        };
         let a_plain = filled(m * (k + 1), 1);
         let a_trans = filled(k * (m + 1), 2);
         let b = filled(k * n, 3);
