@@ -168,6 +168,44 @@ fn ggml_dequantization_equals_gguf_py() {
     }
 }
 
+/// The generation kernels' own dequantization of the block formats they keep (the products are
+/// checked against it in `kernels::quantized`), against the same gguf-py oracle: bit for bit.
+#[test]
+fn kept_block_formats_dequantize_as_gguf_py() {
+    use napkin_core::kernels::quantized::{BlockFormat, QuantizedMatrix};
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
+    for (name, format) in [
+        ("Q4_0", BlockFormat::Q4_0),
+        ("Q4_1", BlockFormat::Q4_1),
+        ("Q8_0", BlockFormat::Q8_0),
+        ("Q4_K", BlockFormat::Q4K),
+        ("Q5_K", BlockFormat::Q5K),
+        ("Q6_K", BlockFormat::Q6K),
+    ] {
+        let blocks = std::fs::read(corpus.join(format!("{name}.blocks"))).unwrap();
+        let expected: Vec<f32> = std::fs::read(corpus.join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let matrix = QuantizedMatrix::new(format, 1, expected.len(), blocks)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = vec![0.0f32; expected.len()];
+        matrix.dequantize_row(0, &mut got);
+        let differ = got
+            .iter()
+            .zip(&expected)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} values differ",
+            expected.len()
+        );
+    }
+}
+
 /// The quantizers napkin writes GGUF files with, against gguf-py's (bit-exact with llama.cpp's
 /// reference quantizers) on seeded rows, a block of exact ties and a block of zeros.
 #[test]

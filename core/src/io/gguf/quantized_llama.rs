@@ -1,11 +1,11 @@
 //! A llama-architecture GGUF as a [`QuantizedLlama`]:
-//! - Q4_0, Q4_1 and Q8_0 tensors keep their blocks (copied once from the file; Q/K rows put
-//!   back in HF's order row by row, the blocks untouched);
-//! - the other quantized types (Q5_0, Q5_1, Q2_K … Q6_K) are converted to Q8_0 row by row when
+//! - Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors keep their blocks (copied once from the
+//!   file; Q/K rows put back in HF's order row by row, the blocks untouched): the formats of
+//!   llama.cpp's common `Q4_0`, `Q4_K_M`, `Q5_K_M`, `Q6_K` and `Q8_0` files;
+//! - the other quantized types (Q5_0, Q5_1, Q2_K, Q3_K) are converted to Q8_0 row by row when
 //!   their rows are whole blocks of 32: each value moves by at most half a Q8_0 step (1/254 of
 //!   its block's largest) and the products run on the Q8_0 kernel at 8.5 bits a weight (their
-//!   own kernels are not written yet). On a random model's Q4_K export the logits moved by
-//!   1.4 % of the largest against the float model of the same file (`gguf_export.rs`);
+//!   own kernels are not written);
 //! - F32, F16 and BF16 tensors (and rows that are not whole blocks) are kept as f32, exactly.
 
 use super::dequant::GgmlType;
@@ -37,6 +37,9 @@ pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
             GgmlType::Q4_0 => Some(BlockFormat::Q4_0),
             GgmlType::Q4_1 => Some(BlockFormat::Q4_1),
             GgmlType::Q8_0 => Some(BlockFormat::Q8_0),
+            GgmlType::Q4K => Some(BlockFormat::Q4K),
+            GgmlType::Q5K => Some(BlockFormat::Q5K),
+            GgmlType::Q6K => Some(BlockFormat::Q6K),
             _ => None,
         };
         let in_file = |m: String| Error::checkpoint(&gguf.path, format!("tensor `{name}`: {m}"));

@@ -1,5 +1,5 @@
-//! Products with weights kept in ggml's own blocks (Q4_0, Q4_1, Q8_0), as llama.cpp runs
-//! inference: no f32 copy of a weight is ever made.
+//! Products with weights kept in ggml's own blocks (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K,
+//! Q6_K), as llama.cpp runs inference: no f32 copy of a weight is ever made.
 //!
 //! A product `y = x · Wᵀ` quantizes the activations `x` to 8 bits per block of 32 (one f32
 //! scale and the integer sum of each block, [`QuantizedActivations`]); each (weight block, activation
@@ -8,6 +8,11 @@
 //! - Q4_0: f16 `d`, 16 bytes of nibbles `q`; `w = d·(q − 8)` → `d_w·d_x·(Σ q·x − 8·Σ x)`;
 //! - Q4_1: f16 `d`, f16 `m`, 16 bytes of nibbles; `w = d·q + m` → `d_w·d_x·Σ q·x + m·d_x·Σ x`;
 //! - Q8_0: f16 `d`, 32 × i8; `w = d·q` → `d_w·d_x·Σ q·x`;
+//! - Q4_K, Q5_K: super-blocks of 256 = eight blocks of 32, each with its own 6-bit scale `sc`
+//!   and min `m` under the super-block's f16 `d` and `dmin`; `w = d·sc·q − dmin·m` with 4-bit
+//!   (5-bit) `q`: per block of 32 the Q4_1 product with `d_w = d·sc` and offset `−dmin·m`;
+//! - Q6_K: super-blocks of 256 with an i8 scale per 16 values; `w = d·sc·(q − 32)` with 6-bit
+//!   `q`: per block of 32 `d·d_x·Σ sc·(q − 32)·x`, the two scales inside the integer sum;
 //! - F32: any other GGUF type, dequantized once at load (products in f32, no activation
 //!   quantization).
 //!
@@ -21,7 +26,7 @@
 //!
 //! # Shapes
 //! - `W`: `[rows, cols]` (PyTorch's `[out, in]`), row-major, `cols` a multiple of 32 for the
-//!   block formats;
+//!   block formats (of 256 for the K-quants);
 //! - `x`: `[T, cols]`; `y`: `[T, rows]`.
 
 mod activations;
@@ -36,6 +41,9 @@ pub use activations::{ActivationBits, Q8Block, Q16Block, QuantizedActivations};
 /// Values per block of every block format.
 pub const BLOCK: usize = 32;
 
+/// Values per super-block of the K-quants.
+pub const SUPER_BLOCK: usize = 256;
+
 /// How a [`QuantizedMatrix`] stores its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockFormat {
@@ -45,6 +53,14 @@ pub enum BlockFormat {
     Q4_1,
     /// 34 bytes per 32 values: f16 d, 32 × i8; `w = d·q`.
     Q8_0,
+    /// 144 bytes per 256 values: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128
+    /// bytes of nibbles; `w = d·sc·q − dmin·m` per block of 32.
+    Q4K,
+    /// 176 bytes per 256 values: as Q4_K with 32 bytes of fifth bits before the nibbles.
+    Q5K,
+    /// 210 bytes per 256 values: 128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales
+    /// (one per 16 values), f16 d; `w = d·sc·(q − 32)`.
+    Q6K,
     /// Little-endian f32 values.
     F32,
 }
@@ -56,7 +72,19 @@ impl BlockFormat {
             BlockFormat::Q4_0 => cols / BLOCK * 18,
             BlockFormat::Q4_1 => cols / BLOCK * 20,
             BlockFormat::Q8_0 => cols / BLOCK * 34,
+            BlockFormat::Q4K => cols / SUPER_BLOCK * 144,
+            BlockFormat::Q5K => cols / SUPER_BLOCK * 176,
+            BlockFormat::Q6K => cols / SUPER_BLOCK * 210,
             BlockFormat::F32 => cols * 4,
+        }
+    }
+
+    /// Values per (super-)block: the unit a row is a whole number of.
+    pub const fn values_per_block(self) -> usize {
+        match self {
+            BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => SUPER_BLOCK,
+            BlockFormat::F32 => 1,
+            _ => BLOCK,
         }
     }
 
@@ -83,9 +111,10 @@ impl QuantizedMatrix {
         cols: usize,
         bytes: Vec<u8>,
     ) -> Result<Self, String> {
-        if format.is_blocked() && !cols.is_multiple_of(BLOCK) {
+        let unit = format.values_per_block();
+        if !cols.is_multiple_of(unit) {
             return Err(format!(
-                "{format:?} rows need a multiple of {BLOCK} columns, not {cols}"
+                "{format:?} rows need a multiple of {unit} columns, not {cols}"
             ));
         }
         let expected = rows * format.row_bytes(cols);

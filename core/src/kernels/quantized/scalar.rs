@@ -4,7 +4,7 @@
 use half::f16;
 
 use super::activations::{ActivationBits, QuantizedActivations};
-use super::{BLOCK, BlockFormat};
+use super::{BLOCK, BlockFormat, SUPER_BLOCK};
 
 fn f16_at(bytes: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32()
@@ -51,31 +51,73 @@ pub(super) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + rest
 }
 
-/// `Σ_b d_w·d_x·(Σ q_w·q_x) + offset·d_x·Σ q_x` over the blocks of a row: the offset is `−8·d_w`
-/// for Q4_0, `m` for Q4_1, 0 for Q8_0.
+/// `Σ_b d_w·d_x·(Σ w·q_x) + offset·d_x·Σ q_x` over the blocks of 32 of a row: the offset is
+/// `−8·d_w` for Q4_0, `m` for Q4_1, `−dmin·m` for Q4_K/Q5_K, 0 for Q8_0 and Q6_K (whose integer
+/// weights carry their scales: `sc·(q − 32)`).
 fn dot_blocks(format: BlockFormat, row: &[u8], x: &QuantizedActivations, t: usize) -> f32 {
-    let size = format.row_bytes(BLOCK);
     let (scales, d_sums) = (x.scales(t), x.d_sums(t));
     let mut total = 0.0f32;
-    for (b, block) in row.chunks_exact(size).enumerate() {
-        let (weights, offset) = weight_block(format, block);
+    for (b, block) in blocks_of_32(format, row).enumerate() {
         let activations: [i32; BLOCK] = match x.bits() {
             ActivationBits::Eight => x.blocks(t)[b].qs.map(i32::from),
             ActivationBits::Sixteen => x.wide_blocks(t)[b].qs.map(i32::from),
         };
-        let dot: i64 = weights
+        let dot: i64 = block
+            .integer_weights()
             .iter()
             .zip(&activations)
             .map(|(&w, &v)| w as i64 * v as i64)
             .sum();
-        total += f16_at(block, 0) * scales[b] * dot as f32 + offset * d_sums[b];
+        total += block.scale * scales[b] * dot as f32 + block.offset * d_sums[b];
     }
     total
 }
 
-/// A block's 32 integer weights in element order (nibbles 0..15, or i8), and its offset.
-fn weight_block(format: BlockFormat, block: &[u8]) -> ([i32; BLOCK], f32) {
-    let mut w = [0i32; BLOCK];
+/// A block of 32 weights as every format's product sees it: `w = scale·(q·s) + offset`, where
+/// `s` is Q6_K's scale of each half (16 values) and 1 for every other format.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockOf32 {
+    /// The stored integers in element order (Q4: 0..15, Q5_K: 0..31, Q8_0: −128..127, Q6_K:
+    /// `q − 32`, −32..31).
+    pub q: [i32; BLOCK],
+    /// `d_w`: f16 `d`, or `d·sc` for Q4_K/Q5_K.
+    pub scale: f32,
+    /// Added to every weight.
+    pub offset: f32,
+    /// Q6_K's i8 scales of elements 0..16 and 16..32.
+    pub halves: Option<[i32; 2]>,
+}
+
+impl BlockOf32 {
+    /// The integers the block's product sums (`q`, or `s·q` for Q6_K).
+    fn integer_weights(&self) -> [i32; BLOCK] {
+        match self.halves {
+            Some(s) => std::array::from_fn(|i| s[i / 16] * self.q[i]),
+            None => self.q,
+        }
+    }
+}
+
+/// The blocks of 32 of a row in element order (a K-quant super-block is eight of them).
+pub(super) fn blocks_of_32(
+    format: BlockFormat,
+    row: &[u8],
+) -> impl Iterator<Item = BlockOf32> + '_ {
+    let unit = format.row_bytes(format.values_per_block());
+    row.chunks_exact(unit).flat_map(move |block| {
+        let mut out = [None; SUPER_BLOCK / BLOCK];
+        match format {
+            BlockFormat::Q4K | BlockFormat::Q5K => k4_blocks(format, block, &mut out),
+            BlockFormat::Q6K => q6_k_blocks(block, &mut out),
+            _ => out[0] = Some(small_block(format, block)),
+        }
+        out.into_iter().flatten()
+    })
+}
+
+/// A Q4_0, Q4_1 or Q8_0 block.
+fn small_block(format: BlockFormat, block: &[u8]) -> BlockOf32 {
+    let mut q = [0i32; BLOCK];
     let d = f16_at(block, 0);
     let offset = match format {
         BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
@@ -84,9 +126,9 @@ fn weight_block(format: BlockFormat, block: &[u8]) -> ([i32; BLOCK], f32) {
             } else {
                 &block[4..20]
             };
-            for (i, &q) in qs.iter().enumerate() {
-                w[i] = (q & 0x0f) as i32;
-                w[i + BLOCK / 2] = (q >> 4) as i32;
+            for (i, &b) in qs.iter().enumerate() {
+                q[i] = (b & 0x0f) as i32;
+                q[i + BLOCK / 2] = (b >> 4) as i32;
             }
             if format == BlockFormat::Q4_0 {
                 -8.0 * d
@@ -95,14 +137,106 @@ fn weight_block(format: BlockFormat, block: &[u8]) -> ([i32; BLOCK], f32) {
             }
         }
         BlockFormat::Q8_0 => {
-            for (o, &q) in w.iter_mut().zip(&block[2..34]) {
-                *o = (q as i8) as i32;
+            for (o, &b) in q.iter_mut().zip(&block[2..34]) {
+                *o = (b as i8) as i32;
             }
             0.0
         }
-        BlockFormat::F32 => unreachable!("f32 rows are not blocks"),
+        _ => unreachable!("{format:?} is not a block of 32"),
     };
-    (w, offset)
+    BlockOf32 {
+        q,
+        scale: d,
+        offset,
+        halves: None,
+    }
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block's 12 packed bytes
+/// `[a | b | c]` (three little-endian words): scales 0..4 are the low 6 bits of `a`'s bytes, mins
+/// 0..4 of `b`'s; scales 4..8 are `c`'s low nibbles under the top 2 bits of `a`'s bytes, mins 4..8
+/// `c`'s high nibbles under those of `b`'s. Byte-wise on whole words (masks keep each byte's
+/// bits in that byte).
+pub(super) fn k4_scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            packed[4 * i],
+            packed[4 * i + 1],
+            packed[4 * i + 2],
+            packed[4 * i + 3],
+        ])
+    };
+    let (a, b, c) = (word(0), word(1), word(2));
+    let scales_high = (c & LOW4) | (((a >> 6) & TOP2) << 4);
+    let mins_high = ((c >> 4) & LOW4) | (((b >> 6) & TOP2) << 4);
+    let join = |low: u32, high: u32| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&low.to_le_bytes());
+        out[4..].copy_from_slice(&high.to_le_bytes());
+        out
+    };
+    (join(a & LOW6, scales_high), join(b & LOW6, mins_high))
+}
+
+/// A Q4_K/Q5_K super-block: four chunks of 32 bytes of nibbles, the low nibbles block 2g and
+/// the high ones block 2g + 1; Q5_K's fifth bit of element l of block k is bit k of `qh[l]`.
+fn k4_blocks(format: BlockFormat, block: &[u8], out: &mut [Option<BlockOf32>; 8]) {
+    let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+    let packed = &block[4..16];
+    let (qh, qs) = match format {
+        BlockFormat::Q5K => (Some(&block[16..48]), &block[48..176]),
+        _ => (None, &block[16..144]),
+    };
+    let (scales, mins) = k4_scales_and_mins(packed);
+    for (k, slot) in out.iter_mut().enumerate() {
+        let (sc, m) = (scales[k], mins[k]);
+        let chunk = &qs[32 * (k / 2)..32 * (k / 2 + 1)];
+        let q = std::array::from_fn(|l| {
+            let nibble = if k % 2 == 0 {
+                chunk[l] & 0x0f
+            } else {
+                chunk[l] >> 4
+            };
+            let fifth = qh.map_or(0, |qh| ((qh[l] >> k) & 1) << 4);
+            (nibble | fifth) as i32
+        });
+        *slot = Some(BlockOf32 {
+            q,
+            scale: d * sc as f32,
+            offset: -(dmin * m as f32),
+            halves: None,
+        });
+    }
+}
+
+/// A Q6_K super-block: two halves of 128 values, each from 64 bytes of low nibbles `ql`, 32
+/// bytes of bit pairs `qh` and 8 scales. Block k (0..4) of a half takes the low (k = 0, 1) or high
+/// (k = 2, 3) nibbles of `ql[32·(k % 2)..][..32]` and bits 2k, 2k + 1 of `qh`, and scales
+/// `2k`, `2k + 1`.
+fn q6_k_blocks(block: &[u8], out: &mut [Option<BlockOf32>; 8]) {
+    let d = f16_at(block, 208);
+    for half in 0..2 {
+        let ql = &block[64 * half..64 * (half + 1)];
+        let qh = &block[128 + 32 * half..128 + 32 * (half + 1)];
+        let sc = &block[192 + 8 * half..192 + 8 * (half + 1)];
+        for k in 0..4 {
+            let low = &ql[32 * (k % 2)..32 * (k % 2 + 1)];
+            let q = std::array::from_fn(|l| {
+                let nibble = if k < 2 { low[l] & 0x0f } else { low[l] >> 4 };
+                let high = (qh[l] >> (2 * k)) & 3;
+                (nibble | (high << 4)) as i32 - 32
+            });
+            out[4 * half + k] = Some(BlockOf32 {
+                q,
+                scale: d,
+                offset: 0.0,
+                halves: Some([sc[2 * k] as i8 as i32, sc[2 * k + 1] as i8 as i32]),
+            });
+        }
+    }
 }
 
 /// One row as f32 values.
@@ -110,6 +244,19 @@ pub(super) fn dequantize_row(format: BlockFormat, row: &[u8], out: &mut [f32]) {
     if format == BlockFormat::F32 {
         for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        return;
+    }
+    if format.values_per_block() == SUPER_BLOCK {
+        // Written as the GGUF reader dequantizes, so the two agree bit for bit: `d·sc·q − dmin·m`
+        // is `scale·q + offset`; Q6_K's is `(d·s)·(q − 32)`.
+        for (block, out) in blocks_of_32(format, row).zip(out.chunks_exact_mut(BLOCK)) {
+            for (i, (o, &q)) in out.iter_mut().zip(&block.q).enumerate() {
+                *o = match block.halves {
+                    Some(s) => (block.scale * s[i / 16] as f32) * q as f32,
+                    None => block.scale * q as f32 + block.offset,
+                };
+            }
         }
         return;
     }
@@ -138,7 +285,7 @@ pub(super) fn dequantize_row(format: BlockFormat, row: &[u8], out: &mut [f32]) {
                     *o = (q as i8) as f32 * d;
                 }
             }
-            BlockFormat::F32 => unreachable!("handled above"),
+            _ => unreachable!("handled above"),
         }
     }
 }

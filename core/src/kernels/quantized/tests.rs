@@ -15,6 +15,31 @@ fn uniform(rng: &mut SplitMix64) -> f32 {
 fn random_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
     let mut rng = SplitMix64(seed);
     let mut bytes = Vec::new();
+    let random_bytes = |rng: &mut SplitMix64, n: usize, bytes: &mut Vec<u8>| {
+        bytes.extend((0..n).map(|_| (rng.next_u64() & 0xff) as u8))
+    };
+    if format.values_per_block() == SUPER_BLOCK {
+        for _ in 0..rows * cols / SUPER_BLOCK {
+            // Every byte of the packed scales, nibbles, bit pairs and i8 scales at random
+            // (−128 included); d (and dmin) small enough for |w| ≲ 0.1.
+            let half = |rng: &mut SplitMix64, at: f32| {
+                f16::from_f32(at * (0.5 + rng.next_f64() as f32)).to_le_bytes()
+            };
+            match format {
+                BlockFormat::Q6K => {
+                    random_bytes(&mut rng, 208, &mut bytes);
+                    bytes.extend(half(&mut rng, 2e-5));
+                }
+                _ => {
+                    bytes.extend(half(&mut rng, 1e-4));
+                    bytes.extend(half(&mut rng, 1e-4));
+                    let rest = if format == BlockFormat::Q5K { 172 } else { 140 };
+                    random_bytes(&mut rng, rest, &mut bytes);
+                }
+            }
+        }
+        return QuantizedMatrix::new(format, rows, cols, bytes).unwrap();
+    }
     for _ in 0..rows * cols / BLOCK {
         let d = f16::from_f32(0.002 + 0.01 * rng.next_f64() as f32);
         bytes.extend(d.to_le_bytes());
@@ -26,7 +51,7 @@ fn random_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Qu
             }
             // Every i8 value, −128 included (the sign trick's edge case).
             BlockFormat::Q8_0 => bytes.extend((0..32).map(|_| (rng.next_u64() & 0xff) as u8)),
-            BlockFormat::F32 => unreachable!(),
+            _ => unreachable!(),
         }
     }
     QuantizedMatrix::new(format, rows, cols, bytes).unwrap()
@@ -47,7 +72,23 @@ fn dequantized(w: &QuantizedMatrix) -> Vec<f32> {
     out
 }
 
-const FORMATS: [BlockFormat; 3] = [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0];
+const FORMATS: [BlockFormat; 6] = [
+    BlockFormat::Q4_0,
+    BlockFormat::Q4_1,
+    BlockFormat::Q8_0,
+    BlockFormat::Q4K,
+    BlockFormat::Q5K,
+    BlockFormat::Q6K,
+];
+
+/// `cols` for the formats with blocks of 32, `k_cols` for the K-quants' super-blocks of 256.
+fn columns(format: BlockFormat, cols: usize, k_cols: usize) -> usize {
+    if format.values_per_block() == SUPER_BLOCK {
+        k_cols
+    } else {
+        cols
+    }
+}
 const BITS: [ActivationBits; 2] = [ActivationBits::Eight, ActivationBits::Sixteen];
 
 /// Token t's activations as the blocks hold them (`d·q`), padding dropped.
@@ -73,8 +114,9 @@ fn dequantized_activations(x: &QuantizedActivations, t: usize) -> Vec<f64> {
 
 #[test]
 fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
-    let (rows, cols) = (12, 160);
+    let rows = 12;
     for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
+        let cols = columns(format, 160, 512);
         let w = random_matrix(format, rows, cols, 1);
         let x = QuantizedActivations::with_bits(&activations(3, cols, 2), cols, bits);
         let mut y = vec![0.0; 3 * rows];
@@ -148,8 +190,9 @@ fn quantized_activations_stay_within_their_rounding_bound() {
 
 #[test]
 fn every_kernel_this_cpu_runs_matches_the_portable_one() {
-    // 18 blocks a row: two groups of eight and two left over (the SIMD kernels' two paths).
-    let (rows, cols) = (40, 576);
+    // 18 blocks a row: two groups of eight and two left over (the SIMD kernels' two paths);
+    // the K-quants' rows are whole groups (three super-blocks).
+    let rows = 40;
     let mut kernels = vec![RowKernel::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
@@ -161,6 +204,7 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
         }
     }
     for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
+        let cols = columns(format, 576, 768);
         let w = random_matrix(format, rows, cols, 5);
         // 1 token (decoding) and prompts of several.
         for tokens in [1, 4, 7, 8, 9, 17] {
