@@ -25,6 +25,9 @@ bash scripts/fetch-llama-cpp-data.sh
 step "formatting"
 cargo fmt --all -- --check
 
+step "lints (clippy on every target; a warning fails)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 step "tests (workspace, dev profile: dependencies optimised)"
 cargo test --workspace --locked
 
