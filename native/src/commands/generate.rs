@@ -54,6 +54,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         };
         let mut model =
             load_gguf_quantized(&GgufFile::open(&resolved)?)?.with_activation_bits(bits);
+        let kept: Vec<String> = model
+            .format_counts()
+            .iter()
+            .map(|(format, n)| format!("{format:?} ×{n}"))
+            .collect();
+        eprintln!(
+            "weights kept as the file's blocks: {} ({:.1} MB resident)",
+            kept.join(", "),
+            model.resident_bytes() as f64 / 1e6
+        );
         if let Some(dir) = &args.adapter {
             let lora = load_lora_quantized(&mut model, dir)
                 .with_context(|| format!("loading the adapter in {}", dir.display()))?;
