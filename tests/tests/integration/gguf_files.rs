@@ -122,12 +122,37 @@ fn malformed_gguf_files_are_typed_errors() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// One type's seeded random blocks and gguf-py's dequantization of them
+/// (`tests/corpus/ggml/make_reference.py`).
+fn gguf_py_oracle(name: &str) -> (Vec<u8>, Vec<f32>) {
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
+    let blocks = std::fs::read(corpus.join(format!("{name}.blocks"))).unwrap();
+    let expected = std::fs::read(corpus.join(format!("{name}.f32")))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    (blocks, expected)
+}
+
+/// Fails unless `got` equals gguf-py's `expected` bit for bit, naming the first difference.
+fn assert_bit_for_bit(name: &str, got: &[f32], expected: &[f32]) {
+    let differ = |(a, b): &(&f32, &f32)| a.to_bits() != b.to_bits();
+    let count = got.iter().zip(expected).filter(differ).count();
+    let first = got.iter().zip(expected).find(differ);
+    assert_eq!(
+        (got.len(), count),
+        (expected.len(), 0),
+        "{name}: {count} of {} values differ; first (napkin, gguf-py): {first:?}",
+        expected.len()
+    );
+}
+
 /// Every ggml type napkin dequantizes, against gguf-py (llama.cpp's Python reader, from PyPI)
-/// on seeded random blocks (`tests/corpus/ggml/make_reference.py`): bit for bit.
+/// on seeded random blocks: bit for bit.
 #[test]
 fn ggml_dequantization_equals_gguf_py() {
     use napkin_core::io::gguf::dequant::GgmlType;
-    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
     for (name, id) in [
         ("Q4_0", 2),
         ("Q4_1", 3),
@@ -140,31 +165,12 @@ fn ggml_dequantization_equals_gguf_py() {
         ("Q5_K", 13),
         ("Q6_K", 14),
     ] {
-        let blocks = std::fs::read(corpus.join(format!("{name}.blocks"))).unwrap();
-        let expected: Vec<f32> = std::fs::read(corpus.join(format!("{name}.f32")))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let (blocks, expected) = gguf_py_oracle(name);
         let ty = GgmlType::from_id(id).unwrap();
         let got = ty
             .dequantize(&blocks, expected.len())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let differ = got
-            .iter()
-            .zip(&expected)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        let first = got
-            .iter()
-            .zip(&expected)
-            .find(|(a, b)| a.to_bits() != b.to_bits());
-        assert_eq!(
-            differ,
-            0,
-            "{name}: {differ} of {} values differ; first (napkin, gguf-py): {first:?}",
-            expected.len()
-        );
+        assert_bit_for_bit(name, &got, &expected);
     }
 }
 
@@ -173,7 +179,6 @@ fn ggml_dequantization_equals_gguf_py() {
 #[test]
 fn kept_block_formats_dequantize_as_gguf_py() {
     use napkin_core::kernels::quantized::{BlockFormat, QuantizedMatrix};
-    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
     for (name, format) in [
         ("Q4_0", BlockFormat::Q4_0),
         ("Q4_1", BlockFormat::Q4_1),
@@ -182,27 +187,12 @@ fn kept_block_formats_dequantize_as_gguf_py() {
         ("Q5_K", BlockFormat::Q5K),
         ("Q6_K", BlockFormat::Q6K),
     ] {
-        let blocks = std::fs::read(corpus.join(format!("{name}.blocks"))).unwrap();
-        let expected: Vec<f32> = std::fs::read(corpus.join(format!("{name}.f32")))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let (blocks, expected) = gguf_py_oracle(name);
         let matrix = QuantizedMatrix::new(format, 1, expected.len(), blocks)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut got = vec![0.0f32; expected.len()];
         matrix.dequantize_row(0, &mut got);
-        let differ = got
-            .iter()
-            .zip(&expected)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ,
-            0,
-            "{name}: {differ} of {} values differ",
-            expected.len()
-        );
+        assert_bit_for_bit(name, &got, &expected);
     }
 }
 

@@ -82,6 +82,19 @@ struct Unpacked {
     offsets: Vec<f32>,
 }
 
+/// The eight lane sums of eight vectors `$p` as one vector `[Σp0, …, Σp7]`, with the horizontal
+/// add, 128-bit permute and add of their lane type: pairs, then quads within each 128-bit half
+/// (`[Σ₀₋₃ p0, p1, p2, p3] | [Σ₄₋₇ p0, p1, p2, p3]`, then p4..p7), then the two halves.
+macro_rules! lane_sums {
+    ($p:expr, $hadd:ident, $permute:ident, $add:ident) => {{
+        let p = &$p;
+        let (s01, s23) = ($hadd(p[0], p[1]), $hadd(p[2], p[3]));
+        let (s45, s67) = ($hadd(p[4], p[5]), $hadd(p[6], p[7]));
+        let (q0, q1) = ($hadd(s01, s23), $hadd(s45, s67));
+        $add($permute(q0, q1, 0x20), $permute(q0, q1, 0x31))
+    }};
+}
+
 macro_rules! kernels {
     (
         $isa:ident,
@@ -152,35 +165,20 @@ macro_rules! kernels {
             #[target_feature(enable = $features)]
             #[inline]
             fn reduce8(p: &[__m256i; GROUP]) -> __m256i {
-                let s01 = _mm256_hadd_epi32(p[0], p[1]);
-                let s23 = _mm256_hadd_epi32(p[2], p[3]);
-                let s45 = _mm256_hadd_epi32(p[4], p[5]);
-                let s67 = _mm256_hadd_epi32(p[6], p[7]);
-                // Per 128-bit half: [Σ₀₋₃ p0, p1, p2, p3] | [Σ₄₋₇ p0, p1, p2, p3]; then p4..p7.
-                let q0 = _mm256_hadd_epi32(s01, s23);
-                let q1 = _mm256_hadd_epi32(s45, s67);
-                _mm256_add_epi32(
-                    _mm256_permute2x128_si256(q0, q1, 0x20),
-                    _mm256_permute2x128_si256(q0, q1, 0x31),
+                lane_sums!(
+                    p,
+                    _mm256_hadd_epi32,
+                    _mm256_permute2x128_si256,
+                    _mm256_add_epi32
                 )
             }
 
-            /// The eight lane sums of eight vectors of i32 summed as f32 (Q6_K's 16-bit
-            /// products, whose block sums may pass i32's range).
+            /// The same as f32 (Q6_K's 16-bit products, whose block sums may pass i32's range).
             #[target_feature(enable = $features)]
             #[inline]
             fn reduce8_f32(p: &[__m256i; GROUP]) -> __m256 {
                 let f = p.map(|v| _mm256_cvtepi32_ps(v));
-                let s01 = _mm256_hadd_ps(f[0], f[1]);
-                let s23 = _mm256_hadd_ps(f[2], f[3]);
-                let s45 = _mm256_hadd_ps(f[4], f[5]);
-                let s67 = _mm256_hadd_ps(f[6], f[7]);
-                let q0 = _mm256_hadd_ps(s01, s23);
-                let q1 = _mm256_hadd_ps(s45, s67);
-                _mm256_add_ps(
-                    _mm256_permute2f128_ps(q0, q1, 0x20),
-                    _mm256_permute2f128_ps(q0, q1, 0x31),
-                )
+                lane_sums!(f, _mm256_hadd_ps, _mm256_permute2f128_ps, _mm256_add_ps)
             }
 
             /// Block `b` of `u` from its 32 unsigned values (element order).
