@@ -104,15 +104,21 @@ pub(super) fn blocks_of_32(
     row: &[u8],
 ) -> impl Iterator<Item = BlockOf32> + '_ {
     let unit = format.row_bytes(format.values_per_block());
-    row.chunks_exact(unit).flat_map(move |block| {
-        let mut out = [None; SUPER_BLOCK / BLOCK];
-        match format {
-            BlockFormat::Q4K | BlockFormat::Q5K => k4_blocks(format, block, &mut out),
-            BlockFormat::Q6K => q6_k_blocks(block, &mut out),
-            _ => out[0] = Some(small_block(format, block)),
-        }
-        out.into_iter().flatten()
-    })
+    let super_blocks = format.values_per_block() == SUPER_BLOCK;
+    let small = (!super_blocks).then(|| {
+        row.chunks_exact(unit)
+            .map(move |block| small_block(format, block))
+    });
+    let eights = super_blocks.then(|| {
+        row.chunks_exact(unit).flat_map(move |block| match format {
+            BlockFormat::Q6K => q6_k_blocks(block),
+            _ => k4_blocks(format, block),
+        })
+    });
+    small
+        .into_iter()
+        .flatten()
+        .chain(eights.into_iter().flatten())
 }
 
 /// A Q4_0, Q4_1 or Q8_0 block.
@@ -183,7 +189,7 @@ pub(super) fn k4_scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 
 /// A Q4_K/Q5_K super-block: four chunks of 32 bytes of nibbles, the low nibbles block 2g and
 /// the high ones block 2g + 1; Q5_K's fifth bit of element l of block k is bit k of `qh[l]`.
-fn k4_blocks(format: BlockFormat, block: &[u8], out: &mut [Option<BlockOf32>; 8]) {
+fn k4_blocks(format: BlockFormat, block: &[u8]) -> [BlockOf32; SUPER_BLOCK / BLOCK] {
     let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
     let packed = &block[4..16];
     let (qh, qs) = match format {
@@ -191,7 +197,7 @@ fn k4_blocks(format: BlockFormat, block: &[u8], out: &mut [Option<BlockOf32>; 8]
         _ => (None, &block[16..144]),
     };
     let (scales, mins) = k4_scales_and_mins(packed);
-    for (k, slot) in out.iter_mut().enumerate() {
+    std::array::from_fn(|k| {
         let (sc, m) = (scales[k], mins[k]);
         let chunk = &qs[32 * (k / 2)..32 * (k / 2 + 1)];
         let q = std::array::from_fn(|l| {
@@ -203,40 +209,39 @@ fn k4_blocks(format: BlockFormat, block: &[u8], out: &mut [Option<BlockOf32>; 8]
             let fifth = qh.map_or(0, |qh| ((qh[l] >> k) & 1) << 4);
             (nibble | fifth) as i32
         });
-        *slot = Some(BlockOf32 {
+        BlockOf32 {
             q,
             scale: d * sc as f32,
             offset: -(dmin * m as f32),
             halves: None,
-        });
-    }
+        }
+    })
 }
 
 /// A Q6_K super-block: two halves of 128 values, each from 64 bytes of low nibbles `ql`, 32
 /// bytes of bit pairs `qh` and 8 scales. Block k (0..4) of a half takes the low (k = 0, 1) or high
 /// (k = 2, 3) nibbles of `ql[32·(k % 2)..][..32]` and bits 2k, 2k + 1 of `qh`, and scales
 /// `2k`, `2k + 1`.
-fn q6_k_blocks(block: &[u8], out: &mut [Option<BlockOf32>; 8]) {
+fn q6_k_blocks(block: &[u8]) -> [BlockOf32; SUPER_BLOCK / BLOCK] {
     let d = f16_at(block, 208);
-    for half in 0..2 {
+    std::array::from_fn(|i| {
+        let (half, k) = (i / 4, i % 4);
         let ql = &block[64 * half..64 * (half + 1)];
         let qh = &block[128 + 32 * half..128 + 32 * (half + 1)];
         let sc = &block[192 + 8 * half..192 + 8 * (half + 1)];
-        for k in 0..4 {
-            let low = &ql[32 * (k % 2)..32 * (k % 2 + 1)];
-            let q = std::array::from_fn(|l| {
-                let nibble = if k < 2 { low[l] & 0x0f } else { low[l] >> 4 };
-                let high = (qh[l] >> (2 * k)) & 3;
-                (nibble | (high << 4)) as i32 - 32
-            });
-            out[4 * half + k] = Some(BlockOf32 {
-                q,
-                scale: d,
-                offset: 0.0,
-                halves: Some([sc[2 * k] as i8 as i32, sc[2 * k + 1] as i8 as i32]),
-            });
+        let low = &ql[32 * (k % 2)..32 * (k % 2 + 1)];
+        let q = std::array::from_fn(|l| {
+            let nibble = if k < 2 { low[l] & 0x0f } else { low[l] >> 4 };
+            let high = (qh[l] >> (2 * k)) & 3;
+            (nibble | (high << 4)) as i32 - 32
+        });
+        BlockOf32 {
+            q,
+            scale: d,
+            offset: 0.0,
+            halves: Some([sc[2 * k] as i8 as i32, sc[2 * k + 1] as i8 as i32]),
         }
-    }
+    })
 }
 
 /// One row as f32 values.
