@@ -243,6 +243,9 @@ pub enum BenchCase {
     Matmul,
     /// Generation speed (prompt and KV-cached decoding, tokens/s) on the default CPU device.
     Generate,
+    /// The quantized products of generation alone: one [5632, 2048] weight per block format,
+    /// 1 and 32 tokens, 8- and 16-bit activations, in cache and streamed from memory.
+    Products,
     /// The performance suite (train steps, forward, generation, NF4), beside PyTorch with
     /// `--reference`.
     Suite,

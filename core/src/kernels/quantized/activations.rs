@@ -1,7 +1,12 @@
 //! Activations quantized per block of 32 for the integer block products: to 8 bits (llama.cpp's
 //! way: the fastest, but one outlier in a block coarsens the other 31 values to its 1/127 steps)
-//! or to 16 bits (steps of 1/32767 of the block's largest: the products' results are within
+//! or to 16 bits (steps of 1/32639 of the block's largest: the products' results are within
 //! ~1e-4 of f32 ones, at ~2× the integer work).
+//!
+//! 16-bit values are also kept split into two bytes, `q = 256·high + low` with both signed
+//! ([`SplitBlock`]): a byte product of each half then gives the 16-bit product exactly, with the
+//! weights' own bytes, not widened (the K-quant kernels). The largest 16-bit value is therefore
+//! `127·256 + 127 = 32639`, not 32767.
 
 use super::BLOCK;
 
@@ -41,12 +46,41 @@ pub enum ActivationBits {
     Sixteen,
 }
 
-/// 32 activations as `x ≈ d·q` with 16-bit `q`: `d = max|x| / 32767`.
+/// The largest 16-bit value: the largest whose two halves are both signed bytes.
+pub const WIDE_MAX: i16 = 127 * 256 + 127;
+
+/// 32 activations as `x ≈ d·q` with 16-bit `q`: `d = max|x| / 32639`.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(32))]
 pub struct Q16Block {
     /// The 32 quantized values.
     pub qs: [i16; BLOCK],
+}
+
+/// A [`Q16Block`]'s values split into bytes: `q = 256·high + low`, `high = ⌊(q + 128) / 256⌋`,
+/// both in `−128..=127` (as `|q| ≤ 32639`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+pub struct SplitBlock {
+    /// `q − 256·high`.
+    pub low: [i8; BLOCK],
+    /// `⌊(q + 128) / 256⌋`.
+    pub high: [i8; BLOCK],
+}
+
+impl SplitBlock {
+    fn of(block: &Q16Block) -> Self {
+        let mut split = SplitBlock {
+            low: [0; BLOCK],
+            high: [0; BLOCK],
+        };
+        for (i, &q) in block.qs.iter().enumerate() {
+            let high = (q as i32 + 128) >> 8;
+            split.high[i] = high as i8;
+            split.low[i] = (q as i32 - 256 * high) as i8;
+        }
+        split
+    }
 }
 
 /// T rows of `cols` activations, as f32 and (when `cols` is a multiple of 32) as [`Q8Block`]s or
@@ -63,6 +97,8 @@ pub struct QuantizedActivations {
     blocks: Vec<Q8Block>,
     /// With 16 bits, `[T, padded blocks]`; else empty.
     wide_blocks: Vec<Q16Block>,
+    /// `wide_blocks` split into bytes.
+    split_blocks: Vec<SplitBlock>,
     /// Each block's `d`, `[T, cols / 32]` (contiguous, for vector loads).
     scales: Vec<f32>,
     /// Each block's `d·Σq`, `[T, cols / 32]`.
@@ -113,6 +149,7 @@ impl QuantizedActivations {
                     ActivationBits::Sixteen => {
                         let (b, d, sum) = quantize_wide(block);
                         out.wide_blocks.push(b);
+                        out.split_blocks.push(SplitBlock::of(&b));
                         (d, sum)
                     }
                 };
@@ -122,7 +159,11 @@ impl QuantizedActivations {
             for _ in 0..padding {
                 match bits {
                     ActivationBits::Eight => out.blocks.push(ZERO),
-                    ActivationBits::Sixteen => out.wide_blocks.push(Q16Block { qs: [0; BLOCK] }),
+                    ActivationBits::Sixteen => {
+                        out.wide_blocks.push(Q16Block { qs: [0; BLOCK] });
+                        out.split_blocks
+                            .push(SplitBlock::of(&Q16Block { qs: [0; BLOCK] }));
+                    }
                 }
                 out.scales.push(0.0);
                 out.d_sums.push(0.0);
@@ -140,6 +181,12 @@ impl QuantizedActivations {
     pub fn wide_blocks(&self, t: usize) -> &[Q16Block] {
         let n = padded_blocks(self.cols);
         self.wide_blocks.get(t * n..(t + 1) * n).unwrap_or(&[])
+    }
+
+    /// Token `t`'s 16-bit blocks split into bytes (empty with 8 bits).
+    pub fn split_blocks(&self, t: usize) -> &[SplitBlock] {
+        let n = padded_blocks(self.cols);
+        self.split_blocks.get(t * n..(t + 1) * n).unwrap_or(&[])
     }
 
     /// T.
@@ -185,11 +232,12 @@ pub fn padded_blocks(cols: usize) -> usize {
 /// A block at 16 bits: the values, `d` and `Σq`.
 fn quantize_wide(x: &[f32]) -> (Q16Block, f32, i32) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 32767.0;
+    let max = WIDE_MAX as f32;
+    let d = amax / max;
     let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i16; BLOCK];
     for (q, &v) in qs.iter_mut().zip(x) {
-        *q = (v * inverse).round().clamp(-32767.0, 32767.0) as i16;
+        *q = (v * inverse).round().clamp(-max, max) as i16;
     }
     (Q16Block { qs }, d, qs.iter().map(|&q| q as i32).sum())
 }

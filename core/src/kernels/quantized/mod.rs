@@ -36,7 +36,7 @@ mod x86;
 
 use rayon::prelude::*;
 
-pub use activations::{ActivationBits, Q8Block, Q16Block, QuantizedActivations};
+pub use activations::{ActivationBits, Q8Block, Q16Block, QuantizedActivations, SplitBlock};
 
 /// Values per block of every block format.
 pub const BLOCK: usize = 32;

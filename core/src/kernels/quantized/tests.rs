@@ -154,7 +154,7 @@ fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
 #[test]
 fn quantized_activations_stay_within_their_rounding_bound() {
     // |Σ w·(x − x̂)| ≤ Σ_b (d_x,b / 2)·Σ_{i∈b} |w_i|: each activation is off by at most half a
-    // step (d_x = max|x| / 127 with 8 bits, / 32767 with 16).
+    // step (d_x = max|x| / 127 with 8 bits, / 32639 with 16).
     let (rows, cols) = (8, 256);
     for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let w = random_matrix(format, rows, cols, 3);
@@ -206,8 +206,9 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
     for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let cols = columns(format, 576, 768);
         let w = random_matrix(format, rows, cols, 5);
-        // 1 token (decoding) and prompts of several.
-        for tokens in [1, 4, 7, 8, 9, 17] {
+        // 1 token (decoding) and prompts of several (the K-quants' 16-bit kernels take one or
+        // two tokens' activations as split bytes, more with their codes widened).
+        for tokens in [1, 2, 3, 4, 7, 8, 9, 17] {
             let x = QuantizedActivations::with_bits(&activations(tokens, cols, 6), cols, bits);
             let mut reference = vec![0.0; rows * tokens];
             scalar::rows(format, &w.bytes, &x, &mut reference);
@@ -224,6 +225,32 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
             }
         }
     }
+}
+
+#[test]
+fn sixteen_bit_activations_split_into_two_signed_bytes_exactly() {
+    // The extremes of the range, both signs, and values around each multiple of 256.
+    let mut values: Vec<f32> = vec![1.0, -1.0, 0.5, -0.5, 0.0];
+    values.extend((0..27).map(|i| (i as f32 - 13.0) * 256.0 / 32639.0 + 1e-6));
+    values.extend((0..32 * 7 - values.len()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0));
+    let x = QuantizedActivations::with_bits(&values, values.len(), ActivationBits::Sixteen);
+    let mut extremes = (0, 0);
+    for (wide, split) in x.wide_blocks(0).iter().zip(x.split_blocks(0)) {
+        for i in 0..BLOCK {
+            let q = wide.qs[i] as i32;
+            assert_eq!(
+                256 * split.high[i] as i32 + split.low[i] as i32,
+                q,
+                "value {q}"
+            );
+            extremes = (extremes.0.min(q), extremes.1.max(q));
+        }
+    }
+    assert_eq!(
+        extremes,
+        (-32639, 32639),
+        "the range the bytes can hold, used"
+    );
 }
 
 #[test]

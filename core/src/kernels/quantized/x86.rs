@@ -25,7 +25,7 @@
 use std::arch::x86_64::*;
 
 use super::activations::{
-    ActivationBits, PADDING, Q8Block, Q16Block, QuantizedActivations, padded_blocks,
+    ActivationBits, PADDING, Q8Block, Q16Block, QuantizedActivations, SplitBlock, padded_blocks,
 };
 use super::{BLOCK, BlockFormat, SUPER_BLOCK, scalar};
 
@@ -47,7 +47,6 @@ const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const Q4_K: u8 = 3;
 const Q5_K: u8 = 4;
-const Q6_K: u8 = 5;
 
 const fn block_format(format: u8) -> BlockFormat {
     match format {
@@ -55,8 +54,7 @@ const fn block_format(format: u8) -> BlockFormat {
         Q4_1 => BlockFormat::Q4_1,
         Q8_0 => BlockFormat::Q8_0,
         Q4_K => BlockFormat::Q4K,
-        Q5_K => BlockFormat::Q5K,
-        _ => BlockFormat::Q6K,
+        _ => BlockFormat::Q5K,
     }
 }
 
@@ -64,6 +62,10 @@ const fn block_format(format: u8) -> BlockFormat {
 const fn has_offset(format: u8) -> bool {
     matches!(format, Q4_0 | Q4_1 | Q4_K | Q5_K)
 }
+
+/// From how many tokens the K-quant kernels widen their codes to i16 for 16-bit activations
+/// (below, the activations' bytes are multiplied with the codes' own).
+const WIDEN_FROM_TOKENS: usize = 3;
 
 /// Blocks whose sums go into one vector.
 const GROUP: usize = 8;
@@ -76,7 +78,6 @@ const _: () = assert!(PADDING.is_multiple_of(GROUP));
 struct Unpacked {
     bytes: Vec<__m256i>,
     signs: Vec<__m256i>,
-    halves: Vec<__m256i>,
     wide: Vec<[__m256i; 2]>,
     scales: Vec<f32>,
     offsets: Vec<f32>,
@@ -194,21 +195,13 @@ macro_rules! kernels {
                 }
             }
 
-            /// Unpacks one Q4_K/Q5_K super-block into blocks `first..first + 8` of `u`.
+            /// One Q4_K/Q5_K super-block: its eight blocks' unsigned values (element order),
+            /// their scales `d·sc` and their offsets `−dmin·m`.
             #[target_feature(enable = $features)]
-            fn unpack_k4<const F: u8, const WIDE: bool>(
-                block: &[u8],
-                u: &mut Unpacked,
-                first: usize,
-            ) {
+            #[inline]
+            fn k4_super_block<const F: u8>(block: &[u8]) -> ([__m256i; 8], __m256, __m256) {
                 let (d, dmin) = (half(block, 0), half(block, 2));
-                let packed = &block[4..16];
-                let (fifth, qs) = if F == Q5_K {
-                    (Some(load32(&block[16..])), &block[48..176])
-                } else {
-                    (None, &block[16..144])
-                };
-                let (scales, mins) = scalar::k4_scales_and_mins(packed);
+                let (scales, mins) = scalar::k4_scales_and_mins(&block[4..16]);
                 let widen = |v: [u8; 8]| {
                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
                         v,
@@ -216,79 +209,311 @@ macro_rules! kernels {
                 };
                 let scales = _mm256_mul_ps(_mm256_set1_ps(d), widen(scales));
                 let offsets = _mm256_mul_ps(_mm256_set1_ps(-dmin), widen(mins));
-                let slots = first..first + SUPER_BLOCK / BLOCK;
-                let (to_scales, to_offsets) = (&mut u.scales[slots.clone()], &mut u.offsets[slots]);
-                // SAFETY: eight writable values each (the ranges above); unaligned stores.
-                unsafe {
-                    _mm256_storeu_ps(to_scales.as_mut_ptr(), scales);
-                    _mm256_storeu_ps(to_offsets.as_mut_ptr(), offsets);
-                }
+                let qs = if F == Q5_K {
+                    &block[48..176]
+                } else {
+                    &block[16..144]
+                };
                 let nibble = _mm256_set1_epi8(0x0f);
-                for (g, chunk) in qs.chunks_exact(32).enumerate() {
-                    let q = load32(chunk);
-                    let low = _mm256_and_si256(q, nibble);
-                    let high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
-                    for (k, mut values) in [(2 * g, low), (2 * g + 1, high)] {
-                        if let Some(qh) = fifth {
-                            // Bit k of each qh byte → 16.
-                            let bit = _mm256_set1_epi8((1u8 << k) as i8);
-                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                            let sixteen = _mm256_and_si256(set, _mm256_set1_epi8(16));
-                            values = _mm256_or_si256(values, sixteen);
+                let mut codes = [_mm256_setzero_si256(); SUPER_BLOCK / BLOCK];
+                for g in 0..4 {
+                    let q = load32(&qs[32 * g..]);
+                    codes[2 * g] = _mm256_and_si256(q, nibble);
+                    codes[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+                }
+                if F == Q5_K {
+                    // Bit k of each qh byte → 16 in block k.
+                    let qh = load32(&block[16..]);
+                    for (k, code) in codes.iter_mut().enumerate() {
+                        let bit = _mm256_set1_epi8((1u8 << k) as i8);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                        let sixteen = _mm256_and_si256(set, _mm256_set1_epi8(16));
+                        *code = _mm256_or_si256(*code, sixteen);
+                    }
+                }
+                (codes, scales, offsets)
+            }
+
+            /// The eight block sums `Σ q·x` of unsigned `codes` and 8-bit activations.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn byte_sums(codes: &[__m256i; GROUP], xs: &[Q8Block]) -> __m256i {
+                let xs = &xs[..GROUP];
+                // SAFETY: `qs` is 32 bytes; unaligned loads.
+                let p = std::array::from_fn(|j| {
+                    dot_u8_i8(codes[j], unsafe {
+                        _mm256_loadu_si256(xs[j].qs.as_ptr().cast())
+                    })
+                });
+                reduce8(&p)
+            }
+
+            /// The same with 16-bit activations split into bytes: `Σ q·low + 256·Σ q·high`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn split_sums(codes: &[__m256i; GROUP], xs: &[SplitBlock]) -> __m256i {
+                let xs = &xs[..GROUP];
+                // SAFETY: `low` and `high` are 32 bytes; unaligned loads.
+                let (low, high): ([__m256i; GROUP], [__m256i; GROUP]) = unsafe {
+                    (
+                        std::array::from_fn(|j| {
+                            dot_u8_i8(codes[j], _mm256_loadu_si256(xs[j].low.as_ptr().cast()))
+                        }),
+                        std::array::from_fn(|j| {
+                            dot_u8_i8(codes[j], _mm256_loadu_si256(xs[j].high.as_ptr().cast()))
+                        }),
+                    )
+                };
+                _mm256_add_epi32(reduce8(&low), _mm256_slli_epi32(reduce8(&high), 8))
+            }
+
+            /// The eight block sums of `codes` widened to i16 (`widened_codes`) and 16-bit
+            /// activations.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn wide_sums(wide: &[[__m256i; 2]; GROUP], xs: &[Q16Block]) -> __m256i {
+                let xs = &xs[..GROUP];
+                let p = std::array::from_fn(|j| {
+                    let (low, high) = wide_halves(&xs[j]);
+                    dot_i16(wide[j][0], low, wide[j][1], high)
+                });
+                reduce8(&p)
+            }
+
+            /// Unsigned byte codes as two vectors of 16 i16 each (element order).
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn widened_codes(codes: &[__m256i; GROUP]) -> [[__m256i; 2]; GROUP] {
+                codes.map(|c| {
+                    [
+                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)),
+                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)),
+                    ]
+                })
+            }
+
+            /// Q4_K/Q5_K rows straight from their super-blocks: each super-block's values are
+            /// unpacked into registers once and every token's eight blocks taken against them.
+            #[target_feature(enable = $features)]
+            fn rows_k4<const F: u8, const WIDE: bool>(
+                rows: &[u8],
+                x: &QuantizedActivations,
+                out: &mut [f32],
+            ) {
+                let t = x.tokens();
+                let format = block_format(F);
+                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
+                // 16-bit activations: split into bytes for a token or two (no widening), with
+                // the codes widened to i16 once per super-block for more (one i16 product a
+                // pair of values instead of two byte products).
+                let widen = WIDE && t >= WIDEN_FROM_TOKENS;
+                let tokens: Vec<_> = (0..t)
+                    .map(|t| {
+                        (
+                            x.blocks(t),
+                            x.split_blocks(t),
+                            x.wide_blocks(t),
+                            x.scales(t),
+                            x.d_sums(t),
+                        )
+                    })
+                    .collect();
+                let mut acc = vec![_mm256_setzero_ps(); t];
+                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    acc.fill(_mm256_setzero_ps());
+                    for (s, block) in row.chunks_exact(size).enumerate() {
+                        let (codes, scales, offsets) = k4_super_block::<F>(block);
+                        let first = s * GROUP;
+                        let wide = if widen {
+                            widened_codes(&codes)
+                        } else {
+                            [[_mm256_setzero_si256(); 2]; GROUP]
+                        };
+                        for (acc, &(bytes, split, wide_x, dx, dsum)) in acc.iter_mut().zip(&tokens)
+                        {
+                            let sums = if widen {
+                                wide_sums(&wide, &wide_x[first..])
+                            } else if WIDE {
+                                split_sums(&codes, &split[first..])
+                            } else {
+                                byte_sums(&codes, &bytes[first..])
+                            };
+                            let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, *acc);
+                            *acc = _mm256_fmadd_ps(offsets, load8(&dsum[first..]), *acc);
                         }
-                        store_unsigned::<WIDE>(u, first + k, values);
+                    }
+                    for (o, acc) in out.iter_mut().zip(&acc) {
+                        *o = horizontal_sum(*acc);
                     }
                 }
             }
 
-            /// Unpacks one Q6_K super-block into blocks `first..first + 8` of `u`.
+            /// One Q6_K super-block: its eight blocks' 6-bit `q` (element order), its 16 i8
+            /// scales (one per 16 values) and `d`.
             #[target_feature(enable = $features)]
-            fn unpack_q6_k<const WIDE: bool>(block: &[u8], u: &mut Unpacked, first: usize) {
-                let d = half(block, 208);
+            #[inline]
+            fn q6_k_super_block(block: &[u8]) -> ([__m256i; 8], __m128i, f32) {
                 let mask = |m: u8| _mm256_set1_epi8(m as i8);
+                let low = |v: __m256i| _mm256_and_si256(v, mask(0x0f));
+                let up = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16(v, 4), mask(0x0f));
+                let mut codes = [_mm256_setzero_si256(); SUPER_BLOCK / BLOCK];
                 for h in 0..2 {
                     let ql0 = load32(&block[64 * h..]);
                     let ql1 = load32(&block[64 * h + 32..]);
                     let qh = load32(&block[128 + 32 * h..]);
-                    let scales = &block[192 + 8 * h..200 + 8 * h];
-                    let low = |v: __m256i| _mm256_and_si256(v, mask(0x0f));
-                    let up = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16(v, 4), mask(0x0f));
                     // Bits 2k, 2k + 1 of qh moved to bits 4, 5 (masked first: no bit crosses
                     // into the neighbouring byte of a 16-bit shift).
-                    let q6 = [
-                        _mm256_or_si256(
-                            low(ql0),
-                            _mm256_slli_epi16(_mm256_and_si256(qh, mask(0x03)), 4),
-                        ),
-                        _mm256_or_si256(
-                            low(ql1),
-                            _mm256_slli_epi16(_mm256_and_si256(qh, mask(0x0c)), 2),
-                        ),
-                        _mm256_or_si256(up(ql0), _mm256_and_si256(qh, mask(0x30))),
-                        _mm256_or_si256(
-                            up(ql1),
-                            _mm256_srli_epi16(_mm256_and_si256(qh, mask(0xc0)), 2),
-                        ),
-                    ];
-                    for (k, &q) in q6.iter().enumerate() {
-                        let b = first + 4 * h + k;
-                        let (s0, s1) = (scales[2 * k] as i8 as i16, scales[2 * k + 1] as i8 as i16);
-                        u.scales[b] = d;
-                        u.offsets[b] = 0.0;
-                        if WIDE {
-                            let bias = _mm256_set1_epi16(32);
-                            let widen = |v: __m128i, s: i16| {
-                                let centred = _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), bias);
-                                _mm256_mullo_epi16(centred, _mm256_set1_epi16(s))
-                            };
-                            u.wide[b] = [
-                                widen(_mm256_castsi256_si128(q), s0),
-                                widen(_mm256_extracti128_si256(q, 1), s1),
-                            ];
+                    codes[4 * h] = _mm256_or_si256(
+                        low(ql0),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, mask(0x03)), 4),
+                    );
+                    codes[4 * h + 1] = _mm256_or_si256(
+                        low(ql1),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, mask(0x0c)), 2),
+                    );
+                    codes[4 * h + 2] = _mm256_or_si256(up(ql0), _mm256_and_si256(qh, mask(0x30)));
+                    codes[4 * h + 3] = _mm256_or_si256(
+                        up(ql1),
+                        _mm256_srli_epi16(_mm256_and_si256(qh, mask(0xc0)), 2),
+                    );
+                }
+                let scales = &block[192..208];
+                // SAFETY: 16 readable bytes; unaligned load.
+                let scales = unsafe { _mm_loadu_si128(scales.as_ptr().cast()) };
+                (codes, scales, half(block, 208))
+            }
+
+            /// Block `b`'s two scales as 16 i16: eight of `s[2b]` (its first 16 values' pair
+            /// sums), eight of `s[2b + 1]`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q6_k_halves(scales: __m128i, b: usize) -> __m256i {
+                let first = 0x0101_0101_0101_0101u64.wrapping_mul(2 * b as u64);
+                let pick = _mm_set_epi64x((first + 0x0101_0101_0101_0101) as i64, first as i64);
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
+            }
+
+            /// Widened Q6_K values `s·(q − 32)` as two vectors of 16 i16 (element order).
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q6_k_widened(codes: &[__m256i; GROUP], scales: __m128i) -> [[__m256i; 2]; GROUP] {
+                let bias = _mm256_set1_epi16(32);
+                std::array::from_fn(|b| {
+                    let (s0, s1) = (
+                        _mm_extract_epi8(scales, 0) as i8,
+                        _mm_extract_epi8(scales, 1) as i8,
+                    );
+                    let _ = (s0, s1);
+                    let halves = q6_k_halves(scales, b);
+                    // s[2b] in both 128-bit lanes, then s[2b + 1].
+                    let first = _mm256_permute2x128_si256(halves, halves, 0x00);
+                    let second = _mm256_permute2x128_si256(halves, halves, 0x11);
+                    let widen = |v: __m128i, s: __m256i| {
+                        let centred = _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), bias);
+                        _mm256_mullo_epi16(centred, s)
+                    };
+                    [
+                        widen(_mm256_castsi256_si128(codes[b]), first),
+                        widen(_mm256_extracti128_si256(codes[b], 1), second),
+                    ]
+                })
+            }
+
+            /// `Σ s·(q − 32)·x` per block of a Q6_K super-block and 8-bit signed bytes `xs`
+            /// (the pair sums of `q·x` less those of `32·x`, each half's eight times its
+            /// scale), as eight i32 vectors.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q6_k_products(
+                codes: &[__m256i; GROUP],
+                halves: &[__m256i; GROUP],
+                xs: [__m256i; GROUP],
+            ) -> [__m256i; GROUP] {
+                let bias = _mm256_set1_epi8(32);
+                std::array::from_fn(|b| {
+                    let pairs = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(codes[b], xs[b]),
+                        _mm256_maddubs_epi16(bias, xs[b]),
+                    );
+                    _mm256_madd_epi16(pairs, halves[b])
+                })
+            }
+
+            /// Q6_K rows straight from their super-blocks (as `rows_k4`); each block's sum is
+            /// scaled by `d·d_x` (its two scales are inside the integer sum).
+            #[target_feature(enable = $features)]
+            fn rows_q6_k<const WIDE: bool>(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
+                let t = x.tokens();
+                let format = BlockFormat::Q6K;
+                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
+                let widen = WIDE && t >= WIDEN_FROM_TOKENS;
+                let tokens: Vec<_> = (0..t)
+                    .map(|t| {
+                        (
+                            x.blocks(t),
+                            x.split_blocks(t),
+                            x.wide_blocks(t),
+                            x.scales(t),
+                        )
+                    })
+                    .collect();
+                let load = |qs: &[i8; BLOCK]| {
+                    // SAFETY: 32 bytes; unaligned load.
+                    unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
+                };
+                let mut acc = vec![_mm256_setzero_ps(); t];
+                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    acc.fill(_mm256_setzero_ps());
+                    for (s, block) in row.chunks_exact(size).enumerate() {
+                        let (codes, scales, d) = q6_k_super_block(block);
+                        let first = s * GROUP;
+                        let halves: [__m256i; GROUP] =
+                            std::array::from_fn(|b| q6_k_halves(scales, b));
+                        let wide = if widen {
+                            q6_k_widened(&codes, scales)
                         } else {
-                            u.bytes[b] = q;
-                            u.halves[b] = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                            [[_mm256_setzero_si256(); 2]; GROUP]
+                        };
+                        for (acc, &(bytes, split, wide_x, dx)) in acc.iter_mut().zip(&tokens) {
+                            let sums = if widen {
+                                let wide_x = &wide_x[first..first + GROUP];
+                                reduce8_f32(&std::array::from_fn(|j| {
+                                    let (low, high) = wide_halves(&wide_x[j]);
+                                    dot_i16(wide[j][0], low, wide[j][1], high)
+                                }))
+                            } else if WIDE {
+                                let split = &split[first..first + GROUP];
+                                let low = q6_k_products(
+                                    &codes,
+                                    &halves,
+                                    std::array::from_fn(|j| load(&split[j].low)),
+                                );
+                                let high = q6_k_products(
+                                    &codes,
+                                    &halves,
+                                    std::array::from_fn(|j| load(&split[j].high)),
+                                );
+                                _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(reduce8(&high)),
+                                    _mm256_set1_ps(256.0),
+                                    _mm256_cvtepi32_ps(reduce8(&low)),
+                                )
+                            } else {
+                                let bytes = &bytes[first..first + GROUP];
+                                let p = q6_k_products(
+                                    &codes,
+                                    &halves,
+                                    std::array::from_fn(|j| load(&bytes[j].qs)),
+                                );
+                                _mm256_cvtepi32_ps(reduce8(&p))
+                            };
+                            let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
+                            *acc = _mm256_fmadd_ps(sums, scale, *acc);
                         }
+                    }
+                    for (o, acc) in out.iter_mut().zip(&acc) {
+                        *o = horizontal_sum(*acc);
                     }
                 }
             }
@@ -298,17 +523,6 @@ macro_rules! kernels {
             fn unpack<const F: u8, const WIDE: bool>(row: &[u8], u: &mut Unpacked) {
                 let format = block_format(F);
                 let size = format.row_bytes(format.values_per_block());
-                if format.values_per_block() == SUPER_BLOCK {
-                    let per = SUPER_BLOCK / BLOCK;
-                    for (s, block) in row.chunks_exact(size).enumerate() {
-                        if F == Q6_K {
-                            unpack_q6_k::<WIDE>(block, u, per * s);
-                        } else {
-                            unpack_k4::<F, WIDE>(block, u, per * s);
-                        }
-                    }
-                    return;
-                }
                 for (b, block) in row.chunks_exact(size).enumerate() {
                     let scale = half(block, 0);
                     u.scales[b] = scale;
@@ -355,19 +569,7 @@ macro_rules! kernels {
                     let mut p = [_mm256_setzero_si256(); GROUP];
                     for (j, p) in p.iter_mut().enumerate() {
                         let b = g + j;
-                        *p = if F == Q6_K {
-                            // Σ s·(q − 32)·x: the pair sums of q·x less those of 32·x, each
-                            // half's eight times its scale.
-                            // SAFETY: `qs` is 32 bytes; unaligned load.
-                            let x = unsafe { _mm256_loadu_si256(xs[b].qs.as_ptr().cast()) };
-                            let pairs = _mm256_sub_epi16(
-                                _mm256_maddubs_epi16(u.bytes[b], x),
-                                _mm256_maddubs_epi16(_mm256_set1_epi8(32), x),
-                            );
-                            _mm256_madd_epi16(pairs, u.halves[b])
-                        } else {
-                            dot_u8_i8(u.bytes[b], signed::<F>(&xs[b], u.signs[b]))
-                        };
+                        *p = dot_u8_i8(u.bytes[b], signed::<F>(&xs[b], u.signs[b]));
                     }
                     let sums = _mm256_cvtepi32_ps(reduce8(&p));
                     let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
@@ -391,11 +593,7 @@ macro_rules! kernels {
                         let (low, high) = wide_halves(&xs[b]);
                         *p = dot_i16(u.wide[b][0], low, u.wide[b][1], high);
                     }
-                    let sums = if F == Q6_K {
-                        reduce8_f32(&p)
-                    } else {
-                        _mm256_cvtepi32_ps(reduce8(&p))
-                    };
+                    let sums = _mm256_cvtepi32_ps(reduce8(&p));
                     let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
                     acc = _mm256_fmadd_ps(sums, scale, acc);
                     if has_offset(F) {
@@ -429,7 +627,6 @@ macro_rules! kernels {
                 let mut u = Unpacked {
                     bytes: vec![zero; padded],
                     signs: vec![zero; padded],
-                    halves: vec![zero; if F == Q6_K { padded } else { 0 }],
                     wide: vec![[zero; 2]; if WIDE { padded } else { 0 }],
                     scales: vec![0.0; padded],
                     offsets: vec![0.0; padded],
@@ -467,12 +664,12 @@ macro_rules! kernels {
                     (BlockFormat::Q4_0, true) => rows_of::<Q4_0, true>(rows, x, out),
                     (BlockFormat::Q4_1, true) => rows_of::<Q4_1, true>(rows, x, out),
                     (BlockFormat::Q8_0, true) => rows_of::<Q8_0, true>(rows, x, out),
-                    (BlockFormat::Q4K, false) => rows_of::<Q4_K, false>(rows, x, out),
-                    (BlockFormat::Q5K, false) => rows_of::<Q5_K, false>(rows, x, out),
-                    (BlockFormat::Q6K, false) => rows_of::<Q6_K, false>(rows, x, out),
-                    (BlockFormat::Q4K, true) => rows_of::<Q4_K, true>(rows, x, out),
-                    (BlockFormat::Q5K, true) => rows_of::<Q5_K, true>(rows, x, out),
-                    (BlockFormat::Q6K, true) => rows_of::<Q6_K, true>(rows, x, out),
+                    (BlockFormat::Q4K, false) => rows_k4::<Q4_K, false>(rows, x, out),
+                    (BlockFormat::Q5K, false) => rows_k4::<Q5_K, false>(rows, x, out),
+                    (BlockFormat::Q6K, false) => rows_q6_k::<false>(rows, x, out),
+                    (BlockFormat::Q4K, true) => rows_k4::<Q4_K, true>(rows, x, out),
+                    (BlockFormat::Q5K, true) => rows_k4::<Q5_K, true>(rows, x, out),
+                    (BlockFormat::Q6K, true) => rows_q6_k::<true>(rows, x, out),
                 }
             }
         }

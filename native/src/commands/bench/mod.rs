@@ -3,6 +3,7 @@
 //!
 //! - `matmul`: f32 GEMM throughput on every CPU backend compiled in (`matmul.rs`).
 //! - `generate`: prefill and KV-cached decoding of a real checkpoint (`generate.rs`).
+//! - `products`: the quantized products of generation alone, per block format (`products.rs`).
 //! - `suite`: the performance suite, each case beside PyTorch in the same run (`suite.rs`).
 //! - `gpu`: QLoRA and LoRA training steps on the first GPU found (`gpu.rs`).
 
@@ -16,6 +17,7 @@ mod gpu_dequant;
 mod gpu_launch;
 mod matmul;
 mod process_memory;
+mod products;
 mod reference;
 mod runner;
 mod suite;
@@ -28,6 +30,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     match args.what {
         BenchCase::Matmul => matmul::run(args),
         BenchCase::Generate => generate::run(args),
+        BenchCase::Products => products::run(args),
         BenchCase::Suite => suite::run(args),
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         BenchCase::Gpu => gpu::run(args),
