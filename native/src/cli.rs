@@ -214,7 +214,8 @@ pub struct BenchArgs {
     /// the reference always runs torch on the CPU.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// `suite`, `gpu`: only the cases whose name contains this text.
+    /// `suite`, `gpu`, `products`: only the cases (`products`: formats) whose name contains
+    /// this text.
     #[arg(long, value_name = "TEXT")]
     pub only: Option<String>,
     /// `suite`, `gpu`, `matmul --page-shapes`: also write every figure as JSON to this file.

@@ -539,7 +539,7 @@ fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) ->
             let mut scores: Vec<f32> = (0..visible)
                 .map(|j| {
                     let key = &cache.keys[j * kv_width + g * dh..j * kv_width + (g + 1) * dh];
-                    scale * query.iter().zip(key).map(|(a, b)| a * b).sum::<f32>()
+                    scale * dot(query, key)
                 })
                 .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -556,4 +556,24 @@ fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) ->
             }
         });
     out
+}
+
+/// `Σ a·b` in eight independent lanes (so that the compiler keeps them in one vector register;
+/// a single running sum is one chain of dependent adds).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut lanes = [0.0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }

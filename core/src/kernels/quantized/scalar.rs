@@ -163,6 +163,7 @@ fn small_block(format: BlockFormat, block: &[u8]) -> BlockOf32 {
 /// 0..4 of `b`'s; scales 4..8 are `c`'s low nibbles under the top 2 bits of `a`'s bytes, mins 4..8
 /// `c`'s high nibbles under those of `b`'s. Byte-wise on whole words (masks keep each byte's
 /// bits in that byte).
+#[inline]
 pub(super) fn k4_scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;

@@ -318,6 +318,29 @@ macro_rules! kernels {
                         )
                     })
                     .collect();
+                if t == 1 {
+                    // Decoding: the sums in registers, two chains of FMAs.
+                    let (bytes, split, _, dx, dsum) = tokens[0];
+                    for (row, out) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                        let (mut products, mut offset_sums) =
+                            (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        for (s, block) in row.chunks_exact(size).enumerate() {
+                            let (codes, scales, offsets) = k4_super_block::<F>(block);
+                            let first = s * GROUP;
+                            let sums = if WIDE {
+                                split_sums(&codes, &split[first..])
+                            } else {
+                                byte_sums(&codes, &bytes[first..])
+                            };
+                            let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
+                            products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, products);
+                            offset_sums =
+                                _mm256_fmadd_ps(offsets, load8(&dsum[first..]), offset_sums);
+                        }
+                        *out = horizontal_sum(_mm256_add_ps(products, offset_sums));
+                    }
+                    return;
+                }
                 let mut acc = vec![_mm256_setzero_ps(); t];
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
                     acc.fill(_mm256_setzero_ps());
@@ -440,6 +463,40 @@ macro_rules! kernels {
                 })
             }
 
+            /// A Q6_K super-block's eight block sums `Σ s·(q − 32)·x` as f32: with 8-bit
+            /// activations' `bytes`, or (`WIDE`) with 16-bit ones `split` into bytes, from block `first`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q6_k_sums<const WIDE: bool>(
+                codes: &[__m256i; GROUP],
+                halves: &[__m256i; GROUP],
+                bytes: &[Q8Block],
+                split: &[SplitBlock],
+                first: usize,
+            ) -> __m256 {
+                let load = |qs: &[i8; BLOCK]| {
+                    // SAFETY: 32 bytes; unaligned load.
+                    unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
+                };
+                if WIDE {
+                    let split = &split[first..first + GROUP];
+                    let low =
+                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&split[j].low)));
+                    let high =
+                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&split[j].high)));
+                    _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(reduce8(&high)),
+                        _mm256_set1_ps(256.0),
+                        _mm256_cvtepi32_ps(reduce8(&low)),
+                    )
+                } else {
+                    let bytes = &bytes[first..first + GROUP];
+                    let p =
+                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&bytes[j].qs)));
+                    _mm256_cvtepi32_ps(reduce8(&p))
+                }
+            }
+
             /// Q6_K rows straight from their super-blocks (as `rows_k4`); each block's sum is
             /// scaled by `d·d_x` (its two scales are inside the integer sum).
             #[target_feature(enable = $features)]
@@ -458,10 +515,23 @@ macro_rules! kernels {
                         )
                     })
                     .collect();
-                let load = |qs: &[i8; BLOCK]| {
-                    // SAFETY: 32 bytes; unaligned load.
-                    unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
-                };
+                if t == 1 {
+                    // Decoding: the sum in a register.
+                    let (bytes, split, _, dx) = tokens[0];
+                    for (row, out) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                        let mut acc = _mm256_setzero_ps();
+                        for (s, block) in row.chunks_exact(size).enumerate() {
+                            let (codes, scales, d) = q6_k_super_block(block);
+                            let first = s * GROUP;
+                            let halves = std::array::from_fn(|b| q6_k_halves(scales, b));
+                            let sums = q6_k_sums::<WIDE>(&codes, &halves, bytes, split, first);
+                            let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
+                            acc = _mm256_fmadd_ps(sums, scale, acc);
+                        }
+                        *out = horizontal_sum(acc);
+                    }
+                    return;
+                }
                 let mut acc = vec![_mm256_setzero_ps(); t];
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
                     acc.fill(_mm256_setzero_ps());
@@ -482,31 +552,8 @@ macro_rules! kernels {
                                     let (low, high) = wide_halves(&wide_x[j]);
                                     dot_i16(wide[j][0], low, wide[j][1], high)
                                 }))
-                            } else if WIDE {
-                                let split = &split[first..first + GROUP];
-                                let low = q6_k_products(
-                                    &codes,
-                                    &halves,
-                                    std::array::from_fn(|j| load(&split[j].low)),
-                                );
-                                let high = q6_k_products(
-                                    &codes,
-                                    &halves,
-                                    std::array::from_fn(|j| load(&split[j].high)),
-                                );
-                                _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(reduce8(&high)),
-                                    _mm256_set1_ps(256.0),
-                                    _mm256_cvtepi32_ps(reduce8(&low)),
-                                )
                             } else {
-                                let bytes = &bytes[first..first + GROUP];
-                                let p = q6_k_products(
-                                    &codes,
-                                    &halves,
-                                    std::array::from_fn(|j| load(&bytes[j].qs)),
-                                );
-                                _mm256_cvtepi32_ps(reduce8(&p))
+                                q6_k_sums::<WIDE>(&codes, &halves, bytes, split, first)
                             };
                             let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
                             *acc = _mm256_fmadd_ps(sums, scale, *acc);

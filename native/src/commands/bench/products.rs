@@ -46,7 +46,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "{:<6} {:>4} {:>3} {:>24} {:>24} {:>8} {:>10}",
         "format", "bits", "T", "in cache µs", "streamed µs", "GB/s", "G MAC/s"
     );
-    for format in FORMATS {
+    let chosen = |format: &BlockFormat| {
+        args.only
+            .as_deref()
+            .is_none_or(|only| format!("{format:?}").contains(only))
+    };
+    for format in FORMATS.into_iter().filter(chosen) {
         let matrices: Vec<QuantizedMatrix> = (0..STREAMED as u64)
             .map(|seed| random_matrix(format, seed))
             .collect::<Result<_>>()?;
