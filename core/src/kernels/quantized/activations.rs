@@ -83,6 +83,106 @@ impl SplitBlock {
     }
 }
 
+/// Tokens side by side in [`TokenGroups`].
+pub const TOKEN_GROUP: usize = 8;
+
+/// The activations of a prompt in groups of eight tokens, each block's values side by side four
+/// at a time: vector `j` of (group, block) holds values `4j..4j + 4` of each of the group's
+/// eight tokens (`[token][4]` bytes). A byte product of this vector with four weights repeated
+/// eight times gives the eight tokens' partial sums in the eight lanes of one vector, so that a
+/// block's sum needs no horizontal additions (the products of a prompt with many tokens).
+/// Tokens past the last are zero (scales 0).
+#[derive(Debug, Clone, Default)]
+pub struct TokenGroups {
+    /// Padded blocks per token.
+    blocks: usize,
+    /// Byte planes: one with 8 bits, `low` and `high` with 16 ([`SplitBlock`]).
+    planes: usize,
+    /// `[groups, blocks, planes]` of eight vectors of 32 bytes.
+    values: Vec<[[i8; BLOCK]; BLOCK / 4]>,
+    /// `[groups, blocks]`: the eight tokens' `d`.
+    scales: Vec<[f32; TOKEN_GROUP]>,
+    /// `[groups, blocks]`: the eight tokens' `d·Σq`.
+    d_sums: Vec<[f32; TOKEN_GROUP]>,
+    /// `[groups, blocks]`: the eight tokens' `Σq` over each half of the block (Q6_K's offset).
+    half_sums: Vec<[[i32; TOKEN_GROUP]; 2]>,
+}
+
+impl TokenGroups {
+    fn of(x: &QuantizedActivations) -> Self {
+        let blocks = padded_blocks(x.cols);
+        let eight = x.bits == ActivationBits::Eight;
+        let planes = if eight { 1 } else { 2 };
+        let groups = x.tokens.div_ceil(TOKEN_GROUP);
+        let mut out = TokenGroups {
+            blocks,
+            planes,
+            values: vec![[[0; BLOCK]; BLOCK / 4]; groups * blocks * planes],
+            scales: vec![[0.0; TOKEN_GROUP]; groups * blocks],
+            d_sums: vec![[0.0; TOKEN_GROUP]; groups * blocks],
+            half_sums: vec![[[0; TOKEN_GROUP]; 2]; groups * blocks],
+        };
+        for t in 0..x.tokens {
+            let (g, lane) = (t / TOKEN_GROUP, t % TOKEN_GROUP);
+            for b in 0..blocks {
+                let at = g * blocks + b;
+                out.scales[at][lane] = x.scales(t)[b];
+                out.d_sums[at][lane] = x.d_sums(t)[b];
+                let (values, bytes): ([i32; BLOCK], [[i8; BLOCK]; 2]) = if eight {
+                    let qs = x.blocks(t)[b].qs;
+                    (qs.map(i32::from), [qs, [0; BLOCK]])
+                } else {
+                    let split = x.split_blocks(t)[b];
+                    (
+                        x.wide_blocks(t)[b].qs.map(i32::from),
+                        [split.low, split.high],
+                    )
+                };
+                for half in 0..2 {
+                    out.half_sums[at][half][lane] = values[16 * half..16 * (half + 1)].iter().sum();
+                }
+                for (p, plane) in bytes.iter().take(planes).enumerate() {
+                    let vectors = &mut out.values[at * planes + p];
+                    for (j, four) in plane.chunks_exact(4).enumerate() {
+                        vectors[j][4 * lane..4 * lane + 4].copy_from_slice(four);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Groups of eight tokens.
+    pub fn groups(&self) -> usize {
+        self.scales.len() / self.blocks.max(1)
+    }
+
+    /// Byte planes per block: 1 (8 bits) or 2 (`low`, `high`).
+    pub fn planes(&self) -> usize {
+        self.planes
+    }
+
+    /// Group `g`, block `b`, plane `p`: eight vectors of 32 bytes.
+    pub fn values(&self, g: usize, b: usize, p: usize) -> &[[i8; BLOCK]; BLOCK / 4] {
+        &self.values[(g * self.blocks + b) * self.planes + p]
+    }
+
+    /// Group `g`, block `b`: the eight tokens' `d`.
+    pub fn scales(&self, g: usize, b: usize) -> &[f32; TOKEN_GROUP] {
+        &self.scales[g * self.blocks + b]
+    }
+
+    /// Group `g`, block `b`: the eight tokens' `d·Σq`.
+    pub fn d_sums(&self, g: usize, b: usize) -> &[f32; TOKEN_GROUP] {
+        &self.d_sums[g * self.blocks + b]
+    }
+
+    /// Group `g`, block `b`: the eight tokens' `Σq` over values `0..16` and `16..32`.
+    pub fn half_sums(&self, g: usize, b: usize) -> &[[i32; TOKEN_GROUP]; 2] {
+        &self.half_sums[g * self.blocks + b]
+    }
+}
+
 /// T rows of `cols` activations, as f32 and (when `cols` is a multiple of 32) as [`Q8Block`]s or
 /// [`Q16Block`]s.
 /// Each token's blocks are padded with zero blocks to a multiple of [`PADDING`], so that the SIMD
@@ -103,6 +203,8 @@ pub struct QuantizedActivations {
     scales: Vec<f32>,
     /// Each block's `d·Σq`, `[T, cols / 32]`.
     d_sums: Vec<f32>,
+    /// From [`TOKEN_GROUP`] tokens on: the same blocks with eight tokens side by side.
+    groups: Option<TokenGroups>,
 }
 
 impl QuantizedActivations {
@@ -169,7 +271,15 @@ impl QuantizedActivations {
                 out.d_sums.push(0.0);
             }
         }
+        if out.tokens >= TOKEN_GROUP {
+            out.groups = Some(TokenGroups::of(&out));
+        }
         out
+    }
+
+    /// The blocks with eight tokens side by side (with [`TOKEN_GROUP`] tokens or more).
+    pub fn token_groups(&self) -> Option<&TokenGroups> {
+        self.groups.as_ref()
     }
 
     /// The precision of the blocks.

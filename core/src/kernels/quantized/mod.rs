@@ -36,7 +36,9 @@ mod x86;
 
 use rayon::prelude::*;
 
-pub use activations::{ActivationBits, Q8Block, Q16Block, QuantizedActivations, SplitBlock};
+pub use activations::{
+    ActivationBits, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP, TokenGroups,
+};
 
 /// Values per block of every block format.
 pub const BLOCK: usize = 32;

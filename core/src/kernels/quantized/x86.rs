@@ -25,7 +25,8 @@
 use std::arch::x86_64::*;
 
 use super::activations::{
-    ActivationBits, PADDING, Q8Block, Q16Block, QuantizedActivations, SplitBlock, padded_blocks,
+    ActivationBits, PADDING, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP,
+    TokenGroups, padded_blocks,
 };
 use super::{BLOCK, BlockFormat, SUPER_BLOCK, scalar};
 
@@ -47,6 +48,7 @@ const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const Q4_K: u8 = 3;
 const Q5_K: u8 = 4;
+const Q6_K: u8 = 5;
 
 const fn block_format(format: u8) -> BlockFormat {
     match format {
@@ -54,7 +56,8 @@ const fn block_format(format: u8) -> BlockFormat {
         Q4_1 => BlockFormat::Q4_1,
         Q8_0 => BlockFormat::Q8_0,
         Q4_K => BlockFormat::Q4K,
-        _ => BlockFormat::Q5K,
+        Q5_K => BlockFormat::Q5K,
+        _ => BlockFormat::Q6K,
     }
 }
 
@@ -101,6 +104,7 @@ macro_rules! kernels {
         $isa:ident,
         $features:literal,
         |$w:ident, $x:ident| $dot:expr,
+        |$acc:ident, $wa:ident, $xa:ident| $dot_acc:expr,
         |$wl:ident, $xl:ident, $wh:ident, $xh:ident| $dot16:expr
     ) => {
         pub(super) mod $isa {
@@ -111,6 +115,13 @@ macro_rules! kernels {
             #[inline]
             fn dot_u8_i8($w: __m256i, $x: __m256i) -> __m256i {
                 $dot
+            }
+
+            /// `acc + Σ w·x` of 32 unsigned bytes and 32 signed bytes, four products a lane.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn dot_u8_i8_add($acc: __m256i, $wa: __m256i, $xa: __m256i) -> __m256i {
+                $dot_acc
             }
 
             /// `Σ w·x` of two pairs of 16 i16, as eight i32 partial sums.
@@ -565,6 +576,173 @@ macro_rules! kernels {
                 }
             }
 
+            /// A super-block's eight blocks of byte codes, as bytes.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn code_bytes(codes: &[__m256i; GROUP]) -> [[u8; BLOCK]; GROUP] {
+                let mut bytes = [[0u8; BLOCK]; GROUP];
+                for (to, code) in bytes.iter_mut().zip(codes) {
+                    // SAFETY: 32 writable bytes; unaligned store.
+                    unsafe { _mm256_storeu_si256(to.as_mut_ptr().cast(), *code) };
+                }
+                bytes
+            }
+
+            /// A block's codes four at a time, each four repeated in every lane.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn repeated_fours(codes: &[u8; BLOCK]) -> [__m256i; BLOCK / 4] {
+                std::array::from_fn(|j| {
+                    let four = &codes[4 * j..4 * j + 4];
+                    // SAFETY: four readable bytes; an unaligned 32-bit load, repeated.
+                    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(four.as_ptr().cast())) }
+                })
+            }
+
+            /// Block `b`'s integer sum `Σ q·x` over `k`-groups `js` (four values each) for the
+            /// eight tokens of group `g`: the block's `fours` times the group's vectors; with
+            /// two planes (16-bit activations) `low + 256·high`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn grouped_sum<const WIDE: bool>(
+                fours: &[__m256i; BLOCK / 4],
+                x: &TokenGroups,
+                g: usize,
+                b: usize,
+                js: std::ops::Range<usize>,
+            ) -> __m256i {
+                let plane = |p: usize| {
+                    let vectors = x.values(g, b, p);
+                    let mut sum = _mm256_setzero_si256();
+                    for j in js.clone() {
+                        // SAFETY: 32 bytes; unaligned load.
+                        let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
+                        sum = dot_u8_i8_add(sum, fours[j], xs);
+                    }
+                    sum
+                };
+                if WIDE {
+                    _mm256_add_epi32(plane(0), _mm256_slli_epi32(plane(1), 8))
+                } else {
+                    plane(0)
+                }
+            }
+
+            /// Eight tokens' lanes of `acc` into `out` (`[rows, T]`, this row's T values).
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn store_group(acc: __m256, g: usize, out: &mut [f32]) {
+                let mut lanes = [0.0f32; TOKEN_GROUP];
+                // SAFETY: eight writable values; unaligned store.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+                let first = g * TOKEN_GROUP;
+                let n = (out.len() - first).min(TOKEN_GROUP);
+                out[first..first + n].copy_from_slice(&lanes[..n]);
+            }
+
+            /// Rows of a K-quant format times a prompt's tokens side by side ([`TokenGroups`]):
+            /// each block's sum for eight tokens in one vector, no horizontal additions.
+            #[target_feature(enable = $features)]
+            fn rows_grouped<const F: u8, const WIDE: bool>(
+                rows: &[u8],
+                x: &QuantizedActivations,
+                groups: &TokenGroups,
+                out: &mut [f32],
+            ) {
+                let t = x.tokens();
+                let format = block_format(F);
+                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
+                let n = groups.groups();
+                let load = |v: &[f32; TOKEN_GROUP]| {
+                    // SAFETY: eight values; unaligned load.
+                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+                };
+                let mut products = vec![_mm256_setzero_ps(); n];
+                let mut offset_sums = vec![_mm256_setzero_ps(); n];
+                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    products.fill(_mm256_setzero_ps());
+                    offset_sums.fill(_mm256_setzero_ps());
+                    for (s, block) in row.chunks_exact(size).enumerate() {
+                        if F == Q6_K {
+                            let (codes, scales, d) = q6_k_super_block(block);
+                            let codes = code_bytes(&codes);
+                            let mut sc = [0i8; 16];
+                            // SAFETY: 16 writable bytes; unaligned store.
+                            unsafe { _mm_storeu_si128(sc.as_mut_ptr().cast(), scales) };
+                            let d = _mm256_set1_ps(d);
+                            for (k, codes) in codes.iter().enumerate() {
+                                let b = s * GROUP + k;
+                                let fours = repeated_fours(codes);
+                                let (s0, s1) = (
+                                    _mm256_set1_ps(sc[2 * k] as f32),
+                                    _mm256_set1_ps(sc[2 * k + 1] as f32),
+                                );
+                                for g in 0..n {
+                                    // Σ (q − 32)·x per half: Σ q·x less 32·Σ x.
+                                    let half_sums = groups.half_sums(g, b);
+                                    let centred = |h: usize| {
+                                        let sum = grouped_sum::<WIDE>(
+                                            &fours,
+                                            groups,
+                                            g,
+                                            b,
+                                            4 * h..4 * h + 4,
+                                        );
+                                        // SAFETY: eight i32; unaligned load.
+                                        let xs = unsafe {
+                                            _mm256_loadu_si256(half_sums[h].as_ptr().cast())
+                                        };
+                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                            sum,
+                                            _mm256_slli_epi32(xs, 5),
+                                        ))
+                                    };
+                                    let sums = _mm256_fmadd_ps(
+                                        centred(1),
+                                        s1,
+                                        _mm256_mul_ps(centred(0), s0),
+                                    );
+                                    let scale = _mm256_mul_ps(d, load(groups.scales(g, b)));
+                                    products[g] = _mm256_fmadd_ps(sums, scale, products[g]);
+                                }
+                            }
+                        } else {
+                            let (codes, scales, offsets) = k4_super_block::<F>(block);
+                            let codes = code_bytes(&codes);
+                            let (mut sc, mut off) = ([0.0f32; GROUP], [0.0f32; GROUP]);
+                            // SAFETY: eight writable values each; unaligned stores.
+                            unsafe {
+                                _mm256_storeu_ps(sc.as_mut_ptr(), scales);
+                                _mm256_storeu_ps(off.as_mut_ptr(), offsets);
+                            }
+                            for (k, codes) in codes.iter().enumerate() {
+                                let b = s * GROUP + k;
+                                let fours = repeated_fours(codes);
+                                let (scale_b, offset_b) =
+                                    (_mm256_set1_ps(sc[k]), _mm256_set1_ps(off[k]));
+                                for g in 0..n {
+                                    let sum = grouped_sum::<WIDE>(&fours, groups, g, b, 0..GROUP);
+                                    let scale = _mm256_mul_ps(scale_b, load(groups.scales(g, b)));
+                                    products[g] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(sum),
+                                        scale,
+                                        products[g],
+                                    );
+                                    offset_sums[g] = _mm256_fmadd_ps(
+                                        offset_b,
+                                        load(groups.d_sums(g, b)),
+                                        offset_sums[g],
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    for g in 0..n {
+                        store_group(_mm256_add_ps(products[g], offset_sums[g]), g, out);
+                    }
+                }
+            }
+
             /// Unpacks one row of format `F` into `u`, for 16-bit activations when `WIDE`.
             #[target_feature(enable = $features)]
             fn unpack<const F: u8, const WIDE: bool>(row: &[u8], u: &mut Unpacked) {
@@ -703,6 +881,29 @@ macro_rules! kernels {
                 out: &mut [f32],
             ) {
                 let wide = x.bits() == ActivationBits::Sixteen;
+                if let Some(groups) = x.token_groups() {
+                    match (format, wide) {
+                        (BlockFormat::Q4K, false) => {
+                            return rows_grouped::<Q4_K, false>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q5K, false) => {
+                            return rows_grouped::<Q5_K, false>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q6K, false) => {
+                            return rows_grouped::<Q6_K, false>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q4K, true) => {
+                            return rows_grouped::<Q4_K, true>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q5K, true) => {
+                            return rows_grouped::<Q5_K, true>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q6K, true) => {
+                            return rows_grouped::<Q6_K, true>(rows, x, groups, out);
+                        }
+                        _ => {}
+                    }
+                }
                 match (format, wide) {
                     (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
                     (BlockFormat::Q4_0, false) => rows_of::<Q4_0, false>(rows, x, out),
@@ -727,6 +928,10 @@ kernels!(
     avx2,
     "avx2,fma,f16c",
     |w, x| _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
+    |acc, w, x| _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+    ),
     |wl, xl, wh, xh| _mm256_add_epi32(_mm256_madd_epi16(wl, xl), _mm256_madd_epi16(wh, xh))
 );
 
@@ -734,6 +939,7 @@ kernels!(
     vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
+    |acc, w, x| _mm256_dpbusd_epi32(acc, w, x),
     |wl, xl, wh, xh| _mm256_dpwssd_epi32(
         _mm256_dpwssd_epi32(_mm256_setzero_si256(), wl, xl),
         wh,
