@@ -104,7 +104,8 @@ pub struct TokenGroups {
     scales: Vec<[f32; TOKEN_GROUP]>,
     /// `[groups, blocks]`: the eight tokens' `d·Σq`.
     d_sums: Vec<[f32; TOKEN_GROUP]>,
-    /// `[groups, blocks]`: the eight tokens' `Σq` over each half of the block (Q6_K's offset).
+    /// `[groups, blocks, planes]`: the eight tokens' sums of each half of the plane's bytes
+    /// (Q6_K's offset).
     half_sums: Vec<[[i32; TOKEN_GROUP]; 2]>,
 }
 
@@ -120,7 +121,7 @@ impl TokenGroups {
             values: vec![[[0; BLOCK]; BLOCK / 4]; groups * blocks * planes],
             scales: vec![[0.0; TOKEN_GROUP]; groups * blocks],
             d_sums: vec![[0.0; TOKEN_GROUP]; groups * blocks],
-            half_sums: vec![[[0; TOKEN_GROUP]; 2]; groups * blocks],
+            half_sums: vec![[[0; TOKEN_GROUP]; 2]; groups * blocks * planes],
         };
         for t in 0..x.tokens {
             let (g, lane) = (t / TOKEN_GROUP, t % TOKEN_GROUP);
@@ -128,20 +129,17 @@ impl TokenGroups {
                 let at = g * blocks + b;
                 out.scales[at][lane] = x.scales(t)[b];
                 out.d_sums[at][lane] = x.d_sums(t)[b];
-                let (values, bytes): ([i32; BLOCK], [[i8; BLOCK]; 2]) = if eight {
-                    let qs = x.blocks(t)[b].qs;
-                    (qs.map(i32::from), [qs, [0; BLOCK]])
+                let bytes: [[i8; BLOCK]; 2] = if eight {
+                    [x.blocks(t)[b].qs, [0; BLOCK]]
                 } else {
                     let split = x.split_blocks(t)[b];
-                    (
-                        x.wide_blocks(t)[b].qs.map(i32::from),
-                        [split.low, split.high],
-                    )
+                    [split.low, split.high]
                 };
-                for half in 0..2 {
-                    out.half_sums[at][half][lane] = values[16 * half..16 * (half + 1)].iter().sum();
-                }
                 for (p, plane) in bytes.iter().take(planes).enumerate() {
+                    for (half, values) in plane.chunks_exact(BLOCK / 2).enumerate() {
+                        out.half_sums[at * planes + p][half][lane] =
+                            values.iter().map(|&v| v as i32).sum();
+                    }
                     let vectors = &mut out.values[at * planes + p];
                     for (j, four) in plane.chunks_exact(4).enumerate() {
                         vectors[j][4 * lane..4 * lane + 4].copy_from_slice(four);
@@ -177,9 +175,10 @@ impl TokenGroups {
         &self.d_sums[g * self.blocks + b]
     }
 
-    /// Group `g`, block `b`: the eight tokens' `Σq` over values `0..16` and `16..32`.
-    pub fn half_sums(&self, g: usize, b: usize) -> &[[i32; TOKEN_GROUP]; 2] {
-        &self.half_sums[g * self.blocks + b]
+    /// Group `g`, block `b`, plane `p`: the eight tokens' sums of the plane's bytes over
+    /// values `0..16` and `16..32`.
+    pub fn half_sums(&self, g: usize, b: usize, p: usize) -> &[[i32; TOKEN_GROUP]; 2] {
+        &self.half_sums[(g * self.blocks + b) * self.planes + p]
     }
 }
 

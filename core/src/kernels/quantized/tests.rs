@@ -203,8 +203,13 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
             kernels.push(RowKernel::Vnni);
         }
     }
-    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
-        let cols = columns(format, 576, 768);
+    // Rows of blocks of 32 in whole groups of eight (512: the kernels of the K-quants) and not
+    // (576).
+    let cases = FORMATS
+        .into_iter()
+        .flat_map(|f| BITS.map(|b| (f, b)))
+        .flat_map(|(f, b)| [columns(f, 576, 768), columns(f, 512, 768)].map(|cols| (f, b, cols)));
+    for (format, bits, cols) in cases {
         let w = random_matrix(format, rows, cols, 5);
         // 1 token (decoding) and prompts of several (the K-quants' 16-bit kernels take one or
         // two tokens' activations as split bytes, more with their codes widened).
@@ -251,6 +256,40 @@ fn sixteen_bit_activations_split_into_two_signed_bytes_exactly() {
         (-32639, 32639),
         "the range the bytes can hold, used"
     );
+}
+
+#[test]
+fn a_token_gets_the_same_bits_alone_or_in_a_prompt() {
+    // Decoding and prefilling the same tokens must agree exactly (a prompt's logits are those
+    // of its tokens decoded one by one): every kernel — one token, a few, eight side by side
+    // and a partial group of eight — sums a token's blocks in the same order.
+    let rows = 24;
+    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
+        let cols = columns(format, 256, 512);
+        let w = random_matrix(format, rows, cols, 12);
+        for tokens in [3, 9] {
+            let xs = activations(tokens, cols, 13);
+            let x = QuantizedActivations::with_bits(&xs, cols, bits);
+            let mut all = vec![0.0; tokens * rows];
+            w.matmul(&x, &mut all);
+            for t in 0..tokens {
+                let one =
+                    QuantizedActivations::with_bits(&xs[t * cols..(t + 1) * cols], cols, bits);
+                let mut y = vec![0.0; rows];
+                w.matmul(&one, &mut y);
+                let prompt = &all[t * rows..(t + 1) * rows];
+                assert!(
+                    prompt
+                        .iter()
+                        .zip(&y)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{format:?} {bits:?} token {t} of {tokens}: {:?} vs {:?}",
+                    &prompt[..4],
+                    &y[..4]
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -2,25 +2,41 @@
 //! `vpdpbusd` (32 byte products summed into eight i32 in one instruction) where the CPU has it.
 //! The same source is compiled twice, once per instruction set, by the `kernels!` macro below.
 //!
-//! For each row of `W`: the row is unpacked once into a small buffer that stays in L1 (each
-//! block's 32 unsigned bytes, its scale `d_w` and its offset: `m` for Q4_1, `−8·d_w` for Q4_0,
-//! `−dmin·m` for Q4_K/Q5_K, whose super-blocks of 256 unpack as eight such blocks),
-//! then every token walks it eight blocks at a time: eight byte products, their lanes summed
-//! into one vector of eight block sums, scaled by `d_w·d_x` and the offsets added (`off·d_x·Σx`)
-//! in two vector FMAs. Rows and activations are padded with zero blocks to whole groups.
+//! Three shapes of kernel:
+//! - **Blocks of 32** (Q4_0, Q4_1, Q8_0): each row of `W` is unpacked once into a small buffer
+//!   that stays in L1 (each block's 32 unsigned bytes, its scale `d_w` and its offset: `m` for
+//!   Q4_1, `−8·d_w` for Q4_0), then every token walks it eight blocks at a time: eight byte
+//!   products, their lanes summed into one vector of eight block sums, scaled by `d_w·d_x` and
+//!   the offsets added (`off·d_x·Σx`) in two vector FMAs.
+//! - **K-quant super-blocks, one token at a time** (Q4_K, Q5_K, Q6_K; decoding and short
+//!   prompts): each super-block of 256 is unpacked into eight registers (no buffer) and taken
+//!   against each token's eight blocks as above; with one token the sums stay in registers.
+//! - **K-quant super-blocks, eight tokens side by side** (prompts of 8 tokens or more,
+//!   [`TokenGroups`]): four codes of a row repeated in every lane times a vector holding the same
+//!   four positions of eight tokens gives the eight tokens' partial sums in the eight lanes, so
+//!   a block's sum needs no lane reduction, and its scale (one per token) is one vector.
 //!
-//! With 16-bit activations the weights are widened to i16 at unpacking and each block is two
-//! `vpmaddwd` (or VNNI's `vpdpwssd`): i16 × i16 pairs summed into i32 (`2·127·32767` fits).
+//! With 16-bit activations the blocks of 32 widen their weights to i16 (two `vpmaddwd` or
+//! VNNI's `vpdpwssd` per block: `2·127·32767` fits in i32); the K-quant kernels take the
+//! activations split into two signed bytes (`q = 256·high + low`, [`SplitBlock`]) against the
+//! codes' own bytes, or widen the codes once per super-block when several tokens share them.
 //!
 //! Both byte products take an unsigned first operand: 4-bit values are 0..15; an 8-bit weight
 //! is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp does.
 //! `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
 //!
-//! Q6_K has a scale per 16 values and `w = d·s·(q − 32)`: with 8-bit activations its 6-bit `q`
-//! go into `vpmaddubsw`, the pair sums of `32·x` are taken off, and `vpmaddwd` multiplies each
-//! half's eight pair sums by its scale (`2·32·127·128` fits in i32); with 16-bit activations the
-//! weights are widened as `s·(q − 32)` (|·| ≤ 4096), and a block's sum, up to `32·4096·32767`,
-//! can pass i32's range, so its eight lanes are summed as f32.
+//! Q6_K has a scale per 16 values and `w = d·s·(q − 32)`: its 6-bit `q` go into the byte
+//! product and `32·Σx` is taken off (the pair sums of `32·x`, or each token's sums of 16
+//! values side by side); each half's sum is then multiplied by its scale (`vpmaddwd`:
+//! `2·32·127·128` fits in i32). Its 16-bit activations are always split into bytes: each
+//! plane's block sum is an exact integer, converted once (widened weights `s·(q − 32)` would
+//! need their lanes summed in f32, which would make a token's result depend on how many tokens
+//! came with it).
+//!
+//! Every kernel gives a token the same bits whatever the number of tokens beside it (the
+//! side-by-side kernel keeps each of the one-token kernel's eight lanes as an accumulator of its
+//! own and adds them in `horizontal_sum`'s order), so a prompt's logits equal those of the same
+//! tokens decoded one at a time.
 
 use std::arch::x86_64::*;
 
@@ -74,10 +90,9 @@ const WIDEN_FROM_TOKENS: usize = 3;
 const GROUP: usize = 8;
 const _: () = assert!(PADDING.is_multiple_of(GROUP));
 
-/// One row unpacked: per block of 32 its unsigned bytes and the signs to move onto 8-bit
-/// activations (Q8_0), or Q6_K's two scales as 16 i16 (eight of each, for the eight pair sums
-/// of each half), or its values as two vectors of 16 i16 (for 16-bit activations; Q6_K's times
-/// their scales), `d_w` and the offset; zero blocks at the end up to the activations' padding.
+/// One row of a format with blocks of 32 unpacked: per block its unsigned bytes and the signs
+/// to move onto 8-bit activations (Q8_0), or its values as two vectors of 16 i16 (for 16-bit
+/// activations), `d_w` and the offset; zero blocks at the end up to the activations' padding.
 struct Unpacked {
     bytes: Vec<__m256i>,
     signs: Vec<__m256i>,
@@ -185,14 +200,6 @@ macro_rules! kernels {
                 )
             }
 
-            /// The same as f32 (Q6_K's 16-bit products, whose block sums may pass i32's range).
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn reduce8_f32(p: &[__m256i; GROUP]) -> __m256 {
-                let f = p.map(|v| _mm256_cvtepi32_ps(v));
-                lane_sums!(f, _mm256_hadd_ps, _mm256_permute2f128_ps, _mm256_add_ps)
-            }
-
             /// Block `b` of `u` from its 32 unsigned values (element order).
             #[target_feature(enable = $features)]
             #[inline]
@@ -243,6 +250,32 @@ macro_rules! kernels {
                     }
                 }
                 (codes, scales, offsets)
+            }
+
+            /// Eight blocks of 32 of a format with an offset: as `k4_super_block` — Q4_0 and
+            /// Q4_1 (`d`, and `−8·d` or `m`), and the K-quants' super-blocks.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn eight_blocks<const F: u8>(bytes: &[u8]) -> ([__m256i; 8], __m256, __m256) {
+                if F == Q4_K || F == Q5_K {
+                    return k4_super_block::<F>(bytes);
+                }
+                let size = block_format(F).row_bytes(BLOCK);
+                let blocks: [&[u8]; GROUP] =
+                    std::array::from_fn(|j| &bytes[size * j..size * (j + 1)]);
+                let f16s = |at: usize| {
+                    let bits = blocks.map(|b| i16::from_le_bytes([b[at], b[at + 1]]));
+                    _mm256_cvtph_ps(_mm_setr_epi16(
+                        bits[0], bits[1], bits[2], bits[3], bits[4], bits[5], bits[6], bits[7],
+                    ))
+                };
+                let scales = f16s(0);
+                let (first, offsets) = if F == Q4_1 {
+                    (4, f16s(2))
+                } else {
+                    (2, _mm256_mul_ps(scales, _mm256_set1_ps(-8.0)))
+                };
+                (blocks.map(|b| nibbles(&b[first..])), scales, offsets)
             }
 
             /// The eight block sums `Σ q·x` of unsigned `codes` and 8-bit activations.
@@ -313,7 +346,8 @@ macro_rules! kernels {
             ) {
                 let t = x.tokens();
                 let format = block_format(F);
-                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
+                let (row_bytes, size) =
+                    (format.row_bytes(x.cols()), format.row_bytes(GROUP * BLOCK));
                 // 16-bit activations: split into bytes for a token or two (no widening), with
                 // the codes widened to i16 once per super-block for more (one i16 product a
                 // pair of values instead of two byte products).
@@ -336,7 +370,7 @@ macro_rules! kernels {
                         let (mut products, mut offset_sums) =
                             (_mm256_setzero_ps(), _mm256_setzero_ps());
                         for (s, block) in row.chunks_exact(size).enumerate() {
-                            let (codes, scales, offsets) = k4_super_block::<F>(block);
+                            let (codes, scales, offsets) = eight_blocks::<F>(block);
                             let first = s * GROUP;
                             let sums = if WIDE {
                                 split_sums(&codes, &split[first..])
@@ -352,18 +386,22 @@ macro_rules! kernels {
                     }
                     return;
                 }
-                let mut acc = vec![_mm256_setzero_ps(); t];
+                // Each token's products and offsets summed apart, as above (the same order:
+                // a token's result does not depend on how many tokens came with it).
+                let zero = _mm256_setzero_ps();
+                let mut acc = vec![(zero, zero); t];
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    acc.fill(_mm256_setzero_ps());
+                    acc.fill((zero, zero));
                     for (s, block) in row.chunks_exact(size).enumerate() {
-                        let (codes, scales, offsets) = k4_super_block::<F>(block);
+                        let (codes, scales, offsets) = eight_blocks::<F>(block);
                         let first = s * GROUP;
                         let wide = if widen {
                             widened_codes(&codes)
                         } else {
                             [[_mm256_setzero_si256(); 2]; GROUP]
                         };
-                        for (acc, &(bytes, split, wide_x, dx, dsum)) in acc.iter_mut().zip(&tokens)
+                        for ((products, offset_sums), &(bytes, split, wide_x, dx, dsum)) in
+                            acc.iter_mut().zip(&tokens)
                         {
                             let sums = if widen {
                                 wide_sums(&wide, &wide_x[first..])
@@ -373,12 +411,13 @@ macro_rules! kernels {
                                 byte_sums(&codes, &bytes[first..])
                             };
                             let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
-                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, *acc);
-                            *acc = _mm256_fmadd_ps(offsets, load8(&dsum[first..]), *acc);
+                            *products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, *products);
+                            *offset_sums =
+                                _mm256_fmadd_ps(offsets, load8(&dsum[first..]), *offset_sums);
                         }
                     }
-                    for (o, acc) in out.iter_mut().zip(&acc) {
-                        *o = horizontal_sum(*acc);
+                    for (o, (products, offset_sums)) in out.iter_mut().zip(&acc) {
+                        *o = horizontal_sum(_mm256_add_ps(*products, *offset_sums));
                     }
                 }
             }
@@ -426,32 +465,6 @@ macro_rules! kernels {
                 let first = 0x0101_0101_0101_0101u64.wrapping_mul(2 * b as u64);
                 let pick = _mm_set_epi64x((first + 0x0101_0101_0101_0101) as i64, first as i64);
                 _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
-            }
-
-            /// Widened Q6_K values `s·(q − 32)` as two vectors of 16 i16 (element order).
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn q6_k_widened(codes: &[__m256i; GROUP], scales: __m128i) -> [[__m256i; 2]; GROUP] {
-                let bias = _mm256_set1_epi16(32);
-                std::array::from_fn(|b| {
-                    let (s0, s1) = (
-                        _mm_extract_epi8(scales, 0) as i8,
-                        _mm_extract_epi8(scales, 1) as i8,
-                    );
-                    let _ = (s0, s1);
-                    let halves = q6_k_halves(scales, b);
-                    // s[2b] in both 128-bit lanes, then s[2b + 1].
-                    let first = _mm256_permute2x128_si256(halves, halves, 0x00);
-                    let second = _mm256_permute2x128_si256(halves, halves, 0x11);
-                    let widen = |v: __m128i, s: __m256i| {
-                        let centred = _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), bias);
-                        _mm256_mullo_epi16(centred, s)
-                    };
-                    [
-                        widen(_mm256_castsi256_si128(codes[b]), first),
-                        widen(_mm256_extracti128_si256(codes[b], 1), second),
-                    ]
-                })
             }
 
             /// `Σ s·(q − 32)·x` per block of a Q6_K super-block and 8-bit signed bytes `xs`
@@ -514,21 +527,16 @@ macro_rules! kernels {
             fn rows_q6_k<const WIDE: bool>(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
                 let t = x.tokens();
                 let format = BlockFormat::Q6K;
-                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
-                let widen = WIDE && t >= WIDEN_FROM_TOKENS;
+                let (row_bytes, size) =
+                    (format.row_bytes(x.cols()), format.row_bytes(GROUP * BLOCK));
+                // 16-bit activations always as split bytes, as for one token (weights widened
+                // to i16 would sum a block's lanes in f32: a token's result would depend on T).
                 let tokens: Vec<_> = (0..t)
-                    .map(|t| {
-                        (
-                            x.blocks(t),
-                            x.split_blocks(t),
-                            x.wide_blocks(t),
-                            x.scales(t),
-                        )
-                    })
+                    .map(|t| (x.blocks(t), x.split_blocks(t), x.scales(t)))
                     .collect();
                 if t == 1 {
                     // Decoding: the sum in a register.
-                    let (bytes, split, _, dx) = tokens[0];
+                    let (bytes, split, dx) = tokens[0];
                     for (row, out) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
                         let mut acc = _mm256_setzero_ps();
                         for (s, block) in row.chunks_exact(size).enumerate() {
@@ -549,23 +557,9 @@ macro_rules! kernels {
                     for (s, block) in row.chunks_exact(size).enumerate() {
                         let (codes, scales, d) = q6_k_super_block(block);
                         let first = s * GROUP;
-                        let halves: [__m256i; GROUP] =
-                            std::array::from_fn(|b| q6_k_halves(scales, b));
-                        let wide = if widen {
-                            q6_k_widened(&codes, scales)
-                        } else {
-                            [[_mm256_setzero_si256(); 2]; GROUP]
-                        };
-                        for (acc, &(bytes, split, wide_x, dx)) in acc.iter_mut().zip(&tokens) {
-                            let sums = if widen {
-                                let wide_x = &wide_x[first..first + GROUP];
-                                reduce8_f32(&std::array::from_fn(|j| {
-                                    let (low, high) = wide_halves(&wide_x[j]);
-                                    dot_i16(wide[j][0], low, wide[j][1], high)
-                                }))
-                            } else {
-                                q6_k_sums::<WIDE>(&codes, &halves, bytes, split, first)
-                            };
+                        let halves = std::array::from_fn(|b| q6_k_halves(scales, b));
+                        for (acc, &(bytes, split, dx)) in acc.iter_mut().zip(&tokens) {
+                            let sums = q6_k_sums::<WIDE>(&codes, &halves, bytes, split, first);
                             let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
                             *acc = _mm256_fmadd_ps(sums, scale, *acc);
                         }
@@ -600,8 +594,28 @@ macro_rules! kernels {
             }
 
             /// Block `b`'s integer sum `Σ q·x` over `k`-groups `js` (four values each) for the
-            /// eight tokens of group `g`: the block's `fours` times the group's vectors; with
-            /// two planes (16-bit activations) `low + 256·high`.
+            /// eight tokens of group `g`, plane `p`: the block's `fours` times the group's vectors.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn grouped_plane_sum(
+                fours: &[__m256i; BLOCK / 4],
+                x: &TokenGroups,
+                g: usize,
+                b: usize,
+                p: usize,
+                js: std::ops::Range<usize>,
+            ) -> __m256i {
+                let vectors = x.values(g, b, p);
+                let mut sum = _mm256_setzero_si256();
+                for j in js {
+                    // SAFETY: 32 bytes; unaligned load.
+                    let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
+                    sum = dot_u8_i8_add(sum, fours[j], xs);
+                }
+                sum
+            }
+
+            /// The whole block's `Σ q·x`; with two planes (16-bit activations) `low + 256·high`.
             #[target_feature(enable = $features)]
             #[inline]
             fn grouped_sum<const WIDE: bool>(
@@ -609,23 +623,27 @@ macro_rules! kernels {
                 x: &TokenGroups,
                 g: usize,
                 b: usize,
-                js: std::ops::Range<usize>,
             ) -> __m256i {
-                let plane = |p: usize| {
-                    let vectors = x.values(g, b, p);
-                    let mut sum = _mm256_setzero_si256();
-                    for j in js.clone() {
-                        // SAFETY: 32 bytes; unaligned load.
-                        let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
-                        sum = dot_u8_i8_add(sum, fours[j], xs);
-                    }
-                    sum
-                };
+                let low = grouped_plane_sum(fours, x, g, b, 0, 0..BLOCK / 4);
                 if WIDE {
-                    _mm256_add_epi32(plane(0), _mm256_slli_epi32(plane(1), 8))
+                    let high = grouped_plane_sum(fours, x, g, b, 1, 0..BLOCK / 4);
+                    _mm256_add_epi32(low, _mm256_slli_epi32(high, 8))
                 } else {
-                    plane(0)
+                    low
                 }
+            }
+
+            /// The eight tokens' results of one row: each token's per-lane sums (`products[k]`
+            /// and `offsets[k]` hold lane k of the one-token kernels' two accumulators) added
+            /// in `horizontal_sum`'s order, so that a token's result is the same bits whether it
+            /// came alone or with others.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn grouped_result(products: &[__m256; GROUP], offsets: &[__m256; GROUP]) -> __m256 {
+                let v: [__m256; GROUP] =
+                    std::array::from_fn(|k| _mm256_add_ps(products[k], offsets[k]));
+                let a: [__m256; 4] = std::array::from_fn(|k| _mm256_add_ps(v[k], v[k + 4]));
+                _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]))
             }
 
             /// Eight tokens' lanes of `acc` into `out` (`[rows, T]`, this row's T values).
@@ -651,17 +669,21 @@ macro_rules! kernels {
             ) {
                 let t = x.tokens();
                 let format = block_format(F);
-                let (row_bytes, size) = (format.row_bytes(x.cols()), format.row_bytes(SUPER_BLOCK));
+                let (row_bytes, size) =
+                    (format.row_bytes(x.cols()), format.row_bytes(GROUP * BLOCK));
                 let n = groups.groups();
                 let load = |v: &[f32; TOKEN_GROUP]| {
                     // SAFETY: eight values; unaligned load.
                     unsafe { _mm256_loadu_ps(v.as_ptr()) }
                 };
-                let mut products = vec![_mm256_setzero_ps(); n];
-                let mut offset_sums = vec![_mm256_setzero_ps(); n];
+                // Per group, lane k of the one-token kernels' accumulators (block k of each
+                // eight) for eight tokens.
+                let zero = [_mm256_setzero_ps(); GROUP];
+                let mut products = vec![zero; n];
+                let mut offset_sums = vec![zero; n];
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    products.fill(_mm256_setzero_ps());
-                    offset_sums.fill(_mm256_setzero_ps());
+                    products.fill(zero);
+                    offset_sums.fill(zero);
                     for (s, block) in row.chunks_exact(size).enumerate() {
                         if F == Q6_K {
                             let (codes, scales, d) = q6_k_super_block(block);
@@ -674,40 +696,49 @@ macro_rules! kernels {
                                 let b = s * GROUP + k;
                                 let fours = repeated_fours(codes);
                                 let (s0, s1) = (
-                                    _mm256_set1_ps(sc[2 * k] as f32),
-                                    _mm256_set1_ps(sc[2 * k + 1] as f32),
+                                    _mm256_set1_epi32(sc[2 * k] as i32),
+                                    _mm256_set1_epi32(sc[2 * k + 1] as i32),
                                 );
                                 for g in 0..n {
-                                    // Σ (q − 32)·x per half: Σ q·x less 32·Σ x.
-                                    let half_sums = groups.half_sums(g, b);
-                                    let centred = |h: usize| {
-                                        let sum = grouped_sum::<WIDE>(
-                                            &fours,
-                                            groups,
-                                            g,
-                                            b,
-                                            4 * h..4 * h + 4,
-                                        );
-                                        // SAFETY: eight i32; unaligned load.
-                                        let xs = unsafe {
-                                            _mm256_loadu_si256(half_sums[h].as_ptr().cast())
+                                    // Per plane, Σ s·(q − 32)·x in integers: each half's Σ q·x
+                                    // less 32·Σ x, times its scale (as the one-token kernel).
+                                    let plane = |p: usize| {
+                                        let half_sums = groups.half_sums(g, b, p);
+                                        let centred = |h: usize| {
+                                            let sum = grouped_plane_sum(
+                                                &fours,
+                                                groups,
+                                                g,
+                                                b,
+                                                p,
+                                                4 * h..4 * h + 4,
+                                            );
+                                            // SAFETY: eight i32; unaligned load.
+                                            let xs = unsafe {
+                                                _mm256_loadu_si256(half_sums[h].as_ptr().cast())
+                                            };
+                                            _mm256_sub_epi32(sum, _mm256_slli_epi32(xs, 5))
                                         };
-                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                                            sum,
-                                            _mm256_slli_epi32(xs, 5),
-                                        ))
+                                        _mm256_add_epi32(
+                                            _mm256_mullo_epi32(centred(0), s0),
+                                            _mm256_mullo_epi32(centred(1), s1),
+                                        )
                                     };
-                                    let sums = _mm256_fmadd_ps(
-                                        centred(1),
-                                        s1,
-                                        _mm256_mul_ps(centred(0), s0),
-                                    );
+                                    let sums = if WIDE {
+                                        _mm256_fmadd_ps(
+                                            _mm256_cvtepi32_ps(plane(1)),
+                                            _mm256_set1_ps(256.0),
+                                            _mm256_cvtepi32_ps(plane(0)),
+                                        )
+                                    } else {
+                                        _mm256_cvtepi32_ps(plane(0))
+                                    };
                                     let scale = _mm256_mul_ps(d, load(groups.scales(g, b)));
-                                    products[g] = _mm256_fmadd_ps(sums, scale, products[g]);
+                                    products[g][k] = _mm256_fmadd_ps(sums, scale, products[g][k]);
                                 }
                             }
                         } else {
-                            let (codes, scales, offsets) = k4_super_block::<F>(block);
+                            let (codes, scales, offsets) = eight_blocks::<F>(block);
                             let codes = code_bytes(&codes);
                             let (mut sc, mut off) = ([0.0f32; GROUP], [0.0f32; GROUP]);
                             // SAFETY: eight writable values each; unaligned stores.
@@ -721,24 +752,24 @@ macro_rules! kernels {
                                 let (scale_b, offset_b) =
                                     (_mm256_set1_ps(sc[k]), _mm256_set1_ps(off[k]));
                                 for g in 0..n {
-                                    let sum = grouped_sum::<WIDE>(&fours, groups, g, b, 0..GROUP);
+                                    let sum = grouped_sum::<WIDE>(&fours, groups, g, b);
                                     let scale = _mm256_mul_ps(scale_b, load(groups.scales(g, b)));
-                                    products[g] = _mm256_fmadd_ps(
+                                    products[g][k] = _mm256_fmadd_ps(
                                         _mm256_cvtepi32_ps(sum),
                                         scale,
-                                        products[g],
+                                        products[g][k],
                                     );
-                                    offset_sums[g] = _mm256_fmadd_ps(
+                                    offset_sums[g][k] = _mm256_fmadd_ps(
                                         offset_b,
                                         load(groups.d_sums(g, b)),
-                                        offset_sums[g],
+                                        offset_sums[g][k],
                                     );
                                 }
                             }
                         }
                     }
                     for g in 0..n {
-                        store_group(_mm256_add_ps(products[g], offset_sums[g]), g, out);
+                        store_group(grouped_result(&products[g], &offset_sums[g]), g, out);
                     }
                 }
             }
@@ -881,6 +912,34 @@ macro_rules! kernels {
                 out: &mut [f32],
             ) {
                 let wide = x.bits() == ActivationBits::Sixteen;
+                // Q4_0 and Q4_1 rows of whole groups of eight blocks take the K-quant kernels.
+                let whole_groups = (x.cols() / BLOCK).is_multiple_of(GROUP);
+                if let Some(groups) = x.token_groups().filter(|_| whole_groups) {
+                    match (format, wide) {
+                        (BlockFormat::Q4_0, false) => {
+                            return rows_grouped::<Q4_0, false>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q4_1, false) => {
+                            return rows_grouped::<Q4_1, false>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q4_0, true) => {
+                            return rows_grouped::<Q4_0, true>(rows, x, groups, out);
+                        }
+                        (BlockFormat::Q4_1, true) => {
+                            return rows_grouped::<Q4_1, true>(rows, x, groups, out);
+                        }
+                        _ => {}
+                    }
+                }
+                if whole_groups && x.token_groups().is_none() {
+                    match (format, wide) {
+                        (BlockFormat::Q4_0, false) => return rows_k4::<Q4_0, false>(rows, x, out),
+                        (BlockFormat::Q4_1, false) => return rows_k4::<Q4_1, false>(rows, x, out),
+                        (BlockFormat::Q4_0, true) => return rows_k4::<Q4_0, true>(rows, x, out),
+                        (BlockFormat::Q4_1, true) => return rows_k4::<Q4_1, true>(rows, x, out),
+                        _ => {}
+                    }
+                }
                 if let Some(groups) = x.token_groups() {
                     match (format, wide) {
                         (BlockFormat::Q4K, false) => {
