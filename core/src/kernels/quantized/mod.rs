@@ -68,6 +68,16 @@ pub enum BlockFormat {
 }
 
 impl BlockFormat {
+    /// Every format with blocks (all but F32).
+    pub const BLOCKED: [BlockFormat; 6] = [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q8_0,
+        BlockFormat::Q4K,
+        BlockFormat::Q5K,
+        BlockFormat::Q6K,
+    ];
+
     /// Bytes of one row of `cols` values.
     pub const fn row_bytes(self, cols: usize) -> usize {
         match self {

@@ -72,14 +72,7 @@ fn dequantized(w: &QuantizedMatrix) -> Vec<f32> {
     out
 }
 
-const FORMATS: [BlockFormat; 6] = [
-    BlockFormat::Q4_0,
-    BlockFormat::Q4_1,
-    BlockFormat::Q8_0,
-    BlockFormat::Q4K,
-    BlockFormat::Q5K,
-    BlockFormat::Q6K,
-];
+const FORMATS: [BlockFormat; 6] = BlockFormat::BLOCKED;
 
 /// `cols` for the formats with blocks of 32, `k_cols` for the K-quants' super-blocks of 256.
 fn columns(format: BlockFormat, cols: usize, k_cols: usize) -> usize {

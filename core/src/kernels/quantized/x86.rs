@@ -923,69 +923,47 @@ macro_rules! kernels {
                 let wide = x.bits() == ActivationBits::Sixteen;
                 // Q4_0 and Q4_1 rows of whole groups of eight blocks take the K-quant kernels.
                 let whole_groups = (x.cols() / BLOCK).is_multiple_of(GROUP);
-                if let Some(groups) = x.token_groups().filter(|_| whole_groups) {
-                    match (format, wide) {
-                        (BlockFormat::Q4_0, false) => {
-                            return rows_grouped::<Q4_0, false>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q4_1, false) => {
-                            return rows_grouped::<Q4_1, false>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q4_0, true) => {
-                            return rows_grouped::<Q4_0, true>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q4_1, true) => {
-                            return rows_grouped::<Q4_1, true>(rows, x, groups, out);
-                        }
-                        _ => {}
-                    }
-                }
-                if whole_groups && x.token_groups().is_none() {
-                    match (format, wide) {
-                        (BlockFormat::Q4_0, false) => return rows_k4::<Q4_0, false>(rows, x, out),
-                        (BlockFormat::Q4_1, false) => return rows_k4::<Q4_1, false>(rows, x, out),
-                        (BlockFormat::Q4_0, true) => return rows_k4::<Q4_0, true>(rows, x, out),
-                        (BlockFormat::Q4_1, true) => return rows_k4::<Q4_1, true>(rows, x, out),
-                        _ => {}
-                    }
-                }
-                if let Some(groups) = x.token_groups() {
-                    match (format, wide) {
-                        (BlockFormat::Q4K, false) => {
-                            return rows_grouped::<Q4_K, false>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q5K, false) => {
-                            return rows_grouped::<Q5_K, false>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q6K, false) => {
-                            return rows_grouped::<Q6_K, false>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q4K, true) => {
-                            return rows_grouped::<Q4_K, true>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q5K, true) => {
-                            return rows_grouped::<Q5_K, true>(rows, x, groups, out);
-                        }
-                        (BlockFormat::Q6K, true) => {
-                            return rows_grouped::<Q6_K, true>(rows, x, groups, out);
-                        }
-                        _ => {}
-                    }
-                }
                 match (format, wide) {
                     (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
+                    (BlockFormat::Q4_0, false) if whole_groups => {
+                        rows_by_groups::<Q4_0, false>(rows, x, out)
+                    }
+                    (BlockFormat::Q4_1, false) if whole_groups => {
+                        rows_by_groups::<Q4_1, false>(rows, x, out)
+                    }
+                    (BlockFormat::Q4_0, true) if whole_groups => {
+                        rows_by_groups::<Q4_0, true>(rows, x, out)
+                    }
+                    (BlockFormat::Q4_1, true) if whole_groups => {
+                        rows_by_groups::<Q4_1, true>(rows, x, out)
+                    }
                     (BlockFormat::Q4_0, false) => rows_of::<Q4_0, false>(rows, x, out),
                     (BlockFormat::Q4_1, false) => rows_of::<Q4_1, false>(rows, x, out),
                     (BlockFormat::Q8_0, false) => rows_of::<Q8_0, false>(rows, x, out),
                     (BlockFormat::Q4_0, true) => rows_of::<Q4_0, true>(rows, x, out),
                     (BlockFormat::Q4_1, true) => rows_of::<Q4_1, true>(rows, x, out),
                     (BlockFormat::Q8_0, true) => rows_of::<Q8_0, true>(rows, x, out),
-                    (BlockFormat::Q4K, false) => rows_k4::<Q4_K, false>(rows, x, out),
-                    (BlockFormat::Q5K, false) => rows_k4::<Q5_K, false>(rows, x, out),
-                    (BlockFormat::Q6K, false) => rows_q6_k::<false>(rows, x, out),
-                    (BlockFormat::Q4K, true) => rows_k4::<Q4_K, true>(rows, x, out),
-                    (BlockFormat::Q5K, true) => rows_k4::<Q5_K, true>(rows, x, out),
-                    (BlockFormat::Q6K, true) => rows_q6_k::<true>(rows, x, out),
+                    (BlockFormat::Q4K, false) => rows_by_groups::<Q4_K, false>(rows, x, out),
+                    (BlockFormat::Q5K, false) => rows_by_groups::<Q5_K, false>(rows, x, out),
+                    (BlockFormat::Q6K, false) => rows_by_groups::<Q6_K, false>(rows, x, out),
+                    (BlockFormat::Q4K, true) => rows_by_groups::<Q4_K, true>(rows, x, out),
+                    (BlockFormat::Q5K, true) => rows_by_groups::<Q5_K, true>(rows, x, out),
+                    (BlockFormat::Q6K, true) => rows_by_groups::<Q6_K, true>(rows, x, out),
+                }
+            }
+
+            /// Rows read eight blocks at a time (the K-quants; Q4_0 and Q4_1 in whole groups):
+            /// a prompt's tokens side by side, else one token at a time.
+            #[target_feature(enable = $features)]
+            fn rows_by_groups<const F: u8, const WIDE: bool>(
+                rows: &[u8],
+                x: &QuantizedActivations,
+                out: &mut [f32],
+            ) {
+                match x.token_groups() {
+                    Some(groups) => rows_grouped::<F, WIDE>(rows, x, groups, out),
+                    None if F == Q6_K => rows_q6_k::<WIDE>(rows, x, out),
+                    None => rows_k4::<F, WIDE>(rows, x, out),
                 }
             }
         }

@@ -26,15 +26,6 @@ const COLS: usize = 2048;
 /// Matrices streamed in turn: 12 × 6.5 MB (Q4_K) or more, past a 32 MB last-level cache.
 const STREAMED: usize = 12;
 
-const FORMATS: [BlockFormat; 6] = [
-    BlockFormat::Q4_0,
-    BlockFormat::Q4_1,
-    BlockFormat::Q8_0,
-    BlockFormat::Q4K,
-    BlockFormat::Q5K,
-    BlockFormat::Q6K,
-];
-
 pub fn run(args: &BenchArgs) -> Result<()> {
     let runs = args.runs.max(3);
     println!(
@@ -51,7 +42,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .as_deref()
             .is_none_or(|only| format!("{format:?}").contains(only))
     };
-    for format in FORMATS.into_iter().filter(chosen) {
+    for format in BlockFormat::BLOCKED.into_iter().filter(chosen) {
         let matrices: Vec<QuantizedMatrix> = (0..STREAMED as u64)
             .map(|seed| random_matrix(format, seed))
             .collect::<Result<_>>()?;
