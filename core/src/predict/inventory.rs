@@ -330,6 +330,13 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             half_base: s.half_base(),
         },
     );
+    // The blocks whose down projection keeps its input (`silu(gate)·up`) as an f32 tensor.
+    let down_input_kept: Vec<usize> = keeps
+        .tensors
+        .iter()
+        .filter(|k| k.name.ends_with(".mlp.swiglu") && k.bytes_per_value == F32)
+        .filter_map(|k| k.layer)
+        .collect();
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.
     let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();
     let kept_phases = |layer| Phases {
@@ -380,7 +387,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         // Kept by the loss for its backward, which turns them into their own gradient.
         phases: Phases::ACTIVATION,
     });
-    out.extend(workspace::entries(s));
+    out.extend(workspace::entries(s, &down_input_kept));
     out
 }
 
@@ -532,5 +539,46 @@ mod tests {
                 + optimizer_map(&scenario(Some(lora.clone()), Some(Nf4Config::default())))
         );
         assert_eq!(totals[&Kind::Logits], 4 * 256 * 49_152);
+    }
+
+    /// A checkpointed block's recomputation holds its down projection's input on top of what
+    /// the block keeps only where the replay did not keep it already: full fine-tuning keeps
+    /// it (the weight trains), LoRA on q and v does not; under autocast the kept copy is 16-bit
+    /// and the f32 input is counted again.
+    #[test]
+    fn the_recomputation_counts_the_down_projections_input_once() {
+        let c = LlamaConfig::smollm2_135m();
+        let (n, d, f) = (256u64, c.hidden_size as u64, c.intermediate_size as u64);
+        let qv = LoraConfig {
+            targets: vec![LoraTarget::QProj, LoraTarget::VProj],
+            ..LoraConfig::default()
+        };
+        let recompute = |s: Scenario| {
+            let s = Scenario {
+                checkpointing: true,
+                ..s
+            };
+            inventory(&s)
+                .into_iter()
+                .find(|e| e.name == "layers.0.recompute_workspace")
+                .map(|e| e.bytes)
+        };
+        let upstream = 4 * n * d;
+        assert_eq!(recompute(scenario(None, None)), Some(upstream));
+        assert_eq!(
+            recompute(scenario(Some(qv.clone()), None)),
+            Some(upstream + 4 * n * f)
+        );
+        let half = Scenario {
+            half_compute: true,
+            ..scenario(None, None)
+        };
+        assert_eq!(recompute(half), Some(upstream + 4 * n * f));
+        assert!(
+            !inventory(&scenario(Some(qv), None))
+                .iter()
+                .any(|e| e.name.ends_with("recompute_workspace")),
+            "without checkpointing nothing is recomputed"
+        );
     }
 }

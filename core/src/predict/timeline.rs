@@ -5,7 +5,9 @@
 //! The order is napkin's engine's (`train/step.rs`): a plain step runs the whole forward with
 //! its graph, then the backward from the loss down, each block's kept tensors freed as its
 //! backward finishes and its gradients appearing. With checkpointing the forward keeps only
-//! each block's input; the backward recomputes one block at a time with its graph. With
+//! each block's input; the backward recomputes one block at a time with its graph (an event
+//! of its own: the recomputation's last product, with all the block keeps, can be the step's
+//! peak). With
 //! accumulation the gradients of the earlier micro-batches stay alive through the later ones,
 //! and each micro-batch's gradients exist beside the running sum until they are added.
 
@@ -220,6 +222,11 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
                 for e in &kept {
                     alive.add(e);
                 }
+                transient(
+                    &mut alive,
+                    &format!("layers.{layer}.recompute_workspace"),
+                    &format!("backward.layers.{layer}.recompute"),
+                );
             }
             // The MLP half's backward runs first, then the attention half's. Each begins with
             // its output projection, whose gradient appears while the half's kept tensors and
