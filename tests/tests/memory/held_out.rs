@@ -163,6 +163,36 @@ fn cases() -> Vec<HeldOut> {
             accumulation: 3,
             attention: AttentionKind::Eager,
         },
+        // Added with the recomputation's event and run once, to check it where it was not
+        // read: a block whose down projection keeps nothing (QLoRA on the attention only),
+        // grouped K/V and a SmolLM2-wide slice.
+        HeldOut {
+            label: "tiny-gqa B=2 T=160 QLoRA r16 q,k,v ckpt accum 2 eager",
+            config: LlamaConfig::tiny_gqa(),
+            lora: Some(LoraConfig {
+                r: 16,
+                alpha: 32.0,
+                targets: vec![LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj],
+                ..Default::default()
+            }),
+            nf4: Some(dq),
+            batch: 2,
+            seq: 160,
+            checkpointing: true,
+            accumulation: 2,
+            attention: AttentionKind::Eager,
+        },
+        HeldOut {
+            label: "smollm2 slice (tied) T=256 QLoRA r8 q,v ckpt eager",
+            config: smollm2_slice(2, true),
+            lora: Some(qv(8)),
+            nf4: Some(Nf4Config::default()),
+            batch: 1,
+            seq: 256,
+            checkpointing: true,
+            accumulation: 1,
+            attention: AttentionKind::Eager,
+        },
     ]
 }
 
