@@ -354,9 +354,14 @@ fn print_report(r: &Report) {
             continue;
         }
         let show = |x: Option<f64>| x.map_or("—".to_string(), accelerate_units);
+        let name = match kind {
+            // One at a time: the largest, not their sum.
+            Kind::Workspace => "workspace (largest)".to_string(),
+            _ => serde_name(&kind),
+        };
         println!(
             "  {:<18} {:>12}   {:>12}",
-            serde_name(&kind),
+            name,
             show(inv_bytes),
             show(seed_bytes)
         );
