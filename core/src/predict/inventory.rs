@@ -292,6 +292,22 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             trainable(&mut out, "lm_head", None, v * d);
         }
     }
+    // On the CPU backends every parameter tensor (embedding, norms, dense weights, head,
+    // adapters; not the NF4 codes, which are no burn parameters) also costs burn's bookkeeping
+    // in the same heap.
+    if s.kernels.graph_beside_tensors() {
+        let parameters = out
+            .iter()
+            .filter(|e| matches!(e.kind, Kind::Weights | Kind::Adapters))
+            .count() as u64;
+        out.push(Entry {
+            name: "parameters.bookkeeping".into(),
+            layer: None,
+            kind: Kind::Weights,
+            bytes: workspace::PARAMETER_BYTES * parameters,
+            phases: Phases::ALWAYS,
+        });
+    }
     let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
     out.push(Entry {
         name: "optimizer.map".into(),
@@ -494,9 +510,21 @@ mod tests {
     fn inventory_agrees_with_the_parameter_arithmetic() {
         let c = LlamaConfig::smollm2_135m();
         for nf4 in [None, Some(Nf4Config::default())] {
-            let totals = totals_by_kind(&inventory(&scenario(None, nf4)));
+            let entries = inventory(&scenario(None, nf4));
+            let totals = totals_by_kind(&entries);
             let w = weight_bytes(&c, 4, nf4.as_ref());
-            assert_eq!(totals[&Kind::Weights], w.float);
+            // Beside the values, burn's bookkeeping of each parameter tensor: embedding, 61
+            // norms and, without NF4, 210 block linears (SmolLM2's head is tied).
+            let parameters = if nf4.is_some() { 62 } else { 62 + 210 };
+            let bookkeeping = entries
+                .iter()
+                .find(|e| e.name == "parameters.bookkeeping")
+                .map(|e| e.bytes);
+            assert_eq!(bookkeeping, Some(workspace::PARAMETER_BYTES * parameters));
+            assert_eq!(
+                totals[&Kind::Weights],
+                w.float + workspace::PARAMETER_BYTES * parameters
+            );
             assert_eq!(totals.get(&Kind::QuantCodes).copied().unwrap_or(0), w.codes);
             assert_eq!(
                 totals.get(&Kind::QuantScales).copied().unwrap_or(0),
