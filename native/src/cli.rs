@@ -754,9 +754,11 @@ pub struct ScenarioArgs {
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub accumulation: usize,
-    /// eager (keeps the T×T attention probabilities) or efficient (tiled: keeps none).
-    #[arg(long, value_name = "KIND", default_value = "eager")]
-    pub attention: String,
+    /// eager (keeps the T×T attention probabilities; the default) or efficient (tiled: keeps
+    /// none). With `--engine pytorch`: eager or sdpa, and sdpa by default (Hugging Face's
+    /// default attention for Llama).
+    #[arg(long, value_name = "KIND")]
+    pub attention: Option<String>,
     /// The element-wise layers' implementation the prediction replays: fused-cpu (napkin's
     /// CPU kernels) or burn-ops (the GPU backends, which keep more for the backward).
     /// `measure` takes it from its device.

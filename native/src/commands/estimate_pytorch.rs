@@ -103,7 +103,8 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         },
         checkpointing,
         input_require_grads: PyTorchSetup::input_hooked(s.lora_r > 0, qlora, checkpointing),
-        attention: match s.attention.as_str() {
+        // Unless told otherwise, what transformers picks for Llama: sdpa.
+        attention: match s.attention.as_deref().unwrap_or("sdpa") {
             "eager" => Attention::Eager,
             "sdpa" | "efficient" => Attention::Sdpa,
             other => bail!("--attention `{other}` with --engine pytorch: expected eager or sdpa"),

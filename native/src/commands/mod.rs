@@ -84,7 +84,12 @@ impl ScenarioArgs {
             optimizer,
             checkpointing: self.checkpointing,
             accumulation: self.accumulation.max(1),
-            attention: self.attention.parse().context("--attention")?,
+            attention: self
+                .attention
+                .as_deref()
+                .unwrap_or("eager")
+                .parse()
+                .context("--attention")?,
             kernels: self.kernels.parse().context("--kernels")?,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
