@@ -7,9 +7,9 @@
 //! backward finishes and its gradients appearing. With checkpointing the forward keeps only
 //! each block's input; the backward recomputes one block at a time with its graph (an event
 //! of its own: the recomputation's last product, with all the block keeps, can be the step's
-//! peak). With
-//! accumulation the gradients of the earlier micro-batches stay alive through the later ones,
-//! and each micro-batch's gradients exist beside the running sum until they are added.
+//! peak). With accumulation the gradients of the earlier micro-batches stay alive through the
+//! later ones, and each micro-batch's gradients exist beside the running sum until they are
+//! added.
 
 use std::collections::BTreeMap;
 
