@@ -629,9 +629,6 @@ pub struct PyTorchArgs {
     /// pytorch with --nf4: bitsandbytes' 4-bit type, nf4 or fp4 (bitsandbytes' own default).
     #[arg(long, value_name = "TYPE", default_value = "nf4")]
     pub quant_type: String,
-    /// pytorch: the adapted modules (q,v is peft's default for Llama; all-linear).
-    #[arg(long, value_name = "LIST", default_value = "all-linear")]
-    pub lora_targets: String,
     /// pytorch: peft's lora_dropout.
     #[arg(long, default_value_t = 0.05)]
     pub lora_dropout: f64,
@@ -726,13 +723,22 @@ pub enum ExerciseAction {
 /// The training scenario `estimate` predicts and `measure` runs.
 #[derive(Debug, Args)]
 pub struct ScenarioArgs {
-    /// LoRA rank on all linear layers (0: full fine-tuning).
+    /// LoRA rank on the linears of --lora-targets (0: full fine-tuning).
     #[arg(long, default_value_t = 0)]
     pub lora_r: usize,
     /// LoRA alpha (the adapters' scale is alpha / r). Default 2r, as `napkin train`'s 32 for
     /// r 16; it changes no byte or FLOP.
     #[arg(long)]
     pub lora_alpha: Option<f64>,
+    /// With --lora-r: the adapted linears, all-linear (default) or a list such as q,v (peft's
+    /// default for Llama), for both engines.
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "all-linear",
+        alias = "targets"
+    )]
+    pub lora_targets: String,
     /// Quantize the block linears to NF4 (QLoRA with --lora-r).
     #[arg(long)]
     pub nf4: bool,

@@ -218,6 +218,39 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
 
 /// `napkin measure` on a fixture checkpoint (QLoRA): the JSON report puts each measured kind
 /// and the step peak within 5 % of the prediction, and the trace is Chrome Trace Event JSON.
+/// `--lora-targets` reaches napkin's own engine: TinyLlama-1.1B with r 16 on q and v trains
+/// r·(in + out) values per adapted linear — 16·(2048 + 2048) for q, 16·(2048 + 256) for v —
+/// in each of its 22 layers; a target that does not exist is named.
+#[test]
+fn estimate_adapts_the_linears_lora_targets_names() {
+    let (ok, stdout, stderr) = napkin(&[
+        "estimate",
+        "--preset",
+        "tinyllama-1.1b",
+        "--lora-r",
+        "16",
+        "--lora-targets",
+        "q,v",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let trainable = json["inventory"]["scenario"]["trainable_parameters"].as_u64();
+    assert_eq!(trainable, Some(22 * 16 * ((2048 + 2048) + (2048 + 256))));
+
+    let (ok, _, stderr) = napkin(&[
+        "estimate",
+        "--preset",
+        "tinyllama-1.1b",
+        "--lora-r",
+        "16",
+        "--lora-targets",
+        "q,x",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("unknown LoRA target `x`"), "{stderr}");
+}
+
 #[test]
 fn measure_reports_prediction_beside_measurement_and_writes_a_trace() {
     let model = fixture("tiny-smol");

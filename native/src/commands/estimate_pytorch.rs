@@ -53,7 +53,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
                 r: s.lora_r,
                 alpha: 2.0 * s.lora_r as f64,
                 dropout: p.lora_dropout,
-                targets: LoraTarget::parse_list(&p.lora_targets)?,
+                targets: LoraTarget::parse_list(&s.lora_targets)?,
                 use_rslora: false,
             })
         })

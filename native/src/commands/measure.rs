@@ -21,7 +21,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     let kind: DeviceKind = args.device.parse()?;
     let device = kind.open()?;
     let optimizer: OptimizerKind = args.optimizer.parse()?;
-    let lora = args.scenario.lora();
+    let lora = args.scenario.lora()?;
     let nf4 = args.scenario.nf4();
     let (config, path) = match (&args.preset, &args.model) {
         (Some(name), _) => (LlamaConfig::preset(name)?, None),

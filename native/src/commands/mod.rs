@@ -17,7 +17,7 @@ pub mod train;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config, OptimizerKind};
+use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
 use napkin_core::predict::inventory::Scenario;
 
 use crate::cli::ScenarioArgs;
@@ -50,13 +50,19 @@ pub fn offload_optimizer(what: &str) -> Result<bool> {
 }
 
 impl ScenarioArgs {
-    /// LoRA on all linears, as the flags ask (None: full fine-tuning; α defaults to 2r).
-    pub fn lora(&self) -> Option<LoraConfig> {
-        (self.lora_r > 0).then(|| LoraConfig {
+    /// LoRA on the linears of `--lora-targets`, as the flags ask (None: full fine-tuning; α
+    /// defaults to 2r).
+    pub fn lora(&self) -> Result<Option<LoraConfig>> {
+        if self.lora_r == 0 {
+            return Ok(None);
+        }
+        let targets = LoraTarget::parse_list(&self.lora_targets)?;
+        Ok(Some(LoraConfig {
             r: self.lora_r,
             alpha: self.lora_alpha.unwrap_or(2.0 * self.lora_r as f64),
+            targets,
             ..LoraConfig::default()
-        })
+        }))
     }
 
     /// NF4 as the flags ask.
@@ -79,7 +85,7 @@ impl ScenarioArgs {
             );
         }
         Ok(Scenario {
-            lora: self.lora(),
+            lora: self.lora()?,
             nf4: self.nf4(),
             optimizer,
             checkpointing: self.checkpointing,
