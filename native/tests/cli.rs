@@ -223,30 +223,25 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
 /// in each of its 22 layers; a target that does not exist is named.
 #[test]
 fn estimate_adapts_the_linears_lora_targets_names() {
-    let (ok, stdout, stderr) = napkin(&[
-        "estimate",
-        "--preset",
-        "tinyllama-1.1b",
-        "--lora-r",
-        "16",
-        "--lora-targets",
-        "q,v",
-        "--json",
-    ]);
+    let estimate = |targets: &str| {
+        napkin(&[
+            "estimate",
+            "--preset",
+            "tinyllama-1.1b",
+            "--lora-r",
+            "16",
+            "--lora-targets",
+            targets,
+            "--json",
+        ])
+    };
+    let (ok, stdout, stderr) = estimate("q,v");
     assert!(ok, "{stderr}");
     let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let trainable = json["inventory"]["scenario"]["trainable_parameters"].as_u64();
     assert_eq!(trainable, Some(22 * 16 * ((2048 + 2048) + (2048 + 256))));
 
-    let (ok, _, stderr) = napkin(&[
-        "estimate",
-        "--preset",
-        "tinyllama-1.1b",
-        "--lora-r",
-        "16",
-        "--lora-targets",
-        "q,x",
-    ]);
+    let (ok, _, stderr) = estimate("q,x");
     assert!(!ok);
     assert!(stderr.contains("unknown LoRA target `x`"), "{stderr}");
 }
