@@ -649,3 +649,25 @@ fn a_random_nf4_model_never_holds_its_f32_weights() {
         "block by block {streamed_peak} B vs f32 first {whole_peak} B"
     );
 }
+
+/// The predictor's `PARAMETER_BYTES`, counted where it happens: a hundred one-value parameters
+/// made on each CPU backend's autodiff device cost their values plus this much each, within 5 %.
+#[test]
+fn a_parameter_costs_the_predicted_bookkeeping() {
+    use burn::module::Param;
+    use burn::tensor::Tensor;
+    use napkin_core::predict::workspace::PARAMETER_BYTES;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for kind in DeviceKind::cpu_backends() {
+        let device = kind.open().unwrap().autodiff();
+        let make = || Param::from_tensor(Tensor::<1>::zeros([1], &device));
+        let warm: Vec<Param<Tensor<1>>> = (0..4).map(|_| make()).collect();
+        let before = live_bytes();
+        let params: Vec<Param<Tensor<1>>> = (0..100).map(|_| make()).collect();
+        let each = (live_bytes() - before) as f64 / 100.0;
+        drop((params, warm));
+        let ratio = each / PARAMETER_BYTES as f64;
+        eprintln!("{kind}: {each:.0} bytes a parameter, {ratio:.3} of the prediction");
+        assert!((ratio - 1.0).abs() <= 0.05, "{kind}: {each} bytes");
+    }
+}
