@@ -23,15 +23,26 @@ A warm-up step runs first: cuBLAS takes a workspace per handle from the caching 
 first use (one for the forward's thread, one for autograd's backward thread; 32 MiB each on
 Hopper), reported once as `cublas_workspace_bytes` instead of in the first case's peak.
 
+With `--fresh` every case runs in a process of its own (`--case NAME`, several at once with
+`--jobs N`), so nothing a case allocates or caches stays for the next: `reserved` and
+`max_allocated` are then the case's alone (beside cuBLAS's workspaces). `--traces DIR` also
+writes, per case, the caching allocator's own record of the process (`_record_memory_history`,
+as `DIR/NAME.txt`):
+every allocation, free and segment `cudaMalloc`/`cudaFree` in order, the ground truth for a model
+of its rounding and segments.
+
 Run from the repository root with the bench venv:
     .venv/bin/python tests/corpus/pytorch_profile/measure.py > tests/corpus/pytorch_profile/measured.json
 and on a GPU machine (torch, transformers, peft and bitsandbytes installed):
-    python3 tests/corpus/pytorch_profile/measure.py --device cuda > tests/corpus/pytorch_profile/measured-cuda.json
+    python3 tests/corpus/pytorch_profile/measure.py --device cuda --fresh --jobs 6 \
+        --traces /tmp/traces > tests/corpus/pytorch_profile/measured-cuda.json
 """
 
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -101,6 +112,9 @@ CUDA_CASES = [
 ]
 
 DEVICE = "cpu"
+# With --traces: the allocator's history is recorded and each case's trace kept here.
+TRACING = False
+TRACES = {}
 
 
 def allocation_events(prof):
@@ -211,6 +225,9 @@ def measure(name, shape, batch, seq, mode, s, directory):
     if DEVICE == "cuda":
         case["reserved"] = torch.cuda.memory_reserved()
         case["max_allocated"] = torch.cuda.max_memory_allocated()
+        if TRACING:
+            # The allocator's record up to the moment `reserved` was read.
+            TRACES[name] = allocator_trace()
     del model
     gc.collect()
     if DEVICE == "cuda":
@@ -304,22 +321,92 @@ def step_figures(model, layers, saved, name, shape, batch, seq, mode, s, after_f
     return case
 
 
+def allocator_trace():
+    """The caching allocator's record of this process, one line per event in order:
+    `a ID BYTES` an allocation (ID counts from 0), `f ID` its free (returned to the pool),
+    `s BYTES` a segment's `cudaMalloc`, `e` a run of segment `cudaFree`s (an `empty_cache()`)."""
+    snapshot = torch.cuda.memory._snapshot()
+    lines, ids, count, previous = [], {}, 0, None
+    for event in snapshot["device_traces"][torch.cuda.current_device()]:
+        action = event["action"]
+        if action == "alloc":
+            ids[event["addr"]] = count
+            lines.append(f"a {count} {event['size']}")
+            count += 1
+        elif action == "free_completed":
+            # An address may be handed out again: the next allocation there is a new ID.
+            freed = ids.pop(event["addr"], None)
+            if freed is not None:
+                lines.append(f"f {freed}")
+        elif action == "segment_alloc":
+            lines.append(f"s {event['size']}")
+        elif action == "segment_free" and previous != "segment_free":
+            lines.append("e")
+        if action in ("alloc", "free_completed", "segment_alloc", "segment_free"):
+            previous = action
+    return lines
+
+
+def run_fresh(grid, args):
+    """Each case in a process of its own, `args.jobs` at a time; their cases in grid order."""
+    def command(name):
+        cmd = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--case", name]
+        if args.traces:
+            cmd += ["--traces", args.traces]
+        return cmd
+    names = [case[0] for case in grid]
+    results, running = {}, []
+    pending = list(names)
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            name = pending.pop(0)
+            running.append((name, subprocess.Popen(command(name), stdout=subprocess.PIPE)))
+        name, process = running.pop(0)
+        out, _ = process.communicate()
+        if process.returncode != 0:
+            sys.exit(f"case {name} failed (exit {process.returncode})")
+        measured = json.loads(out)
+        results[name] = measured
+        print(name, file=sys.stderr)
+    first = results[names[0]]
+    out = {key: value for key, value in first.items() if key != "cases"}
+    out["cases"] = [results[name]["cases"][0] for name in names]
+    out["fresh"] = True
+    return out
+
+
 def main():
-    global DEVICE
+    global DEVICE, TRACING
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--only", help="only the cases whose name contains this text")
+    parser.add_argument("--case", help="only the case of this exact name")
+    parser.add_argument("--fresh", action="store_true",
+                        help="each case in a process of its own (clean allocator figures)")
+    parser.add_argument("--jobs", type=int, default=1, help="with --fresh: processes at once")
+    parser.add_argument("--traces", help="with --device cuda: write each case's allocator "
+                        "trace to DIR/NAME.json")
     args = parser.parse_args()
     DEVICE, only = args.device, args.only
-    torch.set_num_threads(2)
-    cases = []
     grid = CASES + (CUDA_CASES if DEVICE == "cuda" else [])
+    grid = [case for case in grid if (not only or only in case[0])
+            and (not args.case or args.case == case[0])]
+    if not grid:
+        sys.exit("no case matches")
+    if args.fresh:
+        json.dump(run_fresh(grid, args), sys.stdout, indent=1)
+        print()
+        return
+    torch.set_num_threads(2)
+    if DEVICE == "cuda" and args.traces:
+        TRACING = True
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None,
+                                                 stacks="python")
+    cases = []
     with tempfile.TemporaryDirectory() as directory:
         if DEVICE == "cuda":
             workspaces = cuda_warm_up(directory)
         for case in grid:
-            if only and only not in case[0]:
-                continue
             cases.append(measure(*case, directory))
             print(case[0], file=sys.stderr)
     versions = dict(torch=torch.__version__.split("+")[0], transformers=transformers.__version__,
@@ -328,6 +415,14 @@ def main():
     if DEVICE == "cuda":
         out["gpu"] = torch.cuda.get_device_name()
         out["cublas_workspace_bytes"] = workspaces
+        if args.traces:
+            os.makedirs(args.traces, exist_ok=True)
+            for name, lines in TRACES.items():
+                case = next(c for c in cases if c["name"] == name)
+                with open(os.path.join(args.traces, f"{name}.txt"), "w") as f:
+                    f.write(f"# {name}: reserved {case['reserved']}, max_allocated "
+                            f"{case['max_allocated']} (torch {torch.__version__})\n")
+                    f.write("\n".join(lines) + "\n")
     json.dump(out, sys.stdout, indent=1)
     print()
 

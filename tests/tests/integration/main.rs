@@ -1,5 +1,7 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
+//! - `caching_allocator`: the replay of PyTorch's CUDA caching allocator against its recorded
+//!   traces (reserved bytes, `cudaMalloc`s).
 //! - `chat_templates`: real chat templates rendered as transformers renders them.
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order).
@@ -21,6 +23,7 @@
 //! - `tokenizers`: HF tokenizer.json and GGUF-built tokenizers.
 //! - `training_step`: gradient accumulation and checkpointing against the fixtures.
 
+mod caching_allocator;
 mod chat_templates;
 mod checkpoints;
 mod data;

@@ -11,7 +11,9 @@
 //!
 //! - `tape`: autograd's saving and freeing rules, op by op, and the backward walk.
 //! - `llama`: the HF forward written onto the tape.
+//! - `caching_allocator`: the CUDA caching allocator's segments and rounding (reserved bytes).
 
+pub mod caching_allocator;
 pub mod llama;
 pub mod tape;
 
