@@ -12,7 +12,7 @@ mod out_of_memory;
 mod pinning;
 
 pub use out_of_memory::guard_device_memory;
-pub use pinning::{PIN_THREADS_VAR, spawn_unpinned};
+pub use pinning::{PIN_THREADS_VAR, spawn_unpinned, with_process_cpus};
 
 use std::fmt;
 use std::str::FromStr;
@@ -108,10 +108,14 @@ impl DeviceKind {
         let probe = device.clone();
         let quiet = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
-        let opened = std::panic::catch_unwind(move || {
-            burn::tensor::Tensor::<1>::zeros([1], &probe)
-                .into_data()
-                .num_elements()
+        // The first use starts the device's queue thread: from a pinned compute thread it
+        // would share that thread's one CPU (`pinning.rs`).
+        let opened = pinning::with_process_cpus(|| {
+            std::panic::catch_unwind(move || {
+                burn::tensor::Tensor::<1>::zeros([1], &probe)
+                    .into_data()
+                    .num_elements()
+            })
         });
         std::panic::set_hook(quiet);
         match opened {

@@ -28,3 +28,4 @@ mod nf4_backward;
 mod nf4_device;
 mod offload;
 mod out_of_memory;
+mod queue_thread;
