@@ -184,8 +184,9 @@ fn quantized_activations_stay_within_their_rounding_bound() {
 #[test]
 fn every_kernel_this_cpu_runs_matches_the_portable_one() {
     // 18 blocks a row: two groups of eight and two left over (the SIMD kernels' two paths);
-    // the K-quants' rows are whole groups (three super-blocks).
-    let rows = 40;
+    // the K-quants' rows are whole groups (three super-blocks). An odd number of rows: the
+    // prompt kernels' tiles of two rows end with one row alone.
+    let rows = 41;
     let mut kernels = vec![RowKernel::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
@@ -255,8 +256,9 @@ fn sixteen_bit_activations_split_into_two_signed_bytes_exactly() {
 fn a_token_gets_the_same_bits_alone_or_in_a_prompt() {
     // Decoding and prefilling the same tokens must agree exactly (a prompt's logits are those
     // of its tokens decoded one by one): every kernel — one token, a few, eight side by side
-    // and a partial group of eight — sums a token's blocks in the same order.
-    let rows = 24;
+    // and a partial group of eight, rows in tiles or alone — sums a token's blocks in the same
+    // order.
+    let rows = 25;
     for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
         let cols = columns(format, 256, 512);
         let w = random_matrix(format, rows, cols, 12);

@@ -14,7 +14,9 @@
 //! - **K-quant super-blocks, eight tokens side by side** (prompts of 8 tokens or more,
 //!   [`TokenGroups`]): four codes of a row repeated in every lane times a vector holding the same
 //!   four positions of eight tokens gives the eight tokens' partial sums in the eight lanes, so
-//!   a block's sum needs no lane reduction, and its scale (one per token) is one vector.
+//!   a block's sum needs no lane reduction, and its scale (one per token) is one vector. With
+//!   VNNI (32 vector registers) the formats with an offset take two rows at a time, so that each
+//!   of the tokens' vectors (from L2 in a long prompt) is loaded once for both rows' products.
 //!
 //! With 16-bit activations the blocks of 32 widen their weights to i16 (two `vpmaddwd` or
 //! VNNI's `vpdpwssd` per block: `2·127·32767` fits in i32); the K-quant kernels take the
@@ -118,6 +120,7 @@ macro_rules! kernels {
     (
         $isa:ident,
         $features:literal,
+        $tile_rows:literal,
         |$w:ident, $x:ident| $dot:expr,
         |$acc:ident, $wa:ident, $xa:ident| $dot_acc:expr,
         |$wl:ident, $xl:ident, $wh:ident, $xh:ident| $dot16:expr
@@ -615,31 +618,75 @@ macro_rules! kernels {
                 js: std::ops::Range<usize>,
             ) -> __m256i {
                 let vectors = x.values(g, b, p);
-                let mut sum = _mm256_setzero_si256();
-                for j in js {
+                // Four running sums, not one: a chain of eight dependent byte products waits
+                // out each one's latency (the sums are exact integers: any order gives the
+                // same bits).
+                let mut sums = [_mm256_setzero_si256(); 4];
+                for (i, j) in js.enumerate() {
                     // SAFETY: 32 bytes; unaligned load.
                     let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
-                    sum = dot_u8_i8_add(sum, fours[j], xs);
+                    sums[i % 4] = dot_u8_i8_add(sums[i % 4], fours[j], xs);
                 }
-                sum
+                _mm256_add_epi32(
+                    _mm256_add_epi32(sums[0], sums[1]),
+                    _mm256_add_epi32(sums[2], sums[3]),
+                )
             }
 
-            /// The whole block's `Σ q·x`; with two planes (16-bit activations) `low + 256·high`.
+            /// Block `b`'s integer sums `Σ q·x` of `R` rows (their `fours`) for the eight tokens
+            /// of group `g`, plane `p`: each of the group's vectors is loaded once for all `R`
+            /// rows. Eight running sums in all (a chain of dependent byte products waits out
+            /// each one's latency); the sums are exact integers, so any order gives the same
+            /// bits.
             #[target_feature(enable = $features)]
             #[inline]
-            fn grouped_sum<const WIDE: bool>(
-                fours: &[__m256i; BLOCK / 4],
+            fn tile_plane_sums<const R: usize>(
+                fours: &[[__m256i; BLOCK / 4]; R],
                 x: &TokenGroups,
                 g: usize,
                 b: usize,
-            ) -> __m256i {
-                let low = grouped_plane_sum(fours, x, g, b, 0, 0..BLOCK / 4);
-                if WIDE {
-                    let high = grouped_plane_sum(fours, x, g, b, 1, 0..BLOCK / 4);
-                    _mm256_add_epi32(low, _mm256_slli_epi32(high, 8))
-                } else {
-                    low
+                p: usize,
+            ) -> [__m256i; R] {
+                // Per row `4 / R` running sums (the unused ones stay zero and fold away).
+                let chains = (4 / R).max(1);
+                let vectors = x.values(g, b, p);
+                let mut sums = [[_mm256_setzero_si256(); 4]; R];
+                for j in 0..BLOCK / 4 {
+                    // SAFETY: 32 bytes; unaligned load.
+                    let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
+                    for r in 0..R {
+                        let c = j % chains;
+                        sums[r][c] = dot_u8_i8_add(sums[r][c], fours[r][j], xs);
+                    }
                 }
+                let mut out = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    out[r] = _mm256_add_epi32(
+                        _mm256_add_epi32(sums[r][0], sums[r][1]),
+                        _mm256_add_epi32(sums[r][2], sums[r][3]),
+                    );
+                }
+                out
+            }
+
+            /// The whole block's `Σ q·x` for `R` rows; with two planes (16-bit activations)
+            /// `low + 256·high`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn tile_sums<const WIDE: bool, const R: usize>(
+                fours: &[[__m256i; BLOCK / 4]; R],
+                x: &TokenGroups,
+                g: usize,
+                b: usize,
+            ) -> [__m256i; R] {
+                let mut low = tile_plane_sums(fours, x, g, b, 0);
+                if WIDE {
+                    let high = tile_plane_sums(fours, x, g, b, 1);
+                    for r in 0..R {
+                        low[r] = _mm256_add_epi32(low[r], _mm256_slli_epi32(high[r], 8));
+                    }
+                }
+                low
             }
 
             /// The eight tokens' results of one row: each token's per-lane sums (`products[k]`
@@ -667,8 +714,9 @@ macro_rules! kernels {
                 out[first..first + n].copy_from_slice(&lanes[..n]);
             }
 
-            /// Rows of a K-quant format times a prompt's tokens side by side ([`TokenGroups`]):
-            /// each block's sum for eight tokens in one vector, no horizontal additions.
+            /// Rows of a format with blocks of eight times a prompt's tokens side by side
+            /// ([`TokenGroups`]): each block's sum for eight tokens in one vector, no horizontal
+            /// additions. The formats with an offset take `$tile_rows` rows at a time ([`rows_in_tiles`]).
             #[target_feature(enable = $features)]
             fn rows_grouped<const F: u8, const WIDE: bool>(
                 rows: &[u8],
@@ -676,6 +724,9 @@ macro_rules! kernels {
                 groups: &TokenGroups,
                 out: &mut [f32],
             ) {
+                if F != Q6_K {
+                    return rows_in_tiles::<F, WIDE>(rows, x, groups, out);
+                }
                 let t = x.tokens();
                 let format = block_format(F);
                 let (row_bytes, size) =
@@ -694,7 +745,7 @@ macro_rules! kernels {
                     products.fill(zero);
                     offset_sums.fill(zero);
                     for (s, block) in row.chunks_exact(size).enumerate() {
-                        if F == Q6_K {
+                        {
                             let (codes, scales, d) = q6_k_super_block(block);
                             let codes = code_bytes(&codes);
                             let mut sc = [0i8; 16];
@@ -746,39 +797,115 @@ macro_rules! kernels {
                                     products[g][k] = _mm256_fmadd_ps(sums, scale, products[g][k]);
                                 }
                             }
-                        } else {
-                            let (codes, scales, offsets) = eight_blocks::<F>(block);
-                            let codes = code_bytes(&codes);
-                            let (mut sc, mut off) = ([0.0f32; GROUP], [0.0f32; GROUP]);
-                            // SAFETY: eight writable values each; unaligned stores.
-                            unsafe {
-                                _mm256_storeu_ps(sc.as_mut_ptr(), scales);
-                                _mm256_storeu_ps(off.as_mut_ptr(), offsets);
-                            }
-                            for (k, codes) in codes.iter().enumerate() {
-                                let b = s * GROUP + k;
-                                let fours = repeated_fours(codes);
-                                let (scale_b, offset_b) =
-                                    (_mm256_set1_ps(sc[k]), _mm256_set1_ps(off[k]));
-                                for g in 0..n {
-                                    let sum = grouped_sum::<WIDE>(&fours, groups, g, b);
-                                    let scale = _mm256_mul_ps(scale_b, load(groups.scales(g, b)));
-                                    products[g][k] = _mm256_fmadd_ps(
-                                        _mm256_cvtepi32_ps(sum),
-                                        scale,
-                                        products[g][k],
-                                    );
-                                    offset_sums[g][k] = _mm256_fmadd_ps(
-                                        offset_b,
-                                        load(groups.d_sums(g, b)),
-                                        offset_sums[g][k],
-                                    );
-                                }
-                            }
                         }
                     }
                     for g in 0..n {
                         store_group(grouped_result(&products[g], &offset_sums[g]), g, out);
+                    }
+                }
+            }
+
+            /// [`rows_grouped`] for the formats with an offset: `$tile_rows` rows at a time, so
+            /// that each of the tokens' vectors, read from L2 when a prompt is long, serves that
+            /// many rows' byte products; the last rows one at a time.
+            #[target_feature(enable = $features)]
+            fn rows_in_tiles<const F: u8, const WIDE: bool>(
+                rows: &[u8],
+                x: &QuantizedActivations,
+                groups: &TokenGroups,
+                out: &mut [f32],
+            ) {
+                const R: usize = $tile_rows;
+                let t = x.tokens();
+                let row_bytes = block_format(F).row_bytes(x.cols());
+                let zero = [[_mm256_setzero_ps(); GROUP]; R];
+                let mut acc = vec![(zero, zero); groups.groups()];
+                for (tile, out) in rows.chunks(R * row_bytes).zip(out.chunks_mut(R * t)) {
+                    if tile.len() == R * row_bytes {
+                        tile_grouped::<F, WIDE, R>(tile, row_bytes, groups, &mut acc, out);
+                    } else {
+                        for (row, out) in tile.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t))
+                        {
+                            let mut one = vec![
+                                (
+                                    [[_mm256_setzero_ps(); GROUP]; 1],
+                                    [[_mm256_setzero_ps(); GROUP]; 1]
+                                );
+                                groups.groups()
+                            ];
+                            tile_grouped::<F, WIDE, 1>(row, row_bytes, groups, &mut one, out);
+                        }
+                    }
+                }
+            }
+
+            /// `R` rows (`tile`, `[R, row_bytes]`) times every group of tokens into `out`
+            /// (`[R, T]`). `acc[g]`: per row, lane k of the one-token kernel's two accumulators
+            /// (products, offsets) for the group's eight tokens.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn tile_grouped<const F: u8, const WIDE: bool, const R: usize>(
+                tile: &[u8],
+                row_bytes: usize,
+                groups: &TokenGroups,
+                acc: &mut [([[__m256; GROUP]; R], [[__m256; GROUP]; R])],
+                out: &mut [f32],
+            ) {
+                let t = out.len() / R;
+                let size = block_format(F).row_bytes(GROUP * BLOCK);
+                let load = |v: &[f32; TOKEN_GROUP]| {
+                    // SAFETY: eight values; unaligned load.
+                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+                };
+                acc.fill((
+                    [[_mm256_setzero_ps(); GROUP]; R],
+                    [[_mm256_setzero_ps(); GROUP]; R],
+                ));
+                let mut codes = [[[0u8; BLOCK]; GROUP]; R];
+                let mut sc = [[0.0f32; GROUP]; R];
+                let mut off = [[0.0f32; GROUP]; R];
+                for s in 0..row_bytes / size {
+                    // Plain loops: closures and `array::map` here were left as calls.
+                    for r in 0..R {
+                        let block = &tile[r * row_bytes + s * size..];
+                        let (c, scales, offsets) = eight_blocks::<F>(block);
+                        codes[r] = code_bytes(&c);
+                        // SAFETY: eight writable values each; unaligned stores.
+                        unsafe {
+                            _mm256_storeu_ps(sc[r].as_mut_ptr(), scales);
+                            _mm256_storeu_ps(off[r].as_mut_ptr(), offsets);
+                        }
+                    }
+                    for k in 0..GROUP {
+                        let b = s * GROUP + k;
+                        let mut fours = [[_mm256_setzero_si256(); BLOCK / 4]; R];
+                        let mut scale_b = [_mm256_setzero_ps(); R];
+                        let mut offset_b = [_mm256_setzero_ps(); R];
+                        for r in 0..R {
+                            fours[r] = repeated_fours(&codes[r][k]);
+                            scale_b[r] = _mm256_set1_ps(sc[r][k]);
+                            offset_b[r] = _mm256_set1_ps(off[r][k]);
+                        }
+                        for (g, (products, offset_sums)) in acc.iter_mut().enumerate() {
+                            let sums = tile_sums::<WIDE, R>(&fours, groups, g, b);
+                            let (dx, dsum) = (load(groups.scales(g, b)), load(groups.d_sums(g, b)));
+                            for r in 0..R {
+                                let scale = _mm256_mul_ps(scale_b[r], dx);
+                                products[r][k] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(sums[r]),
+                                    scale,
+                                    products[r][k],
+                                );
+                                offset_sums[r][k] =
+                                    _mm256_fmadd_ps(offset_b[r], dsum, offset_sums[r][k]);
+                            }
+                        }
+                    }
+                }
+                for (g, (products, offset_sums)) in acc.iter().enumerate() {
+                    for r in 0..R {
+                        let result = grouped_result(&products[r], &offset_sums[r]);
+                        store_group(result, g, &mut out[r * t..(r + 1) * t]);
                     }
                 }
             }
@@ -973,6 +1100,7 @@ macro_rules! kernels {
 kernels!(
     avx2,
     "avx2,fma,f16c",
+    1,
     |w, x| _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
     |acc, w, x| _mm256_add_epi32(
         acc,
@@ -984,6 +1112,7 @@ kernels!(
 kernels!(
     vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
+    2,
     |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
     |acc, w, x| _mm256_dpbusd_epi32(acc, w, x),
     |wl, xl, wh, xh| _mm256_dpwssd_epi32(
