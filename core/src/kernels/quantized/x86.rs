@@ -605,36 +605,8 @@ macro_rules! kernels {
                 })
             }
 
-            /// Block `b`'s integer sum `Σ q·x` over `k`-groups `js` (four values each) for the
-            /// eight tokens of group `g`, plane `p`: the block's `fours` times the group's vectors.
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn grouped_plane_sum(
-                fours: &[__m256i; BLOCK / 4],
-                x: &TokenGroups,
-                g: usize,
-                b: usize,
-                p: usize,
-                js: std::ops::Range<usize>,
-            ) -> __m256i {
-                let vectors = x.values(g, b, p);
-                // Four running sums, not one: a chain of eight dependent byte products waits
-                // out each one's latency (the sums are exact integers: any order gives the
-                // same bits).
-                let mut sums = [_mm256_setzero_si256(); 4];
-                for (i, j) in js.enumerate() {
-                    // SAFETY: 32 bytes; unaligned load.
-                    let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
-                    sums[i % 4] = dot_u8_i8_add(sums[i % 4], fours[j], xs);
-                }
-                _mm256_add_epi32(
-                    _mm256_add_epi32(sums[0], sums[1]),
-                    _mm256_add_epi32(sums[2], sums[3]),
-                )
-            }
-
-            /// Block `b`'s integer sums `Σ q·x` of `R` rows (their `fours`) for the eight tokens
-            /// of group `g`, plane `p`: each of the group's vectors is loaded once for all `R`
+            /// Block `b`'s integer sums `Σ q·x` of `R` rows (their `fours`) over `k`-groups
+            /// `js` (four values each) for the eight tokens of group `g`, plane `p`: each of the group's vectors is loaded once for all `R`
             /// rows. Eight running sums in all (a chain of dependent byte products waits out
             /// each one's latency); the sums are exact integers, so any order gives the same
             /// bits.
@@ -646,16 +618,17 @@ macro_rules! kernels {
                 g: usize,
                 b: usize,
                 p: usize,
+                js: std::ops::Range<usize>,
             ) -> [__m256i; R] {
                 // Per row `4 / R` running sums (the unused ones stay zero and fold away).
                 let chains = (4 / R).max(1);
                 let vectors = x.values(g, b, p);
                 let mut sums = [[_mm256_setzero_si256(); 4]; R];
-                for j in 0..BLOCK / 4 {
+                for (i, j) in js.enumerate() {
                     // SAFETY: 32 bytes; unaligned load.
                     let xs = unsafe { _mm256_loadu_si256(vectors[j].as_ptr().cast()) };
                     for r in 0..R {
-                        let c = j % chains;
+                        let c = i % chains;
                         sums[r][c] = dot_u8_i8_add(sums[r][c], fours[r][j], xs);
                     }
                 }
@@ -679,9 +652,9 @@ macro_rules! kernels {
                 g: usize,
                 b: usize,
             ) -> [__m256i; R] {
-                let mut low = tile_plane_sums(fours, x, g, b, 0);
+                let mut low = tile_plane_sums(fours, x, g, b, 0, 0..BLOCK / 4);
                 if WIDE {
-                    let high = tile_plane_sums(fours, x, g, b, 1);
+                    let high = tile_plane_sums(fours, x, g, b, 1, 0..BLOCK / 4);
                     for r in 0..R {
                         low[r] = _mm256_add_epi32(low[r], _mm256_slli_epi32(high[r], 8));
                     }
@@ -716,100 +689,11 @@ macro_rules! kernels {
 
             /// Rows of a format with blocks of eight times a prompt's tokens side by side
             /// ([`TokenGroups`]): each block's sum for eight tokens in one vector, no horizontal
-            /// additions. The formats with an offset take `$tile_rows` rows at a time ([`rows_in_tiles`]).
+            /// additions. `$tile_rows` rows at a time, so that each of the tokens' vectors, read
+            /// from L2 when a prompt is long, serves that many rows' byte products; the last
+            /// rows one at a time.
             #[target_feature(enable = $features)]
             fn rows_grouped<const F: u8, const WIDE: bool>(
-                rows: &[u8],
-                x: &QuantizedActivations,
-                groups: &TokenGroups,
-                out: &mut [f32],
-            ) {
-                if F != Q6_K {
-                    return rows_in_tiles::<F, WIDE>(rows, x, groups, out);
-                }
-                let t = x.tokens();
-                let format = block_format(F);
-                let (row_bytes, size) =
-                    (format.row_bytes(x.cols()), format.row_bytes(GROUP * BLOCK));
-                let n = groups.groups();
-                let load = |v: &[f32; TOKEN_GROUP]| {
-                    // SAFETY: eight values; unaligned load.
-                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-                };
-                // Per group, lane k of the one-token kernels' accumulators (block k of each
-                // eight) for eight tokens.
-                let zero = [_mm256_setzero_ps(); GROUP];
-                let mut products = vec![zero; n];
-                let mut offset_sums = vec![zero; n];
-                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    products.fill(zero);
-                    offset_sums.fill(zero);
-                    for (s, block) in row.chunks_exact(size).enumerate() {
-                        {
-                            let (codes, scales, d) = q6_k_super_block(block);
-                            let codes = code_bytes(&codes);
-                            let mut sc = [0i8; 16];
-                            // SAFETY: 16 writable bytes; unaligned store.
-                            unsafe { _mm_storeu_si128(sc.as_mut_ptr().cast(), scales) };
-                            let d = _mm256_set1_ps(d);
-                            for (k, codes) in codes.iter().enumerate() {
-                                let b = s * GROUP + k;
-                                let fours = repeated_fours(codes);
-                                let (s0, s1) = (
-                                    _mm256_set1_epi32(sc[2 * k] as i32),
-                                    _mm256_set1_epi32(sc[2 * k + 1] as i32),
-                                );
-                                for g in 0..n {
-                                    // Per plane, Σ s·(q − 32)·x in integers: each half's Σ q·x
-                                    // less 32·Σ x, times its scale (as the one-token kernel).
-                                    let plane = |p: usize| {
-                                        let half_sums = groups.half_sums(g, b, p);
-                                        let centred = |h: usize| {
-                                            let sum = grouped_plane_sum(
-                                                &fours,
-                                                groups,
-                                                g,
-                                                b,
-                                                p,
-                                                4 * h..4 * h + 4,
-                                            );
-                                            // SAFETY: eight i32; unaligned load.
-                                            let xs = unsafe {
-                                                _mm256_loadu_si256(half_sums[h].as_ptr().cast())
-                                            };
-                                            _mm256_sub_epi32(sum, _mm256_slli_epi32(xs, 5))
-                                        };
-                                        _mm256_add_epi32(
-                                            _mm256_mullo_epi32(centred(0), s0),
-                                            _mm256_mullo_epi32(centred(1), s1),
-                                        )
-                                    };
-                                    let sums = if WIDE {
-                                        _mm256_fmadd_ps(
-                                            _mm256_cvtepi32_ps(plane(1)),
-                                            _mm256_set1_ps(256.0),
-                                            _mm256_cvtepi32_ps(plane(0)),
-                                        )
-                                    } else {
-                                        _mm256_cvtepi32_ps(plane(0))
-                                    };
-                                    let scale = _mm256_mul_ps(d, load(groups.scales(g, b)));
-                                    products[g][k] = _mm256_fmadd_ps(sums, scale, products[g][k]);
-                                }
-                            }
-                        }
-                    }
-                    for g in 0..n {
-                        store_group(grouped_result(&products[g], &offset_sums[g]), g, out);
-                    }
-                }
-            }
-
-            /// [`rows_grouped`] for the formats with an offset: `$tile_rows` rows at a time, so
-            /// that each of the tokens' vectors, read from L2 when a prompt is long, serves that
-            /// many rows' byte products; the last rows one at a time.
-            #[target_feature(enable = $features)]
-            fn rows_in_tiles<const F: u8, const WIDE: bool>(
                 rows: &[u8],
                 x: &QuantizedActivations,
                 groups: &TokenGroups,
@@ -822,33 +706,136 @@ macro_rules! kernels {
                 let mut acc = vec![(zero, zero); groups.groups()];
                 for (tile, out) in rows.chunks(R * row_bytes).zip(out.chunks_mut(R * t)) {
                     if tile.len() == R * row_bytes {
-                        tile_grouped::<F, WIDE, R>(tile, row_bytes, groups, &mut acc, out);
+                        tile_of::<F, WIDE, R>(tile, row_bytes, groups, &mut acc, out);
                     } else {
+                        let zero = [[_mm256_setzero_ps(); GROUP]; 1];
+                        let mut one = vec![(zero, zero); groups.groups()];
                         for (row, out) in tile.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t))
                         {
-                            let mut one = vec![
-                                (
-                                    [[_mm256_setzero_ps(); GROUP]; 1],
-                                    [[_mm256_setzero_ps(); GROUP]; 1]
-                                );
-                                groups.groups()
-                            ];
-                            tile_grouped::<F, WIDE, 1>(row, row_bytes, groups, &mut one, out);
+                            tile_of::<F, WIDE, 1>(row, row_bytes, groups, &mut one, out);
                         }
                     }
                 }
             }
 
-            /// `R` rows (`tile`, `[R, row_bytes]`) times every group of tokens into `out`
-            /// (`[R, T]`). `acc[g]`: per row, lane k of the one-token kernel's two accumulators
-            /// (products, offsets) for the group's eight tokens.
+            /// Per group of tokens, per row of a tile: lane k of the one-token kernel's two
+            /// accumulators (products, offsets) for the group's eight tokens.
+            type TileSums<const R: usize> = ([[__m256; GROUP]; R], [[__m256; GROUP]; R]);
+
+            /// One tile of `R` rows, in the format's kernel.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn tile_of<const F: u8, const WIDE: bool, const R: usize>(
+                tile: &[u8],
+                row_bytes: usize,
+                groups: &TokenGroups,
+                acc: &mut [TileSums<R>],
+                out: &mut [f32],
+            ) {
+                if F == Q6_K {
+                    tile_grouped_q6_k::<WIDE, R>(tile, row_bytes, groups, acc, out);
+                } else {
+                    tile_grouped::<F, WIDE, R>(tile, row_bytes, groups, acc, out);
+                }
+            }
+
+            /// `R` rows of Q6_K (`tile`, `[R, row_bytes]`) times every group of tokens into `out`
+            /// (`[R, T]`): per plane, `Σ s·(q − 32)·x` in integers — each half block's `Σ q·x`
+            /// less `32·Σ x`, times its scale, as the one-token kernel; no offsets.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn tile_grouped_q6_k<const WIDE: bool, const R: usize>(
+                tile: &[u8],
+                row_bytes: usize,
+                groups: &TokenGroups,
+                acc: &mut [TileSums<R>],
+                out: &mut [f32],
+            ) {
+                let t = out.len() / R;
+                let size = BlockFormat::Q6K.row_bytes(SUPER_BLOCK);
+                let zero = [[_mm256_setzero_ps(); GROUP]; R];
+                acc.fill((zero, zero));
+                let mut codes = [[[0u8; BLOCK]; GROUP]; R];
+                let mut sc = [[0i8; 16]; R];
+                let mut d = [_mm256_setzero_ps(); R];
+                for s in 0..row_bytes / size {
+                    for r in 0..R {
+                        let (c, scales, dr) = q6_k_super_block(&tile[r * row_bytes + s * size..]);
+                        codes[r] = code_bytes(&c);
+                        // SAFETY: 16 writable bytes; unaligned store.
+                        unsafe { _mm_storeu_si128(sc[r].as_mut_ptr().cast(), scales) };
+                        d[r] = _mm256_set1_ps(dr);
+                    }
+                    for k in 0..GROUP {
+                        let b = s * GROUP + k;
+                        let mut fours = [[_mm256_setzero_si256(); BLOCK / 4]; R];
+                        let mut half_scales = [[_mm256_setzero_si256(); 2]; R];
+                        for r in 0..R {
+                            fours[r] = repeated_fours(&codes[r][k]);
+                            half_scales[r] = [
+                                _mm256_set1_epi32(sc[r][2 * k] as i32),
+                                _mm256_set1_epi32(sc[r][2 * k + 1] as i32),
+                            ];
+                        }
+                        for (g, (products, _)) in acc.iter_mut().enumerate() {
+                            let plane = |p: usize| {
+                                let half_sums = groups.half_sums(g, b, p);
+                                let mut scaled = [_mm256_setzero_si256(); R];
+                                for (h, js) in [0..4, 4..8].into_iter().enumerate() {
+                                    let sums = tile_plane_sums(&fours, groups, g, b, p, js);
+                                    // SAFETY: eight i32; unaligned load.
+                                    let xs =
+                                        unsafe { _mm256_loadu_si256(half_sums[h].as_ptr().cast()) };
+                                    let thirty_two = _mm256_slli_epi32(xs, 5);
+                                    for r in 0..R {
+                                        let centred = _mm256_sub_epi32(sums[r], thirty_two);
+                                        let term = _mm256_mullo_epi32(centred, half_scales[r][h]);
+                                        scaled[r] = if h == 0 {
+                                            term
+                                        } else {
+                                            _mm256_add_epi32(scaled[r], term)
+                                        };
+                                    }
+                                }
+                                scaled
+                            };
+                            let low = plane(0);
+                            let high = if WIDE { plane(1) } else { low };
+                            // SAFETY: eight values; unaligned load.
+                            let dx = unsafe { _mm256_loadu_ps(groups.scales(g, b).as_ptr()) };
+                            for r in 0..R {
+                                let sums = if WIDE {
+                                    _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(high[r]),
+                                        _mm256_set1_ps(256.0),
+                                        _mm256_cvtepi32_ps(low[r]),
+                                    )
+                                } else {
+                                    _mm256_cvtepi32_ps(low[r])
+                                };
+                                let scale = _mm256_mul_ps(d[r], dx);
+                                products[r][k] = _mm256_fmadd_ps(sums, scale, products[r][k]);
+                            }
+                        }
+                    }
+                }
+                for (g, (products, offset_sums)) in acc.iter().enumerate() {
+                    for r in 0..R {
+                        let result = grouped_result(&products[r], &offset_sums[r]);
+                        store_group(result, g, &mut out[r * t..(r + 1) * t]);
+                    }
+                }
+            }
+
+            /// `R` rows of a format with an offset (`tile`, `[R, row_bytes]`) times every group
+            /// of tokens into `out` (`[R, T]`); `acc`: one [`TileSums`] a group.
             #[target_feature(enable = $features)]
             #[inline]
             fn tile_grouped<const F: u8, const WIDE: bool, const R: usize>(
                 tile: &[u8],
                 row_bytes: usize,
                 groups: &TokenGroups,
-                acc: &mut [([[__m256; GROUP]; R], [[__m256; GROUP]; R])],
+                acc: &mut [TileSums<R>],
                 out: &mut [f32],
             ) {
                 let t = out.len() / R;
