@@ -606,10 +606,10 @@ macro_rules! kernels {
             }
 
             /// Block `b`'s integer sums `Σ q·x` of `R` rows (their `fours`) over `k`-groups
-            /// `js` (four values each) for the eight tokens of group `g`, plane `p`: each of the group's vectors is loaded once for all `R`
-            /// rows. Eight running sums in all (a chain of dependent byte products waits out
-            /// each one's latency); the sums are exact integers, so any order gives the same
-            /// bits.
+            /// `js` (four values each) for the eight tokens of group `g`, plane `p`: each of the
+            /// group's vectors is loaded once for all `R` rows. Four running sums in all, not one
+            /// chain of dependent byte products (which waits out each one's latency); the sums
+            /// are exact integers, so any order gives the same bits.
             #[target_feature(enable = $features)]
             #[inline]
             fn tile_plane_sums<const R: usize>(
@@ -722,7 +722,8 @@ macro_rules! kernels {
             /// accumulators (products, offsets) for the group's eight tokens.
             type TileSums<const R: usize> = ([[__m256; GROUP]; R], [[__m256; GROUP]; R]);
 
-            /// One tile of `R` rows, in the format's kernel.
+            /// One tile of `R` rows (`tile`, `[R, row_bytes]`) times every group of tokens into
+            /// `out` (`[R, T]`), in the format's kernel; `acc`: one [`TileSums`] a group.
             #[target_feature(enable = $features)]
             #[inline]
             fn tile_of<const F: u8, const WIDE: bool, const R: usize>(
@@ -732,16 +733,25 @@ macro_rules! kernels {
                 acc: &mut [TileSums<R>],
                 out: &mut [f32],
             ) {
+                let zero = [[_mm256_setzero_ps(); GROUP]; R];
+                acc.fill((zero, zero));
                 if F == Q6_K {
-                    tile_grouped_q6_k::<WIDE, R>(tile, row_bytes, groups, acc, out);
+                    tile_grouped_q6_k::<WIDE, R>(tile, row_bytes, groups, acc);
                 } else {
-                    tile_grouped::<F, WIDE, R>(tile, row_bytes, groups, acc, out);
+                    tile_grouped::<F, WIDE, R>(tile, row_bytes, groups, acc);
+                }
+                let t = out.len() / R;
+                for (g, (products, offset_sums)) in acc.iter().enumerate() {
+                    for r in 0..R {
+                        let result = grouped_result(&products[r], &offset_sums[r]);
+                        store_group(result, g, &mut out[r * t..(r + 1) * t]);
+                    }
                 }
             }
 
-            /// `R` rows of Q6_K (`tile`, `[R, row_bytes]`) times every group of tokens into `out`
-            /// (`[R, T]`): per plane, `Σ s·(q − 32)·x` in integers — each half block's `Σ q·x`
-            /// less `32·Σ x`, times its scale, as the one-token kernel; no offsets.
+            /// [`tile_of`]'s sums for Q6_K: per plane, `Σ s·(q − 32)·x` in integers — each half
+            /// block's `Σ q·x` less `32·Σ x`, times its scale, as the one-token kernel; no
+            /// offsets.
             #[target_feature(enable = $features)]
             #[inline]
             fn tile_grouped_q6_k<const WIDE: bool, const R: usize>(
@@ -749,12 +759,8 @@ macro_rules! kernels {
                 row_bytes: usize,
                 groups: &TokenGroups,
                 acc: &mut [TileSums<R>],
-                out: &mut [f32],
             ) {
-                let t = out.len() / R;
                 let size = BlockFormat::Q6K.row_bytes(SUPER_BLOCK);
-                let zero = [[_mm256_setzero_ps(); GROUP]; R];
-                acc.fill((zero, zero));
                 let mut codes = [[[0u8; BLOCK]; GROUP]; R];
                 let mut sc = [[0i8; 16]; R];
                 let mut d = [_mm256_setzero_ps(); R];
@@ -819,16 +825,9 @@ macro_rules! kernels {
                         }
                     }
                 }
-                for (g, (products, offset_sums)) in acc.iter().enumerate() {
-                    for r in 0..R {
-                        let result = grouped_result(&products[r], &offset_sums[r]);
-                        store_group(result, g, &mut out[r * t..(r + 1) * t]);
-                    }
-                }
             }
 
-            /// `R` rows of a format with an offset (`tile`, `[R, row_bytes]`) times every group
-            /// of tokens into `out` (`[R, T]`); `acc`: one [`TileSums`] a group.
+            /// [`tile_of`]'s sums for a format with an offset.
             #[target_feature(enable = $features)]
             #[inline]
             fn tile_grouped<const F: u8, const WIDE: bool, const R: usize>(
@@ -836,18 +835,12 @@ macro_rules! kernels {
                 row_bytes: usize,
                 groups: &TokenGroups,
                 acc: &mut [TileSums<R>],
-                out: &mut [f32],
             ) {
-                let t = out.len() / R;
                 let size = block_format(F).row_bytes(GROUP * BLOCK);
                 let load = |v: &[f32; TOKEN_GROUP]| {
                     // SAFETY: eight values; unaligned load.
                     unsafe { _mm256_loadu_ps(v.as_ptr()) }
                 };
-                acc.fill((
-                    [[_mm256_setzero_ps(); GROUP]; R],
-                    [[_mm256_setzero_ps(); GROUP]; R],
-                ));
                 let mut codes = [[[0u8; BLOCK]; GROUP]; R];
                 let mut sc = [[0.0f32; GROUP]; R];
                 let mut off = [[0.0f32; GROUP]; R];
@@ -887,12 +880,6 @@ macro_rules! kernels {
                                     _mm256_fmadd_ps(offset_b[r], dsum, offset_sums[r][k]);
                             }
                         }
-                    }
-                }
-                for (g, (products, offset_sums)) in acc.iter().enumerate() {
-                    for r in 0..R {
-                        let result = grouped_result(&products[r], &offset_sums[r]);
-                        store_group(result, g, &mut out[r * t..(r + 1) * t]);
                     }
                 }
             }
