@@ -26,7 +26,7 @@ use super::spread;
 /// Shift of weight `j` (0..8) of a little-endian word of packed codes (byte k holds weights
 /// 2k in its high nibble and 2k + 1 in its low one).
 fn shift(j: u32) -> u32 {
-    8 * (j / 2) + if j % 2 == 0 { 4 } else { 0 }
+    8 * (j / 2) + if j.is_multiple_of(2) { 4 } else { 0 }
 }
 
 /// The weight dequantized with burn's integer ops; `mark` after each op, while its input is
