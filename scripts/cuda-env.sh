@@ -1,6 +1,6 @@
 # Sourced by scripts/test.sh (clippy with napkin/cuda) and scripts/bench-gpu.sh: the environment
-# that burn 0.22.1's CUDA backend needs to compile and link on a machine with no network access to GitHub and,
-# possibly, no NVIDIA toolkit. What it needs beyond crates, found by building it:
+# that burn 0.22.1's CUDA backend needs to compile and link on a machine with no network access
+# to GitHub and, possibly, no NVIDIA toolkit. What it needs beyond crates, found by building it:
 # - cudarc reads the CUDA version from `nvcc --version`; without nvcc, CUDARC_CUDA_VERSION names
 #   one (the driver and NVRTC themselves are loaded at run time; 13000 suits driver 580+);
 # - cubecl-cuda always links cubecl-llvm, whose build script downloads tracel's LLVM 23.1

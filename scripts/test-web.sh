@@ -2,8 +2,7 @@
 # The browser sandbox's checks: builds web/dist (scripts/web-build.sh), holds the bundle to
 # its budget, installs Debian's Chromium when missing (root + apt) and playwright-core from
 # npm (no browser download), then runs the end-to-end test in headless Chromium.
-# Usage: scripts/test-web.sh   (env: NAPKIN_FIXTURES, CHROMIUM, NAPKIN_WEBGPU=0: no WebGPU
-#   module, NAPKIN_WEB_BUILT=1: web/dist is built already)
+# Usage: scripts/test-web.sh   (env: NAPKIN_FIXTURES, CHROMIUM, NAPKIN_WEBGPU=0: no WebGPU module)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -39,11 +38,7 @@ if [ ! -x "$chromium" ]; then
     fi
 fi
 
-# NAPKIN_WEB_BUILT=1: web/dist is already this tree's build (scripts/test.sh builds it while
-# the native steps run).
-if [ "${NAPKIN_WEB_BUILT:-0}" != 1 ]; then
-    bash scripts/web-build.sh
-fi
+bash scripts/web-build.sh
 check_budget() { # module, max bytes, max gzipped bytes
     local wasm wasm_bytes gzip_bytes
     wasm=$(echo web/dist/"$1"_bg.*.wasm)

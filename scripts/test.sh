@@ -25,16 +25,6 @@ bash scripts/fetch-llama-cpp-data.sh
 step "formatting"
 cargo fmt --all -- --check
 
-# The browser's wasm modules build in the background while the native steps below run: the
-# two share no build directory, and a native build leaves a core idle for much of its time
-# (one large crate at a time); the browser's checks wait for it at the end.
-mkdir -p web/e2e/artifacts
-web_build_log=web/e2e/artifacts/web-build.log
-# Its own session (process group), so that a failing step stops the whole build, cargo included.
-setsid bash scripts/web-build.sh > "$web_build_log" 2>&1 &
-web_build=$!
-trap 'kill -- "-$web_build" 2>/dev/null || true' EXIT
-
 step "lints (clippy on every target, with the CUDA backend too; a warning fails)"
 # With `napkin/cuda` the CUDA backend type-checks as well (no toolkit or GPU needed:
 # scripts/cuda-env.sh says why), in the same pass as everything else.
@@ -47,12 +37,4 @@ step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/
 RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
 
 step "the browser sandbox (wasm32 build, bundle budget, headless Chromium end to end)"
-status=0
-wait "$web_build" || status=$?
-trap - EXIT
-cat "$web_build_log"
-if [ "$status" -ne 0 ]; then
-    echo "error: scripts/web-build.sh failed (exit $status)" >&2
-    exit "$status"
-fi
-NAPKIN_WEB_BUILT=1 bash scripts/test-web.sh
+bash scripts/test-web.sh
