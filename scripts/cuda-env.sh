@@ -40,7 +40,10 @@ if [ ! -e "${XDG_DATA_HOME:-$HOME/.local/share}/$cuda_llvm_bundle/.tracel-llvm-i
     for dir in bin include lib; do
         ln -sfn "$cuda_llvm/$dir" "$cuda_stand_in/$cuda_llvm_bundle/$dir"
     done
-    touch "$cuda_stand_in/$cuda_llvm_bundle/.tracel-llvm-installed"
+    # The bundler's build script reruns when this marker changes, and everything CUDA above it
+    # rebuilds (~25 minutes on two cores): make it once, never touch it again.
+    marker="$cuda_stand_in/$cuda_llvm_bundle/.tracel-llvm-installed"
+    [ -e "$marker" ] || touch "$marker"
     z3=$("$cuda_llvm/bin/llvm-config" --link-static --system-libs | tr ' ' '\n' | grep 'libz3\.so$' || true)
     if [ -n "$z3" ]; then
         ln -sfn "$z3" "$cuda_stand_in/link/liblibz3.so"

@@ -770,4 +770,9 @@ pub struct ScenarioArgs {
     /// `measure` takes it from its device.
     #[arg(long, value_name = "KIND", default_value = "fused-cpu")]
     pub kernels: String,
+    /// How the device lays rows out: contiguous (the CPU backends, wgpu, Metal) or cuda (burn's
+    /// CUDA backend pads each row to an aligned pitch: 576-wide f32 rows cost 11 % more).
+    /// `measure` and `train` take it from their device.
+    #[arg(long, value_name = "LAYOUT", default_value = "contiguous")]
+    pub rows: String,
 }

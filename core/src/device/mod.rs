@@ -20,6 +20,7 @@ use std::str::FromStr;
 use burn::tensor::Device;
 
 use crate::error::{Error, Result};
+use crate::predict::row_layout::RowLayout;
 
 /// A backend the user can ask for with `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -163,6 +164,15 @@ impl DeviceKind {
         }
     }
 
+    /// How the backend lays rows out, before it is opened ([`row_layout_on`] reads an open
+    /// device).
+    pub fn row_layout(self) -> RowLayout {
+        match self {
+            DeviceKind::Cuda => RowLayout::CUDA,
+            _ => RowLayout::Contiguous,
+        }
+    }
+
     /// Whether the backend computes in host memory (nothing to offload to).
     pub fn is_cpu(self) -> bool {
         matches!(
@@ -194,6 +204,32 @@ pub fn is_gpu(device: &Device) -> bool {
     {
         let _ = device;
         false
+    }
+}
+
+/// How `device` lays a tensor's rows out in its memory: pitched on the runtimes whose
+/// allocator pads rows (CUDA, HIP: cubecl's `PitchedMemoryLayoutPolicy`, at the device's
+/// memory alignment), contiguous everywhere else.
+pub fn row_layout_on(device: &Device) -> RowLayout {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        if let burn_dispatch::DispatchDevice::Cube(cube) =
+            device.clone().without_autodiff().as_dispatch()
+            && matches!(
+                cube.runtime(),
+                cubecl::device::RuntimeId::Cuda | cubecl::device::RuntimeId::Hip
+            )
+        {
+            return RowLayout::Pitched {
+                alignment: cube.client().properties().memory.alignment,
+            };
+        }
+        RowLayout::Contiguous
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        RowLayout::Contiguous
     }
 }
 

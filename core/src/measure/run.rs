@@ -12,6 +12,7 @@ use super::trace::Recorder;
 use super::{Comparison, MeasurementReport, OffloadMeasurement, TimeComparison};
 use crate::data::MicroBatch;
 use crate::device::link::{self, LinkBytes};
+use crate::device::row_layout_on;
 use crate::error::{Error, Result};
 use crate::kernels::fused::kernels_on;
 use crate::memory::meter::{Meter, MeterMethod};
@@ -33,7 +34,8 @@ use crate::train::{
 /// the machine measurement behind the roofline. With `offload_to`, the optimizer keeps its
 /// state and master weights on that host device, whose bytes the counting allocator measures
 /// (it must be the global allocator, and `device` must not be a CPU backend). The prediction
-/// replays the element-wise layers as `device` runs them ([`kernels_on`]).
+/// replays the element-wise layers as `device` runs them ([`kernels_on`]) and lays rows out as
+/// its allocator does ([`row_layout_on`]).
 pub fn measure(
     s: &Scenario,
     device: &Device,
@@ -44,6 +46,7 @@ pub fn measure(
 ) -> Result<MeasurementReport> {
     let s = &Scenario {
         kernels: kernels_on(device),
+        rows: row_layout_on(device),
         ..s.clone()
     };
     let mut meter = Meter::for_device(device)?;

@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::link::causal_tile_mask_values;
+use super::row_layout::{RowLayout, Size};
 use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget};
 
 /// What the step trains, which decides what is tracked.
@@ -54,6 +55,8 @@ pub struct Kept {
     pub layer: Option<usize>,
     /// Values.
     pub values: u64,
+    /// Values in one row (the last dimension), which a pitched layout pads.
+    pub row: u64,
     /// Bytes per value: 4 (f32), or 2 for the bf16/f16 cast copies a product keeps under
     /// autocast.
     pub bytes_per_value: u64,
@@ -63,6 +66,14 @@ impl Kept {
     /// Bytes.
     pub fn bytes(&self) -> u64 {
         self.values * self.bytes_per_value
+    }
+
+    /// Values and row width.
+    pub fn size(&self) -> Size {
+        Size {
+            values: self.values,
+            row: self.row,
+        }
     }
 }
 
@@ -110,25 +121,22 @@ struct Replay {
     kernels: Kernels,
     /// How the linear layers compute.
     compute: LinearCompute,
+    /// How the device lays rows out.
+    rows: RowLayout,
 }
 
 impl Replay {
-    fn produce(&mut self, name: &str, values: u64, tracked: bool) -> Value {
-        self.produce_as(name, values, tracked, 4)
+    fn produce(&mut self, name: &str, size: Size, tracked: bool) -> Value {
+        self.produce_as(name, size, tracked, 4)
     }
 
-    fn produce_as(
-        &mut self,
-        name: &str,
-        values: u64,
-        tracked: bool,
-        bytes_per_value: u64,
-    ) -> Value {
+    fn produce_as(&mut self, name: &str, size: Size, tracked: bool, bytes_per_value: u64) -> Value {
         self.record(tracked, 1);
         self.produced.push(Kept {
             name: format!("{}{name}", self.prefix),
             layer: self.layer,
-            values,
+            values: size.values,
+            row: size.row,
             bytes_per_value,
         });
         Value {
@@ -149,6 +157,17 @@ impl Replay {
         x
     }
 
+    /// `[B, T, w]` → `[B·T, w]` for the products: a view of a contiguous tensor, but a copy of
+    /// a pitched one whose rows are padded (merging dimensions across the padding cannot be a
+    /// view; burn's reshape copies), made anew by every reshape.
+    fn merge_rows(&mut self, x: Value, n: u64, width: u64) -> Value {
+        if self.rows.pads(width, 4) {
+            self.stateless("input_rows", &[x], Size::rows(n, width))
+        } else {
+            self.view(x, 1)
+        }
+    }
+
     fn param(trainable: bool) -> Value {
         Value {
             id: None,
@@ -163,39 +182,39 @@ impl Replay {
     }
 
     /// `a·b`, `a/b`, `a @ b`: each operand kept when the other needs a gradient.
-    fn binary(&mut self, name: &str, a: Value, b: Value, values: u64) -> Value {
+    fn binary(&mut self, name: &str, a: Value, b: Value, size: Size) -> Value {
         if b.tracked {
             self.keep(a);
         }
         if a.tracked {
             self.keep(b);
         }
-        self.produce(name, values, a.tracked || b.tracked)
+        self.produce(name, size, a.tracked || b.tracked)
     }
 
     /// `exp`, `sigmoid`, `sqrt`, `recip`, `log`: the input kept when it needs a gradient.
-    fn unary(&mut self, name: &str, x: Value, values: u64) -> Value {
+    fn unary(&mut self, name: &str, x: Value, size: Size) -> Value {
         if x.tracked {
             self.keep(x);
         }
-        self.produce(name, values, x.tracked)
+        self.produce(name, size, x.tracked)
     }
 
     /// A fused op that keeps all its inputs when its output needs a gradient.
-    fn fused(&mut self, name: &str, inputs: &[Value], values: u64) -> Value {
+    fn fused(&mut self, name: &str, inputs: &[Value], size: Size) -> Value {
         let tracked = inputs.iter().any(|v| v.tracked);
         if tracked {
             for &input in inputs {
                 self.keep(input);
             }
         }
-        self.produce(name, values, tracked)
+        self.produce(name, size, tracked)
     }
 
     /// Ops that keep only shapes.
-    fn stateless(&mut self, name: &str, inputs: &[Value], values: u64) -> Value {
+    fn stateless(&mut self, name: &str, inputs: &[Value], size: Size) -> Value {
         let tracked = inputs.iter().any(|v| v.tracked);
-        self.produce(name, values, tracked)
+        self.produce(name, size, tracked)
     }
 
     fn scoped<R>(&mut self, scope: &str, f: impl FnOnce(&mut Self) -> R) -> R {
@@ -212,34 +231,35 @@ impl Replay {
     fn rms_norm(&mut self, x: Value, n: u64, d: u64, gain_trainable: bool) -> Value {
         let gain = Self::param(gain_trainable);
         if self.kernels == Kernels::BurnOps {
-            let square = self.binary("square", x, x, n * d);
-            let mean = self.stateless("mean_square", &[square], n);
-            let shifted = self.stateless("mean_square_eps", &[mean], n);
-            let rms = self.unary("rms", shifted, n);
-            let inv = self.unary("inv_rms", rms, n);
-            let normed = self.binary("normed", x, inv, n * d);
-            return self.binary("output", gain, normed, n * d);
+            // [n, d] → [n, 1] statistics → [n, d]
+            let square = self.binary("square", x, x, Size::rows(n, d));
+            let mean = self.stateless("mean_square", &[square], Size::rows(n, 1));
+            let shifted = self.stateless("mean_square_eps", &[mean], Size::rows(n, 1));
+            let rms = self.unary("rms", shifted, Size::rows(n, 1));
+            let inv = self.unary("inv_rms", rms, Size::rows(n, 1));
+            let normed = self.binary("normed", x, inv, Size::rows(n, d));
+            return self.binary("output", gain, normed, Size::rows(n, d));
         }
-        let inv = self.produce("inv_rms", n, false);
-        let out = self.fused("output", &[x, gain], n * d);
+        let inv = self.produce("inv_rms", Size::flat(n), false);
+        let out = self.fused("output", &[x, gain], Size::rows(n, d));
         if out.tracked {
             self.keep(inv);
         }
         out
     }
 
-    /// `silu(g)·u` over `values` elements. Fused: one op keeping `g` and `u`. burn's ops:
+    /// `silu(g)·u` over tensors of `size`. Fused: one op keeping `g` and `u`. burn's ops:
     /// `σ(g)` (kept: its backward reads its output), `g·σ(g)`, `silu(g)·u`.
-    fn swiglu(&mut self, gate: Value, up: Value, values: u64) -> Value {
+    fn swiglu(&mut self, gate: Value, up: Value, size: Size) -> Value {
         if self.kernels == Kernels::BurnOps {
-            let sigmoid = self.produce("gate_sigmoid", values, gate.tracked);
+            let sigmoid = self.produce("gate_sigmoid", size, gate.tracked);
             if gate.tracked {
                 self.keep(sigmoid);
             }
-            let silu = self.binary("gate_silu", gate, sigmoid, values);
-            return self.binary("swiglu", silu, up, values);
+            let silu = self.binary("gate_silu", gate, sigmoid, size);
+            return self.binary("swiglu", silu, up, size);
         }
-        self.fused("swiglu", &[gate, up], values)
+        self.fused("swiglu", &[gate, up], size)
     }
 
     /// `x·Wᵀ` for `x` of `n` rows of `inp` and a `[out, inp]` weight (`weight`: None for the
@@ -249,35 +269,45 @@ impl Replay {
         let [out, inp] = shape;
         let w = match weight {
             // One custom op (`model/nf4_matmul.rs`): it keeps the codes, which are resident.
-            Weight::Nf4 => return self.produce(name, n * out, x.tracked),
+            Weight::Nf4 => return self.produce(name, Size::rows(n, out), x.tracked),
             Weight::Dense { trainable, .. } => Self::param(trainable),
         };
         if !self.compute.half {
-            return self.binary(name, x, w, n * out);
+            return self.binary(name, x, w, Size::rows(n, out));
         }
-        let x16 = self.produce_as(&format!("{name}.input_16"), n * inp, x.tracked, 2);
+        let x16 = self.produce_as(
+            &format!("{name}.input_16"),
+            Size::rows(n, inp),
+            x.tracked,
+            2,
+        );
         let w16 = match weight {
             Weight::Dense {
                 stored_half: true, ..
             } => w,
-            _ => self.produce_as(&format!("{name}.weight_16"), out * inp, w.tracked, 2),
+            _ => self.produce_as(
+                &format!("{name}.weight_16"),
+                Size::rows(out, inp),
+                w.tracked,
+                2,
+            ),
         };
-        let y16 = self.binary(&format!("{name}.output_16"), x16, w16, n * out);
-        self.stateless(name, &[y16], n * out)
+        let y16 = self.binary(&format!("{name}.output_16"), x16, w16, Size::rows(n, out));
+        self.stateless(name, &[y16], Size::rows(n, out))
     }
 
     /// A bias-free linear `x·Wᵀ` over `n` rows, with an optional LoRA adapter of rank `r`.
     fn linear(&mut self, x: Value, n: u64, shape: [u64; 2], base: Weight, lora: Lora) -> Value {
         let [out, inp] = shape;
-        let x = self.view(x, 1); // [B, T, in] → [B·T, in]
+        let x = self.merge_rows(x, n, inp); // [B, T, in] → [B·T, in]
         let y = self.product("base_output", x, base, n, shape);
         let Some((r, _, dropout)) = lora else {
             return self.view(y, 1); // back to [B, T, out]
         };
         let x = if dropout {
-            let mask = self.produce("lora_dropout.mask", n * inp, false);
-            let dropped = self.binary("lora_dropout.masked", x, mask, n * inp);
-            self.stateless("lora_dropout.output", &[dropped], n * inp)
+            let mask = self.produce("lora_dropout.mask", Size::rows(n, inp), false);
+            let dropped = self.binary("lora_dropout.masked", x, mask, Size::rows(n, inp));
+            self.stateless("lora_dropout.output", &[dropped], Size::rows(n, inp))
         } else {
             x
         };
@@ -287,8 +317,8 @@ impl Replay {
         };
         let down = self.product("lora_A.output", x, trains, n, [r, inp]);
         let up = self.product("lora_B.output", down, trains, n, [out, r]);
-        let scaled = self.stateless("lora_scaled", &[up], n * out);
-        let y = self.stateless("output", &[y, scaled], n * out);
+        let scaled = self.stateless("lora_scaled", &[up], Size::rows(n, out));
+        let y = self.stateless("output", &[y, scaled], Size::rows(n, out));
         self.view(y, 1)
     }
 }
@@ -318,6 +348,7 @@ pub fn kept_activations(
     attention: AttentionKind,
     kernels: Kernels,
     compute: LinearCompute,
+    rows: RowLayout,
 ) -> ForwardKeeps {
     let c = config;
     let (b, t) = (b as u64, t as u64);
@@ -335,6 +366,7 @@ pub fn kept_activations(
     let mut r = Replay {
         kernels,
         compute,
+        rows,
         ..Replay::default()
     };
     let base = if compute.nf4_base {
@@ -356,10 +388,11 @@ pub fn kept_activations(
 
     // Per-forward tables: RoPE cos/sin [B, 1, T, Dh] and, for the eager attention, the
     // additive mask [1 or B, 1, T, T].
-    let cos = r.produce("rope.cos", n * dh, false);
-    let sin = r.produce("rope.sin", n * dh, false);
+    let cos = r.produce("rope.cos", Size::rows(n, dh), false);
+    let sin = r.produce("rope.sin", Size::rows(n, dh), false);
     if attention == AttentionKind::Eager {
-        r.produce("attention_mask", if packed { b } else { 1 } * t * t, false);
+        let masks = if packed { b } else { 1 };
+        r.produce("attention_mask", Size::rows(masks * t, t), false);
     }
 
     let mut x = r.scoped("embed_tokens", |r| {
@@ -367,7 +400,7 @@ pub fn kept_activations(
             "output",
             Replay::param(trainable.embedding_and_norms),
             Replay::param(false),
-            n * d,
+            Size::rows(n, d),
         )
     });
     for layer in 0..c.num_hidden_layers {
@@ -385,20 +418,22 @@ pub fn kept_activations(
                 // rope(x) = x·cos + cat(−x₂, x₁)·sin. Fused: one op on the projection that
                 // keeps nothing (its backward is the inverse rotation, from the shared
                 // tables). burn's ops: the products keep the tables (once per forward).
-                let rope = |r: &mut Replay, name: &str, x: Value, values| {
+                // The rotation runs on the heads: [B, n, T, Dh].
+                let rope = |r: &mut Replay, name: &str, x: Value, heads: u64| {
+                    let size = Size::rows(b * heads * t, dh);
                     r.scoped(name, |r| {
                         if r.kernels == Kernels::FusedCpu {
-                            return r.stateless("output", &[x, cos, sin], values);
+                            return r.stateless("output", &[x, cos, sin], size);
                         }
-                        let x_cos = r.binary("x_cos", x, cos, values);
+                        let x_cos = r.binary("x_cos", x, cos, size);
                         r.record(x.tracked, 3); // two halves and a negation
-                        let rotated = r.stateless("rotated", &[x], values);
-                        let rotated_sin = r.binary("rotated_sin", rotated, sin, values);
-                        r.stateless("output", &[x_cos, rotated_sin], values)
+                        let rotated = r.stateless("rotated", &[x], size);
+                        let rotated_sin = r.binary("rotated_sin", rotated, sin, size);
+                        r.stateless("output", &[x_cos, rotated_sin], size)
                     })
                 };
-                let q = rope(r, "q_rope", q, n * h * dh);
-                let k = rope(r, "k_rope", k, n * hkv * dh);
+                let q = rope(r, "q_rope", q, h);
+                let k = rope(r, "k_rope", k, hkv);
                 // Split into heads: reshape + transpose.
                 let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
                 if attention == AttentionKind::Efficient {
@@ -406,39 +441,39 @@ pub fn kept_activations(
                     // and held by the batch's context for every layer and pass.
                     let masks = causal_tile_mask_values(t);
                     if layer == 0 && r.kernels == Kernels::BurnOps && !packed && masks > 0 {
-                        let masks = r.produce("attention_tile_masks", masks, false);
+                        let masks = r.produce("attention_tile_masks", Size::flat(masks), false);
                         r.keep(masks);
                     }
                     // One op: keeps its three inputs, its output and the row log-sum-exps.
                     let tracked = q.tracked || k.tracked || v.tracked;
-                    let out = r.produce("attention_output", n * h * dh, tracked);
-                    let lse = r.produce("attention_lse", b * h * t, false);
+                    let out = r.produce("attention_output", Size::rows(n * h, dh), tracked);
+                    let lse = r.produce("attention_lse", Size::rows(b * h * t, 1), false);
                     if tracked {
                         for kept in [q, k, v, out, lse] {
                             r.keep(kept);
                         }
                     }
                     let out = r.view(out, 1); // [B, T, H, Dh]
-                    let merged = r.stateless("heads_merged", &[out], n * h * dh);
+                    let merged = r.stateless("heads_merged", &[out], Size::rows(n, h * dh));
                     return linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim());
                 }
                 let (q, k) = (r.view(q, 1), r.view(k, 1)); // groups folded; Kᵀ
-                let scores = b * h * t * t;
+                let scores = Size::rows(b * h * t, t); // [B, H, T, T]
                 let raw = r.binary("scores", q, k, scores);
                 let scaled = r.stateless("scores_scaled", &[raw], scores);
                 let scaled = r.view(scaled, 1);
                 let masked = r.stateless("scores_masked", &[scaled], scores);
                 let shifted = r.stateless("scores_shifted", &[masked], scores);
                 let exp = r.unary("scores_exp", shifted, scores);
-                let sum = r.stateless("scores_exp_sum", &[exp], b * h * t);
+                let sum = r.stateless("scores_exp_sum", &[exp], Size::rows(b * h * t, 1));
                 let probs = r.binary("probs", exp, sum, scores);
                 let probs = r.view(probs, 1);
-                let out = r.binary("probs_v", probs, v, n * h * dh);
+                let out = r.binary("probs_v", probs, v, Size::rows(n * h, dh));
                 let out = r.view(out, 2);
-                let merged = r.stateless("heads_merged", &[out], n * h * dh);
+                let merged = r.stateless("heads_merged", &[out], Size::rows(n, h * dh));
                 linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim())
             });
-            let x2 = r.stateless("attention_residual", &[x, attn], n * d);
+            let x2 = r.stateless("attention_residual", &[x, attn], Size::rows(n, d));
             let h2 = r.scoped("post_attention_layernorm", |r| {
                 r.rms_norm(x2, n, d, frozen_norms)
             });
@@ -449,7 +484,7 @@ pub fn kept_activations(
                 };
                 let gate = linear(r, "gate_proj", LoraTarget::GateProj, h2, f, c.hidden_size);
                 let up = linear(r, "up_proj", LoraTarget::UpProj, h2, f, c.hidden_size);
-                let prod = r.swiglu(gate, up, n * f);
+                let prod = r.swiglu(gate, up, Size::rows(n, f));
                 linear(
                     r,
                     "down_proj",
@@ -459,14 +494,14 @@ pub fn kept_activations(
                     c.intermediate_size,
                 )
             });
-            r.stateless("output", &[x2, mlp], n * d)
+            r.stateless("output", &[x2, mlp], Size::rows(n, d))
         });
     }
     r.layer = None;
     let normed = r.scoped("norm", |r| r.rms_norm(x, n, d, frozen_norms));
     let head_trainable = trainable.embedding_and_norms;
     let logits = r.scoped("lm_head", |r| {
-        let normed = r.view(normed, 1);
+        let normed = r.merge_rows(normed, n, d);
         let head = Weight::Dense {
             trainable: head_trainable,
             stored_half: false,
@@ -487,14 +522,14 @@ pub fn kept_activations(
         Kernels::BurnOps => ("exp_row_sums", rows, 3 * rows, 9),
     };
     r.scoped("loss", |r| {
-        let statistic = r.produce(row_statistic, per_row, false);
-        let labels = r.produce("shifted_labels", label_values, false);
+        let statistic = r.produce(row_statistic, Size::rows(per_row, 1), false);
+        let labels = r.produce("shifted_labels", Size::rows(label_values, 1), false);
         if logits.tracked {
             r.keep(statistic);
             r.keep(labels);
         }
         r.record(logits.tracked, more_ops);
-        r.stateless("sum", &[logits], 1);
+        r.stateless("sum", &[logits], Size::flat(1));
     });
 
     let Replay {
@@ -531,6 +566,7 @@ mod tests {
             AttentionKind::Eager,
             kernels,
             LinearCompute::default(),
+            RowLayout::Contiguous,
         )
     }
 
@@ -616,6 +652,7 @@ mod efficient_attention_tests {
                 attention,
                 Kernels::FusedCpu,
                 LinearCompute::default(),
+                RowLayout::Contiguous,
             )
             .tensors
             .iter()
@@ -640,6 +677,7 @@ mod efficient_attention_tests {
                 AttentionKind::Efficient,
                 Kernels::FusedCpu,
                 LinearCompute::default(),
+                RowLayout::Contiguous,
             )
             .tensors
             .iter()

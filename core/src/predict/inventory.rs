@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::activations::{LinearCompute, Trainable, kept_activations};
+use super::row_layout::{RowLayout, Size};
 use super::workspace;
 use crate::config::{
     AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
@@ -128,6 +129,8 @@ pub struct Scenario {
     pub attention: AttentionKind,
     /// napkin's fused CPU kernels or burn's ops (the GPU backends) for the element-wise layers.
     pub kernels: Kernels,
+    /// How the device lays rows out: contiguous, or pitched (CUDA pads each row).
+    pub rows: RowLayout,
 }
 
 impl Scenario {
@@ -146,6 +149,7 @@ impl Scenario {
             packed: false,
             attention: AttentionKind::Eager,
             kernels: Kernels::FusedCpu,
+            rows: RowLayout::Contiguous,
         }
     }
 
@@ -188,20 +192,24 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
     let c = &s.config;
     let (v, d) = (c.vocab_size as u64, c.hidden_size as u64);
     let full = s.lora.is_none();
+    let f32_bytes = |size: Size| s.rows.bytes(size, F32);
     let mut out = Vec::new();
-    // A trainable tensor brings its gradient and its optimizer state.
-    let trainable = |out: &mut Vec<Entry>, name: &str, layer: Option<usize>, n: u64| {
+    // A trainable tensor brings its gradient and its optimizer state. Both take their values'
+    // bytes on every device: on CUDA too, as measured (napkin's update kernels allocate their
+    // state contiguous; the gradients the backward leaves were measured unpadded).
+    let trainable = |out: &mut Vec<Entry>, name: &str, layer: Option<usize>, size: Size| {
+        let n = size.values;
         out.push(Entry {
             name: format!("{name}.grad"),
             layer,
             kind: Kind::Gradients,
-            bytes: 4 * n,
+            bytes: F32 * n,
             phases: Phases::GRADIENT,
         });
         let state = match s.optimizer {
-            OptimizerKind::AdamW => 8 * n,
+            OptimizerKind::AdamW => 2 * F32 * n,
             OptimizerKind::AdamW8bit => adamw8bit_state_bytes(n as usize),
-            OptimizerKind::Sgd => 4 * n,
+            OptimizerKind::Sgd => F32 * n,
         };
         out.push(Entry {
             name: format!("{name}.optimizer_state"),
@@ -211,33 +219,40 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             phases: Phases::ALWAYS,
         });
     };
-    let weight = |name: &str, layer: Option<usize>, n: u64| Entry {
+    let weight = |name: &str, layer: Option<usize>, size: Size| Entry {
         name: name.to_string(),
         layer,
         kind: Kind::Weights,
-        bytes: 4 * n,
+        bytes: f32_bytes(size),
         phases: Phases::ALWAYS,
     };
 
-    out.push(weight("embed_tokens", None, v * d));
+    // [V, D]
+    out.push(weight("embed_tokens", None, Size::rows(v, d)));
     if full {
-        trainable(&mut out, "embed_tokens", None, v * d);
+        trainable(&mut out, "embed_tokens", None, Size::rows(v, d));
     }
     for layer in 0..c.num_hidden_layers {
         let l = Some(layer);
         for norm in ["input_layernorm", "post_attention_layernorm"] {
             let name = format!("layers.{layer}.{norm}");
-            out.push(weight(&name, l, d));
+            out.push(weight(&name, l, Size::flat(d)));
             if full {
-                trainable(&mut out, &name, l, d);
+                trainable(&mut out, &name, l, Size::flat(d));
             }
         }
         for (&(_, rows, cols), target) in c.block_linears().iter().zip(LoraTarget::ALL) {
             let name = format!("layers.{layer}.{}", target.block_path());
-            let n = (rows * cols) as u64;
+            let (rows, cols) = (rows as u64, cols as u64);
+            let n = rows * cols;
             match &s.nf4 {
                 Some(nf4) => {
+                    // One-dimensional buffers on every device: codes, scales.
                     let (codes, scales) = nf4_tensor_bytes(n, nf4);
+                    let (codes, scales) = (
+                        s.rows.bytes(Size::flat(codes), 1),
+                        s.rows.bytes(Size::flat(scales), 1),
+                    );
                     out.push(Entry {
                         name: format!("{name}.nf4_codes"),
                         layer: l,
@@ -254,13 +269,15 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                     });
                 }
                 None => {
+                    // [out, in]
+                    let size = Size::rows(rows, cols);
                     let bytes_per = if s.half_base() && !full { 2 } else { 4 };
                     out.push(Entry {
-                        bytes: bytes_per * n,
-                        ..weight(&format!("{name}.weight"), l, n)
+                        bytes: s.rows.bytes(size, bytes_per),
+                        ..weight(&format!("{name}.weight"), l, size)
                     });
                     if full {
-                        trainable(&mut out, &format!("{name}.weight"), l, n);
+                        trainable(&mut out, &format!("{name}.weight"), l, size);
                     }
                 }
             }
@@ -268,28 +285,32 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                 && lora.targets(target)
             {
                 let r = lora.r as u64;
-                for (part, values) in [("lora_A", r * cols as u64), ("lora_B", r * rows as u64)] {
+                // A: [r, in], B: [out, r]
+                for (part, size) in [
+                    ("lora_A", Size::rows(r, cols)),
+                    ("lora_B", Size::rows(rows, r)),
+                ] {
                     let adapter = format!("{name}.{part}");
                     out.push(Entry {
                         name: adapter.clone(),
                         layer: l,
                         kind: Kind::Adapters,
-                        bytes: 4 * values,
+                        bytes: f32_bytes(size),
                         phases: Phases::ALWAYS,
                     });
-                    trainable(&mut out, &adapter, l, values);
+                    trainable(&mut out, &adapter, l, size);
                 }
             }
         }
     }
-    out.push(weight("norm", None, d));
+    out.push(weight("norm", None, Size::flat(d)));
     if full {
-        trainable(&mut out, "norm", None, d);
+        trainable(&mut out, "norm", None, Size::flat(d));
     }
     if !c.tie_word_embeddings {
-        out.push(weight("lm_head", None, v * d));
+        out.push(weight("lm_head", None, Size::rows(v, d)));
         if full {
-            trainable(&mut out, "lm_head", None, v * d);
+            trainable(&mut out, "lm_head", None, Size::rows(v, d));
         }
     }
     // On the CPU backends every parameter tensor (embedding, norms, dense weights, head,
@@ -308,21 +329,26 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             phases: Phases::ALWAYS,
         });
     }
-    let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
-    out.push(Entry {
-        name: "optimizer.map".into(),
-        layer: None,
-        kind: Kind::OptimizerState,
-        bytes: workspace::optimizer_map_bytes(s.optimizer, gradient_tensors),
-        phases: Phases::ALWAYS,
-    });
-    out.push(Entry {
-        name: "gradients.map".into(),
-        layer: None,
-        kind: Kind::Gradients,
-        bytes: workspace::gradient_map_bytes(gradient_tensors),
-        phases: Phases::GRADIENT,
-    });
+    // The optimizer's and the gradients' maps (one entry per tensor) are host memory: the
+    // device's own on the CPU backends, beside it on a GPU, where the device pool does not see
+    // them (measured on CUDA: the gradients take their values' bytes exactly).
+    if s.kernels.graph_beside_tensors() {
+        let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
+        out.push(Entry {
+            name: "optimizer.map".into(),
+            layer: None,
+            kind: Kind::OptimizerState,
+            bytes: workspace::optimizer_map_bytes(s.optimizer, gradient_tensors),
+            phases: Phases::ALWAYS,
+        });
+        out.push(Entry {
+            name: "gradients.map".into(),
+            layer: None,
+            kind: Kind::Gradients,
+            bytes: workspace::gradient_map_bytes(gradient_tensors),
+            phases: Phases::GRADIENT,
+        });
+    }
     out.extend(activation_entries(s));
     out
 }
@@ -345,6 +371,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             nf4_base: s.nf4.is_some(),
             half_base: s.half_base(),
         },
+        s.rows,
     );
     // The blocks whose down projection keeps its input (`silu(gate)·up`) as an f32 tensor.
     let down_input_kept: Vec<usize> = keeps
@@ -362,7 +389,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
     for kept in keeps.tensors {
         out.push(Entry {
             phases: kept_phases(kept.layer),
-            bytes: kept.bytes(),
+            bytes: s.rows.bytes(kept.size(), kept.bytes_per_value),
             name: kept.name,
             layer: kept.layer,
             kind: Kind::SavedActivations,
@@ -390,7 +417,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
                 name: format!("layers.{layer}.checkpoint_input"),
                 layer: Some(layer),
                 kind: Kind::CheckpointInputs,
-                bytes: F32 * n * c.hidden_size as u64,
+                bytes: s.rows.bytes(Size::rows(n, c.hidden_size as u64), F32),
                 phases: Phases::ACTIVATION,
             });
         }
@@ -399,7 +426,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         name: "logits".into(),
         layer: None,
         kind: Kind::Logits,
-        bytes: F32 * n * c.vocab_size as u64,
+        bytes: s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32),
         // Kept by the loss for its backward, which turns them into their own gradient.
         phases: Phases::ACTIVATION,
     });

@@ -16,6 +16,7 @@
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
 //! - `report`: everything the predictor says about one step, one type for the CLI and the page.
+//! - `row_layout`: how a device lays rows out (CUDA pads each row to an aligned pitch).
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
 //! - `zero`: DeepSpeed's ZeRO-2 / ZeRO-3 model-state estimates.
 
@@ -29,6 +30,7 @@ pub mod precision;
 pub mod preflight;
 pub mod pytorch;
 pub mod report;
+pub mod row_layout;
 pub mod rules;
 pub mod seed;
 pub mod sharding;

@@ -279,6 +279,7 @@ impl TrainConfig {
             } else {
                 Kernels::BurnOps
             },
+            rows: self.device.row_layout(),
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

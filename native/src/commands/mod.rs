@@ -97,6 +97,7 @@ impl ScenarioArgs {
                 .parse()
                 .context("--attention")?,
             kernels: self.kernels.parse().context("--kernels")?,
+            rows: self.rows.parse().context("--rows")?,
             ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }

@@ -21,6 +21,7 @@ use napkin_core::train::{StepGradients, StepOptions, forward_backward};
 static ALLOC: CountingAllocator = CountingAllocator;
 
 mod attention;
+mod cuda_pool;
 mod flex_products;
 mod grid;
 mod held_out;
