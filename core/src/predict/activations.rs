@@ -53,27 +53,17 @@ pub struct Kept {
     pub name: String,
     /// The block that produced it (None: embedding, head, loss, tables).
     pub layer: Option<usize>,
-    /// Values.
-    pub values: u64,
-    /// Values in one row (the last dimension), which a pitched layout pads.
-    pub row: u64,
+    /// Values, and the values in one row (the last dimension, which a pitched layout pads).
+    pub size: Size,
     /// Bytes per value: 4 (f32), or 2 for the bf16/f16 cast copies a product keeps under
     /// autocast.
     pub bytes_per_value: u64,
 }
 
 impl Kept {
-    /// Bytes.
-    pub fn bytes(&self) -> u64 {
-        self.values * self.bytes_per_value
-    }
-
-    /// Values and row width.
-    pub fn size(&self) -> Size {
-        Size {
-            values: self.values,
-            row: self.row,
-        }
+    /// Bytes on a device that lays rows out as `rows`.
+    pub fn bytes(&self, rows: RowLayout) -> u64 {
+        rows.bytes(self.size, self.bytes_per_value)
     }
 }
 
@@ -135,8 +125,7 @@ impl Replay {
         self.produced.push(Kept {
             name: format!("{}{name}", self.prefix),
             layer: self.layer,
-            values: size.values,
-            row: size.row,
+            size,
             bytes_per_value,
         });
         Value {
@@ -573,7 +562,7 @@ mod tests {
     fn total(kept: &[Kept], layer: Option<usize>) -> u64 {
         kept.iter()
             .filter(|k| k.layer == layer)
-            .map(|k| k.values)
+            .map(|k| k.size.values)
             .sum()
     }
 
@@ -656,7 +645,7 @@ mod efficient_attention_tests {
             )
             .tensors
             .iter()
-            .map(|k| k.values)
+            .map(|k| k.size.values)
             .sum()
         };
         let (h, dh, layers) = (9u64, 64u64, 30u64);

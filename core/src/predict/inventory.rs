@@ -389,7 +389,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
     for kept in keeps.tensors {
         out.push(Entry {
             phases: kept_phases(kept.layer),
-            bytes: s.rows.bytes(kept.size(), kept.bytes_per_value),
+            bytes: kept.bytes(s.rows),
             name: kept.name,
             layer: kept.layer,
             kind: Kind::SavedActivations,

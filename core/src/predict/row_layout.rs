@@ -98,14 +98,6 @@ impl RowLayout {
     pub fn pads(self, width: u64, bytes_per_value: u64) -> bool {
         self.pitch(width, bytes_per_value) != width * bytes_per_value
     }
-
-    /// In words, for reports.
-    pub fn describe(self) -> String {
-        match self {
-            RowLayout::Contiguous => "contiguous rows".into(),
-            RowLayout::Pitched { alignment } => format!("rows pitched to {alignment} B"),
-        }
-    }
 }
 
 impl FromStr for RowLayout {
