@@ -183,9 +183,10 @@ fn quantized_activations_stay_within_their_rounding_bound() {
 
 #[test]
 fn every_kernel_this_cpu_runs_matches_the_portable_one() {
-    // 18 blocks a row: two groups of eight and two left over (the SIMD kernels' two paths);
-    // the K-quants' rows are whole groups (three super-blocks). An odd number of rows: the
-    // prompt kernels' tiles of two rows end with one row alone.
+    // Rows of blocks of 32 in whole groups of eight (512) and not (576: two groups and two
+    // blocks, which the group kernels end with zero blocks); the K-quants' rows are whole
+    // super-blocks. An odd number of rows: the prompt kernels' tiles of two rows end with one
+    // row alone.
     let rows = 41;
     let mut kernels = vec![RowKernel::Scalar];
     #[cfg(target_arch = "x86_64")]
@@ -197,8 +198,6 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
             kernels.push(RowKernel::Vnni);
         }
     }
-    // Rows of blocks of 32 in whole groups of eight (512: the kernels of the K-quants) and not
-    // (576).
     let cases = FORMATS
         .into_iter()
         .flat_map(|f| BITS.map(|b| (f, b)))
@@ -256,11 +255,14 @@ fn sixteen_bit_activations_split_into_two_signed_bytes_exactly() {
 fn a_token_gets_the_same_bits_alone_or_in_a_prompt() {
     // Decoding and prefilling the same tokens must agree exactly (a prompt's logits are those
     // of its tokens decoded one by one): every kernel — one token, a few, eight side by side
-    // and a partial group of eight, rows in tiles or alone — sums a token's blocks in the same
-    // order.
+    // and a partial group of eight, rows in tiles or alone, rows of whole groups of eight blocks
+    // or not (576: two groups and two blocks) — sums a token's blocks in the same order.
     let rows = 25;
-    for (format, bits) in FORMATS.into_iter().flat_map(|f| BITS.map(|b| (f, b))) {
-        let cols = columns(format, 256, 512);
+    let cases = FORMATS
+        .into_iter()
+        .flat_map(|f| BITS.map(|b| (f, b)))
+        .flat_map(|(f, b)| [columns(f, 256, 512), columns(f, 576, 768)].map(|cols| (f, b, cols)));
+    for (format, bits, cols) in cases {
         let w = random_matrix(format, rows, cols, 12);
         for tokens in [3, 9] {
             let xs = activations(tokens, cols, 13);
@@ -278,7 +280,7 @@ fn a_token_gets_the_same_bits_alone_or_in_a_prompt() {
                         .iter()
                         .zip(&y)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{format:?} {bits:?} token {t} of {tokens}: {:?} vs {:?}",
+                    "{format:?} {bits:?} {cols} columns, token {t} of {tokens}: {:?} vs {:?}",
                     &prompt[..4],
                     &y[..4]
                 );

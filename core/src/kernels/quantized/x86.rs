@@ -3,29 +3,35 @@
 //! The same source is compiled twice, once per instruction set, by the `kernels!` macro below.
 //!
 //! Three shapes of kernel:
-//! - **Blocks of 32** (Q4_0, Q4_1, Q8_0): each row of `W` is unpacked once into a small buffer
-//!   that stays in L1 (each block's 32 unsigned bytes, its scale `d_w` and its offset: `m` for
-//!   Q4_1, `−8·d_w` for Q4_0), then every token walks it eight blocks at a time: eight byte
-//!   products, their lanes summed into one vector of eight block sums, scaled by `d_w·d_x` and
-//!   the offsets added (`off·d_x·Σx`) in two vector FMAs.
-//! - **K-quant super-blocks, one token at a time** (Q4_K, Q5_K, Q6_K; decoding and short
-//!   prompts): each super-block of 256 is unpacked into eight registers (no buffer) and taken
-//!   against each token's eight blocks as above; with one token the sums stay in registers.
-//! - **K-quant super-blocks, eight tokens side by side** (prompts of 8 tokens or more,
+//! - **A row buffer** (Q8_0 with AVX2 only): each row of `W` is unpacked once into a small buffer
+//!   that stays in L1 (each block's `|q|`, its signs and `d_w`), then every token walks it eight
+//!   blocks at a time: eight byte products, their lanes summed into one vector of eight block
+//!   sums, scaled by `d_w·d_x` in one vector FMA.
+//! - **Groups of eight blocks, one token at a time** (the K-quants' super-blocks, Q4_0 and Q4_1
+//!   eight blocks at a time, and Q8_0 with VNNI; decoding and short prompts): each group is
+//!   unpacked into eight registers (no buffer) and taken against each token's eight blocks as
+//!   above, the offsets (`m` for Q4_1, `−8·d_w` for Q4_0, `−dmin·m` for the K-quants, `−128·d_w`
+//!   for Q8_0) added as `off·d_x·Σx`; with one token the sums stay in registers. A row that ends
+//!   inside a group (SmolLM2's 576 columns: two groups and two blocks) takes its last blocks
+//!   with zero blocks after them.
+//! - **Groups of eight blocks, eight tokens side by side** (prompts of 8 tokens or more,
 //!   [`TokenGroups`]): four codes of a row repeated in every lane times a vector holding the same
 //!   four positions of eight tokens gives the eight tokens' partial sums in the eight lanes, so
 //!   a block's sum needs no lane reduction, and its scale (one per token) is one vector. With
 //!   VNNI (32 vector registers) the formats with an offset take two rows at a time, so that each
 //!   of the tokens' vectors (from L2 in a long prompt) is loaded once for both rows' products.
+//!   Rows that end inside a group are copied a tile at a time with zero blocks after them.
 //!
-//! With 16-bit activations the blocks of 32 widen their weights to i16 (two `vpmaddwd` or
-//! VNNI's `vpdpwssd` per block: `2·127·32767` fits in i32); the K-quant kernels take the
-//! activations split into two signed bytes (`q = 256·high + low`, [`SplitBlock`]) against the
-//! codes' own bytes, or widen the codes once per super-block when several tokens share them.
+//! With 16-bit activations the row buffer widens its weights to i16 (two `vpmaddwd` per block:
+//! `2·127·32767` fits in i32); the group kernels take the activations split into two signed
+//! bytes (`q = 256·high + low`, [`SplitBlock`]) against the codes' own bytes, or widen the codes
+//! once per group when several tokens share them (`32·255·32639` fits in i32).
 //!
-//! Both byte products take an unsigned first operand: 4-bit values are 0..15; an 8-bit weight
-//! is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp does.
-//! `vpmaddubsw` saturates at ±32767: `2·128·127` fits.
+//! Both byte products take an unsigned first operand: 4-bit values are 0..15. An 8-bit weight
+//! is passed as `q + 128` (0..255, the offset `−128·d_w` taken off as for Q4_0) with VNNI,
+//! whose `vpdpbusd` sums four products in i32; `vpmaddubsw` saturates a pair at ±32767, so with
+//! AVX2 it is passed as `|w|`, its sign moved onto the activation (`sign(x, w)`), as llama.cpp
+//! does (`2·128·127` fits).
 //!
 //! Q6_K has a scale per 16 values and `w = d·s·(q − 32)`: its 6-bit `q` go into the byte
 //! product and `32·Σx` is taken off (the pair sums of `32·x`, or each token's sums of 16
@@ -79,11 +85,6 @@ const fn block_format(format: u8) -> BlockFormat {
     }
 }
 
-/// Whether each block's weights carry an offset (`off·d_x·Σx` is added).
-const fn has_offset(format: u8) -> bool {
-    matches!(format, Q4_0 | Q4_1 | Q4_K | Q5_K)
-}
-
 /// From how many tokens the K-quant kernels widen their codes to i16 for 16-bit activations
 /// (below, the activations' bytes are multiplied with the codes' own).
 const WIDEN_FROM_TOKENS: usize = 3;
@@ -92,15 +93,21 @@ const WIDEN_FROM_TOKENS: usize = 3;
 const GROUP: usize = 8;
 const _: () = assert!(PADDING.is_multiple_of(GROUP));
 
-/// One row of a format with blocks of 32 unpacked: per block its unsigned bytes and the signs
-/// to move onto 8-bit activations (Q8_0), or its values as two vectors of 16 i16 (for 16-bit
-/// activations), `d_w` and the offset; zero blocks at the end up to the activations' padding.
+/// `row` copied into the start of `padded`, whose rest stays zero (zero blocks add nothing).
+#[inline]
+fn padded_row<'a>(row: &[u8], padded: &'a mut [u8]) -> &'a [u8] {
+    padded[..row.len()].copy_from_slice(row);
+    padded
+}
+
+/// One Q8_0 row unpacked (the AVX2 kernel's): per block its `|q|` and signs (to move onto 8-bit
+/// activations), or its values as two vectors of 16 i16 (16-bit activations), and `d_w`; zero
+/// blocks at the end up to the activations' padding.
 struct Unpacked {
     bytes: Vec<__m256i>,
     signs: Vec<__m256i>,
     wide: Vec<[__m256i; 2]>,
     scales: Vec<f32>,
-    offsets: Vec<f32>,
 }
 
 /// The eight lane sums of eight vectors `$p` as one vector `[Σp0, …, Σp7]`, with the horizontal
@@ -121,12 +128,18 @@ macro_rules! kernels {
         $isa:ident,
         $features:literal,
         $tile_rows:literal,
+        $exact_unsigned:literal,
         |$w:ident, $x:ident| $dot:expr,
         |$acc:ident, $wa:ident, $xa:ident| $dot_acc:expr,
         |$wl:ident, $xl:ident, $wh:ident, $xh:ident| $dot16:expr
     ) => {
         pub(super) mod $isa {
             use super::*;
+
+            /// Whether a byte product of unsigned bytes up to 255 is exact (VNNI's
+            /// `vpdpbusd` sums in i32; AVX2's `vpmaddubsw` saturates pairs at ±32767), so that
+            /// Q8_0 can take the blocked kernels as `q + 128`.
+            const EXACT_UNSIGNED_BYTES: bool = $exact_unsigned;
 
             /// `Σ w·x` of 32 unsigned bytes and 32 signed bytes, as eight i32 partial sums.
             #[target_feature(enable = $features)]
@@ -203,19 +216,6 @@ macro_rules! kernels {
                 )
             }
 
-            /// Block `b` of `u` from its 32 unsigned values (element order).
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn store_unsigned<const WIDE: bool>(u: &mut Unpacked, b: usize, values: __m256i) {
-                if WIDE {
-                    let low = _mm256_castsi256_si128(values);
-                    let high = _mm256_extracti128_si256(values, 1);
-                    u.wide[b] = [_mm256_cvtepu8_epi16(low), _mm256_cvtepu8_epi16(high)];
-                } else {
-                    u.bytes[b] = values;
-                }
-            }
-
             /// One Q4_K/Q5_K super-block: its eight blocks' unsigned values (element order),
             /// their scales `d·sc` and their offsets `−dmin·m`.
             #[target_feature(enable = $features)]
@@ -255,13 +255,17 @@ macro_rules! kernels {
                 (codes, scales, offsets)
             }
 
-            /// Eight blocks of 32 of a format with an offset: as `k4_super_block` — Q4_0 and
-            /// Q4_1 (`d`, and `−8·d` or `m`), and the K-quants' super-blocks.
+            /// Eight blocks of 32 as unsigned codes, scales and offsets, as `k4_super_block`:
+            /// Q4_0 (`q`, `d`, `−8·d`), Q4_1 (`q`, `d`, `m`), Q8_0 (`q + 128`, `d`, `−128·d`:
+            /// VNNI only, as `vpmaddubsw` would saturate), and the K-quants' super-blocks.
             #[target_feature(enable = $features)]
             #[inline]
             fn eight_blocks<const F: u8>(bytes: &[u8]) -> ([__m256i; 8], __m256, __m256) {
                 if F == Q4_K || F == Q5_K {
                     return k4_super_block::<F>(bytes);
+                }
+                if F == Q8_0 {
+                    return q8_0_group(bytes);
                 }
                 // Plain loops: closures and `array::map` here were left as calls (10× slower).
                 let size = block_format(F).row_bytes(BLOCK);
@@ -288,6 +292,56 @@ macro_rules! kernels {
                     _mm256_mul_ps(scales, _mm256_set1_ps(-8.0))
                 };
                 (codes, scales, offsets)
+            }
+
+            /// A row's last blocks (fewer than eight, of Q4_0, Q4_1 or Q8_0) as `eight_blocks`
+            /// gives a group: the missing blocks zero (`d = 0`: they add nothing).
+            #[target_feature(enable = $features)]
+            fn last_blocks<const F: u8>(bytes: &[u8]) -> ([__m256i; 8], __m256, __m256) {
+                let size = block_format(F).row_bytes(BLOCK);
+                let mut codes = [_mm256_setzero_si256(); GROUP];
+                let (mut d, mut m) = ([0u16; GROUP], [0u16; GROUP]);
+                for (j, block) in bytes.chunks_exact(size).enumerate() {
+                    d[j] = u16::from_le_bytes([block[0], block[1]]);
+                    m[j] = u16::from_le_bytes([block[2], block[3]]);
+                    codes[j] = match F {
+                        Q4_0 => nibbles(&block[2..]),
+                        Q4_1 => nibbles(&block[4..]),
+                        _ => _mm256_xor_si256(load32(&block[2..]), _mm256_set1_epi8(i8::MIN)),
+                    };
+                }
+                // SAFETY: eight u16 each; unaligned loads.
+                let (d, m) = unsafe {
+                    (
+                        _mm_loadu_si128(d.as_ptr().cast()),
+                        _mm_loadu_si128(m.as_ptr().cast()),
+                    )
+                };
+                let scales = _mm256_cvtph_ps(d);
+                let offsets = match F {
+                    Q4_1 => _mm256_cvtph_ps(m),
+                    Q4_0 => _mm256_mul_ps(scales, _mm256_set1_ps(-8.0)),
+                    _ => _mm256_mul_ps(scales, _mm256_set1_ps(-128.0)),
+                };
+                (codes, scales, offsets)
+            }
+
+            /// Eight Q8_0 blocks as `eight_blocks` gives them: `q + 128` as unsigned bytes
+            /// (the sign bit flipped), `d`, and the offset `−128·d`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q8_0_group(bytes: &[u8]) -> ([__m256i; 8], __m256, __m256) {
+                let size = BlockFormat::Q8_0.row_bytes(BLOCK);
+                let mut codes = [_mm256_setzero_si256(); GROUP];
+                let mut d = [0u16; GROUP];
+                for j in 0..GROUP {
+                    let block = &bytes[size * j..size * (j + 1)];
+                    d[j] = u16::from_le_bytes([block[0], block[1]]);
+                    codes[j] = _mm256_xor_si256(load32(&block[2..]), _mm256_set1_epi8(i8::MIN));
+                }
+                // SAFETY: eight u16; unaligned load.
+                let scales = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(d.as_ptr().cast()) });
+                (codes, scales, _mm256_mul_ps(scales, _mm256_set1_ps(-128.0)))
             }
 
             /// The eight block sums `Σ q·x` of unsigned `codes` and 8-bit activations.
@@ -351,7 +405,7 @@ macro_rules! kernels {
             /// Q4_K/Q5_K rows straight from their super-blocks: each super-block's values are
             /// unpacked into registers once and every token's eight blocks taken against them.
             #[target_feature(enable = $features)]
-            fn rows_k4<const F: u8, const WIDE: bool>(
+            fn rows_k4<const F: u8, const WIDE: bool, const TAIL: bool>(
                 rows: &[u8],
                 x: &QuantizedActivations,
                 out: &mut [f32],
@@ -360,6 +414,15 @@ macro_rules! kernels {
                 let format = block_format(F);
                 let (row_bytes, size) =
                     (format.row_bytes(x.cols()), format.row_bytes(GROUP * BLOCK));
+                // A row that ends inside a group is first copied with zero blocks after it.
+                let mut padded = vec![
+                    0u8;
+                    if TAIL {
+                        row_bytes.next_multiple_of(size)
+                    } else {
+                        0
+                    }
+                ];
                 // 16-bit activations: split into bytes for a token or two (no widening), with
                 // the codes widened to i16 once per super-block for more (one i16 product a
                 // pair of values instead of two byte products).
@@ -381,9 +444,24 @@ macro_rules! kernels {
                     for (row, out) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
                         let (mut products, mut offset_sums) =
                             (_mm256_setzero_ps(), _mm256_setzero_ps());
-                        for (s, block) in row.chunks_exact(size).enumerate() {
+                        let mut groups = row.chunks_exact(size);
+                        for (s, block) in (&mut groups).enumerate() {
                             let (codes, scales, offsets) = eight_blocks::<F>(block);
                             let first = s * GROUP;
+                            let sums = if WIDE {
+                                split_sums(&codes, &split[first..])
+                            } else {
+                                byte_sums(&codes, &bytes[first..])
+                            };
+                            let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
+                            products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, products);
+                            offset_sums =
+                                _mm256_fmadd_ps(offsets, load8(&dsum[first..]), offset_sums);
+                        }
+                        if TAIL {
+                            // The last blocks, zero blocks after them (no copy of the row).
+                            let (codes, scales, offsets) = last_blocks::<F>(groups.remainder());
+                            let first = row_bytes / size * GROUP;
                             let sums = if WIDE {
                                 split_sums(&codes, &split[first..])
                             } else {
@@ -403,6 +481,11 @@ macro_rules! kernels {
                 let zero = _mm256_setzero_ps();
                 let mut acc = vec![(zero, zero); t];
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    let row = if TAIL {
+                        padded_row(row, &mut padded)
+                    } else {
+                        row
+                    };
                     acc.fill((zero, zero));
                     for (s, block) in row.chunks_exact(size).enumerate() {
                         let (codes, scales, offsets) = eight_blocks::<F>(block);
@@ -701,18 +784,31 @@ macro_rules! kernels {
             ) {
                 const R: usize = $tile_rows;
                 let t = x.tokens();
-                let row_bytes = block_format(F).row_bytes(x.cols());
+                let format = block_format(F);
+                let row_bytes = format.row_bytes(x.cols());
+                // Rows that end inside a group are copied, tile by tile, with zero blocks after
+                // each (`stride` bytes a row).
+                let stride = row_bytes.next_multiple_of(format.row_bytes(GROUP * BLOCK));
+                let mut padded = vec![0u8; if stride == row_bytes { 0 } else { R * stride }];
                 let zero = [[_mm256_setzero_ps(); GROUP]; R];
                 let mut acc = vec![(zero, zero); groups.groups()];
                 for (tile, out) in rows.chunks(R * row_bytes).zip(out.chunks_mut(R * t)) {
-                    if tile.len() == R * row_bytes {
-                        tile_of::<F, WIDE, R>(tile, row_bytes, groups, &mut acc, out);
+                    let tile = if padded.is_empty() {
+                        tile
+                    } else {
+                        for (row, to) in tile.chunks_exact(row_bytes).zip(padded.chunks_mut(stride))
+                        {
+                            to[..row_bytes].copy_from_slice(row);
+                        }
+                        &padded[..tile.len() / row_bytes * stride]
+                    };
+                    if tile.len() == R * stride {
+                        tile_of::<F, WIDE, R>(tile, stride, groups, &mut acc, out);
                     } else {
                         let zero = [[_mm256_setzero_ps(); GROUP]; 1];
                         let mut one = vec![(zero, zero); groups.groups()];
-                        for (row, out) in tile.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t))
-                        {
-                            tile_of::<F, WIDE, 1>(row, row_bytes, groups, &mut one, out);
+                        for (row, out) in tile.chunks_exact(stride).zip(out.chunks_exact_mut(t)) {
+                            tile_of::<F, WIDE, 1>(row, stride, groups, &mut one, out);
                         }
                     }
                 }
@@ -884,73 +980,51 @@ macro_rules! kernels {
                 }
             }
 
-            /// Unpacks one row of format `F` into `u`, for 16-bit activations when `WIDE`.
+            /// Unpacks one Q8_0 row into `u`: each block's `|q|` and signs, or (16-bit
+            /// activations, `WIDE`) its values widened to i16, and its `d`.
             #[target_feature(enable = $features)]
-            fn unpack<const F: u8, const WIDE: bool>(row: &[u8], u: &mut Unpacked) {
-                let format = block_format(F);
-                let size = format.row_bytes(format.values_per_block());
+            fn unpack_q8_0<const WIDE: bool>(row: &[u8], u: &mut Unpacked) {
+                let size = BlockFormat::Q8_0.row_bytes(BLOCK);
                 for (b, block) in row.chunks_exact(size).enumerate() {
-                    let scale = half(block, 0);
-                    u.scales[b] = scale;
-                    let (unsigned, offset) = match F {
-                        Q4_0 => (nibbles(&block[2..]), -8.0 * scale),
-                        Q4_1 => (nibbles(&block[4..]), half(block, 2)),
-                        _ => {
-                            let raw = load32(&block[2..]);
-                            u.signs[b] = raw;
-                            (_mm256_sign_epi8(raw, raw), 0.0)
-                        }
-                    };
-                    u.offsets[b] = offset;
-                    if WIDE && F == Q8_0 {
+                    u.scales[b] = half(block, 0);
+                    let raw = load32(&block[2..]);
+                    if WIDE {
                         // Element order: the first 16 values, then the last 16.
-                        let low = _mm256_castsi256_si128(u.signs[b]);
-                        let high = _mm256_extracti128_si256(u.signs[b], 1);
+                        let low = _mm256_castsi256_si128(raw);
+                        let high = _mm256_extracti128_si256(raw, 1);
                         u.wide[b] = [_mm256_cvtepi8_epi16(low), _mm256_cvtepi8_epi16(high)];
                     } else {
-                        store_unsigned::<WIDE>(u, b, unsigned);
+                        u.signs[b] = raw;
+                        u.bytes[b] = _mm256_sign_epi8(raw, raw);
                     }
                 }
             }
 
-            /// The activations' signed operand: `x`, or `x·sign(w)` for Q8_0.
+            /// One unpacked Q8_0 row · one token's blocks (both padded to whole groups):
+            /// `|w|` times `x·sign(w)`.
             #[target_feature(enable = $features)]
-            #[inline]
-            fn signed<const F: u8>(xb: &Q8Block, signs: __m256i) -> __m256i {
-                // SAFETY: `qs` is 32 bytes; unaligned load.
-                let x = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-                if F == Q8_0 {
-                    _mm256_sign_epi8(x, signs)
-                } else {
-                    x
-                }
-            }
-
-            /// One unpacked row · one token's blocks (both padded to whole groups).
-            #[target_feature(enable = $features)]
-            fn dot<const F: u8>(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
-                let (xs, dx, dsum) = (x.blocks(t), x.scales(t), x.d_sums(t));
+            fn dot_q8_0(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
+                let (xs, dx) = (x.blocks(t), x.scales(t));
                 let mut acc = _mm256_setzero_ps();
                 for g in (0..xs.len()).step_by(GROUP) {
                     let mut p = [_mm256_setzero_si256(); GROUP];
                     for (j, p) in p.iter_mut().enumerate() {
                         let b = g + j;
-                        *p = dot_u8_i8(u.bytes[b], signed::<F>(&xs[b], u.signs[b]));
+                        // SAFETY: `qs` is 32 bytes; unaligned load.
+                        let x = unsafe { _mm256_loadu_si256(xs[b].qs.as_ptr().cast()) };
+                        *p = dot_u8_i8(u.bytes[b], _mm256_sign_epi8(x, u.signs[b]));
                     }
                     let sums = _mm256_cvtepi32_ps(reduce8(&p));
                     let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
                     acc = _mm256_fmadd_ps(sums, scale, acc);
-                    if has_offset(F) {
-                        acc = _mm256_fmadd_ps(load8(&u.offsets[g..]), load8(&dsum[g..]), acc);
-                    }
                 }
                 horizontal_sum(acc)
             }
 
-            /// One unpacked row · one token's 16-bit blocks.
+            /// One unpacked Q8_0 row · one token's 16-bit blocks.
             #[target_feature(enable = $features)]
-            fn dot_wide<const F: u8>(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
-                let (xs, dx, dsum) = (x.wide_blocks(t), x.scales(t), x.d_sums(t));
+            fn dot_q8_0_wide(u: &Unpacked, x: &QuantizedActivations, t: usize) -> f32 {
+                let (xs, dx) = (x.wide_blocks(t), x.scales(t));
                 let mut acc = _mm256_setzero_ps();
                 for g in (0..xs.len()).step_by(GROUP) {
                     let mut p = [_mm256_setzero_si256(); GROUP];
@@ -962,9 +1036,6 @@ macro_rules! kernels {
                     let sums = _mm256_cvtepi32_ps(reduce8(&p));
                     let scale = _mm256_mul_ps(load8(&u.scales[g..]), load8(&dx[g..]));
                     acc = _mm256_fmadd_ps(sums, scale, acc);
-                    if has_offset(F) {
-                        acc = _mm256_fmadd_ps(load8(&u.offsets[g..]), load8(&dsum[g..]), acc);
-                    }
                 }
                 horizontal_sum(acc)
             }
@@ -981,12 +1052,9 @@ macro_rules! kernels {
                 }
             }
 
+            /// Q8_0 rows through a row buffer (where the byte product saturates on `q + 128`).
             #[target_feature(enable = $features)]
-            fn rows_of<const F: u8, const WIDE: bool>(
-                rows: &[u8],
-                x: &QuantizedActivations,
-                out: &mut [f32],
-            ) {
+            fn rows_q8_0<const WIDE: bool>(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
                 let t = x.tokens();
                 let padded = padded_blocks(x.cols());
                 let zero = _mm256_setzero_si256();
@@ -995,16 +1063,15 @@ macro_rules! kernels {
                     signs: vec![zero; padded],
                     wide: vec![[zero; 2]; if WIDE { padded } else { 0 }],
                     scales: vec![0.0; padded],
-                    offsets: vec![0.0; padded],
                 };
-                let row_bytes = block_format(F).row_bytes(x.cols());
+                let row_bytes = BlockFormat::Q8_0.row_bytes(x.cols());
                 for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    unpack::<F, WIDE>(row, &mut u);
+                    unpack_q8_0::<WIDE>(row, &mut u);
                     for (token, o) in out.iter_mut().enumerate() {
                         *o = if WIDE {
-                            dot_wide::<F>(&u, x, token)
+                            dot_q8_0_wide(&u, x, token)
                         } else {
-                            dot::<F>(&u, x, token)
+                            dot_q8_0(&u, x, token)
                         };
                     }
                 }
@@ -1022,39 +1089,31 @@ macro_rules! kernels {
                 out: &mut [f32],
             ) {
                 let wide = x.bits() == ActivationBits::Sixteen;
-                // Q4_0 and Q4_1 rows of whole groups of eight blocks take the K-quant kernels.
-                let whole_groups = (x.cols() / BLOCK).is_multiple_of(GROUP);
                 match (format, wide) {
                     (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
-                    (BlockFormat::Q4_0, false) if whole_groups => {
-                        rows_by_groups::<Q4_0, false>(rows, x, out)
+                    (BlockFormat::Q8_0, false) if !EXACT_UNSIGNED_BYTES => {
+                        rows_q8_0::<false>(rows, x, out)
                     }
-                    (BlockFormat::Q4_1, false) if whole_groups => {
-                        rows_by_groups::<Q4_1, false>(rows, x, out)
+                    (BlockFormat::Q8_0, true) if !EXACT_UNSIGNED_BYTES => {
+                        rows_q8_0::<true>(rows, x, out)
                     }
-                    (BlockFormat::Q4_0, true) if whole_groups => {
-                        rows_by_groups::<Q4_0, true>(rows, x, out)
-                    }
-                    (BlockFormat::Q4_1, true) if whole_groups => {
-                        rows_by_groups::<Q4_1, true>(rows, x, out)
-                    }
-                    (BlockFormat::Q4_0, false) => rows_of::<Q4_0, false>(rows, x, out),
-                    (BlockFormat::Q4_1, false) => rows_of::<Q4_1, false>(rows, x, out),
-                    (BlockFormat::Q8_0, false) => rows_of::<Q8_0, false>(rows, x, out),
-                    (BlockFormat::Q4_0, true) => rows_of::<Q4_0, true>(rows, x, out),
-                    (BlockFormat::Q4_1, true) => rows_of::<Q4_1, true>(rows, x, out),
-                    (BlockFormat::Q8_0, true) => rows_of::<Q8_0, true>(rows, x, out),
+                    (BlockFormat::Q4_0, false) => rows_by_groups::<Q4_0, false>(rows, x, out),
+                    (BlockFormat::Q4_1, false) => rows_by_groups::<Q4_1, false>(rows, x, out),
+                    (BlockFormat::Q8_0, false) => rows_by_groups::<Q8_0, false>(rows, x, out),
                     (BlockFormat::Q4K, false) => rows_by_groups::<Q4_K, false>(rows, x, out),
                     (BlockFormat::Q5K, false) => rows_by_groups::<Q5_K, false>(rows, x, out),
                     (BlockFormat::Q6K, false) => rows_by_groups::<Q6_K, false>(rows, x, out),
+                    (BlockFormat::Q4_0, true) => rows_by_groups::<Q4_0, true>(rows, x, out),
+                    (BlockFormat::Q4_1, true) => rows_by_groups::<Q4_1, true>(rows, x, out),
+                    (BlockFormat::Q8_0, true) => rows_by_groups::<Q8_0, true>(rows, x, out),
                     (BlockFormat::Q4K, true) => rows_by_groups::<Q4_K, true>(rows, x, out),
                     (BlockFormat::Q5K, true) => rows_by_groups::<Q5_K, true>(rows, x, out),
                     (BlockFormat::Q6K, true) => rows_by_groups::<Q6_K, true>(rows, x, out),
                 }
             }
 
-            /// Rows read eight blocks at a time (the K-quants; Q4_0 and Q4_1 in whole groups):
-            /// a prompt's tokens side by side, else one token at a time.
+            /// Rows read eight blocks at a time (a last partial group padded with zero
+            /// blocks): a prompt's tokens side by side, else one token at a time.
             #[target_feature(enable = $features)]
             fn rows_by_groups<const F: u8, const WIDE: bool>(
                 rows: &[u8],
@@ -1064,7 +1123,12 @@ macro_rules! kernels {
                 match x.token_groups() {
                     Some(groups) => rows_grouped::<F, WIDE>(rows, x, groups, out),
                     None if F == Q6_K => rows_q6_k::<WIDE>(rows, x, out),
-                    None => rows_k4::<F, WIDE>(rows, x, out),
+                    // Rows that end inside a group: a separate kernel, so that the whole
+                    // groups' loop is the same code as without one.
+                    None if (x.cols() / BLOCK).is_multiple_of(GROUP) => {
+                        rows_k4::<F, WIDE, false>(rows, x, out)
+                    }
+                    None => rows_k4::<F, WIDE, true>(rows, x, out),
                 }
             }
         }
@@ -1075,6 +1139,7 @@ kernels!(
     avx2,
     "avx2,fma,f16c",
     1,
+    false,
     |w, x| _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
     |acc, w, x| _mm256_add_epi32(
         acc,
@@ -1087,6 +1152,7 @@ kernels!(
     vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     2,
+    true,
     |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
     |acc, w, x| _mm256_dpbusd_epi32(acc, w, x),
     |wl, xl, wh, xh| _mm256_dpwssd_epi32(
