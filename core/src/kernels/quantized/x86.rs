@@ -446,31 +446,25 @@ macro_rules! kernels {
                             (_mm256_setzero_ps(), _mm256_setzero_ps());
                         let mut groups = row.chunks_exact(size);
                         for (s, block) in (&mut groups).enumerate() {
-                            let (codes, scales, offsets) = eight_blocks::<F>(block);
-                            let first = s * GROUP;
-                            let sums = if WIDE {
-                                split_sums(&codes, &split[first..])
-                            } else {
-                                byte_sums(&codes, &bytes[first..])
-                            };
-                            let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
-                            products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, products);
-                            offset_sums =
-                                _mm256_fmadd_ps(offsets, load8(&dsum[first..]), offset_sums);
+                            let group = eight_blocks::<F>(block);
+                            let sums = token_sums::<WIDE>(&group, s * GROUP, bytes, split);
+                            (products, offset_sums) = scaled::<WIDE>(
+                                group,
+                                sums,
+                                s * GROUP,
+                                dx,
+                                dsum,
+                                products,
+                                offset_sums,
+                            );
                         }
                         if TAIL {
                             // The last blocks, zero blocks after them (no copy of the row).
-                            let (codes, scales, offsets) = last_blocks::<F>(groups.remainder());
+                            let group = last_blocks::<F>(groups.remainder());
                             let first = row_bytes / size * GROUP;
-                            let sums = if WIDE {
-                                split_sums(&codes, &split[first..])
-                            } else {
-                                byte_sums(&codes, &bytes[first..])
-                            };
-                            let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
-                            products = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, products);
-                            offset_sums =
-                                _mm256_fmadd_ps(offsets, load8(&dsum[first..]), offset_sums);
+                            let sums = token_sums::<WIDE>(&group, first, bytes, split);
+                            (products, offset_sums) =
+                                scaled::<WIDE>(group, sums, first, dx, dsum, products, offset_sums);
                         }
                         *out = horizontal_sum(_mm256_add_ps(products, offset_sums));
                     }
@@ -515,6 +509,42 @@ macro_rules! kernels {
                         *o = horizontal_sum(_mm256_add_ps(*products, *offset_sums));
                     }
                 }
+            }
+
+            /// A group's eight block sums `Σ q·x` against one token's blocks from `first`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn token_sums<const WIDE: bool>(
+                group: &([__m256i; 8], __m256, __m256),
+                first: usize,
+                bytes: &[Q8Block],
+                split: &[SplitBlock],
+            ) -> __m256i {
+                if WIDE {
+                    split_sums(&group.0, &split[first..])
+                } else {
+                    byte_sums(&group.0, &bytes[first..])
+                }
+            }
+
+            /// A group's block sums scaled (`d_w·d_x`) and its offsets (`off·d_x·Σx`) added to a
+            /// token's two running sums.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn scaled<const WIDE: bool>(
+                (_, scales, offsets): ([__m256i; 8], __m256, __m256),
+                sums: __m256i,
+                first: usize,
+                dx: &[f32],
+                dsum: &[f32],
+                products: __m256,
+                offset_sums: __m256,
+            ) -> (__m256, __m256) {
+                let scale = _mm256_mul_ps(scales, load8(&dx[first..]));
+                (
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, products),
+                    _mm256_fmadd_ps(offsets, load8(&dsum[first..]), offset_sums),
+                )
             }
 
             /// One Q6_K super-block: its eight blocks' 6-bit `q` (element order), its 16 i8
@@ -798,7 +828,7 @@ macro_rules! kernels {
                     } else {
                         for (row, to) in tile.chunks_exact(row_bytes).zip(padded.chunks_mut(stride))
                         {
-                            to[..row_bytes].copy_from_slice(row);
+                            padded_row(row, to);
                         }
                         &padded[..tile.len() / row_bytes * stride]
                     };
