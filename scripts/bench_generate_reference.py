@@ -1,9 +1,10 @@
 """llama.cpp's generation speed on a GGUF, for `napkin bench generate --reference PYTHON`:
 the same prompt token ids (no tokenizing here), threads and token counts as napkin's run.
 
-It loads the model, prints one JSON line (its resident growth while loading, VmRSS, and its
-settings), then answers each `run` line on stdin with one timed run as a JSON line (prompt and
-decode tokens/s), so that napkin can alternate its runs with these; `quit` ends it."""
+It loads the model, prints one JSON line (its resident growth, VmRSS, through the load and one
+run, as napkin measures its engines; and its settings), then answers each `run` line on stdin
+with one timed run as a JSON line (prompt and decode tokens/s), so that napkin can alternate its
+runs with these; `quit` ends it."""
 
 import argparse
 import json
@@ -33,7 +34,6 @@ def main():
     before = resident_bytes()
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=512, n_batch=512, n_threads=a.threads,
                           n_threads_batch=a.threads, verbose=False)
-    grown = resident_bytes() - before if before is not None else None
 
     def once():
         llm.reset()
@@ -47,6 +47,8 @@ def main():
         decode = time.perf_counter() - start
         return {"prefill": len(ids) / prefill, "decode": a.tokens / decode}
 
+    once()
+    grown = resident_bytes() - before if before is not None else None
     print(json.dumps({
         "resident_bytes": grown,
         "settings": {

@@ -41,64 +41,21 @@ pub struct QuantizedBlockWeights {
     pub down: QuantizedMatrix,
 }
 
-/// Products that read the same input (Q, K, V; gate, up): one product over their stacked rows
-/// when they share a format, else one each.
+/// Products that read the same input (Q, K, V; gate, up): one pass over the threads for all of
+/// them (their rows split into one set of tasks), whatever their formats.
 #[derive(Debug, Clone)]
 struct SameInput {
-    stacked: Option<QuantizedMatrix>,
     parts: Vec<QuantizedMatrix>,
 }
 
 impl SameInput {
-    fn new(parts: Vec<QuantizedMatrix>) -> Self {
-        let stacked = QuantizedMatrix::stacked(&parts.iter().collect::<Vec<_>>());
-        SameInput {
-            parts: if stacked.is_some() { Vec::new() } else { parts },
-            stacked,
-        }
-    }
-
     fn resident_bytes(&self) -> usize {
-        let stacked = self
-            .stacked
-            .as_ref()
-            .map_or(0, QuantizedMatrix::resident_bytes);
-        stacked
-            + self
-                .parts
-                .iter()
-                .map(QuantizedMatrix::resident_bytes)
-                .sum::<usize>()
+        self.parts.iter().map(QuantizedMatrix::resident_bytes).sum()
     }
 
-    /// Each part's `[T, rows_i]` output, given the parts' row counts.
-    fn matmul(&self, x: &QuantizedActivations, rows: &[usize]) -> Vec<Vec<f32>> {
-        let t = x.tokens();
-        match &self.stacked {
-            Some(w) => {
-                let mut all = vec![0.0; t * w.rows()];
-                w.matmul(x, &mut all);
-                let mut outs: Vec<Vec<f32>> =
-                    rows.iter().map(|&r| Vec::with_capacity(t * r)).collect();
-                for token in all.chunks_exact(w.rows()) {
-                    let mut start = 0;
-                    for (out, &r) in outs.iter_mut().zip(rows) {
-                        out.extend_from_slice(&token[start..start + r]);
-                        start += r;
-                    }
-                }
-                outs
-            }
-            None => self
-                .parts
-                .iter()
-                .map(|w| {
-                    let mut out = vec![0.0; t * w.rows()];
-                    w.matmul(x, &mut out);
-                    out
-                })
-                .collect(),
-        }
+    /// Each part's `[T, rows_i]` output.
+    fn matmul(&self, x: &QuantizedActivations) -> Vec<Vec<f32>> {
+        QuantizedMatrix::matmul_each(&self.parts.iter().collect::<Vec<_>>(), x)
     }
 }
 
@@ -254,10 +211,14 @@ impl QuantizedLlama {
             check_norm(&name("ffn_norm"), &b.ffn_norm)?;
             layers.push(QuantizedBlock {
                 attn_norm: b.attn_norm,
-                qkv: SameInput::new(vec![b.q, b.k, b.v]),
+                qkv: SameInput {
+                    parts: vec![b.q, b.k, b.v],
+                },
                 o: b.o,
                 ffn_norm: b.ffn_norm,
-                gate_up: SameInput::new(vec![b.gate, b.up]),
+                gate_up: SameInput {
+                    parts: vec![b.gate, b.up],
+                },
                 down: b.down,
                 lora: Default::default(),
             });
@@ -358,13 +319,12 @@ impl QuantizedLlama {
         Ok(())
     }
 
-    /// How many weight matrices are held in each format (a stacked Q/K/V counts as one).
+    /// How many weight matrices are held in each format.
     pub fn format_counts(&self) -> Vec<(BlockFormat, usize)> {
         let mut all: Vec<&QuantizedMatrix> = vec![&self.embed];
         all.extend(&self.head);
         for l in &self.layers {
             for same in [&l.qkv, &l.gate_up] {
-                all.extend(&same.stacked);
                 all.extend(&same.parts);
             }
             all.extend([&l.o, &l.down]);
@@ -434,12 +394,12 @@ impl QuantizedLlama {
     ) {
         let c = &self.config;
         let (d, dh, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps as f32);
-        let (q_rows, kv_rows) = (c.num_attention_heads * dh, c.num_key_value_heads * dh);
+        let q_rows = c.num_attention_heads * dh;
         let t = x.len() / d;
 
         // x + attn(norm₁(x))
         let h = self.quantized(&normed(x, &layer.attn_norm, d, eps), d);
-        let mut qkv = layer.qkv.matmul(&h, &[q_rows, kv_rows, kv_rows]);
+        let mut qkv = layer.qkv.matmul(&h);
         for (i, y) in qkv.iter_mut().enumerate() {
             layer.adapt(i, &h, y);
         }
@@ -460,7 +420,7 @@ impl QuantizedLlama {
         // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
         let f = c.intermediate_size;
         let h = self.quantized(&normed(x, &layer.ffn_norm, d, eps), d);
-        let mut gate_up = layer.gate_up.matmul(&h, &[f, f]);
+        let mut gate_up = layer.gate_up.matmul(&h); // [T, F] each
         for (i, y) in gate_up.iter_mut().enumerate() {
             layer.adapt(4 + i, &h, y);
         }

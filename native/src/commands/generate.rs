@@ -60,7 +60,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             .map(|(format, n)| format!("{format:?} ×{n}"))
             .collect();
         eprintln!(
-            "weights kept as the file's blocks: {} ({:.1} MB resident)",
+            "weights kept as the file's blocks: {} ({:.1} MB; the blocks read in place from the file)",
             kept.join(", "),
             model.resident_bytes() as f64 / 1e6
         );

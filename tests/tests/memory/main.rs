@@ -23,6 +23,7 @@ static ALLOC: CountingAllocator = CountingAllocator;
 mod attention;
 mod cuda_pool;
 mod flex_products;
+mod gguf_blocks;
 mod grid;
 mod held_out;
 

@@ -1,7 +1,8 @@
 //! A llama-architecture GGUF as a [`QuantizedLlama`]:
-//! - Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors keep their blocks (copied once from the
-//!   file; Q/K rows put back in HF's order row by row, the blocks untouched): the formats of
-//!   llama.cpp's common `Q4_0`, `Q4_K_M`, `Q5_K_M`, `Q6_K` and `Q8_0` files;
+//! - Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors keep their blocks, read in place from the
+//!   file's memory map (no copy; the Q/K rows' HF order is a row order the products apply to
+//!   their results): the formats of llama.cpp's common `Q4_0`, `Q4_K_M`, `Q5_K_M`, `Q6_K` and
+//!   `Q8_0` files;
 //! - the other quantized types (Q5_0, Q5_1, Q2_K, Q3_K) are converted to Q8_0 row by row when
 //!   their rows are whole blocks of 32: each value moves by at most half a Q8_0 step (1/254 of
 //!   its block's largest) and the products run on the Q8_0 kernel at 8.5 bits a weight (their
@@ -49,8 +50,8 @@ pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
         );
         let matrix = match format {
             Some(format) => {
-                let bytes = gguf.tensor_bytes(info).to_vec();
-                QuantizedMatrix::new(format, rows, cols, bytes).map_err(in_file)?
+                QuantizedMatrix::new(format, rows, cols, gguf.shared_tensor_bytes(info))
+                    .map_err(in_file)?
             }
             None if !exact && cols.is_multiple_of(BLOCK) => {
                 let (_, values) = gguf.read_f32(&name)?;

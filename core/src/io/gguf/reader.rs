@@ -9,11 +9,13 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
 use super::dequant::GgmlType;
 use crate::error::{Error, Result};
+use crate::kernels::quantized::{BlockBytes, SharedBuffer};
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,7 +106,7 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     /// Every tensor, by name.
     pub tensors: BTreeMap<String, GgufTensorInfo>,
-    bytes: FileBytes,
+    bytes: Arc<FileBytes>,
     data_start: usize,
 }
 
@@ -112,6 +114,12 @@ pub struct GgufFile {
 enum FileBytes {
     Mapped(Mmap),
     Owned(Vec<u8>),
+}
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
 }
 
 impl std::ops::Deref for FileBytes {
@@ -214,7 +222,8 @@ impl GgufFile {
     /// bytes lie inside the data section without overlapping another's.
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: read-only map; see `SafetensorsCheckpoint::open`.
+        // SAFETY: read-only map; see `SafetensorsCheckpoint::open`. A model loaded with its
+        // blocks kept reads them from this map for as long as it lives.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         Self::parse(path, FileBytes::Mapped(map))
     }
@@ -368,7 +377,7 @@ impl GgufFile {
             version,
             metadata,
             tensors,
-            bytes: map,
+            bytes: Arc::new(map),
             data_start,
         })
     }
@@ -377,6 +386,15 @@ impl GgufFile {
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
         let start = self.data_start + info.offset as usize;
         &self.bytes[start..start + info.size as usize]
+    }
+
+    /// A tensor's raw bytes as a range of the file's shared bytes, for a model that reads them in
+    /// place for as long as it lives (the map, or the owned bytes, stay alive while it does).
+    pub fn shared_tensor_bytes(&self, info: &GgufTensorInfo) -> BlockBytes {
+        let start = self.data_start + info.offset as usize;
+        let buffer: SharedBuffer = self.bytes.clone();
+        BlockBytes::shared(buffer, start..start + info.size as usize)
+            .expect("tensor bounds were checked at open")
     }
 
     /// A metadata value or a typed error naming the missing key.

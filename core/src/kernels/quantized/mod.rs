@@ -30,15 +30,19 @@
 //! - `x`: `[T, cols]`; `y`: `[T, rows]`.
 
 mod activations;
+mod block_bytes;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
 pub use activations::{
     ActivationBits, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP, TokenGroups,
 };
+pub use block_bytes::{BlockBytes, SharedBuffer};
 
 /// Values per block of every block format.
 pub const BLOCK: usize = 32;
@@ -107,22 +111,32 @@ impl BlockFormat {
 }
 
 /// A `[rows, cols]` weight matrix in one block format.
+///
+/// Its rows may be stored in another order than the matrix's ([`with_rows_in_order`]): the
+/// products read the stored rows and put each result in its row's place, so that no block is
+/// moved (a GGUF's Q/K rows, read in place from the mapped file).
+///
+/// [`with_rows_in_order`]: QuantizedMatrix::with_rows_in_order
 #[derive(Debug, Clone)]
 pub struct QuantizedMatrix {
     format: BlockFormat,
     rows: usize,
     cols: usize,
-    bytes: Vec<u8>,
+    bytes: BlockBytes,
+    /// Row `r` of the matrix is stored row `order[r]`; `None`: stored in order.
+    order: Option<Arc<[usize]>>,
 }
 
 impl QuantizedMatrix {
-    /// A matrix from its rows' bytes (as a GGUF stores them); the message says what does not fit.
+    /// A matrix from its rows' bytes (as a GGUF stores them; owned, or a range of a shared
+    /// buffer such as the mapped file); the message says what does not fit.
     pub fn new(
         format: BlockFormat,
         rows: usize,
         cols: usize,
-        bytes: Vec<u8>,
+        bytes: impl Into<BlockBytes>,
     ) -> Result<Self, String> {
+        let bytes = bytes.into();
         let unit = format.values_per_block();
         if !cols.is_multiple_of(unit) {
             return Err(format!(
@@ -141,6 +155,7 @@ impl QuantizedMatrix {
             rows,
             cols,
             bytes,
+            order: None,
         })
     }
 
@@ -150,12 +165,13 @@ impl QuantizedMatrix {
     /// If `values.len() != rows · cols` (a bug in the caller).
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Self {
         assert_eq!(values.len(), rows * cols, "[{rows}, {cols}] f32 matrix");
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         QuantizedMatrix {
             format: BlockFormat::F32,
             rows,
             cols,
-            bytes,
+            bytes: bytes.into(),
+            order: None,
         }
     }
 
@@ -174,14 +190,22 @@ impl QuantizedMatrix {
         self.cols
     }
 
-    /// Bytes held (what streams from memory per product).
+    /// Bytes of the blocks (what streams from memory per product), whether owned or read in
+    /// place from a shared buffer.
     pub fn resident_bytes(&self) -> usize {
         self.bytes.len()
     }
 
+    /// Where row `r` of the matrix is stored.
+    fn stored_row(&self, r: usize) -> usize {
+        self.order.as_ref().map_or(r, |order| order[r])
+    }
+
+    /// Row `r`'s bytes.
     fn row(&self, r: usize) -> &[u8] {
         let n = self.format.row_bytes(self.cols);
-        &self.bytes[r * n..(r + 1) * n]
+        let stored = self.stored_row(r);
+        &self.bytes.as_slice()[stored * n..(stored + 1) * n]
     }
 
     /// Row `r` as f32 values (an embedding lookup).
@@ -197,45 +221,21 @@ impl QuantizedMatrix {
     }
 
     /// The rows in a new order: row `i` of the result is row `order[i]` of `self` (llama.cpp's
-    /// Q/K permutation undone without touching the blocks).
+    /// Q/K permutation undone). No block moves: the result reads the same bytes and the products
+    /// put each row's result in its new place.
     ///
     /// # Panics
     /// If `order` is not `rows` indices below `rows` (a bug in the caller).
     pub fn with_rows_in_order(&self, order: &[usize]) -> Self {
         assert_eq!(order.len(), self.rows, "a new order of every row");
-        let bytes = order
-            .iter()
-            .flat_map(|&r| self.row(r).iter().copied())
-            .collect();
+        assert!(
+            order.iter().all(|&r| r < self.rows),
+            "rows below {}",
+            self.rows
+        );
         QuantizedMatrix {
-            bytes,
-            ..self.clone_header()
-        }
-    }
-
-    /// Several matrices with the same format and columns as one (their rows one after another),
-    /// so that one product covers them (Q, K and V; gate and up). `None` if they differ.
-    pub fn stacked(parts: &[&QuantizedMatrix]) -> Option<Self> {
-        let first = parts.first()?;
-        if parts
-            .iter()
-            .any(|p| p.format != first.format || p.cols != first.cols)
-        {
-            return None;
-        }
-        Some(QuantizedMatrix {
-            rows: parts.iter().map(|p| p.rows).sum(),
-            bytes: parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
-            ..first.clone_header()
-        })
-    }
-
-    fn clone_header(&self) -> Self {
-        QuantizedMatrix {
-            format: self.format,
-            rows: self.rows,
-            cols: self.cols,
-            bytes: Vec::new(),
+            order: Some(order.iter().map(|&r| self.stored_row(r)).collect()),
+            ..self.clone()
         }
     }
 
@@ -247,46 +247,83 @@ impl QuantizedMatrix {
     /// # Panics
     /// If the shapes disagree (a bug in the caller).
     pub fn matmul(&self, x: &QuantizedActivations, out: &mut [f32]) {
+        products(&[self], x, &mut [out]);
+    }
+
+    /// `y_i = x · W_iᵀ` for several matrices that read the same input (Q, K and V; gate and
+    /// up), in one pass over the threads: each part's `[T, rows_i]` output.
+    ///
+    /// # Panics
+    /// If a part's columns differ from `x`'s (a bug in the caller).
+    pub fn matmul_each(parts: &[&QuantizedMatrix], x: &QuantizedActivations) -> Vec<Vec<f32>> {
         let t = x.tokens();
+        let mut outs: Vec<Vec<f32>> = parts.iter().map(|w| vec![0.0; t * w.rows]).collect();
+        let mut targets: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        products(parts, x, &mut targets);
+        outs
+    }
+}
+
+/// The products of every part with `x`, their rows split into tasks that rayon's threads share.
+/// A task writes its rows' results row-major (`[rows, T]`, stored order) into its part's scratch,
+/// or straight into the output when that is already the output's layout (one token, rows in
+/// order); the scratch is then put in `[T, rows]` order.
+fn products(parts: &[&QuantizedMatrix], x: &QuantizedActivations, outs: &mut [&mut [f32]]) {
+    let t = x.tokens();
+    for (w, out) in parts.iter().zip(outs.iter()) {
         assert!(
-            x.cols() == self.cols && out.len() == t * self.rows,
+            x.cols() == w.cols && out.len() == t * w.rows,
             "[{t}, {}] · [{}, {}]ᵀ into {} values",
             x.cols(),
-            self.rows,
-            self.cols,
+            w.rows,
+            w.cols,
             out.len()
         );
-        if t == 0 || self.rows == 0 {
-            return;
+    }
+    assert_eq!(parts.len(), outs.len(), "an output for every part");
+    let total_rows: usize = parts.iter().map(|w| w.rows).sum();
+    if t == 0 || total_rows == 0 {
+        return;
+    }
+    let kernel = RowKernel::for_this_cpu();
+    let rows_per_task = rows_per_task(total_rows, x.cols() * t);
+    let direct = |w: &QuantizedMatrix| t == 1 && w.order.is_none();
+    let mut scratch: Vec<Vec<f32>> = parts
+        .iter()
+        .map(|w| {
+            if direct(w) {
+                Vec::new()
+            } else {
+                vec![0.0f32; t * w.rows]
+            }
+        })
+        .collect();
+    let mut tasks: Vec<(BlockFormat, &[u8], &mut [f32])> = Vec::new();
+    for ((w, out), scratch) in parts.iter().zip(outs.iter_mut()).zip(&mut scratch) {
+        let target: &mut [f32] = if direct(w) { out } else { scratch };
+        let row_bytes = w.format.row_bytes(w.cols);
+        let bytes = w.bytes.as_slice();
+        for (i, chunk) in target.chunks_mut(rows_per_task * t).enumerate() {
+            let first = i * rows_per_task;
+            let rows = &bytes[first * row_bytes..(first + chunk.len() / t) * row_bytes];
+            tasks.push((w.format, rows, chunk));
         }
-        let kernel = RowKernel::for_this_cpu();
-        // Each task: a run of rows for every token, written row-major as [rows, T].
-        let rows_per_task = rows_per_task(self.rows, self.cols * t);
-        let mut by_row = if t == 1 {
-            Vec::new()
-        } else {
-            vec![0.0f32; t * self.rows]
-        };
-        let target: &mut [f32] = if t == 1 { out } else { &mut by_row };
-        target
-            .par_chunks_mut(rows_per_task * t)
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(format, rows, chunk)| kernel.rows(format, rows, x, chunk));
+    for ((w, out), by_row) in parts.iter().zip(outs.iter_mut()).zip(&scratch) {
+        if direct(w) {
+            continue;
+        }
+        // [stored rows, T] → [T, rows], one token's row a task.
+        out.par_chunks_mut(w.rows)
             .enumerate()
-            .for_each(|(task, chunk)| {
-                let first = task * rows_per_task;
-                let row_bytes = self.format.row_bytes(self.cols);
-                let rows = &self.bytes[first * row_bytes..(first + chunk.len() / t) * row_bytes];
-                kernel.rows(self.format, rows, x, chunk);
+            .for_each(|(token, out)| {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = by_row[w.stored_row(r) * t + token];
+                }
             });
-        if t > 1 {
-            // [rows, T] → [T, rows], one token's row a task.
-            out.par_chunks_mut(self.rows)
-                .enumerate()
-                .for_each(|(token, out)| {
-                    for (r, o) in out.iter_mut().enumerate() {
-                        *o = by_row[r * t + token];
-                    }
-                });
-        }
     }
 }
 

@@ -209,10 +209,10 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
         for tokens in [1, 2, 3, 4, 7, 8, 9, 17] {
             let x = QuantizedActivations::with_bits(&activations(tokens, cols, 6), cols, bits);
             let mut reference = vec![0.0; rows * tokens];
-            scalar::rows(format, &w.bytes, &x, &mut reference);
+            scalar::rows(format, w.bytes.as_slice(), &x, &mut reference);
             for &kernel in &kernels {
                 let mut got = vec![0.0; rows * tokens];
-                kernel.rows(format, &w.bytes, &x, &mut got);
+                kernel.rows(format, w.bytes.as_slice(), &x, &mut got);
                 for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
                     let (r, t) = (i / tokens, i % tokens);
                     assert!(
@@ -320,17 +320,49 @@ fn a_prompt_product_is_each_tokens_product_and_f32_rows_are_plain_dot_products()
 }
 
 #[test]
-fn rows_reorder_and_stack_without_touching_the_blocks() {
+fn reordered_and_shared_rows_give_each_rows_product_in_its_place() {
     let a = random_matrix(BlockFormat::Q8_0, 3, 64, 9);
-    let b = random_matrix(BlockFormat::Q8_0, 2, 64, 10);
-    let both = QuantizedMatrix::stacked(&[&a, &b]).unwrap();
-    assert_eq!((both.rows(), both.cols()), (5, 64));
-    assert_eq!(both.row(3), b.row(0));
+    let b = random_matrix(BlockFormat::Q4_0, 2, 64, 10);
     let swapped = a.with_rows_in_order(&[2, 0, 1]);
     assert_eq!(swapped.row(0), a.row(2));
     assert_eq!(swapped.row(1), a.row(0));
-    let other = random_matrix(BlockFormat::Q4_0, 2, 64, 11);
-    assert!(QuantizedMatrix::stacked(&[&a, &other]).is_none());
+    // Reordering a reordered matrix composes the orders.
+    let back = swapped.with_rows_in_order(&[1, 2, 0]);
+    assert_eq!(back.row(0), a.row(0));
+    assert_eq!(back.row(2), a.row(2));
+    // The same blocks read in place from a range of a shared buffer.
+    let mut file = vec![7u8; 5];
+    file.extend_from_slice(a.bytes.as_slice());
+    let buffer: SharedBuffer = Arc::new(file);
+    let in_place = QuantizedMatrix::new(
+        BlockFormat::Q8_0,
+        3,
+        64,
+        BlockBytes::shared(buffer.clone(), 5..5 + a.resident_bytes()).unwrap(),
+    )
+    .unwrap();
+    assert!(BlockBytes::shared(buffer, 5..5 + a.resident_bytes() + 1).is_none());
+    for tokens in [1, 4] {
+        let xs = activations(tokens, 64, 12);
+        let x = QuantizedActivations::new(&xs, 64);
+        let alone = |w: &QuantizedMatrix| {
+            let mut out = vec![0.0; tokens * w.rows()];
+            w.matmul(&x, &mut out);
+            out
+        };
+        let (ya, yb, ys) = (alone(&a), alone(&b), alone(&swapped));
+        for t in 0..tokens {
+            let row = |y: &[f32], r: usize| y[t * 3 + r];
+            assert_eq!(
+                [row(&ys, 0), row(&ys, 1), row(&ys, 2)],
+                [row(&ya, 2), row(&ya, 0), row(&ya, 1)]
+            );
+        }
+        assert_eq!(alone(&in_place), ya);
+        // Several products in one pass: each part's output is its own product's, bit for bit.
+        let each = QuantizedMatrix::matmul_each(&[&swapped, &b, &in_place], &x);
+        assert_eq!(each, vec![ys, yb, ya]);
+    }
     assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 1, 48, vec![0; 30]).is_err());
     assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 2, 64, vec![0; 79]).is_err());
 }
