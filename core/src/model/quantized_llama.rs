@@ -41,24 +41,6 @@ pub struct QuantizedBlockWeights {
     pub down: QuantizedMatrix,
 }
 
-/// Products that read the same input (Q, K, V; gate, up): one pass over the threads for all of
-/// them (their rows split into one set of tasks), whatever their formats.
-#[derive(Debug, Clone)]
-struct SameInput {
-    parts: Vec<QuantizedMatrix>,
-}
-
-impl SameInput {
-    fn resident_bytes(&self) -> usize {
-        self.parts.iter().map(QuantizedMatrix::resident_bytes).sum()
-    }
-
-    /// Each part's `[T, rows_i]` output.
-    fn matmul(&self, x: &QuantizedActivations) -> Vec<Vec<f32>> {
-        QuantizedMatrix::matmul_each(&self.parts.iter().collect::<Vec<_>>(), x)
-    }
-}
-
 /// A LoRA adapter on one projection, on the host in f32: `y += s·(x·Aᵀ)·Bᵀ`.
 #[derive(Debug, Clone)]
 struct HostLora {
@@ -70,14 +52,12 @@ struct HostLora {
 }
 
 impl HostLora {
-    /// Adds the adapter's output for `x` (`[T, in]`) to `y` (`[T, out]`).
-    fn add_to(&self, x: &QuantizedActivations, y: &mut [f32]) {
-        let t = x.tokens();
-        let mut low = vec![0.0; t * self.a.rows()]; // [T, r]
-        self.a.matmul(x, &mut low);
+    /// Adds `s·low·Bᵀ` to `y` (`[T, out]`), given `low = x·Aᵀ` (`[T, r]`).
+    fn add_from_low_rank(&self, low: &[f32], y: &mut [f32]) {
+        let t = low.len() / self.a.rows();
         let mut delta = vec![0.0; t * self.b.rows()]; // [T, out]
         self.b
-            .matmul(&QuantizedActivations::new(&low, self.a.rows()), &mut delta);
+            .matmul(&QuantizedActivations::new(low, self.a.rows()), &mut delta);
         y.iter_mut()
             .zip(&delta)
             .for_each(|(y, d)| *y += self.scale * d);
@@ -87,21 +67,54 @@ impl HostLora {
 #[derive(Debug, Clone)]
 struct QuantizedBlock {
     attn_norm: Vec<f32>,
-    qkv: SameInput,
+    /// Q, K, V: they read the same input.
+    qkv: [QuantizedMatrix; 3],
     o: QuantizedMatrix,
     ffn_norm: Vec<f32>,
-    gate_up: SameInput,
+    /// Gate, up: they read the same input.
+    gate_up: [QuantizedMatrix; 2],
     down: QuantizedMatrix,
     /// Adapters by [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down).
     lora: [Option<HostLora>; 7],
 }
 
 impl QuantizedBlock {
-    /// Adds target `i`'s adapter output (if any) to `y`.
-    fn adapt(&self, i: usize, x: &QuantizedActivations, y: &mut [f32]) {
-        if let Some(lora) = &self.lora[i] {
-            lora.add_to(x, y);
+    /// `x · Wᵀ` for projections that read the same `x`, the first of them target `first` in
+    /// [`LoraTarget::ALL`]'s order, each with its adapter's output (if any) added. The
+    /// projections and their adapters' `A` products run as one pass over the threads; each
+    /// `B` product then reads its own `[T, r]`.
+    ///
+    /// # Shapes
+    /// - `x`: `[T, in]` → each projection's `[T, rows_i]`
+    fn project(
+        &self,
+        weights: &[QuantizedMatrix],
+        first: usize,
+        x: &QuantizedActivations,
+    ) -> Vec<Vec<f32>> {
+        let adapters = &self.lora[first..first + weights.len()];
+        let parts: Vec<&QuantizedMatrix> = weights
+            .iter()
+            .chain(adapters.iter().flatten().map(|lora| &lora.a))
+            .collect();
+        let mut outs = QuantizedMatrix::matmul_each(&parts, x);
+        let mut lows = outs.split_off(weights.len()).into_iter(); // [T, r] each
+        for (y, lora) in outs.iter_mut().zip(adapters) {
+            if let (Some(lora), Some(low)) = (lora, lows.next()) {
+                lora.add_from_low_rank(&low, y);
+            }
         }
+        outs
+    }
+
+    /// Bytes of the projections' weights.
+    fn resident_bytes(&self) -> usize {
+        self.qkv
+            .iter()
+            .chain(&self.gate_up)
+            .chain([&self.o, &self.down])
+            .map(QuantizedMatrix::resident_bytes)
+            .sum()
     }
 }
 
@@ -211,14 +224,10 @@ impl QuantizedLlama {
             check_norm(&name("ffn_norm"), &b.ffn_norm)?;
             layers.push(QuantizedBlock {
                 attn_norm: b.attn_norm,
-                qkv: SameInput {
-                    parts: vec![b.q, b.k, b.v],
-                },
+                qkv: [b.q, b.k, b.v],
                 o: b.o,
                 ffn_norm: b.ffn_norm,
-                gate_up: SameInput {
-                    parts: vec![b.gate, b.up],
-                },
+                gate_up: [b.gate, b.up],
                 down: b.down,
                 lora: Default::default(),
             });
@@ -250,16 +259,7 @@ impl QuantizedLlama {
     /// Bytes of every weight as held (quantized blocks, f32 norms).
     pub fn resident_bytes(&self) -> usize {
         let norms = 4 * (self.norm.len() + self.layers.len() * 2 * self.config.hidden_size);
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.qkv.resident_bytes()
-                    + l.o.resident_bytes()
-                    + l.gate_up.resident_bytes()
-                    + l.down.resident_bytes()
-            })
-            .sum();
+        let layers: usize = self.layers.iter().map(QuantizedBlock::resident_bytes).sum();
         self.embed.resident_bytes()
             + self
                 .head
@@ -324,10 +324,7 @@ impl QuantizedLlama {
         let mut all: Vec<&QuantizedMatrix> = vec![&self.embed];
         all.extend(&self.head);
         for l in &self.layers {
-            for same in [&l.qkv, &l.gate_up] {
-                all.extend(&same.parts);
-            }
-            all.extend([&l.o, &l.down]);
+            all.extend(l.qkv.iter().chain(&l.gate_up).chain([&l.o, &l.down]));
         }
         let mut counts: Vec<(BlockFormat, usize)> = Vec::new();
         for m in all {
@@ -395,14 +392,10 @@ impl QuantizedLlama {
         let c = &self.config;
         let (d, dh, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps as f32);
         let q_rows = c.num_attention_heads * dh;
-        let t = x.len() / d;
 
         // x + attn(norm₁(x))
         let h = self.quantized(&normed(x, &layer.attn_norm, d, eps), d);
-        let mut qkv = layer.qkv.matmul(&h);
-        for (i, y) in qkv.iter_mut().enumerate() {
-            layer.adapt(i, &h, y);
-        }
+        let mut qkv = layer.project(&layer.qkv, 0, &h);
         let v = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]
@@ -411,29 +404,22 @@ impl QuantizedLlama {
         cache.keys.extend_from_slice(&k);
         cache.values.extend_from_slice(&v);
         let attended = attention(c, &q, cache, past); // [T, H·Dh]
-        let mut o = vec![0.0; t * d];
         let attended = self.quantized(&attended, q_rows);
-        layer.o.matmul(&attended, &mut o);
-        layer.adapt(3, &attended, &mut o);
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        let o = layer.project(std::slice::from_ref(&layer.o), 3, &attended); // [T, D]
+        x.iter_mut().zip(&o[0]).for_each(|(a, b)| *a += b);
 
         // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
         let f = c.intermediate_size;
         let h = self.quantized(&normed(x, &layer.ffn_norm, d, eps), d);
-        let mut gate_up = layer.gate_up.matmul(&h); // [T, F] each
-        for (i, y) in gate_up.iter_mut().enumerate() {
-            layer.adapt(4 + i, &h, y);
-        }
+        let mut gate_up = layer.project(&layer.gate_up, 4, &h); // [T, F] each
         let up = gate_up.pop().unwrap_or_default();
         let mut act = gate_up.pop().unwrap_or_default(); // [T, F]
         act.iter_mut()
             .zip(&up)
             .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
-        let mut down = vec![0.0; t * d];
         let act = self.quantized(&act, f);
-        layer.down.matmul(&act, &mut down);
-        layer.adapt(6, &act, &mut down);
-        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        let down = layer.project(std::slice::from_ref(&layer.down), 6, &act); // [T, D]
+        x.iter_mut().zip(&down[0]).for_each(|(a, b)| *a += b);
     }
 }
 
