@@ -226,6 +226,49 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
 }
 
 #[test]
+fn every_f32_row_kernel_matches_the_portable_one_to_rounding() {
+    // Lengths with and without the SIMD kernels' 32- and 8-value steps (LoRA's r = 16, SmolLM2's
+    // 576, odd rests).
+    let mut kernels = vec![RowKernel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            kernels.push(RowKernel::Avx2);
+        }
+        if x86::has_vnni() {
+            kernels.push(RowKernel::Vnni);
+        }
+    }
+    let rows = 5;
+    for cols in [1, 7, 8, 16, 31, 40, 576, 1003] {
+        let wf = activations(rows, cols, 21);
+        let w = QuantizedMatrix::from_f32(rows, cols, &wf);
+        for tokens in [1, 3] {
+            let xs = activations(tokens, cols, 22);
+            let x = QuantizedActivations::new(&xs, cols);
+            for &kernel in &kernels {
+                let mut got = vec![0.0; rows * tokens];
+                kernel.rows(BlockFormat::F32, w.bytes.as_slice(), &x, &mut got);
+                for (i, got) in got.iter().enumerate() {
+                    let (r, t) = (i / tokens, i % tokens);
+                    let terms = wf[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(&xs[t * cols..(t + 1) * cols]);
+                    let (exact, magnitude) = terms.fold((0.0f64, 0.0f64), |(e, m), (a, b)| {
+                        let p = f64::from(*a) * f64::from(*b);
+                        (e + p, m + p.abs())
+                    });
+                    assert!(
+                        (f64::from(*got) - exact).abs() <= 1e-6 * magnitude,
+                        "{kernel:?} cols {cols} row {r} token {t}: {got} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn sixteen_bit_activations_split_into_two_signed_bytes_exactly() {
     // The extremes of the range, both signs, and values around each multiple of 256.
     let mut values: Vec<f32> = vec![1.0, -1.0, 0.5, -0.5, 0.0];
