@@ -227,8 +227,8 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
 
 #[test]
 fn every_f32_row_kernel_matches_the_portable_one_to_rounding() {
-    // Lengths with and without the SIMD kernels' 32- and 8-value steps (LoRA's r = 16, SmolLM2's
-    // 576, odd rests).
+    // Lengths with and without the kernels' 8-value steps (LoRA's r = 16, SmolLM2's 576, odd
+    // rests); every row kernel this CPU picks runs f32 rows.
     let mut kernels = vec![RowKernel::Scalar];
     #[cfg(target_arch = "x86_64")]
     {

@@ -1082,53 +1082,6 @@ macro_rules! kernels {
                 }
             }
 
-            /// `row · x` for an f32 row (little-endian bytes; x86 is little-endian): four
-            /// chains of eight lanes of fused multiply-adds, then the values left one by one.
-            #[target_feature(enable = $features)]
-            fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-                let n = x.len();
-                assert_eq!(row.len(), 4 * n, "an f32 row of {n} values");
-                let weights = |at: usize| -> __m256 {
-                    let bytes = &row[4 * at..4 * at + 32];
-                    // SAFETY: 32 readable bytes (the slice above); unaligned load.
-                    unsafe { _mm256_loadu_ps(bytes.as_ptr().cast()) }
-                };
-                let mut acc = [_mm256_setzero_ps(); 4];
-                let mut i = 0;
-                while i + 32 <= n {
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let at = i + 8 * k;
-                        *a = _mm256_fmadd_ps(weights(at), load8(&x[at..]), *a);
-                    }
-                    i += 32;
-                }
-                while i + 8 <= n {
-                    acc[0] = _mm256_fmadd_ps(weights(i), load8(&x[i..]), acc[0]);
-                    i += 8;
-                }
-                let sum =
-                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-                let rest: f32 = (i..n)
-                    .map(|j| {
-                        let w = [row[4 * j], row[4 * j + 1], row[4 * j + 2], row[4 * j + 3]];
-                        f32::from_le_bytes(w) * x[j]
-                    })
-                    .sum();
-                horizontal_sum(sum) + rest
-            }
-
-            /// f32 rows (LoRA's A and B; F16, BF16 and F32 tensors kept as f32).
-            #[target_feature(enable = $features)]
-            fn rows_f32(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
-                let row_bytes = BlockFormat::F32.row_bytes(x.cols());
-                let t = x.tokens();
-                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    for (token, o) in out.iter_mut().enumerate() {
-                        *o = dot_f32(row, x.values(token));
-                    }
-                }
-            }
-
             /// Q8_0 rows through a row buffer (where the byte product saturates on `q + 128`).
             #[target_feature(enable = $features)]
             fn rows_q8_0<const WIDE: bool>(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
@@ -1167,7 +1120,7 @@ macro_rules! kernels {
             ) {
                 let wide = x.bits() == ActivationBits::Sixteen;
                 match (format, wide) {
-                    (BlockFormat::F32, _) => rows_f32(rows, x, out),
+                    (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
                     (BlockFormat::Q8_0, false) if !EXACT_UNSIGNED_BYTES => {
                         rows_q8_0::<false>(rows, x, out)
                     }
