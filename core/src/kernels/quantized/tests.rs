@@ -57,6 +57,21 @@ fn random_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Qu
     QuantizedMatrix::new(format, rows, cols, bytes).unwrap()
 }
 
+/// The portable kernel and every SIMD kernel this CPU can run.
+fn kernels_this_cpu_runs() -> Vec<RowKernel> {
+    let mut kernels = vec![RowKernel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            kernels.push(RowKernel::Avx2);
+        }
+        if x86::has_vnni() {
+            kernels.push(RowKernel::Vnni);
+        }
+    }
+    kernels
+}
+
 fn activations(tokens: usize, cols: usize, seed: u64) -> Vec<f32> {
     let mut rng = SplitMix64(seed);
     (0..tokens * cols)
@@ -188,16 +203,7 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
     // super-blocks. An odd number of rows: the prompt kernels' tiles of two rows end with one
     // row alone.
     let rows = 41;
-    let mut kernels = vec![RowKernel::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            kernels.push(RowKernel::Avx2);
-        }
-        if x86::has_vnni() {
-            kernels.push(RowKernel::Vnni);
-        }
-    }
+    let kernels = kernels_this_cpu_runs();
     let cases = FORMATS
         .into_iter()
         .flat_map(|f| BITS.map(|b| (f, b)))
@@ -229,16 +235,7 @@ fn every_kernel_this_cpu_runs_matches_the_portable_one() {
 fn every_f32_row_kernel_matches_the_portable_one_to_rounding() {
     // Lengths with and without the kernels' 8-value steps (LoRA's r = 16, SmolLM2's 576, odd
     // rests); every row kernel this CPU picks runs f32 rows.
-    let mut kernels = vec![RowKernel::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            kernels.push(RowKernel::Avx2);
-        }
-        if x86::has_vnni() {
-            kernels.push(RowKernel::Vnni);
-        }
-    }
+    let kernels = kernels_this_cpu_runs();
     let rows = 5;
     for cols in [1, 7, 8, 16, 31, 40, 576, 1003] {
         let wf = activations(rows, cols, 21);
