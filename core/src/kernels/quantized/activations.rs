@@ -83,6 +83,14 @@ impl SplitBlock {
     }
 }
 
+/// A block's two half sums of one byte plane (`|Σ| ≤ 16·128`).
+pub type HalfSums = [i16; 2];
+
+fn half_sums(plane: &[i8; BLOCK]) -> HalfSums {
+    let sum = |half: &[i8]| half.iter().map(|&v| i16::from(v)).sum();
+    [sum(&plane[..BLOCK / 2]), sum(&plane[BLOCK / 2..])]
+}
+
 /// Tokens side by side in [`TokenGroups`].
 pub const TOKEN_GROUP: usize = 8;
 
@@ -202,6 +210,10 @@ pub struct QuantizedActivations {
     scales: Vec<f32>,
     /// Each block's `d·Σq`, `[T, cols / 32]`.
     d_sums: Vec<f32>,
+    /// Each block's sums of its byte plane's values `0..16` and `16..32` (`qs` with 8 bits,
+    /// the split blocks' `low` and `high` with 16): `[planes, T, padded blocks]`. Q6_K's offset
+    /// (`−32·Σ s·x` per half block) from these, not from a byte product per block.
+    half_sums: [Vec<HalfSums>; 2],
     /// From [`TOKEN_GROUP`] tokens on: the same blocks with eight tokens side by side.
     groups: Option<TokenGroups>,
 }
@@ -245,12 +257,16 @@ impl QuantizedActivations {
                     ActivationBits::Eight => {
                         let b = quantize_block(block);
                         out.blocks.push(b);
+                        out.half_sums[0].push(half_sums(&b.qs));
                         (b.d, b.sum)
                     }
                     ActivationBits::Sixteen => {
                         let (b, d, sum) = quantize_wide(block);
+                        let split = SplitBlock::of(&b);
                         out.wide_blocks.push(b);
-                        out.split_blocks.push(SplitBlock::of(&b));
+                        out.split_blocks.push(split);
+                        out.half_sums[0].push(half_sums(&split.low));
+                        out.half_sums[1].push(half_sums(&split.high));
                         (d, sum)
                     }
                 };
@@ -259,8 +275,13 @@ impl QuantizedActivations {
             }
             for _ in 0..padding {
                 match bits {
-                    ActivationBits::Eight => out.blocks.push(ZERO),
+                    ActivationBits::Eight => {
+                        out.blocks.push(ZERO);
+                        out.half_sums[0].push([0; 2]);
+                    }
                     ActivationBits::Sixteen => {
+                        out.half_sums[0].push([0; 2]);
+                        out.half_sums[1].push([0; 2]);
                         out.wide_blocks.push(Q16Block { qs: [0; BLOCK] });
                         out.split_blocks
                             .push(SplitBlock::of(&Q16Block { qs: [0; BLOCK] }));
@@ -330,6 +351,13 @@ impl QuantizedActivations {
     pub fn d_sums(&self, t: usize) -> &[f32] {
         let n = padded_blocks(self.cols);
         self.d_sums.get(t * n..(t + 1) * n).unwrap_or(&[])
+    }
+
+    /// Token `t`'s half sums of byte plane `plane` per block (0: the 8-bit values or the
+    /// 16-bit ones' `low` bytes; 1: their `high` bytes), zero blocks at the end included.
+    pub fn half_sums(&self, t: usize, plane: usize) -> &[HalfSums] {
+        let n = padded_blocks(self.cols);
+        self.half_sums[plane].get(t * n..(t + 1) * n).unwrap_or(&[])
     }
 }
 

@@ -40,7 +40,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 pub use activations::{
-    ActivationBits, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP, TokenGroups,
+    ActivationBits, HalfSums, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP,
+    TokenGroups,
 };
 pub use block_bytes::{BlockBytes, SharedBuffer};
 
