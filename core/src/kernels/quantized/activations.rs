@@ -144,9 +144,9 @@ impl TokenGroups {
                     [split.low, split.high]
                 };
                 for (p, plane) in bytes.iter().take(planes).enumerate() {
-                    for (half, values) in plane.chunks_exact(BLOCK / 2).enumerate() {
-                        out.half_sums[at * planes + p][half][lane] =
-                            values.iter().map(|&v| v as i32).sum();
+                    // The token's own half sums, side by side.
+                    for (half, &sum) in x.half_sums(t, p)[b].iter().enumerate() {
+                        out.half_sums[at * planes + p][half][lane] = i32::from(sum);
                     }
                     let vectors = &mut out.values[at * planes + p];
                     for (j, four) in plane.chunks_exact(4).enumerate() {
