@@ -12,7 +12,7 @@ mod out_of_memory;
 mod pinning;
 
 pub use out_of_memory::guard_device_memory;
-pub use pinning::{PIN_THREADS_VAR, spawn_unpinned, with_process_cpus};
+pub use pinning::{PIN_THREADS_VAR, process_cpu_count, spawn_unpinned, with_process_cpus};
 
 use std::fmt;
 use std::str::FromStr;

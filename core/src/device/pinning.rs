@@ -51,6 +51,15 @@ pub(super) fn pin_each_thread(builder: ThreadPoolBuilder, threads: usize) -> Thr
     }
 }
 
+/// How many CPUs the process may use: its main thread's set (which napkin never pins), not the
+/// one CPU a pinned compute thread sees; the standard library's count where that is unknown.
+pub fn process_cpu_count() -> usize {
+    affinity::of_main_thread()
+        .map(|cpus| cpus.len())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Runs `work` with the calling thread allowed the CPUs of the process's main thread (which
 /// napkin never pins), then restores its own: what a pinned compute thread starts meanwhile
 /// (a child process, a thread) inherits the wide set instead of the one CPU.

@@ -11,6 +11,8 @@
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
+//! - `team.rs`: compute threads kept spinning between the parallel passes of one forward pass
+//!   (generation's products and attention), instead of sleeping and waking ~90 times a token.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod adamw;
@@ -22,6 +24,7 @@ pub mod fused;
 mod nf4_dequantize;
 pub mod quantized;
 pub mod resident_nf4;
+pub mod team;
 pub mod values;
 
 /// The launch geometry of one thread per item for `items` items on `client`'s device.

@@ -9,14 +9,13 @@
 //! grouped-query attention (head h reads K/V head `h / (H / Hkv)`); SwiGLU. LoRA adapters
 //! (peft's A and B) can sit on any projection, in f32 on the side of the quantized product.
 
-use rayon::prelude::*;
-
 use super::rope::{inverse_frequencies, tables};
 use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
 use crate::kernels::quantized::{
     ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix,
 };
+use crate::kernels::team::{self, Lead};
 
 /// One decoder block's weights, as read from a checkpoint.
 #[derive(Debug, Clone)]
@@ -346,8 +345,7 @@ impl QuantizedLlama {
         cache: &mut QuantizedKvCache,
     ) -> Result<Vec<f32>> {
         let c = &self.config;
-        let (t, d) = (new_ids.len(), c.hidden_size);
-        if t == 0 {
+        if new_ids.is_empty() {
             return Err(Error::Input("no tokens to feed the model".into()));
         }
         if let Some(id) = new_ids.iter().find(|&&id| id as usize >= c.vocab_size) {
@@ -356,6 +354,23 @@ impl QuantizedLlama {
                 c.vocab_size
             )));
         }
+        // The whole pass as one team: the other threads spin between its ~4 passes a block
+        // instead of sleeping and being woken for each (`kernels/team.rs`).
+        Ok(team::with_team(|lead| {
+            self.forward_new_tokens(new_ids, cache, lead)
+        }))
+    }
+
+    /// [`Self::next_token_logits`] on checked ids; before each product's input is made, the
+    /// team's idle threads start reading that product's weights ahead.
+    fn forward_new_tokens<'w>(
+        &'w self,
+        new_ids: &[u32],
+        cache: &mut QuantizedKvCache,
+        lead: &Lead<'_, 'w>,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (t, d) = (new_ids.len(), c.hidden_size);
         let past = cache.len;
         let positions: Vec<u32> = (past as u32..(past + t) as u32).collect();
         let (cos, sin) = tables(&self.inv_freq, &positions); // [T, Dh] each
@@ -368,52 +383,60 @@ impl QuantizedLlama {
             self.embed.dequantize_row(id as usize, row);
         }
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            self.block(layer, &mut x, &cos, &sin, layer_cache, past);
+            self.block(layer, &mut x, &cos, &sin, layer_cache, past, lead);
         }
         cache.len = past + t;
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        lead.warm(head.stored_bytes());
         let mut last = x[(t - 1) * d..].to_vec(); // [1, D]
         rms_norm(&mut last, &self.norm, c.rms_norm_eps as f32);
-        let head = self.head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0; c.vocab_size];
         head.matmul(&self.quantized(&last, d), &mut logits);
-        Ok(logits)
+        logits
     }
 
     /// One decoder block over the T new tokens, in place on `x` (`[T, D]`).
-    fn block(
+    #[allow(clippy::too_many_arguments)]
+    fn block<'w>(
         &self,
-        layer: &QuantizedBlock,
+        layer: &'w QuantizedBlock,
         x: &mut [f32],
         cos: &[f32],
         sin: &[f32],
         cache: &mut HostLayerCache,
         past: usize,
+        lead: &Lead<'_, 'w>,
     ) {
         let c = &self.config;
         let (d, dh, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps as f32);
         let q_rows = c.num_attention_heads * dh;
 
         // x + attn(norm₁(x))
+        lead.warm(layer.qkv[0].stored_bytes());
         let h = self.quantized(&normed(x, &layer.attn_norm, d, eps), d);
         let mut qkv = layer.project(&layer.qkv, 0, &h);
         let v = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]
+        lead.warm(layer.o.stored_bytes());
         rotate(&mut q, cos, sin, dh);
         rotate(&mut k, cos, sin, dh);
         cache.keys.extend_from_slice(&k);
         cache.values.extend_from_slice(&v);
         let attended = attention(c, &q, cache, past); // [T, H·Dh]
+        lead.warm(layer.o.stored_bytes()); // the attention's pass ended the first request
         let attended = self.quantized(&attended, q_rows);
         let o = layer.project(std::slice::from_ref(&layer.o), 3, &attended); // [T, D]
         x.iter_mut().zip(&o[0]).for_each(|(a, b)| *a += b);
 
         // x + mlp(norm₂(x)), mlp(h) = down(silu(gate(h)) ⊙ up(h))
         let f = c.intermediate_size;
+        lead.warm(layer.gate_up[0].stored_bytes());
         let h = self.quantized(&normed(x, &layer.ffn_norm, d, eps), d);
         let mut gate_up = layer.project(&layer.gate_up, 4, &h); // [T, F] each
         let up = gate_up.pop().unwrap_or_default();
         let mut act = gate_up.pop().unwrap_or_default(); // [T, F]
+        lead.warm(layer.down.stored_bytes());
         act.iter_mut()
             .zip(&up)
             .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
@@ -471,13 +494,16 @@ fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) ->
     let scale = 1.0 / (dh as f32).sqrt();
     let kv_width = hkv * dh;
     let mut out = vec![0.0f32; q.len()];
-    // One task per (token, head); small cases stay on one thread.
+    // Tasks of whole (token, head) rows, enough work each that scheduling is noise.
     let seen = cache.keys.len() / kv_width;
-    let min_len = (16 * 1024 / (seen * dh).max(1)).max(1);
-    out.par_chunks_mut(dh)
-        .with_min_len(min_len)
+    let heads_per_task = (16 * 1024 / (seen * dh).max(1)).max(1);
+    let mut tasks: Vec<(usize, &mut [f32])> = out
+        .chunks_mut(heads_per_task * dh)
         .enumerate()
-        .for_each(|(i, out)| {
+        .map(|(task, rows)| (task * heads_per_task, rows))
+        .collect();
+    team::for_each_mut(&mut tasks, |(first, rows)| {
+        for (i, out) in (*first..).zip(rows.chunks_exact_mut(dh)) {
             let (token, head) = (i / h, i % h);
             let g = head / group;
             let query = &q[i * dh..(i + 1) * dh];
@@ -500,7 +526,8 @@ fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) ->
                     .zip(value)
                     .for_each(|(o, v)| *o += p / total * v);
             }
-        });
+        }
+    });
     out
 }
 

@@ -22,7 +22,7 @@
 //!
 //! The kernels: `x86.rs` (AVX2, and AVX-512 VNNI's `vpdpbusd` where the CPU has it, picked at
 //! run time) and `scalar.rs` (everywhere else, and the reference the SIMD kernels are tested
-//! against). A product is split over rayon's threads by rows of `W`.
+//! against). A product is split over the threads by rows of `W` (`team.rs`).
 //!
 //! # Shapes
 //! - `W`: `[rows, cols]` (PyTorch's `[out, in]`), row-major, `cols` a multiple of 32 for the
@@ -37,7 +37,7 @@ mod x86;
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
+use super::team;
 
 pub use activations::{
     ActivationBits, HalfSums, Q8Block, Q16Block, QuantizedActivations, SplitBlock, TOKEN_GROUP,
@@ -240,7 +240,12 @@ impl QuantizedMatrix {
         }
     }
 
-    /// `y = x · Wᵀ` for the T rows of `x`, split over rayon's threads by rows of `W`.
+    /// The rows' blocks in stored order: what a product reads, first bytes first.
+    pub fn stored_bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// `y = x · Wᵀ` for the T rows of `x`, split over the compute threads by rows of `W`.
     ///
     /// # Shapes
     /// - `x`: `[T, cols]` → `out`: `[T, rows]`
@@ -265,7 +270,8 @@ impl QuantizedMatrix {
     }
 }
 
-/// The products of every part with `x`, their rows split into tasks that rayon's threads share.
+/// The products of every part with `x`, their rows split into tasks that the compute threads
+/// share (the calling thread's team, else rayon's).
 /// A task writes its rows' results row-major (`[rows, T]`, stored order) into its part's scratch,
 /// or straight into the output when that is already the output's layout (one token, rows in
 /// order); the scratch is then put in `[T, rows]` order.
@@ -310,25 +316,24 @@ fn products(parts: &[&QuantizedMatrix], x: &QuantizedActivations, outs: &mut [&m
             tasks.push((w.format, rows, chunk));
         }
     }
-    tasks
-        .into_par_iter()
-        .for_each(|(format, rows, chunk)| kernel.rows(format, rows, x, chunk));
+    team::for_each_mut(&mut tasks, |(format, rows, chunk)| {
+        kernel.rows(*format, rows, x, chunk)
+    });
     for ((w, out), by_row) in parts.iter().zip(outs.iter_mut()).zip(&scratch) {
         if direct(w) {
             continue;
         }
         // [stored rows, T] → [T, rows], one token's row a task.
-        out.par_chunks_mut(w.rows)
-            .enumerate()
-            .for_each(|(token, out)| {
-                for (r, o) in out.iter_mut().enumerate() {
-                    *o = by_row[w.stored_row(r) * t + token];
-                }
-            });
+        let mut tokens: Vec<(usize, &mut [f32])> = out.chunks_mut(w.rows).enumerate().collect();
+        team::for_each_mut(&mut tokens, |(token, out)| {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = by_row[w.stored_row(r) * t + *token];
+            }
+        });
     }
 }
 
-/// Rows per rayon task: about 16 tasks a thread for balance, at least enough work that
+/// Rows per task: about 16 tasks a thread for balance, at least enough work that
 /// scheduling (a few µs) is noise.
 fn rows_per_task(rows: usize, work_per_row: usize) -> usize {
     const MIN_WORK: usize = 64 * 1024;
