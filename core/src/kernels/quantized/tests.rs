@@ -406,3 +406,40 @@ fn reordered_and_shared_rows_give_each_rows_product_in_its_place() {
     assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 1, 48, vec![0; 30]).is_err());
     assert!(QuantizedMatrix::new(BlockFormat::Q4_1, 2, 64, vec![0; 79]).is_err());
 }
+
+#[test]
+fn rounding_by_truncation_rounds_ties_away_from_zero_as_round_does() {
+    let edge = [
+        0.0f32,
+        -0.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        0.499_999_97,
+        -0.499_999_97,
+        126.5,
+        -126.5,
+        127.0,
+        32_638.5,
+        -32_638.5,
+        32_639.0,
+        8_388_607.0,
+        f32::NAN,
+    ];
+    let mut rng = SplitMix64(7);
+    let random = (0..200_000).map(|i| {
+        let scale = [1.0, 127.0, 32_639.0][i % 3];
+        uniform(&mut rng) * scale
+    });
+    for y in edge.into_iter().chain(random) {
+        assert_eq!(
+            activations::rounded(y),
+            y.round() as i32,
+            "{y:e} rounds to {}",
+            y.round()
+        );
+    }
+}
