@@ -23,8 +23,8 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use rayon::prelude::*;
 
@@ -77,6 +77,9 @@ pub struct Team {
     ended: AtomicBool,
     /// Addresses still to be read ahead (`Lead::warm`); emptied when a pass is published.
     warm: Mutex<Range<usize>>,
+    /// The leading thread (the one `rayon::scope` runs the work on), which never serves its
+    /// own team.
+    leader: OnceLock<std::thread::ThreadId>,
 }
 
 /// The calling thread's lead of a team (inside [`with_team`]): bytes that outlive the team
@@ -130,8 +133,10 @@ pub fn with_team<'w, R: Send>(work: impl FnOnce(&Lead<'_, 'w>) -> R + Send) -> R
         helper_panicked: AtomicBool::new(false),
         ended: AtomicBool::new(false),
         warm: Mutex::new(0..0),
+        leader: OnceLock::new(),
     };
     rayon::scope(|scope| {
+        let _ = team.leader.set(std::thread::current().id());
         for _ in 0..helpers {
             scope.spawn(|_| team.serve());
         }
@@ -164,6 +169,16 @@ pub fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
     // SAFETY: `LEADING` points at the team of an enclosing `with_team` on this thread, which
     // outlives this call (it is cleared before the team is dropped).
     let team = unsafe { &*team };
+    // A pass inside an item (a kernel that splits its own work) runs on rayon, not as a second
+    // pass of the same team over the first; the lead comes back when the passes end.
+    struct Resume(*const Team);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            LEADING.with(|t| t.set(self.0));
+        }
+    }
+    LEADING.with(|t| t.set(std::ptr::null()));
+    let _resume = Resume(team);
     for batch in items.chunks_mut(MAX_ITEMS) {
         let base = ItemsPtr(batch.as_mut_ptr());
         // SAFETY: the team passes each index below `batch.len()` to exactly one call, so each
@@ -289,7 +304,7 @@ impl Team {
     fn serve(&self) {
         // The leader itself may pick up a helper's job while it waits in rayon (a `join` inside
         // its work): it must not serve its own team.
-        if LEADING.with(|t| !t.get().is_null()) {
+        if self.leader.get() == Some(&std::thread::current().id()) {
             return;
         }
         let mut idle_spins = 0u32;
@@ -408,6 +423,32 @@ mod tests {
                 assert_eq!(items, [1; 4]);
             })
         });
+    }
+
+    #[test]
+    fn a_pass_inside_an_item_runs_apart_from_the_teams_pass() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a pool of two threads");
+        let sums = pool.install(|| {
+            with_team(|_| {
+                let mut outer: Vec<(u64, u64)> = (0..64).map(|i| (i, 0)).collect();
+                for_each_mut(&mut outer, |(i, sum)| {
+                    let mut inner: Vec<u64> = (0..100).map(|j| *i * 1000 + j).collect();
+                    for_each_mut(&mut inner, |v| *v *= 2);
+                    *sum = inner.iter().sum();
+                });
+                outer
+            })
+        });
+        for (i, sum) in sums {
+            assert_eq!(
+                sum,
+                (0..100).map(|j| 2 * (i * 1000 + j)).sum::<u64>(),
+                "item {i}"
+            );
+        }
     }
 
     #[test]
