@@ -354,8 +354,9 @@ impl QuantizedLlama {
                 c.vocab_size
             )));
         }
-        // The whole pass as one team: the other threads spin between its ~4 passes a block
-        // instead of sleeping and being woken for each (`kernels/team.rs`).
+        // The whole forward pass as one team: the other threads spin between its parallel
+        // passes (four products and the attention a block) instead of sleeping and being woken
+        // for each (`kernels/team.rs`).
         Ok(team::with_team(|lead| {
             self.forward_new_tokens(new_ids, cache, lead)
         }))
