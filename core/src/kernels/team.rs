@@ -347,6 +347,14 @@ fn read_ahead(addresses: Range<usize>) {
 mod tests {
     use super::*;
 
+    /// A pool of its own, so that a test's team does not depend on the global pool's size.
+    fn pool_of_two() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a pool of two threads")
+    }
+
     #[test]
     fn every_item_is_visited_once_inside_and_outside_a_team() {
         let mut items: Vec<u64> = (0..10_000).collect();
@@ -367,10 +375,7 @@ mod tests {
 
     #[test]
     fn a_pass_runs_on_more_than_one_thread_when_the_pool_has_them() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("a pool of two threads");
+        let pool = pool_of_two();
         let threads = pool.install(|| {
             with_team(|_| {
                 let mut seen: Vec<Option<std::thread::ThreadId>> = vec![None; 64];
@@ -400,10 +405,7 @@ mod tests {
         if crate::device::process_cpu_count() < 2 {
             return; // no helper: `warm` does nothing
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("a pool of two threads");
+        let pool = pool_of_two();
         let bytes = vec![7u8; 4 << 20];
         pool.install(|| {
             with_team(|lead| {
@@ -427,10 +429,7 @@ mod tests {
 
     #[test]
     fn a_pass_inside_an_item_runs_apart_from_the_teams_pass() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("a pool of two threads");
+        let pool = pool_of_two();
         let sums = pool.install(|| {
             with_team(|_| {
                 let mut outer: Vec<(u64, u64)> = (0..64).map(|i| (i, 0)).collect();
@@ -453,10 +452,7 @@ mod tests {
 
     #[test]
     fn a_panicking_item_reaches_the_leader_and_the_team_ends() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("a pool of two threads");
+        let pool = pool_of_two();
         let outcome = pool.install(|| {
             catch_unwind(AssertUnwindSafe(|| {
                 with_team(|_| {

@@ -395,9 +395,10 @@ fn quantize_wide(x: &[f32]) -> (Q16Block, f32, i32) {
 
 /// `y.round()` (ties away from zero) as an integer, for `|y|` below 2²³ (a block's values are at
 /// most its largest step count): truncation, then one step where the dropped fraction is at
-/// least a half (exact: a float minus its integer part is). A plain conversion the compiler
-/// vectorizes, where `round` is a libm call per value on a baseline x86-64 build; NaN gives 0 as
-/// `round` then the cast did.
+/// least a half (exact: a float minus its integer part is). Inline conversions and compares,
+/// where `round` is a libm call per value on a baseline x86-64 build (the saturating cast still
+/// checks each value on its own: `perf` showed it scalar); NaN gives 0 as `round` then the cast
+/// did.
 pub(super) fn rounded(y: f32) -> i32 {
     let truncated = y as i32;
     let fraction = y - truncated as f32;
