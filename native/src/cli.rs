@@ -228,6 +228,11 @@ pub struct BenchArgs {
     /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).
     #[arg(long)]
     pub smoke: bool,
+    /// `generate`: also a QLoRA base (the block linears as NF4, blocks of 64 with double
+    /// quantization, as `train --nf4 --double-quant` makes it), kept as NF4 codes and as the
+    /// float model that dequantizes them; replaces the f32 engine.
+    #[arg(long)]
+    pub nf4: bool,
     /// `gpu`: also report the fraction of this device preset's f32 peak (t4, rtx3090,
     /// rtx4090, a100-40gb, a100-80gb, h100, ...: the devices of `napkin estimate`'s roofline).
     #[arg(long, value_name = "ID")]
@@ -357,8 +362,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Run a GGUF as the float model (every weight dequantized to f32) instead of keeping its
-    /// quantized blocks (the default on the CPU: ~4× faster decoding, ~3× less memory). An
-    /// adapter trained on an NF4 base always runs the float model with that base.
+    /// quantized blocks (the default on the CPU: ~4× faster decoding, ~3× less memory). Under
+    /// an adapter trained on an NF4 base, the block linears are that base either way: its NF4
+    /// codes by default, dequantized to f32 with this flag.
     #[arg(long)]
     pub dequantize: bool,
     /// With a GGUF's blocks kept: the bits each product's input is quantized to. 16 keeps the

@@ -1,4 +1,5 @@
-//! A Llama for generation whose linear weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0):
+//! A Llama for generation whose linear weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0, the
+//! K-quants) or as a QLoRA base's NF4 codes:
 //! the same math as [`Llama`](super::Llama) in inference, run on host vectors with the block
 //! products of `kernels::quantized` (16- or 8-bit activations, integer SIMD dot products), a
 //! key/value cache, and no f32 copy of the model. Decoding streams the quantized bytes once per token

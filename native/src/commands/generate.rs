@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::device::DeviceKind;
-use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
+use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
 use napkin_core::io::peft::load_lora_quantized;
 use napkin_core::io::resolve_model_path;
 use napkin_core::kernels::quantized::ActivationBits;
@@ -41,26 +41,39 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let is_gguf = resolved
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    // A GGUF on the CPU keeps its blocks, unless asked otherwise or the adapter was trained on
-    // an NF4 base (only the float path rebuilds that base, so that the model is the trained one).
-    let nf4_adapter = match &args.adapter {
-        Some(dir) => super::trained_nf4_base(dir)?.is_some(),
-        None => false,
+    // A GGUF on the CPU keeps its blocks, unless asked otherwise; under an adapter trained on
+    // an NF4 base, its block linears are that base, quantized as training did and kept as NF4.
+    let nf4_base = match &args.adapter {
+        Some(dir) => super::trained_nf4_base(dir)?,
+        None => None,
     };
-    if is_gguf && kind == DeviceKind::Cpu && !args.dequantize && !nf4_adapter {
+    if is_gguf && kind == DeviceKind::Cpu && !args.dequantize {
         let bits = match args.activation_bits {
             ActivationBitsArg::Sixteen => ActivationBits::Sixteen,
             ActivationBitsArg::Eight => ActivationBits::Eight,
         };
-        let mut model =
-            load_gguf_quantized(&GgufFile::open(&resolved)?)?.with_activation_bits(bits);
+        let mut model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?
+            .with_activation_bits(bits);
         let kept: Vec<String> = model
             .format_counts()
             .iter()
             .map(|(format, n)| format!("{format:?} ×{n}"))
             .collect();
+        let how = match &nf4_base {
+            Some(nf4) => format!(
+                "the block linears quantized to NF4 as the adapter was trained (block {}{}), \
+                 the rest the file's blocks",
+                nf4.block_size,
+                if nf4.double_quant {
+                    ", double quantization"
+                } else {
+                    ""
+                }
+            ),
+            None => "the blocks read in place from the file".to_string(),
+        };
         eprintln!(
-            "weights kept as the file's blocks: {} ({:.1} MB; the blocks read in place from the file)",
+            "weights kept quantized: {} ({:.1} MB; {how})",
             kept.join(", "),
             model.resident_bytes() as f64 / 1e6
         );
@@ -68,11 +81,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             let lora = load_lora_quantized(&mut model, dir)
                 .with_context(|| format!("loading the adapter in {}", dir.display()))?;
             eprintln!(
-                "adapter {}: r {}, α {}, {} target(s), beside the GGUF's blocks",
+                "adapter {}: r {}, α {}, {} target(s), beside the {}",
                 dir.display(),
                 lora.r,
                 lora.alpha,
-                lora.targets.len()
+                lora.targets.len(),
+                if nf4_base.is_some() {
+                    "NF4 base"
+                } else {
+                    "GGUF's blocks"
+                }
             );
         }
         return stream(&model, &prompt_ids, args, &sampling, &tokenizer);

@@ -11,5 +11,5 @@ pub mod reader;
 pub mod writer;
 
 pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};
-pub use quantized_llama::load_gguf_quantized;
+pub use quantized_llama::{load_gguf_quantized, load_gguf_quantized_with};
 pub use reader::{GgufFile, GgufValue};

@@ -7,18 +7,38 @@
 //!   their rows are whole blocks of 32: each value moves by at most half a Q8_0 step (1/254 of
 //!   its block's largest) and the products run on the Q8_0 kernel at 8.5 bits a weight (their
 //!   own kernels are not written);
-//! - F32, F16 and BF16 tensors (and rows that are not whole blocks) are kept as f32, exactly.
+//! - F32, F16 and BF16 tensors (and rows that are not whole blocks) are kept as f32, exactly;
+//! - with an NF4 configuration (an adapter trained on an NF4 base), every block linear is
+//!   dequantized and quantized to NF4 as training did (`load_gguf_llama_with`: HF row order,
+//!   the same blocks), one tensor at a time, and kept as NF4 codes; the embedding and the head
+//!   keep the file's blocks, as they are the float model's values.
+//!
+//! A tensor converted to a copy has its mapped pages released after it is read
+//! ([`GgufFile::release`]), so the process's resident size is what the model holds.
 
 use super::dequant::GgmlType;
-use super::llama::{find_tensor, gguf_config, hf_row_order, refuse_unexpected_tensors};
+use super::llama::{
+    find_tensor, gguf_config, hf_row_order, refuse_unexpected_tensors, unpermute_rows,
+};
 use super::quantize::quantize;
 use super::reader::GgufFile;
+use crate::config::Nf4Config;
 use crate::error::{Error, Result};
 use crate::kernels::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
+use crate::tricks::nf4::Nf4Tensor;
 
 /// Loads a llama GGUF for generation with its weights kept quantized.
 pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
+    load_gguf_quantized_with(gguf, None)
+}
+
+/// As [`load_gguf_quantized`]; with `nf4`, the block linears are the NF4 base QLoRA trained on
+/// (see the module docs).
+pub fn load_gguf_quantized_with(
+    gguf: &GgufFile,
+    nf4: Option<&Nf4Config>,
+) -> Result<QuantizedLlama> {
     let config = gguf_config(gguf)?;
     refuse_unexpected_tensors(gguf, &config)?;
     let source = gguf.path.display().to_string();
@@ -32,7 +52,36 @@ pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
         config.num_key_value_heads,
         config.head_dim,
     );
+    // A block linear as the NF4 base: HF's row order, quantized as `Linear::nf4_from_values`;
+    // rows or blocks that are not multiples of 64 are kept as the base's f32 values.
+    let nf4_matrix = |hf: &str, rows: usize, cols: usize, nf4: &Nf4Config| {
+        let (name, info) = find_tensor(gguf, hf, &[rows, cols])?;
+        let (_, values) = gguf.read_f32(&name)?;
+        gguf.release(info);
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::checkpoint(
+                &gguf.path,
+                format!("tensor `{name}` holds a non-finite value at {i}"),
+            ));
+        }
+        let values = if hf.ends_with("self_attn.q_proj.weight") {
+            unpermute_rows(&values, h, cols)
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            unpermute_rows(&values, hkv, cols)
+        } else {
+            values
+        };
+        let tensor = Nf4Tensor::quantize(&values, &[rows, cols], nf4)
+            .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+        Ok(QuantizedMatrix::from_nf4(&tensor)
+            .unwrap_or_else(|_| QuantizedMatrix::from_f32(rows, cols, &tensor.dequantize())))
+    };
     let matrix = |hf: &str, rows: usize, cols: usize| -> Result<QuantizedMatrix> {
+        if let Some(nf4) = nf4
+            && hf.starts_with("model.layers.")
+        {
+            return nf4_matrix(hf, rows, cols, nf4);
+        }
         let (name, info) = find_tensor(gguf, hf, &[rows, cols])?;
         let format = match info.ggml_type {
             GgmlType::Q4_0 => Some(BlockFormat::Q4_0),
@@ -55,11 +104,13 @@ pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
             }
             None if !exact && cols.is_multiple_of(BLOCK) => {
                 let (_, values) = gguf.read_f32(&name)?;
+                gguf.release(info);
                 let bytes = quantize(GgmlType::Q8_0, &values).map_err(in_file)?;
                 QuantizedMatrix::new(BlockFormat::Q8_0, rows, cols, bytes).map_err(in_file)?
             }
             None => {
                 let (_, values) = gguf.read_f32(&name)?;
+                gguf.release(info);
                 QuantizedMatrix::from_f32(rows, cols, &values)
             }
         };

@@ -397,6 +397,26 @@ impl GgufFile {
             .expect("tensor bounds were checked at open")
     }
 
+    /// Drops a mapped tensor's pages from this process after its values were read into a copy
+    /// (a converted tensor): `madvise(DONTNEED)` on a read-only file mapping, which changes no
+    /// byte (a later read faults the page in from the file again) but stops the pages counting
+    /// in the process's resident size. Owned bytes: nothing to do.
+    pub fn release(&self, info: &GgufTensorInfo) {
+        if let FileBytes::Mapped(map) = self.bytes.as_ref() {
+            let start = self.data_start + info.offset as usize;
+            // SAFETY: the map is read-only and backed by the file; dropping its pages leaves
+            // every byte as it was for any reference into it (they are read again from the file).
+            // A failed advice changes nothing, so its error is ignored.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    info.size as usize,
+                )
+            };
+        }
+    }
+
     /// A metadata value or a typed error naming the missing key.
     pub fn require(&self, key: &str) -> Result<&GgufValue> {
         self.metadata

@@ -13,6 +13,8 @@
 //!   (5-bit) `q`: per block of 32 the Q4_1 product with `d_w = d·sc` and offset `−dmin·m`;
 //! - Q6_K: super-blocks of 256 with an i8 scale per 16 values; `w = d·sc·(q − 32)` with 6-bit
 //!   `q`: per block of 32 `d·d_x·Σ sc·(q − 32)·x`, the two scales inside the integer sum;
+//! - NF4: a QLoRA base's 4-bit NormalFloat codes with each block's f32 absmax (`nf4.rs`); per
+//!   block of 32 the integer sum of the codes' i16 values and the activations;
 //! - F32: any other GGUF type, dequantized once at load (products in f32, no activation
 //!   quantization).
 //!
@@ -31,6 +33,7 @@
 
 mod activations;
 mod block_bytes;
+mod nf4;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -68,19 +71,23 @@ pub enum BlockFormat {
     /// 210 bytes per 256 values: 128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales
     /// (one per 16 values), f16 d; `w = d·sc·(q − 32)`.
     Q6K,
+    /// 36 bytes per 64 values: f32 absmax, then 16 bytes of nibbles for each 32 values;
+    /// `w = NF4[q]·absmax` (a QLoRA base, `nf4.rs`).
+    Nf4,
     /// Little-endian f32 values.
     F32,
 }
 
 impl BlockFormat {
     /// Every format with blocks (all but F32).
-    pub const BLOCKED: [BlockFormat; 6] = [
+    pub const BLOCKED: [BlockFormat; 7] = [
         BlockFormat::Q4_0,
         BlockFormat::Q4_1,
         BlockFormat::Q8_0,
         BlockFormat::Q4K,
         BlockFormat::Q5K,
         BlockFormat::Q6K,
+        BlockFormat::Nf4,
     ];
 
     /// Bytes of one row of `cols` values.
@@ -92,6 +99,7 @@ impl BlockFormat {
             BlockFormat::Q4K => cols / SUPER_BLOCK * 144,
             BlockFormat::Q5K => cols / SUPER_BLOCK * 176,
             BlockFormat::Q6K => cols / SUPER_BLOCK * 210,
+            BlockFormat::Nf4 => cols / nf4::UNIT * nf4::UNIT_BYTES,
             BlockFormat::F32 => cols * 4,
         }
     }
@@ -100,6 +108,7 @@ impl BlockFormat {
     pub const fn values_per_block(self) -> usize {
         match self {
             BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => SUPER_BLOCK,
+            BlockFormat::Nf4 => nf4::UNIT,
             BlockFormat::F32 => 1,
             _ => BLOCK,
         }
@@ -368,6 +377,9 @@ impl RowKernel {
 
     /// A run of rows of `W` times every token of `x`: `out[r·T + t] = W[r] · x[t]`.
     fn rows(self, format: BlockFormat, rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
+        if format == BlockFormat::Nf4 {
+            return nf4::rows(self, rows, x, out);
+        }
         match self {
             RowKernel::Scalar => scalar::rows(format, rows, x, out),
             // SAFETY: the CPU has the features the variant names (checked in `for_this_cpu`).

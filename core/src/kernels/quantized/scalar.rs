@@ -26,6 +26,7 @@ pub(super) fn row(format: BlockFormat, row: &[u8], x: &QuantizedActivations, out
     for (t, o) in out.iter_mut().enumerate() {
         *o = match format {
             BlockFormat::F32 => dot_f32(row, x.values(t)),
+            BlockFormat::Nf4 => super::nf4::dot(row, x, t),
             _ => dot_blocks(format, row, x, t),
         };
     }
@@ -252,6 +253,9 @@ pub(super) fn dequantize_row(format: BlockFormat, row: &[u8], out: &mut [f32]) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
         return;
+    }
+    if format == BlockFormat::Nf4 {
+        return super::nf4::dequantize_row(row, out);
     }
     if format.values_per_block() == SUPER_BLOCK {
         // Written as the GGUF reader dequantizes, so the two agree bit for bit: `d·sc·q − dmin·m`

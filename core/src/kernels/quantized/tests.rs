@@ -40,6 +40,14 @@ fn random_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Qu
         }
         return QuantizedMatrix::new(format, rows, cols, bytes).unwrap();
     }
+    if format == BlockFormat::Nf4 {
+        // An absmax like a real checkpoint's, every code at random.
+        for _ in 0..rows * cols / nf4::UNIT {
+            bytes.extend((0.05 + 0.1 * rng.next_f64() as f32).to_le_bytes());
+            random_bytes(&mut rng, nf4::UNIT / 2, &mut bytes);
+        }
+        return QuantizedMatrix::new(format, rows, cols, bytes).unwrap();
+    }
     for _ in 0..rows * cols / BLOCK {
         let d = f16::from_f32(0.002 + 0.01 * rng.next_f64() as f32);
         bytes.extend(d.to_le_bytes());
@@ -87,15 +95,32 @@ fn dequantized(w: &QuantizedMatrix) -> Vec<f32> {
     out
 }
 
-const FORMATS: [BlockFormat; 6] = BlockFormat::BLOCKED;
+const FORMATS: [BlockFormat; 7] = BlockFormat::BLOCKED;
 
-/// `cols` for the formats with blocks of 32, `k_cols` for the K-quants' super-blocks of 256.
+/// `cols` for the formats with blocks of 32 (and NF4's units of 64 when it is a multiple),
+/// `k_cols` for the K-quants' super-blocks of 256.
 fn columns(format: BlockFormat, cols: usize, k_cols: usize) -> usize {
-    if format.values_per_block() == SUPER_BLOCK {
-        k_cols
-    } else {
+    if cols.is_multiple_of(format.values_per_block()) {
         cols
+    } else {
+        k_cols
     }
+}
+
+/// What NF4's integer code values can move a product of row `r` by: half a step (`absmax /
+/// 32768`) per weight times `|x|`; 0 for the formats whose integers are the weights' own.
+fn code_rounding_bound(w: &QuantizedMatrix, r: usize, x: &[f64]) -> f64 {
+    if w.format() != BlockFormat::Nf4 {
+        return 0.0;
+    }
+    let units = w.row(r).chunks_exact(nf4::UNIT_BYTES);
+    units
+        .zip(x.chunks_exact(nf4::UNIT))
+        .map(|(unit, x)| {
+            let absmax = f32::from_le_bytes([unit[0], unit[1], unit[2], unit[3]]) as f64;
+            absmax / 32768.0 * x.iter().map(|v| v.abs()).sum::<f64>()
+        })
+        .sum()
 }
 const BITS: [ActivationBits; 2] = [ActivationBits::Eight, ActivationBits::Sixteen];
 
@@ -150,8 +175,9 @@ fn the_portable_kernel_is_the_dot_product_of_the_dequantized_blocks() {
                     .map(|(&a, &b)| (a as f64 * b).abs())
                     .sum();
                 let got = y[t * rows + r] as f64;
+                let codes = code_rounding_bound(&w, r, &xq);
                 assert!(
-                    (got - exact).abs() <= 1e-5 * scale,
+                    (got - exact).abs() <= 1e-5 * scale + codes,
                     "{format:?} {bits:?} row {r} token {t}: {got} vs {exact} (Σ|w·x| {scale})"
                 );
             }
@@ -184,6 +210,8 @@ fn quantized_activations_stay_within_their_rounding_bound() {
                 .map(|(wb, &d)| d as f64 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>())
                 .sum();
             let err = (y[r] as f64 - exact).abs();
+            let xf64: Vec<f64> = xf.iter().map(|&v| f64::from(v)).collect();
+            let bound = bound + code_rounding_bound(&w, r, &xf64);
             assert!(
                 err <= bound * 1.001 + 1e-6,
                 "{format:?} row {r}: error {err} > bound {bound}"
@@ -442,4 +470,56 @@ fn rounding_by_truncation_rounds_ties_away_from_zero_as_round_does() {
             y.round()
         );
     }
+}
+
+#[test]
+fn an_nf4_matrix_holds_the_tensors_codes_and_absmax() {
+    // Plain and double-quantized scales, blocks of one unit and of two (a block spans rows
+    // when the row is not a whole number of blocks: 192 columns, blocks of 128).
+    use crate::config::Nf4Config;
+    use crate::tricks::nf4::Nf4Tensor;
+    for (block_size, double_quant, cols) in [(64, false, 128), (64, true, 576), (128, true, 192)] {
+        let rows = 9;
+        let values = activations(rows, cols, 30);
+        let config = Nf4Config {
+            block_size,
+            double_quant,
+        };
+        let tensor = Nf4Tensor::quantize(&values, &[rows, cols], &config).unwrap();
+        let w = QuantizedMatrix::from_nf4(&tensor).unwrap();
+        assert_eq!(
+            (w.rows(), w.cols(), w.format()),
+            (rows, cols, BlockFormat::Nf4)
+        );
+        assert_eq!(w.resident_bytes(), rows * cols / 64 * 36);
+        let want = tensor.dequantize();
+        let got = dequantized(&w);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "block {block_size}, double {double_quant}: {:?} vs {:?}",
+            &got[..4],
+            &want[..4]
+        );
+    }
+    let refuse = |cols: usize, block_size: usize| {
+        let values = activations(2, cols, 31);
+        let config = Nf4Config {
+            block_size,
+            double_quant: false,
+        };
+        let tensor = Nf4Tensor::quantize(&values, &[2, cols], &config).unwrap();
+        QuantizedMatrix::from_nf4(&tensor).unwrap_err()
+    };
+    assert!(
+        refuse(96, 32).contains("multiples of 64"),
+        "{}",
+        refuse(96, 32)
+    );
+    assert!(
+        refuse(128, 32).contains("blocks of 32"),
+        "{}",
+        refuse(128, 32)
+    );
 }

@@ -1149,7 +1149,8 @@ macro_rules! kernels {
             ) {
                 let wide = x.bits() == ActivationBits::Sixteen;
                 match (format, wide) {
-                    (BlockFormat::F32, _) => scalar::rows(format, rows, x, out),
+                    // NF4 rows have kernels of their own (`nf4.rs`, picked before this one is).
+                    (BlockFormat::F32 | BlockFormat::Nf4, _) => scalar::rows(format, rows, x, out),
                     (BlockFormat::Q8_0, false) if !EXACT_UNSIGNED_BYTES => {
                         rows_q8_0::<false>(rows, x, out)
                     }

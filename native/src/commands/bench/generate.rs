@@ -3,7 +3,10 @@
 //! blocks (`QuantizedLlama`, integer SIMD products on 16-bit activations, napkin's default, and
 //! on 8-bit ones, llama.cpp's choice) and the float model (every weight dequantized to f32) —
 //! and, with `--reference PYTHON`, llama.cpp
-//! (llama-cpp-python) on the same file, the same token ids, threads and token counts.
+//! (llama-cpp-python) on the same file, the same token ids, threads and token counts. With
+//! `--nf4`, a QLoRA base instead of the f32 model: the block linears quantized to NF4 as
+//! training does, run on their codes (`Nf4` products) and by the float model that dequantizes
+//! them (what `generate` ran under an NF4-trained adapter before the codes were kept).
 //!
 //! The engines' timed runs alternate (llama.cpp, napkin's three, llama.cpp, …) so that a slow
 //! spell of the machine falls on all of them; each ratio is taken per round and reported as
@@ -18,9 +21,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
-use napkin_core::io::gguf::{GgufFile, load_gguf_quantized};
-use napkin_core::io::load_model;
+use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
+use napkin_core::io::load_model_with;
 use napkin_core::kernels::quantized::ActivationBits;
 use napkin_core::model::generate::{NextToken, Sampling, choose};
 use napkin_core::rng::SplitMix64;
@@ -184,11 +188,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .zip(before)
             .map(|(a, b)| a.saturating_sub(b)))
     };
+    // With `--nf4`: QLoRA's base (`train --nf4 --double-quant`).
+    let nf4 = args.nf4.then_some(Nf4Config {
+        block_size: 64,
+        double_quant: true,
+    });
     let mut blocks = None;
     let blocks_resident = if is_gguf {
         grown_while(&mut || {
             let gguf = GgufFile::open(path)?;
-            let model = load_gguf_quantized(&gguf)
+            let model = load_gguf_quantized_with(&gguf, nf4.as_ref())
                 .with_context(|| format!("loading {} with its blocks kept", path.display()))?;
             drop(gguf);
             Napkin {
@@ -205,7 +214,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let mut float = None;
     let float_resident = grown_while(&mut || {
-        let model = load_model(path, &DeviceKind::Cpu.open()?)
+        let model = load_model_with(path, &DeviceKind::Cpu.open()?, nf4.as_ref())
             .with_context(|| format!("loading {}", path.display()))?;
         Napkin {
             model: &model,
@@ -224,10 +233,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some((r, resident)) = reference.take() {
         engines.push(("llama.cpp", Box::new(r), resident));
     }
-    for (name, model) in [
-        ("napkin, blocks, 16-bit", &blocks),
-        ("napkin, blocks, 8-bit", &narrow),
-    ] {
+    let names = if nf4.is_some() {
+        [
+            "napkin, NF4 codes, 16-bit",
+            "napkin, NF4 codes, 8-bit",
+            "napkin, NF4 → f32",
+        ]
+    } else {
+        [
+            "napkin, blocks, 16-bit",
+            "napkin, blocks, 8-bit",
+            "napkin, f32 weights",
+        ]
+    };
+    for (name, model) in [(names[0], &blocks), (names[1], &narrow)] {
         if let Some(model) = model {
             let engine = Napkin {
                 model,
@@ -243,7 +262,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             prompt: &prompt,
             new_tokens: args.tokens,
         };
-        engines.push(("napkin, f32 weights", Box::new(engine), float_resident));
+        engines.push((names[2], Box::new(engine), float_resident));
     }
     for (_, engine, _) in &mut engines {
         engine.run_once()?; // warm-up
@@ -256,7 +275,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
 
     println!(
-        "{:<22} {:>26} {:>26} {:>12}",
+        "{:<25} {:>26} {:>26} {:>12}",
         "engine", "prompt tokens/s", "decode tokens/s", "resident MB"
     );
     let show = |v: Vec<f64>| match spread(&v) {
@@ -265,7 +284,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     for ((name, _, resident), figures) in engines.iter().zip(&speeds) {
         println!(
-            "{name:<22} {:>26} {:>26} {:>12}",
+            "{name:<25} {:>26} {:>26} {:>12}",
             show(figures.iter().map(|s| s.0).collect()),
             show(figures.iter().map(|s| s.1).collect()),
             resident.map_or("-".into(), |b| format!("{:.0}", b as f64 / 1e6))

@@ -89,19 +89,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 /// Random blocks with scales like a real checkpoint's (|w| ≲ 0.1): every byte random, then
-/// each (super-)block's f16 scales set.
+/// each (super-)block's f16 scales set (NF4's f32 absmax).
 fn random_matrix(format: BlockFormat, seed: u64) -> Result<QuantizedMatrix> {
     let mut rng = SplitMix64(seed + 1);
     let mut bytes: Vec<u8> = (0..ROWS * format.row_bytes(COLS))
         .map(|_| rng.next_u64() as u8)
         .collect();
     let per = format.row_bytes(format.values_per_block());
+    if format == BlockFormat::Nf4 {
+        for unit in bytes.chunks_exact_mut(per) {
+            let absmax = 0.1 * (0.5 + rng.next_f64() as f32);
+            unit[..4].copy_from_slice(&absmax.to_le_bytes());
+        }
+        return QuantizedMatrix::new(format, ROWS, COLS, bytes).map_err(anyhow::Error::msg);
+    }
     let (scales, at): (&[usize], f32) = match format {
         BlockFormat::Q4_0 | BlockFormat::Q8_0 => (&[0], 4e-3),
         BlockFormat::Q4_1 => (&[0, 2], 4e-3),
         BlockFormat::Q4K | BlockFormat::Q5K => (&[0, 2], 1e-4),
         BlockFormat::Q6K => (&[208], 2e-5),
-        BlockFormat::F32 => (&[], 0.0),
+        BlockFormat::Nf4 | BlockFormat::F32 => (&[], 0.0),
     };
     for block in bytes.chunks_exact_mut(per) {
         for &offset in scales {
