@@ -962,3 +962,81 @@ fn train_continues_an_adapter() {
         last.1
     );
 }
+
+#[test]
+fn generate_runs_a_qlora_adapter_on_its_nf4_base_kept_as_codes() {
+    // QLoRA on the real SmolLM2 GGUF, then `generate` with the adapter: the block linears are
+    // the NF4 base training used, kept as NF4 codes (not dequantized), and the greedy text is
+    // the float model's (`--dequantize`: the same codes dequantized to f32).
+    let smollm2 = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        smollm2.is_file(),
+        "{} missing: run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+        smollm2.display()
+    );
+    let out = Scratch::new("nf4-generate");
+    let train = [
+        "train",
+        "--model",
+        smollm2.to_str().unwrap(),
+        "--data",
+        repo().join("data/napkin-instruct.jsonl").to_str().unwrap(),
+        "--out",
+        out.0.to_str().unwrap(),
+        "--nf4",
+        "--double-quant",
+        "--lora-r",
+        "8",
+        "--lr",
+        "1e-2",
+        "--seq-len",
+        "64",
+        "--steps",
+        "2",
+        "--save-every",
+        "0",
+        "--eval-every",
+        "0",
+    ]
+    .map(String::from);
+    let (ok, stderr) = run(&train);
+    assert!(ok, "{stderr}");
+    let generate = |extra: &[&str]| {
+        let mut args = [
+            "generate",
+            "--model",
+            smollm2.to_str().unwrap(),
+            "--adapter",
+            out.0.to_str().unwrap(),
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "12",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let o = Command::new(env!("CARGO_BIN_EXE_napkin"))
+            .args(&args)
+            .output()
+            .expect("run napkin");
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        (String::from_utf8_lossy(&o.stdout).into_owned(), stderr)
+    };
+    let (codes, stderr) = generate(&[]);
+    assert!(
+        stderr.contains("Nf4 ×210") && stderr.contains("beside the NF4 base"),
+        "{stderr}"
+    );
+    let (float, stderr) = generate(&["--dequantize"]);
+    assert!(
+        stderr.contains("on an NF4 base (block 64, double quantization) as trained"),
+        "{stderr}"
+    );
+    assert!(!codes.trim().is_empty());
+    assert_eq!(
+        codes, float,
+        "NF4 codes and the float model on them, greedily"
+    );
+}
