@@ -393,3 +393,58 @@ fn a_hugging_face_cache_folder_is_a_model() {
     assert!(ok, "{err}");
     std::fs::remove_dir_all(&cache).ok();
 }
+
+#[test]
+fn generate_keeps_an_nf4_checkpoints_codes_and_the_float_models_text() {
+    // tiny-smol's four down projections (rows of 384) fit the NF4 products; its other 24
+    // linears (rows of 144) and the embedding are held in f32.
+    let model = fixture("tiny-smol");
+    let tokenizer = fixture("tokenizer").join("tokenizer.json");
+    let out = std::env::temp_dir().join(format!("napkin-cli-nf4-gen-{}", std::process::id()));
+    let (ok, _, stderr) = napkin(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--double-quant",
+    ]);
+    assert!(ok, "{stderr}");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            out.to_str().unwrap(),
+            "--tokenizer",
+            tokenizer.to_str().unwrap(),
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "12",
+        ];
+        args.extend(extra);
+        let (ok, stdout, stderr) = napkin(&args);
+        assert!(ok, "{stderr}");
+        (stdout, stderr)
+    };
+    let (codes, stderr) = generate(&[]);
+    assert!(
+        stderr.contains("F32 ×25, Nf4 ×4 ") && stderr.contains("the checkpoint's NF4 codes"),
+        "{stderr}"
+    );
+    let (float, stderr) = generate(&["--dequantize"]);
+    assert!(!stderr.contains("Nf4 ×"), "{stderr}");
+    assert_eq!(
+        codes, float,
+        "NF4 codes and the float model on them, greedily"
+    );
+    let (ok, _, stderr) = napkin(&[
+        "quantize",
+        "--model",
+        out.to_str().unwrap(),
+        "--out",
+        out.join("again").to_str().unwrap(),
+    ]);
+    assert!(!ok && stderr.contains("NF4 checkpoint already"), "{stderr}");
+    std::fs::remove_dir_all(&out).unwrap();
+}

@@ -15,6 +15,7 @@ pub mod mlp;
 pub mod named;
 pub mod nf4_matmul;
 pub mod nf4_weight;
+pub mod quantized_from_llama;
 pub mod quantized_llama;
 pub mod rms_norm;
 pub mod rope;

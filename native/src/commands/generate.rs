@@ -8,9 +8,11 @@ use napkin_core::chat::{ChatFormat, ChatTemplate, Message};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
 use napkin_core::io::peft::load_lora_quantized;
-use napkin_core::io::resolve_model_path;
+use napkin_core::io::quantized::is_quantized_checkpoint;
+use napkin_core::io::{load_model_with, resolve_model_path};
 use napkin_core::kernels::quantized::ActivationBits;
 use napkin_core::model::generate::{NextToken, Sampling};
+use napkin_core::model::quantized_llama::QuantizedLlama;
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
 
 use crate::cli::{ActivationBitsArg, GenerateArgs};
@@ -41,37 +43,54 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let is_gguf = resolved
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    // A GGUF on the CPU keeps its blocks, unless asked otherwise; under an adapter trained on
-    // an NF4 base, its block linears are that base, quantized as training did and kept as NF4.
+    // On the CPU, unless asked otherwise, a GGUF keeps its blocks and an NF4 base its codes:
+    // a napkin NF4 checkpoint, or the base an adapter was trained on (`--nf4`), quantized as
+    // training did.
     let nf4_base = match &args.adapter {
         Some(dir) => super::trained_nf4_base(dir)?,
         None => None,
     };
-    if is_gguf && kind == DeviceKind::Cpu && !args.dequantize {
+    let nf4_checkpoint = !is_gguf && is_quantized_checkpoint(&resolved);
+    if kind == DeviceKind::Cpu
+        && !args.dequantize
+        && (is_gguf || nf4_checkpoint || nf4_base.is_some())
+    {
         let bits = match args.activation_bits {
             ActivationBitsArg::Sixteen => ActivationBits::Sixteen,
             ActivationBitsArg::Eight => ActivationBits::Eight,
         };
-        let mut model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?
-            .with_activation_bits(bits);
-        let kept: Vec<String> = model
-            .format_counts()
-            .iter()
-            .map(|(format, n)| format!("{format:?} ×{n}"))
-            .collect();
-        let how = match &nf4_base {
-            Some(nf4) => format!(
-                "the block linears quantized to NF4 as the adapter was trained (block {}{}), \
-                 the rest the file's blocks",
+        let as_trained = nf4_base.map(|nf4| {
+            format!(
+                "the block linears quantized to NF4 as the adapter was trained (block {}{})",
                 nf4.block_size,
                 if nf4.double_quant {
                     ", double quantization"
                 } else {
                     ""
                 }
-            ),
-            None => "the blocks read in place from the file".to_string(),
+            )
+        });
+        let (model, how) = if is_gguf {
+            let model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?;
+            let how = match as_trained {
+                Some(nf4) => format!("{nf4}, the rest the file's blocks"),
+                None => "the blocks read in place from the file".to_string(),
+            };
+            (model, how)
+        } else {
+            let float = load_model_with(path, &kind.open()?, nf4_base.as_ref())?;
+            let how = match as_trained {
+                Some(nf4) => format!("{nf4}, the rest f32"),
+                None => "the checkpoint's NF4 codes, the rest f32".to_string(),
+            };
+            (QuantizedLlama::from_llama(float)?, how)
         };
+        let mut model = model.with_activation_bits(bits);
+        let kept: Vec<String> = model
+            .format_counts()
+            .iter()
+            .map(|(format, n)| format!("{format:?} ×{n}"))
+            .collect();
         eprintln!(
             "weights kept quantized: {} ({:.1} MB; {how})",
             kept.join(", "),
@@ -86,10 +105,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 lora.r,
                 lora.alpha,
                 lora.targets.len(),
-                if nf4_base.is_some() {
-                    "NF4 base"
-                } else {
+                if is_gguf && nf4_base.is_none() {
                     "GGUF's blocks"
+                } else {
+                    "NF4 base"
                 }
             );
         }

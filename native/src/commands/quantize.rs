@@ -1,13 +1,16 @@
-//! `napkin quantize`: HF float checkpoint → napkin NF4 checkpoint (block linears in NF4,
-//! embeddings, norms and LM head in float, as bitsandbytes does).
+//! `napkin quantize`: a float checkpoint (HF folder or GGUF, dequantized) → napkin NF4
+//! checkpoint (block linears in NF4, embeddings, norms and LM head in float, as bitsandbytes
+//! does). The block linears are quantized one by one as they are read, as `train --nf4` loads
+//! them, so the float linears never exist all at once.
 
 use std::io::IsTerminal;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
-use napkin_core::io::load_hf_llama;
-use napkin_core::io::quantized::{model_bytes, save_quantized};
+use napkin_core::io::load_model_with;
+use napkin_core::io::quantized::{is_quantized_checkpoint, model_bytes, save_quantized};
+use napkin_core::predict::weights::WeightBytes;
 
 use crate::cli::QuantizeArgs;
 use crate::commands::inspect::group;
@@ -20,18 +23,23 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     nf4.validate()?;
     let device = DeviceKind::Cpu.open()?;
     let plain = !std::io::stderr().is_terminal();
+    let path = napkin_core::io::resolve_model_path(&args.model.model)?;
+    if is_quantized_checkpoint(&path) {
+        bail!(
+            "{} is a napkin NF4 checkpoint already; quantize its float source instead",
+            path.display()
+        );
+    }
     let model = super::working(
-        &format!("loading {}", args.model.model.display()),
+        &format!("loading {} and quantizing to NF4", path.display()),
         plain,
-        || {
-            load_hf_llama(
-                &napkin_core::io::resolve_model_path(&args.model.model)?,
-                &device,
-            )
-        },
+        || load_model_with(&path, &device, Some(&nf4)),
     )?;
-    let before = model_bytes(&model);
-    let model = super::working("quantizing to NF4", plain, || model.quantize_nf4(&nf4))?;
+    // Before: every weight in f32, as a float checkpoint loads.
+    let before = WeightBytes {
+        float: 4 * model.config.num_parameters(),
+        ..Default::default()
+    };
     let after = model_bytes(&model);
     super::working(&format!("writing {}", args.out.display()), plain, || {
         save_quantized(&model, &nf4, &args.out)
