@@ -11,8 +11,9 @@
 //! (`±1 → ±16384`; each at most 0.43 of a step from the f32 code, 2.6·10⁻⁵ of the block's
 //! absmax, under 1/3000 of the smallest gap between two codes) times the activations' 16- or
 //! 8-bit integers — exact in each SIMD lane's i32 (a lane sums four products: `4·16384·32639 <
-//! 2³¹`), the eight lanes converted to f32 — then scaled by `absmax·d_x·2⁻¹⁴`. The codes are looked up in registers: AVX-512's `vpermw` (16 i16 in
-//! one vector), or AVX2's `vpshufb` on the codes' low and high bytes.
+//! 2³¹`), the lanes converted to f32 — then scaled by `absmax·d_x·2⁻¹⁴`. The codes are looked
+//! up in registers: AVX-512's `vpermw` (the 16 values twice in a 512-bit vector, a unit at a
+//! time), or AVX2's `vpshufb` on the codes' low and high bytes.
 //!
 //! # Shapes
 //! - a row: `cols / 64` units; `cols` a multiple of 64.
@@ -193,16 +194,16 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
     }
 
-    /// Every token's blocks as i16 in the order `arrange` puts a block's 32 values (the order
-    /// the kernel's weights come out of its lookup): `[T, cols / 32]`.
+    /// Every token's blocks as i16, each unit's two blocks in the order `arrange` puts them (the
+    /// order the kernel's weights come out of its lookup): `[T, cols / 32]` blocks of 32.
     fn arranged(
         x: &QuantizedActivations,
-        arrange: impl Fn([i16; BLOCK]) -> [i16; BLOCK],
+        arrange: impl Fn([i16; BLOCK], [i16; BLOCK]) -> [[i16; BLOCK]; 2],
     ) -> Vec<[i16; BLOCK]> {
-        let blocks = x.cols() / BLOCK;
+        let units = x.cols() / UNIT;
         (0..x.tokens())
-            .flat_map(|t| (0..blocks).map(move |k| (t, k)))
-            .map(|(t, k)| arrange(integers(x, t, k)))
+            .flat_map(|t| (0..units).map(move |u| (t, u)))
+            .flat_map(|(t, u)| arrange(integers(x, t, 2 * u), integers(x, t, 2 * u + 1)))
             .collect()
     }
 
@@ -267,46 +268,67 @@ mod x86 {
         };
     }
 
-    /// The AVX-512 kernel: the table in one vector, `vpermw` looks up 16 codes at once from
-    /// their bytes widened to i16 (it reads each lane's low four bits: the low nibbles, then
-    /// the bytes shifted by four), in the values' own order.
+    /// The AVX-512 kernel, a unit (64 values) at a time in 512-bit vectors: the table twice in
+    /// one vector (32 entries; `vpermw` reads five bits of each index), the unit's 32 code
+    /// bytes widened to i16 give its two blocks' values `0..16` (low nibbles) and `16..32`
+    /// (shifted by four), side by side; the activations are arranged once to match
+    /// (`b0[0..16], b1[0..16]`, then `b0[16..32], b1[16..32]`), and the two blocks' sums sit in
+    /// lanes `0..8` and `8..16`, scaled by their own `d_x`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 BW, VL and VNNI ([`has_avx512bw`]).
-    #[target_feature(enable = "avx2,fma,avx512bw,avx512vl,avx512vnni")]
+    /// The CPU must have AVX-512 F, BW, VL and VNNI ([`has_avx512bw`]).
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn rows_avx512(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
-        let arranged = arranged(x, |q| q);
-        let table = load16(&code_table());
+        let arranged = arranged(x, |b0, b1| {
+            let half = BLOCK / 2;
+            [
+                std::array::from_fn(|i| if i < half { b0[i] } else { b1[i - half] }),
+                std::array::from_fn(|i| if i < half { b0[half + i] } else { b1[i] }),
+            ]
+        });
+        let codes = code_table();
+        let twice: [i16; 32] = std::array::from_fn(|i| codes[i % 16]);
+        // SAFETY: 32 readable i16; unaligned load.
+        let table = unsafe { _mm512_loadu_si512(twice.as_ptr().cast()) };
         each_tile(rows, x, &arranged, out, |row, first, out| {
             by_size!(tile_avx512, out.len(), row, x, &arranged, first, table, out)
         });
     }
 
-    #[target_feature(enable = "avx2,fma,avx512bw,avx512vl,avx512vnni")]
-    fn tile_avx512<const N: usize>(row: &[u8], tile: &Tile<N>, table: __m256i, out: &mut [f32]) {
-        // One accumulator per token and half of a unit: two chains of FMAs, not one.
-        let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn tile_avx512<const N: usize>(row: &[u8], tile: &Tile<N>, table: __m512i, out: &mut [f32]) {
+        let units = row.len() / UNIT_BYTES;
+        for (blocks, scales) in tile.each() {
+            assert!(blocks.len() >= 2 * units && scales.len() >= 2 * units);
+        }
+        // Lanes 0..8 take the first scale of a pair, lanes 8..16 the second.
+        let pairs = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let mut acc = [_mm512_setzero_ps(); N];
         for (u, unit) in row.chunks_exact(UNIT_BYTES).enumerate() {
-            let a = absmax(unit) / CODE_ONE;
-            for half in 0..UNIT / BLOCK {
-                let k = u * (UNIT / BLOCK) + half;
-                let bytes = _mm256_cvtepu8_epi16(load_bytes(codes(unit, half)));
-                let low = _mm256_permutexvar_epi16(bytes, table); // values 0..16
-                let high = _mm256_permutexvar_epi16(_mm256_srli_epi16(bytes, 4), table);
-                for (sums, (blocks, scales)) in acc.iter_mut().zip(tile.each()) {
-                    let q = &blocks[k];
-                    let sum = _mm256_dpwssd_epi32(
-                        _mm256_dpwssd_epi32(_mm256_setzero_si256(), low, load16(&q[..16])),
-                        high,
-                        load16(&q[16..]),
-                    );
-                    let scale = _mm256_set1_ps(a * scales[k]);
-                    sums[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, sums[half]);
-                }
+            let a = _mm512_set1_ps(absmax(unit) / CODE_ONE);
+            let codes = &unit[4..UNIT_BYTES];
+            assert_eq!(codes.len(), 32);
+            // SAFETY: 32 readable bytes (checked above); unaligned load.
+            let bytes = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(codes.as_ptr().cast()) });
+            let low = _mm512_permutexvar_epi16(bytes, table); // each block's values 0..16
+            let high = _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table);
+            for (sums, (blocks, scales)) in acc.iter_mut().zip(tile.each()) {
+                // SAFETY: blocks 2u and 2u + 1 and scales 2u and 2u + 1 exist (checked above:
+                // u < units); unaligned loads of 32 i16 each and of two f32.
+                let (first, second, d) = unsafe {
+                    (
+                        _mm512_loadu_si512(blocks.as_ptr().add(2 * u).cast()),
+                        _mm512_loadu_si512(blocks.as_ptr().add(2 * u + 1).cast()),
+                        _mm_castpd_ps(_mm_load_sd(scales.as_ptr().add(2 * u).cast())),
+                    )
+                };
+                let sum = _mm512_dpwssd_epi32(_mm512_madd_epi16(low, first), high, second);
+                let d = _mm512_permutexvar_ps(pairs, _mm512_castps128_ps512(d));
+                *sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, a), *sums);
             }
         }
-        for (o, [first, second]) in out.iter_mut().zip(acc) {
-            *o = horizontal_sum(_mm256_add_ps(first, second));
+        for (o, sums) in out.iter_mut().zip(acc) {
+            *o = _mm512_reduce_add_ps(sums);
         }
     }
 
@@ -318,13 +340,11 @@ mod x86 {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn rows_avx2(rows: &[u8], x: &QuantizedActivations, out: &mut [f32]) {
-        let arranged = arranged(x, |q| {
-            std::array::from_fn(|i| {
-                let (quarter, at) = (i / 8, i % 8);
-                // Quarters 0, 1, 2, 3 of the arranged block are values 0..8, 16..24, 8..16, 24..32.
-                q[[0, 16, 8, 24][quarter] + at]
-            })
-        });
+        // Quarters 0, 1, 2, 3 of an arranged block are its values 0..8, 16..24, 8..16, 24..32.
+        let quarters = |q: [i16; BLOCK]| -> [i16; BLOCK] {
+            std::array::from_fn(|i| q[[0, 16, 8, 24][i / 8] + i % 8])
+        };
+        let arranged = arranged(x, |b0, b1| [quarters(b0), quarters(b1)]);
         let table = code_table();
         let low: [u8; 16] = table.map(|c| c.to_le_bytes()[0]);
         let high: [u8; 16] = table.map(|c| c.to_le_bytes()[1]);
