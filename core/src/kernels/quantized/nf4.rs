@@ -157,7 +157,7 @@ pub(super) fn rows(kernel: RowKernel, rows: &[u8], x: &QuantizedActivations, out
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! Both kernels take a row's units once for up to four tokens (a tile), each token's sums in
-    //! an f32 vector of its own, so that a token gets the same bits alone or in a prompt.
+    //! f32 vectors of its own, so that a token gets the same bits alone or in a prompt.
 
     use std::arch::x86_64::*;
 
@@ -166,7 +166,7 @@ mod x86 {
     /// Tokens a row's codes are looked up for at once.
     const TILE: usize = 4;
 
-    /// AVX-512 with 16-bit lanes (`vpermw`) and VNNI (`vpdpwssd`) on 256-bit vectors.
+    /// AVX-512 BW (`vpermw` on 16-bit lanes; it implies F) with VL and VNNI (`vpdpwssd`).
     pub(super) fn has_avx512bw() -> bool {
         super::super::x86::has_vnni() && is_x86_feature_detected!("avx512bw")
     }
