@@ -400,8 +400,10 @@ impl GgufFile {
     /// Drops a mapped tensor's pages from this process after its values were read into a copy
     /// (a converted tensor): `madvise(DONTNEED)` on a read-only file mapping, which changes no
     /// byte (a later read faults the page in from the file again) but stops the pages counting
-    /// in the process's resident size. Owned bytes: nothing to do.
+    /// in the process's resident size. Owned bytes, or a system without `madvise`: nothing to
+    /// do.
     pub fn release(&self, info: &GgufTensorInfo) {
+        #[cfg(unix)]
         if let FileBytes::Mapped(map) = self.bytes.as_ref() {
             let start = self.data_start + info.offset as usize;
             // SAFETY: the map is read-only and backed by the file; dropping its pages leaves
@@ -415,6 +417,8 @@ impl GgufFile {
                 )
             };
         }
+        #[cfg(not(unix))]
+        let _ = info;
     }
 
     /// A metadata value or a typed error naming the missing key.
