@@ -1039,4 +1039,33 @@ fn generate_runs_a_qlora_adapter_on_its_nf4_base_kept_as_codes() {
         codes, float,
         "NF4 codes and the float model on them, greedily"
     );
+
+    // `quantize` of the GGUF writes its tokenizer beside the NF4 checkpoint: `generate` needs
+    // no --tokenizer, and runs the codes.
+    let nf4 = out.0.join("nf4");
+    let (ok, stderr) = run(&[
+        "quantize".into(),
+        "--model".into(),
+        smollm2.to_str().unwrap().into(),
+        "--out".into(),
+        nf4.to_str().unwrap().into(),
+        "--double-quant".into(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(nf4.join("tokenizer.json").is_file());
+    let o = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args(["generate", "--model", nf4.to_str().unwrap()])
+        .args([
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "4",
+        ])
+        .output()
+        .expect("run napkin");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && stderr.contains("Nf4 ×210"),
+        "{stderr}"
+    );
 }

@@ -8,9 +8,11 @@ use std::io::IsTerminal;
 use anyhow::{Context, Result, bail};
 use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
+use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
 use napkin_core::io::quantized::{is_quantized_checkpoint, model_bytes, save_quantized};
 use napkin_core::predict::weights::WeightBytes;
+use napkin_core::tokenizer::tokenizer_for_model;
 
 use crate::cli::QuantizeArgs;
 use crate::commands::inspect::group;
@@ -45,8 +47,22 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         save_quantized(&model, &nf4, &args.out)
     })
     .with_context(|| format!("writing {}", args.out.display()))?;
-
     println!("wrote {}", args.out.display());
+    // The source's tokenizer beside the weights (a GGUF's from its metadata), so that the
+    // checkpoint generates and evaluates without --tokenizer.
+    match tokenizer_for_model(&path, None) {
+        Ok(tokenizer) => {
+            for (name, bytes) in tokenizer.hf_files()? {
+                write_atomic(&args.out.join(&name), &bytes)?;
+                println!("wrote {}", args.out.join(&name).display());
+            }
+        }
+        Err(_) => println!(
+            "no tokenizer beside {}: give --tokenizer FILE when using the checkpoint",
+            path.display()
+        ),
+    }
+
     println!("{:<16}{:>16}{:>16}", "bytes", "before", "after");
     println!(
         "{:<16}{:>16}{:>16}",
