@@ -133,13 +133,7 @@ fn an_nf4_model_as_a_quantized_llama_keeps_its_codes_and_its_logits() {
         for id in [3u32, 1, 4, 1, 5, 9, 2, 6] {
             let q = NextToken::next_token_logits(&quantized, &[id], &mut qc).unwrap();
             let f = NextToken::next_token_logits(&float, &[id], &mut fc).unwrap();
-            let scale = f.iter().map(|v| v.abs()).fold(0.0, f32::max);
-            let gap = q
-                .iter()
-                .zip(&f)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            worst = worst.max(gap / scale);
+            worst = worst.max(super::smollm2::relative_gap(&q, &f));
         }
         eprintln!(
             "{}: {nf4_count} NF4 linears, gap {worst:.1e}",

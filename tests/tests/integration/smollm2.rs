@@ -123,7 +123,7 @@ fn smollm2_chat_answers_paris_greedily() {
 }
 
 /// The largest |a − b| over the largest |b|.
-fn relative_gap(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn relative_gap(a: &[f32], b: &[f32]) -> f32 {
     let gap = a
         .iter()
         .zip(b)
