@@ -16,18 +16,19 @@ use crate::kernels::values::to_f32_vec;
 /// A `[rows, cols]` tensor as an f32 matrix.
 fn f32_matrix(tensor: Tensor<2>) -> QuantizedMatrix {
     let [rows, cols] = tensor.dims();
-    QuantizedMatrix::from_f32(rows, cols, &to_f32_vec(tensor))
+    QuantizedMatrix::from_f32(rows, cols, to_f32_vec(tensor))
 }
 
 /// A linear's base weight: its NF4 codes when it has them and their blocks fit the products
-/// (rows and blocks multiples of 64), else its f32 values (the NF4 ones dequantized).
-fn base_matrix(linear: &Linear) -> QuantizedMatrix {
-    match &linear.base {
+/// (rows and blocks multiples of 64), else its f32 values (the NF4 ones dequantized). A dense
+/// weight's values are taken over, not copied, when nothing else holds them.
+fn base_matrix(linear: Linear) -> QuantizedMatrix {
+    match linear.base {
         BaseWeight::Nf4(w) => QuantizedMatrix::from_nf4(&w.quantized).unwrap_or_else(|_| {
             let [rows, cols] = w.dims();
-            QuantizedMatrix::from_f32(rows, cols, &w.quantized.dequantize())
+            QuantizedMatrix::from_f32(rows, cols, w.quantized.dequantize())
         }),
-        BaseWeight::Dense(p) => f32_matrix(p.val()),
+        BaseWeight::Dense(p) => f32_matrix(p.into_value()),
     }
 }
 
@@ -57,22 +58,20 @@ impl QuantizedLlama {
             config,
             ..
         } = model;
-        let embed = f32_matrix(embed_tokens.val());
-        drop(embed_tokens);
-        let head = lm_head.as_ref().map(base_matrix);
-        drop(lm_head);
+        let embed = f32_matrix(embed_tokens.into_value());
+        let head = lm_head.map(base_matrix);
         let blocks = layers
             .into_iter()
             .map(|b| QuantizedBlockWeights {
                 attn_norm: vector(&b.input_layernorm.weight),
-                q: base_matrix(&b.self_attn.q_proj),
-                k: base_matrix(&b.self_attn.k_proj),
-                v: base_matrix(&b.self_attn.v_proj),
-                o: base_matrix(&b.self_attn.o_proj),
                 ffn_norm: vector(&b.post_attention_layernorm.weight),
-                gate: base_matrix(&b.mlp.gate_proj),
-                up: base_matrix(&b.mlp.up_proj),
-                down: base_matrix(&b.mlp.down_proj),
+                q: base_matrix(b.self_attn.q_proj),
+                k: base_matrix(b.self_attn.k_proj),
+                v: base_matrix(b.self_attn.v_proj),
+                o: base_matrix(b.self_attn.o_proj),
+                gate: base_matrix(b.mlp.gate_proj),
+                up: base_matrix(b.mlp.up_proj),
+                down: base_matrix(b.mlp.down_proj),
             })
             .collect();
         QuantizedLlama::new(

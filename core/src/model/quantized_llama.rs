@@ -312,8 +312,8 @@ impl QuantizedLlama {
             .position(|&t| t == target)
             .unwrap_or(0);
         block.lora[i] = Some(HostLora {
-            a: QuantizedMatrix::from_f32(r, inp, a),
-            b: QuantizedMatrix::from_f32(out, r, b),
+            a: QuantizedMatrix::from_f32(r, inp, a.to_vec()),
+            b: QuantizedMatrix::from_f32(out, r, b.to_vec()),
             scale,
         });
         Ok(())

@@ -74,7 +74,7 @@ pub fn load_gguf_quantized_with(
         let tensor = Nf4Tensor::quantize(&values, &[rows, cols], nf4)
             .map_err(|e| Error::Input(format!("{name}: {e}")))?;
         Ok(QuantizedMatrix::from_nf4(&tensor)
-            .unwrap_or_else(|_| QuantizedMatrix::from_f32(rows, cols, &tensor.dequantize())))
+            .unwrap_or_else(|_| QuantizedMatrix::from_f32(rows, cols, tensor.dequantize())))
     };
     let matrix = |hf: &str, rows: usize, cols: usize| -> Result<QuantizedMatrix> {
         if let Some(nf4) = nf4
@@ -111,7 +111,7 @@ pub fn load_gguf_quantized_with(
             None => {
                 let (_, values) = gguf.read_f32(&name)?;
                 gguf.release(info);
-                QuantizedMatrix::from_f32(rows, cols, &values)
+                QuantizedMatrix::from_f32(rows, cols, values)
             }
         };
         // Undo the converter's rotary reordering of the query and key rows.

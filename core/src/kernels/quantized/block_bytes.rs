@@ -60,6 +60,40 @@ impl From<Vec<u8>> for BlockBytes {
     }
 }
 
+/// f32 values held as their little-endian bytes without a copy (on a big-endian machine each
+/// value's bytes are swapped once, in place).
+struct LittleEndianF32(Vec<f32>);
+
+impl AsRef<[u8]> for LittleEndianF32 {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the slice covers exactly the vector's initialized values; any f32's four
+        // bytes are valid u8s, and u8 needs no alignment.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.0.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(self.0.as_slice()),
+            )
+        }
+    }
+}
+
+impl From<Vec<f32>> for BlockBytes {
+    /// The values' little-endian bytes, in the vector's own memory.
+    fn from(mut values: Vec<f32>) -> Self {
+        if cfg!(target_endian = "big") {
+            for v in &mut values {
+                *v = f32::from_bits(v.to_bits().swap_bytes());
+            }
+        }
+        let len = std::mem::size_of_val(values.as_slice());
+        BlockBytes {
+            buffer: Arc::new(LittleEndianF32(values)),
+            start: 0,
+            len,
+        }
+    }
+}
+
 impl fmt::Debug for BlockBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

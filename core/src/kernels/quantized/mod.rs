@@ -169,18 +169,17 @@ impl QuantizedMatrix {
         })
     }
 
-    /// An f32 matrix (row-major values).
+    /// An f32 matrix (row-major values), held in `values`' own memory: no copy is made.
     ///
     /// # Panics
     /// If `values.len() != rows · cols` (a bug in the caller).
-    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Self {
+    pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>) -> Self {
         assert_eq!(values.len(), rows * cols, "[{rows}, {cols}] f32 matrix");
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         QuantizedMatrix {
             format: BlockFormat::F32,
             rows,
             cols,
-            bytes: bytes.into(),
+            bytes: values.into(),
             order: None,
         }
     }

@@ -267,7 +267,7 @@ fn every_f32_row_kernel_matches_the_portable_one_to_rounding() {
     let rows = 5;
     for cols in [1, 7, 8, 16, 31, 40, 576, 1003] {
         let wf = activations(rows, cols, 21);
-        let w = QuantizedMatrix::from_f32(rows, cols, &wf);
+        let w = QuantizedMatrix::from_f32(rows, cols, wf.clone());
         for tokens in [1, 3] {
             let xs = activations(tokens, cols, 22);
             let x = QuantizedActivations::new(&xs, cols);
@@ -379,12 +379,29 @@ fn a_prompt_product_is_each_tokens_product_and_f32_rows_are_plain_dot_products()
             );
         }
         if pass == 0 {
-            w = QuantizedMatrix::from_f32(rows, cols, &wf);
+            w = QuantizedMatrix::from_f32(rows, cols, wf.clone());
         } else {
             let exact: f32 = wf[..cols].iter().zip(&xs[..cols]).map(|(a, b)| a * b).sum();
             assert!((all[0] - exact).abs() < 1e-4, "{} vs {exact}", all[0]);
         }
     }
+}
+
+#[test]
+fn an_f32_matrix_holds_its_values_in_their_own_memory_as_little_endian_bytes() {
+    // A model's f32 weights (a 113 MB embedding for SmolLM2) become a matrix without a copy:
+    // the matrix reads the vector it was given, and its rows read back the values.
+    let (rows, cols) = (3, 40);
+    let values = activations(rows, cols, 5);
+    let expected = values.clone();
+    let at = values.as_ptr().cast::<u8>();
+    let w = QuantizedMatrix::from_f32(rows, cols, values);
+    assert_eq!(w.stored_bytes().as_ptr(), at, "the values were copied");
+    let little_endian: Vec<u8> = expected.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(w.stored_bytes(), &little_endian[..]);
+    let mut row = vec![0.0; cols];
+    w.dequantize_row(2, &mut row);
+    assert_eq!(row, &expected[2 * cols..]);
 }
 
 #[test]
