@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::{Args, Parser, Subcommand};
+use napkin_core::kernels::quantized::ActivationBits;
 
 /// A flag's values, each with the other spellings it accepts: listed in `--help`, offered by
 /// shell completion, and checked before anything runs.
@@ -165,6 +166,11 @@ pub struct EvalArgs {
     /// another implementation: `numpy.load(FILE)`).
     #[arg(long, value_name = "FILE")]
     pub logits: Option<PathBuf>,
+    /// Score with the engine `generate` runs on the CPU — a GGUF's blocks or an NF4 base's
+    /// codes kept, each product's input quantized to these bits — instead of the float model
+    /// (every weight dequantized to f32, the default): what the activations' bits cost.
+    #[arg(long, value_enum, value_name = "BITS")]
+    pub activation_bits: Option<ActivationBitsArg>,
 }
 
 #[derive(Debug, Args)]
@@ -392,6 +398,15 @@ pub enum ActivationBitsArg {
     /// 8-bit activations, as llama.cpp.
     #[value(name = "8")]
     Eight,
+}
+
+impl From<ActivationBitsArg> for ActivationBits {
+    fn from(bits: ActivationBitsArg) -> Self {
+        match bits {
+            ActivationBitsArg::Sixteen => ActivationBits::Sixteen,
+            ActivationBitsArg::Eight => ActivationBits::Eight,
+        }
+    }
 }
 
 /// Every flag overrides the same key of `--config FILE` (TOML), which overrides the defaults.

@@ -161,6 +161,15 @@ pub struct QuantizedLlama {
     activation_bits: ActivationBits,
 }
 
+/// Which new tokens' logits a pass computes.
+#[derive(Debug, Clone, Copy)]
+enum Rows {
+    /// The last one's (generation).
+    Last,
+    /// Every one's (scoring).
+    Every,
+}
+
 impl QuantizedLlama {
     /// The model from its weights; `source` names the checkpoint in messages.
     pub fn new(
@@ -345,6 +354,29 @@ impl QuantizedLlama {
         new_ids: &[u32],
         cache: &mut QuantizedKvCache,
     ) -> Result<Vec<f32>> {
+        self.logits_of(new_ids, cache, Rows::Last)
+    }
+
+    /// Logits of every new token (what scoring a text needs), from the same pass as
+    /// [`Self::next_token_logits`]: row `t` holds the bits that decoding token `t` alone gives.
+    ///
+    /// # Shapes
+    /// - `new_ids`: T new tokens of one sequence → `[T, V]` (row-major)
+    pub fn every_token_logits(
+        &self,
+        new_ids: &[u32],
+        cache: &mut QuantizedKvCache,
+    ) -> Result<Vec<f32>> {
+        self.logits_of(new_ids, cache, Rows::Every)
+    }
+
+    /// The new tokens' pass, then the head on the `rows` asked for.
+    fn logits_of(
+        &self,
+        new_ids: &[u32],
+        cache: &mut QuantizedKvCache,
+        rows: Rows,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         if new_ids.is_empty() {
             return Err(Error::Input("no tokens to feed the model".into()));
@@ -359,7 +391,7 @@ impl QuantizedLlama {
         // passes (four products and the attention a block) instead of sleeping and being woken
         // for each (`kernels/team.rs`).
         Ok(team::with_team(|lead| {
-            self.forward_new_tokens(new_ids, cache, lead)
+            self.forward_new_tokens(new_ids, cache, rows, lead)
         }))
     }
 
@@ -369,6 +401,7 @@ impl QuantizedLlama {
         &'w self,
         new_ids: &[u32],
         cache: &mut QuantizedKvCache,
+        rows: Rows,
         lead: &Lead<'_, 'w>,
     ) -> Vec<f32> {
         let c = &self.config;
@@ -390,10 +423,15 @@ impl QuantizedLlama {
         cache.len = past + t;
         let head = self.head.as_ref().unwrap_or(&self.embed);
         lead.warm(head.stored_bytes());
-        let mut last = x[(t - 1) * d..].to_vec(); // [1, D]
-        rms_norm(&mut last, &self.norm, c.rms_norm_eps as f32);
-        let mut logits = vec![0.0; c.vocab_size];
-        head.matmul(&self.quantized(&last, d), &mut logits);
+        let mut normed = match rows {
+            Rows::Last => x[(t - 1) * d..].to_vec(), // [1, D]
+            Rows::Every => x,                        // [T, D]
+        };
+        for row in normed.chunks_exact_mut(d) {
+            rms_norm(row, &self.norm, c.rms_norm_eps as f32);
+        }
+        let mut logits = vec![0.0; normed.len() / d * c.vocab_size];
+        head.matmul(&self.quantized(&normed, d), &mut logits);
         logits
     }
 

@@ -1,6 +1,7 @@
 //! `napkin generate`: text from a prompt, streamed token by token.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -15,7 +16,7 @@ use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::model::quantized_llama::QuantizedLlama;
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
 
-use crate::cli::{ActivationBitsArg, GenerateArgs};
+use crate::cli::GenerateArgs;
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let path = &args.model.model;
@@ -39,83 +40,92 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     let kind = args.device.parse::<DeviceKind>()?;
+    if kind == DeviceKind::Cpu && !args.dequantize {
+        let bits = ActivationBits::from(args.activation_bits);
+        if let Some(model) = block_engine(path, args.adapter.as_deref(), bits)? {
+            return stream(&model, &prompt_ids, args, &sampling, &tokenizer);
+        }
+    }
+    let model = super::load_with_adapter(path, args.adapter.as_deref(), &kind.open()?)?;
+    stream(&model, &prompt_ids, args, &sampling, &tokenizer)
+}
+
+/// The CPU engine that keeps a model's quantized weights (`generate`'s default, and `eval
+/// --activation-bits`): a GGUF's blocks, or an NF4 base's codes (a napkin NF4 checkpoint, or
+/// the base `adapter` was trained on, quantized as training did), with `adapter` attached.
+/// `None` for a model with neither (a float checkpoint without an NF4-trained adapter). Says
+/// on stderr what it keeps.
+pub(super) fn block_engine(
+    path: &Path,
+    adapter: Option<&Path>,
+    bits: ActivationBits,
+) -> Result<Option<QuantizedLlama>> {
     let resolved = resolve_model_path(path)?;
     let is_gguf = resolved
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    // On the CPU, unless asked otherwise, a GGUF keeps its blocks and an NF4 base its codes:
-    // a napkin NF4 checkpoint, or the base an adapter was trained on (`--nf4`), quantized as
-    // training did.
-    let nf4_base = match &args.adapter {
+    let nf4_base = match adapter {
         Some(dir) => super::trained_nf4_base(dir)?,
         None => None,
     };
     let nf4_checkpoint = !is_gguf && is_quantized_checkpoint(&resolved);
-    if kind == DeviceKind::Cpu
-        && !args.dequantize
-        && (is_gguf || nf4_checkpoint || nf4_base.is_some())
-    {
-        let bits = match args.activation_bits {
-            ActivationBitsArg::Sixteen => ActivationBits::Sixteen,
-            ActivationBitsArg::Eight => ActivationBits::Eight,
-        };
-        let as_trained = nf4_base.map(|nf4| {
-            format!(
-                "the block linears quantized to NF4 as the adapter was trained (block {}{})",
-                nf4.block_size,
-                if nf4.double_quant {
-                    ", double quantization"
-                } else {
-                    ""
-                }
-            )
-        });
-        let (model, how) = if is_gguf {
-            let model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?;
-            let how = match as_trained {
-                Some(nf4) => format!("{nf4}, the rest the file's blocks"),
-                None => "the blocks read in place from the file".to_string(),
-            };
-            (model, how)
-        } else {
-            let float = load_model_with(path, &kind.open()?, nf4_base.as_ref())?;
-            let how = match as_trained {
-                Some(nf4) => format!("{nf4}, the rest f32"),
-                None => "the checkpoint's NF4 codes, the rest f32".to_string(),
-            };
-            (QuantizedLlama::from_llama(float)?, how)
-        };
-        let mut model = model.with_activation_bits(bits);
-        let kept: Vec<String> = model
-            .format_counts()
-            .iter()
-            .map(|(format, n)| format!("{format:?} ×{n}"))
-            .collect();
-        eprintln!(
-            "weights kept quantized: {} ({:.1} MB; {how})",
-            kept.join(", "),
-            model.resident_bytes() as f64 / 1e6
-        );
-        if let Some(dir) = &args.adapter {
-            let lora = load_lora_quantized(&mut model, dir)
-                .with_context(|| format!("loading the adapter in {}", dir.display()))?;
-            eprintln!(
-                "adapter {}: r {}, α {}, {} target(s), beside the {}",
-                dir.display(),
-                lora.r,
-                lora.alpha,
-                lora.targets.len(),
-                if is_gguf && nf4_base.is_none() {
-                    "GGUF's blocks"
-                } else {
-                    "NF4 base"
-                }
-            );
-        }
-        return stream(&model, &prompt_ids, args, &sampling, &tokenizer);
+    if !(is_gguf || nf4_checkpoint || nf4_base.is_some()) {
+        return Ok(None);
     }
-    let model = super::load_with_adapter(path, args.adapter.as_deref(), &kind.open()?)?;
-    stream(&model, &prompt_ids, args, &sampling, &tokenizer)
+    let as_trained = nf4_base.map(|nf4| {
+        format!(
+            "the block linears quantized to NF4 as the adapter was trained (block {}{})",
+            nf4.block_size,
+            if nf4.double_quant {
+                ", double quantization"
+            } else {
+                ""
+            }
+        )
+    });
+    let (model, how) = if is_gguf {
+        let model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?;
+        let how = match as_trained {
+            Some(nf4) => format!("{nf4}, the rest the file's blocks"),
+            None => "the blocks read in place from the file".to_string(),
+        };
+        (model, how)
+    } else {
+        let float = load_model_with(path, &DeviceKind::Cpu.open()?, nf4_base.as_ref())?;
+        let how = match as_trained {
+            Some(nf4) => format!("{nf4}, the rest f32"),
+            None => "the checkpoint's NF4 codes, the rest f32".to_string(),
+        };
+        (QuantizedLlama::from_llama(float)?, how)
+    };
+    let mut model = model.with_activation_bits(bits);
+    let kept: Vec<String> = model
+        .format_counts()
+        .iter()
+        .map(|(format, n)| format!("{format:?} ×{n}"))
+        .collect();
+    eprintln!(
+        "weights kept quantized: {} ({:.1} MB; {how})",
+        kept.join(", "),
+        model.resident_bytes() as f64 / 1e6
+    );
+    if let Some(dir) = adapter {
+        let lora = load_lora_quantized(&mut model, dir)
+            .with_context(|| format!("loading the adapter in {}", dir.display()))?;
+        eprintln!(
+            "adapter {}: r {}, α {}, {} target(s), beside the {}",
+            dir.display(),
+            lora.r,
+            lora.alpha,
+            lora.targets.len(),
+            if is_gguf && nf4_base.is_none() {
+                "GGUF's blocks"
+            } else {
+                "NF4 base"
+            }
+        );
+    }
+    Ok(Some(model))
 }
 
 /// Generates and prints the text as it comes, then the speed on stderr.

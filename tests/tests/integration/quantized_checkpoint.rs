@@ -130,11 +130,28 @@ fn an_nf4_model_as_a_quantized_llama_keeps_its_codes_and_its_logits() {
         assert_eq!(nf4_count, expected_nf4, "{}", dir.display());
         let (mut qc, mut fc) = (QuantizedKvCache::default(), KvCache::default());
         let mut worst = 0.0f32;
-        for id in [3u32, 1, 4, 1, 5, 9, 2, 6] {
+        let ids = [3u32, 1, 4, 1, 5, 9, 2, 6];
+        let mut decoded = Vec::new();
+        for id in ids {
             let q = NextToken::next_token_logits(&quantized, &[id], &mut qc).unwrap();
             let f = NextToken::next_token_logits(&float, &[id], &mut fc).unwrap();
             worst = worst.max(super::smollm2::relative_gap(&q, &f));
+            decoded.extend(q);
         }
+        // Scoring a text (`eval --activation-bits`) reads every position's logits from one
+        // pass: the same bits as decoding the tokens one by one.
+        let every = quantized
+            .every_token_logits(&ids, &mut QuantizedKvCache::default())
+            .unwrap();
+        assert!(
+            every.len() == decoded.len()
+                && every
+                    .iter()
+                    .zip(&decoded)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: one pass's logits differ from those decoded one by one",
+            dir.display()
+        );
         eprintln!(
             "{}: {nf4_count} NF4 linears, gap {worst:.1e}",
             dir.display()
