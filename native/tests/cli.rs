@@ -32,6 +32,23 @@ fn napkin(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `napkin quantize` of `model` into a new temporary folder named after `label` (with `extra`
+/// flags), which must succeed: the folder and what the command printed.
+fn quantized(model: &Path, label: &str, extra: &[&str]) -> (PathBuf, String) {
+    let out = std::env::temp_dir().join(format!("napkin-cli-{label}-{}", std::process::id()));
+    let mut args = vec![
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let (ok, stdout, stderr) = napkin(&args);
+    assert!(ok, "{stderr}");
+    (out, stdout)
+}
+
 #[test]
 fn inspect_json_counts_parameters_and_bytes() {
     let model = fixture("");
@@ -52,16 +69,7 @@ fn inspect_json_counts_parameters_and_bytes() {
 #[test]
 fn quantize_then_eval_stays_close_to_the_float_model() {
     let model = fixture("");
-    let out = std::env::temp_dir().join(format!("napkin-cli-quant-{}", std::process::id()));
-    let (ok, stdout, stderr) = napkin(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--double-quant",
-    ]);
-    assert!(ok, "{stderr}");
+    let (out, stdout) = quantized(&model, "quant", &["--double-quant"]);
     assert!(stdout.contains("bits"), "{stdout}");
 
     let eval = |path: &str| -> f64 {
@@ -401,15 +409,7 @@ fn eval_with_activation_bits_scores_with_generates_engine() {
     // the text as the float model does through burn's loss (measured here: 3.5e-7 nats of
     // 6.16), 8-bit ones a little further (1.6e-5 nats).
     let model = fixture("tiny-smol");
-    let out = std::env::temp_dir().join(format!("napkin-cli-nf4-eval-{}", std::process::id()));
-    let (ok, _, stderr) = napkin(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(ok, "{stderr}");
+    let (out, _) = quantized(&model, "nf4-eval", &[]);
     let eval = |path: &Path, extra: &[&str]| -> (f64, String, String) {
         let mut args = vec![
             "eval",
@@ -465,16 +465,7 @@ fn generate_keeps_an_nf4_checkpoints_codes_and_the_float_models_text() {
     // linears (rows of 144) and the embedding are held in f32.
     let model = fixture("tiny-smol");
     let tokenizer = fixture("tokenizer").join("tokenizer.json");
-    let out = std::env::temp_dir().join(format!("napkin-cli-nf4-gen-{}", std::process::id()));
-    let (ok, _, stderr) = napkin(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--double-quant",
-    ]);
-    assert!(ok, "{stderr}");
+    let (out, _) = quantized(&model, "nf4-gen", &["--double-quant"]);
     let generate = |extra: &[&str]| {
         let mut args = vec![
             "generate",
