@@ -686,10 +686,13 @@ macro_rules! kernels {
                         )
                     })
                     .collect();
-                if t == 1 {
-                    // Decoding: the sum in a register.
-                    let (bytes, split, dx, half_sums) = tokens[0];
-                    for (row, out) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                // Each token takes the row's super-blocks in turn, unpacking each itself (a
+                // row is a few KB, in L1 for the second token; from eight tokens on the tile
+                // kernel takes them): one place that unpacks and multiplies, so that the
+                // compiler keeps the unpacked codes in registers (called from two places, the
+                // sums were a call of their own, the codes passed through memory).
+                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
+                    for (o, &(bytes, split, dx, half_sums)) in out.iter_mut().zip(&tokens) {
                         let mut acc = _mm256_setzero_ps();
                         for (s, block) in row.chunks_exact(size).enumerate() {
                             let (codes, scales, d) = q6_k_super_block(block);
@@ -700,26 +703,7 @@ macro_rules! kernels {
                             let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
                             acc = _mm256_fmadd_ps(sums, scale, acc);
                         }
-                        *out = horizontal_sum(acc);
-                    }
-                    return;
-                }
-                let mut acc = vec![_mm256_setzero_ps(); t];
-                for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(t)) {
-                    acc.fill(_mm256_setzero_ps());
-                    for (s, block) in row.chunks_exact(size).enumerate() {
-                        let (codes, scales, d) = q6_k_super_block(block);
-                        let first = s * GROUP;
-                        let halves = std::array::from_fn(|b| q6_k_halves(scales, b));
-                        let weights = (&codes, &halves, _mm256_cvtepi8_epi16(scales));
-                        for (acc, &(bytes, split, dx, half_sums)) in acc.iter_mut().zip(&tokens) {
-                            let sums = q6_k_sums::<WIDE>(weights, bytes, split, half_sums, first);
-                            let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
-                            *acc = _mm256_fmadd_ps(sums, scale, *acc);
-                        }
-                    }
-                    for (o, acc) in out.iter_mut().zip(&acc) {
-                        *o = horizontal_sum(*acc);
+                        *o = horizontal_sum(acc);
                     }
                 }
             }
