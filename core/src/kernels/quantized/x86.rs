@@ -35,8 +35,9 @@
 //!
 //! Q6_K has a scale per 16 values and `w = d·s·(q − 32)`: its 6-bit `q` go into the byte
 //! product and `32·Σx` is taken off (the pair sums of `32·x`, or each token's sums of 16
-//! values side by side); each half's sum is then multiplied by its scale (`vpmaddwd`:
-//! `2·32·127·128` fits in i32). Its 16-bit activations are always split into bytes: each
+//! values side by side); each half's sum is then multiplied by its scale (`vpmulld`; one token
+//! at a time, the lane sums are stopped at one per half for it). Its 16-bit activations are
+//! always split into bytes: each
 //! plane's block sum is an exact integer, converted once (widened weights `s·(q − 32)` would
 //! need their lanes summed in f32, which would make a token's result depend on how many tokens
 //! came with it).
@@ -589,28 +590,46 @@ macro_rules! kernels {
                 (codes, scales, half(block, 208))
             }
 
-            /// Block `b`'s two scales as 16 i16: eight of `s[2b]` (its first 16 values' pair
-            /// sums), eight of `s[2b + 1]`.
+            /// The 16 scales as i32 in the order [`q6_k_block_sums`] leaves the half sums in:
+            /// `[s0 s2 s4 s6 | s1 s3 s5 s7]` and `[s8 s10 s12 s14 | s9 s11 s13 s15]`.
             #[target_feature(enable = $features)]
             #[inline]
-            fn q6_k_halves(scales: __m128i, b: usize) -> __m256i {
-                let first = 0x0101_0101_0101_0101u64.wrapping_mul(2 * b as u64);
-                let pick = _mm_set_epi64x((first + 0x0101_0101_0101_0101) as i64, first as i64);
-                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
+            fn q6_k_scales_by_half(scales: __m128i) -> [__m256i; 2] {
+                let order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+                let ordered = _mm_shuffle_epi8(scales, order);
+                [
+                    _mm256_cvtepi8_epi32(ordered),
+                    _mm256_cvtepi8_epi32(_mm_srli_si128(ordered, 8)),
+                ]
             }
 
-            /// `Σ s·q·x` per block of a Q6_K super-block and 8-bit signed bytes `xs` (the
-            /// pair sums of `q·x`, each half's eight times its scale), as eight i32 vectors.
+            /// `Σ s·q·x` per block of a Q6_K super-block and 8-bit signed bytes `xs`, as eight
+            /// i32 (lane `b`: block `b`): each block's byte products (four a lane: lanes 0–3
+            /// its first 16 values, 4–7 its second), the lanes of four blocks summed as in
+            /// [`reduce8`] but stopped at one sum per half, `[b0 b1 b2 b3 | b0 b1 b2 b3]` (first
+            /// halves, then second halves), each multiplied by its scale (`by_half`), then the
+            /// two halves added. Exact: a half's sum is at most `16·63·128`, times 128.
             #[target_feature(enable = $features)]
             #[inline]
-            fn q6_k_products(
+            fn q6_k_block_sums(
                 codes: &[__m256i; GROUP],
-                halves: &[__m256i; GROUP],
+                by_half: &[__m256i; 2],
                 xs: [__m256i; GROUP],
-            ) -> [__m256i; GROUP] {
-                std::array::from_fn(|b| {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes[b], xs[b]), halves[b])
-                })
+            ) -> __m256i {
+                let p: [__m256i; GROUP] = std::array::from_fn(|b| dot_u8_i8(codes[b], xs[b]));
+                let pair = |a: __m256i, b: __m256i| {
+                    _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+                };
+                let quad = |a: __m256i, b: __m256i| {
+                    _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b))
+                };
+                let first =
+                    _mm256_mullo_epi32(quad(pair(p[0], p[1]), pair(p[2], p[3])), by_half[0]);
+                let last = _mm256_mullo_epi32(quad(pair(p[4], p[5]), pair(p[6], p[7])), by_half[1]);
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256(first, last, 0x20),
+                    _mm256_permute2x128_si256(first, last, 0x31),
+                )
             }
 
             /// Lane `b`: `32·(s[2b]·X[b][0] + s[2b + 1]·X[b][1])`, the part of block `b`'s sum
@@ -631,7 +650,7 @@ macro_rules! kernels {
             #[target_feature(enable = $features)]
             #[inline]
             fn q6_k_sums<const WIDE: bool>(
-                (codes, halves, scales): (&[__m256i; GROUP], &[__m256i; GROUP], __m256i),
+                (codes, by_half, scales): (&[__m256i; GROUP], &[__m256i; 2], __m256i),
                 bytes: &[Q8Block],
                 split: &[SplitBlock],
                 half_sums: [&[HalfSums]; 2],
@@ -641,18 +660,21 @@ macro_rules! kernels {
                     // SAFETY: 32 bytes; unaligned load.
                     unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
                 };
-                let plane = |products: [__m256i; GROUP], p: usize| {
-                    _mm256_sub_epi32(
-                        reduce8(&products),
-                        q6_k_offsets(scales, half_sums[p], first),
-                    )
+                let plane = |sums: __m256i, p: usize| {
+                    _mm256_sub_epi32(sums, q6_k_offsets(scales, half_sums[p], first))
                 };
                 if WIDE {
                     let split = &split[first..first + GROUP];
-                    let low =
-                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&split[j].low)));
-                    let high =
-                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&split[j].high)));
+                    let low = q6_k_block_sums(
+                        codes,
+                        by_half,
+                        std::array::from_fn(|j| load(&split[j].low)),
+                    );
+                    let high = q6_k_block_sums(
+                        codes,
+                        by_half,
+                        std::array::from_fn(|j| load(&split[j].high)),
+                    );
                     _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(plane(high, 1)),
                         _mm256_set1_ps(256.0),
@@ -660,8 +682,11 @@ macro_rules! kernels {
                     )
                 } else {
                     let bytes = &bytes[first..first + GROUP];
-                    let p =
-                        q6_k_products(codes, halves, std::array::from_fn(|j| load(&bytes[j].qs)));
+                    let p = q6_k_block_sums(
+                        codes,
+                        by_half,
+                        std::array::from_fn(|j| load(&bytes[j].qs)),
+                    );
                     _mm256_cvtepi32_ps(plane(p, 0))
                 }
             }
@@ -697,8 +722,8 @@ macro_rules! kernels {
                         for (s, block) in row.chunks_exact(size).enumerate() {
                             let (codes, scales, d) = q6_k_super_block(block);
                             let first = s * GROUP;
-                            let halves = std::array::from_fn(|b| q6_k_halves(scales, b));
-                            let weights = (&codes, &halves, _mm256_cvtepi8_epi16(scales));
+                            let by_half = q6_k_scales_by_half(scales);
+                            let weights = (&codes, &by_half, _mm256_cvtepi8_epi16(scales));
                             let sums = q6_k_sums::<WIDE>(weights, bytes, split, half_sums, first);
                             let scale = _mm256_mul_ps(_mm256_set1_ps(d), load8(&dx[first..]));
                             acc = _mm256_fmadd_ps(sums, scale, acc);
