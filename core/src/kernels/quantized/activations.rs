@@ -86,9 +86,24 @@ impl SplitBlock {
 /// A block's two half sums of one byte plane (`|Σ| ≤ 16·128`).
 pub type HalfSums = [i16; 2];
 
-fn half_sums(plane: &[i8; BLOCK]) -> HalfSums {
-    let sum = |half: &[i8]| half.iter().map(|&v| i16::from(v)).sum();
-    [sum(&plane[..BLOCK / 2]), sum(&plane[BLOCK / 2..])]
+/// The half sums of 8-bit values, summed from the values as i32 (summing the bytes after they
+/// were stored read them back one by one, each load waiting on the vector store before it).
+fn half_sums(qs: &[i32; BLOCK]) -> HalfSums {
+    let sum = |half: &[i32]| half.iter().sum::<i32>() as i16;
+    [sum(&qs[..BLOCK / 2]), sum(&qs[BLOCK / 2..])]
+}
+
+/// The half sums of both byte planes of 16-bit values ([`SplitBlock::of`]'s `low`, `high`),
+/// from the values: `Σ high = Σ ⌊(q + 128)/256⌋`, `Σ low = Σ q − 256·Σ high`.
+fn split_half_sums(qs: &[i32; BLOCK]) -> [HalfSums; 2] {
+    let mut sums = [[0; 2]; 2];
+    for (half, values) in qs.chunks_exact(BLOCK / 2).enumerate() {
+        let high: i32 = values.iter().map(|&q| (q + 128) >> 8).sum();
+        let all: i32 = values.iter().sum();
+        sums[0][half] = (all - 256 * high) as i16;
+        sums[1][half] = high as i16;
+    }
+    sums
 }
 
 /// Tokens side by side in [`TokenGroups`].
@@ -270,18 +285,17 @@ impl QuantizedActivations {
             for block in row.chunks_exact(BLOCK) {
                 let (d, sum) = match bits {
                     ActivationBits::Eight => {
-                        let b = quantize_block(block);
+                        let (b, halves) = quantize_block(block);
                         out.blocks.push(b);
-                        out.half_sums[0].push(half_sums(&b.qs));
+                        out.half_sums[0].push(halves);
                         (b.d, b.sum)
                     }
                     ActivationBits::Sixteen => {
-                        let (b, d, sum) = quantize_wide(block);
-                        let split = SplitBlock::of(&b);
+                        let (b, d, sum, [low, high]) = quantize_wide(block);
+                        out.split_blocks.push(SplitBlock::of(&b));
                         out.wide_blocks.push(b);
-                        out.split_blocks.push(split);
-                        out.half_sums[0].push(half_sums(&split.low));
-                        out.half_sums[1].push(half_sums(&split.high));
+                        out.half_sums[0].push(low);
+                        out.half_sums[1].push(high);
                         (d, sum)
                     }
                 };
@@ -381,16 +395,22 @@ pub fn padded_blocks(cols: usize) -> usize {
     (cols / BLOCK).div_ceil(PADDING) * PADDING
 }
 
-/// A block at 16 bits: the values, `d` and `Σq`.
-fn quantize_wide(x: &[f32]) -> (Q16Block, f32, i32) {
+/// A block at 16 bits: the values, `d`, `Σq` and the half sums of its two byte planes.
+fn quantize_wide(x: &[f32]) -> (Q16Block, f32, i32, [HalfSums; 2]) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / WIDE_MAX as f32;
     let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut qs = [0i16; BLOCK];
-    for (q, &v) in qs.iter_mut().zip(x) {
-        *q = rounded(v * inverse).clamp(-WIDE_MAX as i32, WIDE_MAX as i32) as i16;
+    let mut values = [0i32; BLOCK];
+    for (q, &v) in values.iter_mut().zip(x) {
+        *q = rounded(v * inverse).clamp(-WIDE_MAX as i32, WIDE_MAX as i32);
     }
-    (Q16Block { qs }, d, qs.iter().map(|&q| q as i32).sum())
+    let qs = values.map(|q| q as i16);
+    (
+        Q16Block { qs },
+        d,
+        values.iter().sum(),
+        split_half_sums(&values),
+    )
 }
 
 /// `y.round()` (ties away from zero) as an integer, for `|y|` below 2²³ (a block's values are at
@@ -405,19 +425,21 @@ pub(super) fn rounded(y: f32) -> i32 {
     truncated + i32::from(fraction >= 0.5) - i32::from(fraction <= -0.5)
 }
 
-fn quantize_block(x: &[f32]) -> Q8Block {
+/// A block at 8 bits and its half sums.
+fn quantize_block(x: &[f32]) -> (Q8Block, HalfSums) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut qs = [0i8; BLOCK];
-    for (q, &v) in qs.iter_mut().zip(x) {
-        *q = rounded(v * inverse).clamp(-127, 127) as i8;
+    let mut values = [0i32; BLOCK];
+    for (q, &v) in values.iter_mut().zip(x) {
+        *q = rounded(v * inverse).clamp(-127, 127);
     }
-    let sum = qs.iter().map(|&q| q as i32).sum();
-    Q8Block {
-        qs,
+    let sum = values.iter().sum();
+    let block = Q8Block {
+        qs: values.map(|q| q as i8),
         d,
         sum,
         d_sum: d * sum as f32,
-    }
+    };
+    (block, half_sums(&values))
 }
