@@ -37,10 +37,9 @@
 //! product and `32·Σx` is taken off (the pair sums of `32·x`, or each token's sums of 16
 //! values side by side); each half's sum is then multiplied by its scale (`vpmulld`; one token
 //! at a time, the lane sums are stopped at one per half for it). Its 16-bit activations are
-//! always split into bytes: each
-//! plane's block sum is an exact integer, converted once (widened weights `s·(q − 32)` would
-//! need their lanes summed in f32, which would make a token's result depend on how many tokens
-//! came with it).
+//! always split into bytes: each plane's block sum is an exact integer, converted once (widened
+//! weights `s·(q − 32)` would need their lanes summed in f32, which would make a token's result
+//! depend on how many tokens came with it).
 //!
 //! Every kernel gives a token the same bits whatever the number of tokens beside it (the
 //! side-by-side kernel keeps each of the one-token kernel's eight lanes as an accumulator of its
