@@ -191,6 +191,22 @@ macro_rules! kernels {
                 _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
             }
 
+            /// Four vectors' lane sums per 128-bit half: `[Σ lo p0, …, Σ lo p3 | Σ hi p0, …,
+            /// Σ hi p3]` (pairs of vectors' 32-bit lanes interleaved and added, then their 64-bit
+            /// lanes): [`reduce8`]'s first two steps, and Q6_K's half sums.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn lane_sums_by_half(p: &[__m256i]) -> __m256i {
+                let pair = |a: __m256i, b: __m256i| {
+                    _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+                };
+                let (s01, s23) = (pair(p[0], p[1]), pair(p[2], p[3]));
+                _mm256_add_epi32(
+                    _mm256_unpacklo_epi64(s01, s23),
+                    _mm256_unpackhi_epi64(s01, s23),
+                )
+            }
+
             /// The eight lane sums of eight vectors, as one vector: `[Σp0, …, Σp7]`: pairs of
             /// vectors' lanes interleaved and added (unpack low/high of 32-bit, then of 64-bit
             /// lanes), then the two 128-bit halves. Not `vphaddd`: on the AVX-512 VNNI machine
@@ -200,19 +216,7 @@ macro_rules! kernels {
             #[target_feature(enable = $features)]
             #[inline]
             fn reduce8(p: &[__m256i; GROUP]) -> __m256i {
-                let pair = |a: __m256i, b: __m256i| {
-                    _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
-                };
-                let quad = |a: __m256i, b: __m256i| {
-                    _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b))
-                };
-                let (s01, s23, s45, s67) = (
-                    pair(p[0], p[1]),
-                    pair(p[2], p[3]),
-                    pair(p[4], p[5]),
-                    pair(p[6], p[7]),
-                );
-                let (q0, q1) = (quad(s01, s23), quad(s45, s67));
+                let (q0, q1) = (lane_sums_by_half(&p[..4]), lane_sums_by_half(&p[4..]));
                 _mm256_add_epi32(
                     _mm256_permute2x128_si256(q0, q1, 0x20),
                     _mm256_permute2x128_si256(q0, q1, 0x31),
@@ -604,10 +608,9 @@ macro_rules! kernels {
 
             /// `Σ s·q·x` per block of a Q6_K super-block and 8-bit signed bytes `xs`, as eight
             /// i32 (lane `b`: block `b`): each block's byte products (four a lane: lanes 0–3
-            /// its first 16 values, 4–7 its second), the lanes of four blocks summed as in
-            /// [`reduce8`] but stopped at one sum per half, `[b0 b1 b2 b3 | b0 b1 b2 b3]` (first
-            /// halves, then second halves), each multiplied by its scale (`by_half`), then the
-            /// two halves added. Exact: a half's sum is at most `16·63·128`, times 128.
+            /// its first 16 values, 4–7 its second), four blocks' lanes summed per 128-bit half
+            /// ([`lane_sums_by_half`]: `[b0 b1 b2 b3 | b0 b1 b2 b3]`, first halves then second
+            /// halves), each multiplied by its scale (`by_half`), then the two halves added. Exact: a half's sum is at most `16·63·128`, times 128.
             #[target_feature(enable = $features)]
             #[inline]
             fn q6_k_block_sums(
@@ -616,15 +619,8 @@ macro_rules! kernels {
                 xs: [__m256i; GROUP],
             ) -> __m256i {
                 let p: [__m256i; GROUP] = std::array::from_fn(|b| dot_u8_i8(codes[b], xs[b]));
-                let pair = |a: __m256i, b: __m256i| {
-                    _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
-                };
-                let quad = |a: __m256i, b: __m256i| {
-                    _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b))
-                };
-                let first =
-                    _mm256_mullo_epi32(quad(pair(p[0], p[1]), pair(p[2], p[3])), by_half[0]);
-                let last = _mm256_mullo_epi32(quad(pair(p[4], p[5]), pair(p[6], p[7])), by_half[1]);
+                let first = _mm256_mullo_epi32(lane_sums_by_half(&p[..4]), by_half[0]);
+                let last = _mm256_mullo_epi32(lane_sums_by_half(&p[4..]), by_half[1]);
                 _mm256_add_epi32(
                     _mm256_permute2x128_si256(first, last, 0x20),
                     _mm256_permute2x128_si256(first, last, 0x31),
