@@ -11,11 +11,14 @@
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
+//! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
+//!   or AVX2, the same bits).
 //! - `team.rs`: compute threads kept spinning between the parallel passes of one forward pass
 //!   (generation's products and attention), instead of sleeping and waking ~90 times a token.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod adamw;
+pub mod cached_attention;
 #[cfg(feature = "openblas")]
 pub mod cpu_gemm;
 pub mod efficient_attention;

@@ -13,6 +13,7 @@
 use super::rope::{inverse_frequencies, tables};
 use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
+use crate::kernels::cached_attention::CachedAttention;
 use crate::kernels::quantized::{
     ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix,
 };
@@ -463,7 +464,13 @@ impl QuantizedLlama {
         rotate(&mut k, cos, sin, dh);
         cache.keys.extend_from_slice(&k);
         cache.values.extend_from_slice(&v);
-        let attended = attention(c, &q, cache, past); // [T, H·Dh]
+        let attended = CachedAttention {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: dh,
+            past,
+        }
+        .run(&q, &cache.keys, &cache.values); // [T, H·Dh]
         lead.warm(layer.o.stored_bytes()); // the attention's pass ended the first request
         let attended = self.quantized(&attended, q_rows);
         let o = layer.project(std::slice::from_ref(&layer.o), 3, &attended); // [T, D]
@@ -521,72 +528,4 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], dh: usize) {
             }
         }
     }
-}
-
-/// Causal grouped-query attention of the T new queries over the cache (which already holds the
-/// new keys): query i (position `past + i`) sees keys `0..=past + i`.
-///
-/// # Shapes
-/// - `q`: `[T, H·Dh]`, cache `[S, Hkv·Dh]` → `[T, H·Dh]`
-fn attention(c: &LlamaConfig, q: &[f32], cache: &HostLayerCache, past: usize) -> Vec<f32> {
-    let (h, hkv, dh) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    let group = h / hkv;
-    let scale = 1.0 / (dh as f32).sqrt();
-    let kv_width = hkv * dh;
-    let mut out = vec![0.0f32; q.len()];
-    // Tasks of whole (token, head) rows, enough work each that scheduling is noise.
-    let seen = cache.keys.len() / kv_width;
-    let heads_per_task = (16 * 1024 / (seen * dh).max(1)).max(1);
-    let mut tasks: Vec<(usize, &mut [f32])> = out
-        .chunks_mut(heads_per_task * dh)
-        .enumerate()
-        .map(|(task, rows)| (task * heads_per_task, rows))
-        .collect();
-    team::for_each_mut(&mut tasks, |(first, rows)| {
-        for (i, out) in (*first..).zip(rows.chunks_exact_mut(dh)) {
-            let (token, head) = (i / h, i % h);
-            let g = head / group;
-            let query = &q[i * dh..(i + 1) * dh];
-            let visible = past + token + 1;
-            let mut scores: Vec<f32> = (0..visible)
-                .map(|j| {
-                    let key = &cache.keys[j * kv_width + g * dh..j * kv_width + (g + 1) * dh];
-                    scale * dot(query, key)
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0;
-            for s in &mut scores {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            for (j, p) in scores.iter().enumerate() {
-                let value = &cache.values[j * kv_width + g * dh..j * kv_width + (g + 1) * dh];
-                out.iter_mut()
-                    .zip(value)
-                    .for_each(|(o, v)| *o += p / total * v);
-            }
-        }
-    });
-    out
-}
-
-/// `Σ a·b` in eight independent lanes (so that the compiler keeps them in one vector register;
-/// a single running sum is one chain of dependent adds).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let mut lanes = [0.0f32; LANES];
-    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for i in 0..LANES {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }

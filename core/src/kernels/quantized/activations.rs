@@ -281,18 +281,19 @@ impl QuantizedActivations {
         }
         out.scales.reserve_exact(n);
         out.d_sums.reserve_exact(n);
+        let (eight, wide) = quantizers();
         for row in x.chunks_exact(cols) {
             for block in row.chunks_exact(BLOCK) {
                 let (d, sum) = match bits {
                     ActivationBits::Eight => {
-                        let (b, halves) = quantize_block(block);
+                        let (b, halves) = eight(block);
                         out.blocks.push(b);
                         out.half_sums[0].push(halves);
                         (b.d, b.sum)
                     }
                     ActivationBits::Sixteen => {
-                        let (b, d, sum, [low, high]) = quantize_wide(block);
-                        out.split_blocks.push(SplitBlock::of(&b));
+                        let (b, split, d, sum, [low, high]) = wide(block);
+                        out.split_blocks.push(split);
                         out.wide_blocks.push(b);
                         out.half_sums[0].push(low);
                         out.half_sums[1].push(high);
@@ -390,23 +391,53 @@ impl QuantizedActivations {
     }
 }
 
+/// The 8- and 16-bit block quantizers: AVX2's where the CPU has it (`activations_x86.rs`, the
+/// same bits), else the portable ones.
+#[allow(clippy::type_complexity)]
+fn quantizers() -> (
+    fn(&[f32]) -> (Q8Block, HalfSums),
+    fn(&[f32]) -> (Q16Block, SplitBlock, f32, i32, [HalfSums; 2]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return (
+            |x| unsafe { super::activations_x86::quantize_block(x) },
+            |x| unsafe { super::activations_x86::quantize_wide(x) },
+        );
+    }
+    (quantize_block, quantize_wide)
+}
+
 /// Blocks per token, padding included.
 pub fn padded_blocks(cols: usize) -> usize {
     (cols / BLOCK).div_ceil(PADDING) * PADDING
 }
 
-/// A block at 16 bits: the values, `d`, `Σq` and the half sums of its two byte planes.
-fn quantize_wide(x: &[f32]) -> (Q16Block, f32, i32, [HalfSums; 2]) {
+/// A block's rounded values `q = round(x / d)` with `d = max|x| / max` (a NaN value is passed
+/// over by the maximum and quantized to 0; the quotients are clamped to `±max` before rounding,
+/// so an infinite one gives `±max`), and `d`.
+fn rounded_values(x: &[f32], max: f32) -> ([i32; BLOCK], f32) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / WIDE_MAX as f32;
+    let d = amax / max;
     let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut values = [0i32; BLOCK];
     for (q, &v) in values.iter_mut().zip(x) {
-        *q = rounded(v * inverse).clamp(-WIDE_MAX as i32, WIDE_MAX as i32);
+        *q = rounded((v * inverse).clamp(-max, max));
     }
-    let qs = values.map(|q| q as i16);
+    (values, d)
+}
+
+/// A block at 16 bits: the values, their byte planes, `d`, `Σq` and the half sums of the two
+/// planes.
+pub(super) fn quantize_wide(x: &[f32]) -> (Q16Block, SplitBlock, f32, i32, [HalfSums; 2]) {
+    let (values, d) = rounded_values(x, WIDE_MAX as f32);
+    let block = Q16Block {
+        qs: values.map(|q| q as i16),
+    };
     (
-        Q16Block { qs },
+        block,
+        SplitBlock::of(&block),
         d,
         values.iter().sum(),
         split_half_sums(&values),
@@ -426,14 +457,8 @@ pub(super) fn rounded(y: f32) -> i32 {
 }
 
 /// A block at 8 bits and its half sums.
-fn quantize_block(x: &[f32]) -> (Q8Block, HalfSums) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut values = [0i32; BLOCK];
-    for (q, &v) in values.iter_mut().zip(x) {
-        *q = rounded(v * inverse).clamp(-127, 127);
-    }
+pub(super) fn quantize_block(x: &[f32]) -> (Q8Block, HalfSums) {
+    let (values, d) = rounded_values(x, 127.0);
     let sum = values.iter().sum();
     let block = Q8Block {
         qs: values.map(|q| q as i8),

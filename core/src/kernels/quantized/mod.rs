@@ -32,6 +32,8 @@
 //! - `x`: `[T, cols]`; `y`: `[T, rows]`.
 
 mod activations;
+#[cfg(target_arch = "x86_64")]
+mod activations_x86;
 mod block_bytes;
 mod nf4;
 mod scalar;

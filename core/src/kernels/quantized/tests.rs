@@ -489,6 +489,122 @@ fn rounding_by_truncation_rounds_ties_away_from_zero_as_round_does() {
     }
 }
 
+/// Blocks that probe the quantizers' edges: ties at both widths' steps (a block whose largest
+/// value makes `d` exactly 1), zeros, one NaN, an infinity, a subnormal maximum, an outlier
+/// beside small values, then random blocks over many magnitudes.
+fn edge_and_random_blocks() -> Vec<[f32; BLOCK]> {
+    let mut blocks = vec![[0.0f32; BLOCK]];
+    for max in [127.0f32, 32_639.0] {
+        let mut ties: [f32; BLOCK] = std::array::from_fn(|i| i as f32 - 15.5);
+        ties[31] = max;
+        ties[30] = -(max - 0.5);
+        blocks.push(ties);
+    }
+    let mut rng = SplitMix64(11);
+    let mut random = || std::array::from_fn(|_| 3.0 * uniform(&mut rng));
+    let mut with_nan: [f32; BLOCK] = random();
+    with_nan[5] = f32::NAN;
+    let mut with_inf: [f32; BLOCK] = random();
+    with_inf[9] = f32::NEG_INFINITY;
+    // A maximum whose `d` is subnormal: `1/d` is infinite, so are the quotients.
+    let mut tiny = [0.0f32; BLOCK];
+    tiny[3] = 1e-37;
+    tiny[4] = -3e-38;
+    tiny[5] = f32::from_bits(1);
+    let mut outlier: [f32; BLOCK] = std::array::from_fn(|i| 1e-3 * (i as f32 - 16.0));
+    outlier[17] = 250.0;
+    blocks.extend([with_nan, with_inf, tiny, outlier]);
+    for k in 0..2000 {
+        let scale = 10f32.powi(k % 13 - 6);
+        blocks.push(random().map(|v| v * scale));
+    }
+    blocks
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx2_quantizers_give_the_portable_ones_bits() {
+    if !x86::has_avx2() {
+        return;
+    }
+    for block in edge_and_random_blocks() {
+        let (want, want_halves) = activations::quantize_block(&block);
+        // SAFETY: the CPU has AVX2 (checked above).
+        let (got, got_halves) = unsafe { activations_x86::quantize_block(&block) };
+        assert_eq!(
+            (
+                got.qs,
+                got.d.to_bits(),
+                got.sum,
+                got.d_sum.to_bits(),
+                got_halves
+            ),
+            (
+                want.qs,
+                want.d.to_bits(),
+                want.sum,
+                want.d_sum.to_bits(),
+                want_halves
+            ),
+            "8 bits: {block:?}"
+        );
+        let (want, want_split, want_d, want_sum, want_halves) = activations::quantize_wide(&block);
+        // SAFETY: as above.
+        let (got, got_split, got_d, got_sum, got_halves) =
+            unsafe { activations_x86::quantize_wide(&block) };
+        assert_eq!(
+            (
+                got.qs,
+                got_split.low,
+                got_split.high,
+                got_d.to_bits(),
+                got_sum,
+                got_halves
+            ),
+            (
+                want.qs,
+                want_split.low,
+                want_split.high,
+                want_d.to_bits(),
+                want_sum,
+                want_halves
+            ),
+            "16 bits: {block:?}"
+        );
+    }
+}
+
+#[test]
+fn quantized_blocks_round_each_value_to_the_nearest_step() {
+    // The portable quantizers against their definition, value by value: `q = round(x / d)`
+    // clamped to the width's largest value, NaN as 0, `d = max|x| / max`.
+    for block in edge_and_random_blocks() {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (max, qs) in [
+            (
+                127.0f32,
+                activations::quantize_block(&block).0.qs.map(i32::from),
+            ),
+            (
+                32_639.0,
+                activations::quantize_wide(&block).0.qs.map(i32::from),
+            ),
+        ] {
+            let d = amax / max;
+            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let want = block.map(|v| {
+                let y = v * inverse;
+                if y.is_nan() {
+                    0
+                } else {
+                    y.clamp(-max, max).round() as i32
+                }
+            });
+            assert_eq!(qs, want, "{max}: {block:?}");
+        }
+    }
+}
+
 #[test]
 fn an_nf4_matrix_holds_the_tensors_codes_and_absmax() {
     // Plain and double-quantized scales, blocks of one unit and of two (a block spans rows

@@ -6,7 +6,8 @@
 //! first run: the kernel's own speed), and twelve matrices in turn (more than the last-level
 //! cache holds: the blocks stream from memory, as in decoding, where every layer's weights are
 //! read once per token). Weight bytes per second against the machine's memory bandwidth says
-//! whether a case is bound by memory or by instructions.
+//! whether a case is bound by memory or by instructions. Then the quantization of one token's
+//! input, which one thread does before each product.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -48,7 +49,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .collect::<Result<_>>()?;
         for bits in [ActivationBits::Eight, ActivationBits::Sixteen] {
             for tokens in [1, 32] {
-                let x = QuantizedActivations::with_bits(&activations(tokens), COLS, bits);
+                let x = QuantizedActivations::with_bits(&activations(tokens, COLS), COLS, bits);
                 let mut out = vec![0.0f32; tokens * ROWS];
                 let mut time = |pick: &dyn Fn(usize) -> usize| -> Vec<f64> {
                     // Warm-up: every matrix once.
@@ -85,7 +86,33 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     }
+    quantization(runs);
     Ok(())
+}
+
+/// Each product's input quantized (one thread, while the others wait for the product): one
+/// token's input of each size a 1.1B model's decode quantizes.
+fn quantization(runs: usize) {
+    println!("input quantization, one token (median µs of {runs} runs, min–max; one thread)");
+    for cols in [COLS, ROWS] {
+        let x = activations(1, cols);
+        for bits in [ActivationBits::Eight, ActivationBits::Sixteen] {
+            let times: Vec<f64> = (0..runs * 10)
+                .map(|_| {
+                    let start = Instant::now();
+                    black_box(QuantizedActivations::with_bits(black_box(&x), cols, bits));
+                    start.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            if let Some((median, low, high)) = spread(&times) {
+                println!(
+                    "{cols:>6} values {:>3} bits {:>10}",
+                    if bits == ActivationBits::Eight { 8 } else { 16 },
+                    format!("{median:.2} ({low:.2}–{high:.2})")
+                );
+            }
+        }
+    }
 }
 
 /// Random blocks with scales like a real checkpoint's (|w| ≲ 0.1): every byte random, then
@@ -120,9 +147,9 @@ fn random_matrix(format: BlockFormat, seed: u64) -> Result<QuantizedMatrix> {
     QuantizedMatrix::new(format, ROWS, COLS, bytes).map_err(anyhow::Error::msg)
 }
 
-fn activations(tokens: usize) -> Vec<f32> {
+fn activations(tokens: usize, cols: usize) -> Vec<f32> {
     let mut rng = SplitMix64(99);
-    (0..tokens * COLS)
+    (0..tokens * cols)
         .map(|_| rng.next_f64() as f32 * 2.0 - 1.0)
         .collect()
 }
