@@ -391,13 +391,16 @@ impl QuantizedActivations {
     }
 }
 
+/// A block of 32 values at 8 bits: the block and its half sums.
+type EightBits = fn(&[f32]) -> (Q8Block, HalfSums);
+
+/// A block of 32 values at 16 bits: the values, their byte planes, `d`, `Σq` and the planes'
+/// half sums.
+type SixteenBits = fn(&[f32]) -> (Q16Block, SplitBlock, f32, i32, [HalfSums; 2]);
+
 /// The 8- and 16-bit block quantizers: AVX2's where the CPU has it (`activations_x86.rs`, the
 /// same bits), else the portable ones.
-#[allow(clippy::type_complexity)]
-fn quantizers() -> (
-    fn(&[f32]) -> (Q8Block, HalfSums),
-    fn(&[f32]) -> (Q16Block, SplitBlock, f32, i32, [HalfSums; 2]),
-) {
+fn quantizers() -> (EightBits, SixteenBits) {
     #[cfg(target_arch = "x86_64")]
     if super::x86::has_avx2() {
         // SAFETY: the CPU has AVX2 (checked above).
