@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+import weakref
 
 import torch
 from torch._C._profiler import _EventType
@@ -197,6 +198,7 @@ def measure(name, shape, batch, seq, mode, s, directory):
         layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside"))
     saved = {}
     holds = []
+    packed = []
 
     def pack(t):
         # Holding every packed tensor keeps a freed storage's address from being reused by a
@@ -205,15 +207,32 @@ def measure(name, shape, batch, seq, mode, s, directory):
         ptr = t.untyped_storage().data_ptr()
         if ptr not in persistent and ptr not in saved:
             saved[ptr] = (where[0], t.untyped_storage().nbytes())
-        return t
+            packed.append(weakref.ref(t))
+        # A detached alias, not `t`: when an op saves its own output, `t.grad_fn` is that op's
+        # node, and a node holding a tensor that holds the node is a cycle no collector sees —
+        # the whole graph of this pass would stay allocated through the measured step.
+        return t.detach()
 
     # First pass: what autograd saves (the hooks hold references, so this pass is not timed
     # for memory).
+    before = torch.cuda.memory_allocated() if DEVICE == "cuda" else None
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         output = model(data, labels=data)
     del output, holds
     model.zero_grad(set_to_none=True)
     where[0] = "outside"
+    gc.collect()
+    # The token ids stay alive (the caller holds them); nothing else may.
+    ids = data.untyped_storage().data_ptr()
+    left = [t for t in (r() for r in packed)
+            if t is not None and t.untyped_storage().data_ptr() != ids]
+    if left:
+        sys.exit(f"{name}: the first pass left {len(left)} saved tensors alive "
+                 f"({sum(t.untyped_storage().nbytes() for t in left)} bytes)")
+    if DEVICE == "cuda" and torch.cuda.memory_allocated() != before:
+        sys.exit(f"{name}: the first pass left {torch.cuda.memory_allocated() - before} bytes "
+                 "allocated")
+    del left
 
     # Second pass: the allocator's view of forward and backward, without hooks.
     gc.collect()

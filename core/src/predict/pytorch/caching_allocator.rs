@@ -224,12 +224,18 @@ impl CachingAllocator {
         self.allocated
     }
 
-    /// `max_memory_allocated()` since the allocator was made.
+    /// `torch.cuda.reset_peak_memory_stats()`: the maxima start again from what is held now.
+    pub fn reset_peak_stats(&mut self) {
+        self.max_allocated = self.allocated;
+        self.max_reserved = self.reserved;
+    }
+
+    /// `max_memory_allocated()` since the allocator was made or its peaks were last reset.
     pub fn max_allocated(&self) -> u64 {
         self.max_allocated
     }
 
-    /// `max_memory_reserved()` since the allocator was made.
+    /// `max_memory_reserved()` since the allocator was made or its peaks were last reset.
     pub fn max_reserved(&self) -> u64 {
         self.max_reserved
     }
@@ -338,5 +344,20 @@ mod tests {
         a.malloc(14 * MIB);
         assert_eq!(a.max_allocated(), 26 * MIB);
         assert_eq!(a.reserved(), 38 * MIB);
+    }
+
+    #[test]
+    fn resetting_the_peaks_starts_them_from_what_is_held() {
+        let mut a = CachingAllocator::new();
+        let big = a.malloc(40 * MIB);
+        let held = a.malloc(12 * MIB);
+        a.free(big);
+        a.reset_peak_stats();
+        assert_eq!(a.max_allocated(), 12 * MIB);
+        assert_eq!(a.max_reserved(), 52 * MIB);
+        a.malloc(20 * MIB);
+        assert_eq!(a.max_allocated(), 32 * MIB);
+        a.free(held);
+        assert_eq!(a.max_allocated(), 32 * MIB);
     }
 }
