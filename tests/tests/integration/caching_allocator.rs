@@ -14,7 +14,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use napkin_core::config::LlamaConfig;
+use napkin_core::predict::pytorch::TorchDevice;
 use napkin_core::predict::pytorch::caching_allocator::CachingAllocator;
+use napkin_core::predict::pytorch::llama;
+use napkin_core::predict::pytorch::tape::Allocation;
 use serde_json::Value;
 
 fn corpus() -> PathBuf {
@@ -246,4 +250,105 @@ fn the_old_harness_kept_its_first_pass_allocated_through_the_step() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A process that loads the model and runs the step, no warm-up passes: the trace without
+/// the allocations (and their frees) made from the first forward to the step. Requests do not
+/// depend on where earlier blocks went, so this is what the allocator held in such a process.
+fn load_then_step<'a>(events: &[Event<'a>], starts: &[usize]) -> (Vec<Event<'a>>, usize) {
+    let dropped: std::collections::HashSet<&str> = events[starts[0]..starts[2]]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Alloc(id, _) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let kept: Vec<Event<'a>> = events[..starts[0]]
+        .iter()
+        .chain(&events[starts[2]..])
+        .copied()
+        .filter(|e| !matches!(e, Event::Free(id) if dropped.contains(id)))
+        .collect();
+    (kept, starts[0])
+}
+
+/// Replays `events` up to `step`, resets the peaks there, then replays `step_events` (the
+/// recorded rest, or the profile's step): (reserved, the step's max allocated).
+fn replay_with_step(
+    events: &[Event<'_>],
+    step: usize,
+    step_events: impl IntoIterator<Item = Allocation>,
+) -> (u64, u64) {
+    let mut allocator = CachingAllocator::new();
+    let mut addresses = HashMap::new();
+    for event in &events[..step] {
+        match *event {
+            Event::Alloc(id, bytes) => {
+                addresses.insert(id.to_string(), allocator.malloc(bytes));
+            }
+            Event::Free(id) => allocator.free(addresses.remove(id).expect("freed once")),
+            Event::Segment => {}
+            Event::EmptyCache => allocator.empty_cache(),
+        }
+    }
+    allocator.reset_peak_stats();
+    let mut blocks = HashMap::new();
+    for event in step_events {
+        match event {
+            Allocation::Malloc { id, bytes } => {
+                blocks.insert(id, allocator.malloc(bytes));
+            }
+            Allocation::Free { id, .. } => allocator.free(blocks.remove(&id).expect("freed once")),
+        }
+    }
+    (allocator.reserved(), allocator.max_allocated())
+}
+
+/// The recorded events from `step` on, as allocations (ids made unique by their line).
+fn recorded_step(events: &[Event<'_>], step: usize) -> Vec<Allocation> {
+    let mut ids = HashMap::new();
+    let mut out = vec![];
+    for (i, event) in events[step..].iter().enumerate() {
+        match *event {
+            Event::Alloc(id, bytes) => {
+                ids.insert(id, i);
+                out.push(Allocation::Malloc { id: i, bytes });
+            }
+            Event::Free(id) => {
+                // Blocks from before the step are freed by their own id space.
+                if let Some(i) = ids.remove(id) {
+                    out.push(Allocation::Free { id: i, bytes: 0 });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The step's allocation order as the PyTorch profile tells it (`Tape::step_allocations`), in a
+/// process that loads the model and runs one step: the recorded load, then the profile's step,
+/// against the recorded load and the recorded step.
+#[test]
+fn the_profiles_step_order_leaves_what_pytorch_reserved() {
+    for (case, trace, starts) in traced_cases() {
+        let name = case["name"].as_str().unwrap();
+        let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
+        let setup = super::pytorch_profile::setup(&case, TorchDevice::Cuda);
+        let recorded = llama::record(&config, &setup);
+        let (events, step) = load_then_step(&parse(&trace), &starts);
+        let tail = recorded_step(&events, step);
+        let (reserved, max_allocated) = replay_with_step(&events[..step], step, tail);
+        let (predicted_reserved, predicted_max) = replay_with_step(
+            &events[..step],
+            step,
+            recorded.tape.step_allocations(recorded.loss),
+        );
+        println!(
+            "{name:<26} reserved {predicted_reserved:>11} / {reserved:>11} = {:.3}; step's max allocated {predicted_max:>11} / {max_allocated:>11} = {:.3}; reserved over max {:.3}",
+            predicted_reserved as f64 / reserved as f64,
+            predicted_max as f64 / max_allocated as f64,
+            reserved as f64 / max_allocated as f64,
+        );
+    }
 }

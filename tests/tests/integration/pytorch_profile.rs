@@ -29,7 +29,7 @@ fn corpus(file: &str) -> Value {
 }
 
 /// The setup `measure.py` builds for one case on `device`.
-fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
+pub(crate) fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
     let s = &case["settings"];
     let mode = case["mode"].as_str().unwrap();
     let ckpt = s["ckpt"].as_str().map(|k| match k {

@@ -71,7 +71,7 @@ impl Builder<'_> {
 
         // embed_tokens → [B, T, D]. Under LoRA its output needs no gradient unless
         // `enable_input_require_grads` hooks it.
-        let ids = self.tape.input(n * 8, false);
+        let ids = self.tape.external(n * 8);
         let table = self.param(vocab * d * w, self.full());
         let hooked = self.setup.input_require_grads;
         let mut x = self.tape.embedding(ids, table, n * d * w, hooked);
@@ -389,8 +389,10 @@ impl Builder<'_> {
                     inputs: &[input],
                     outputs: &[n * fan_out * cw],
                     saved_inputs: &keeps,
-                    // Its backward dequantizes the weight to the compute dtype.
+                    // Its forward and its backward each dequantize the weight to the
+                    // compute dtype for the product.
                     scratch: fan_in * fan_out * cw,
+                    forward_scratch: fan_in * fan_out * cw,
                     ..Default::default()
                 })[0];
                 self.cast(out, n * fan_out * w)

@@ -13,6 +13,7 @@
 //! - `llama`: the HF forward written onto the tape.
 //! - `caching_allocator`: the CUDA caching allocator's segments and rounding (reserved bytes).
 
+pub mod allocation_order;
 pub mod caching_allocator;
 pub mod llama;
 pub mod tape;

@@ -74,14 +74,22 @@ struct Op {
 /// The forward as recorded.
 #[derive(Debug, Default)]
 pub struct Tape {
-    storage_bytes: Vec<u64>,
+    pub(super) storage_bytes: Vec<u64>,
     values: usize,
     ops: Vec<Op>,
     /// The layer that saved each storage first.
-    saved_by: BTreeMap<usize, Layer>,
+    pub(super) saved_by: BTreeMap<usize, Layer>,
     layer: Layer,
     /// Storages the caller holds after the forward (the logits, the loss).
-    retained: BTreeSet<usize>,
+    pub(super) retained: BTreeSet<usize>,
+    /// The forward's allocation order: ops begun so far, the op each storage was made by,
+    /// the last op that read each storage, and bytes an op holds only while it runs.
+    pub(super) ops_begun: usize,
+    pub(super) made_by: Vec<usize>,
+    pub(super) last_read: Vec<Option<usize>>,
+    pub(super) forward_scratch: BTreeMap<usize, u64>,
+    /// Storages made before the step (the token ids the caller holds).
+    pub(super) external: BTreeSet<usize>,
 }
 
 impl Tape {
@@ -93,8 +101,37 @@ impl Tape {
     /// A new tensor of `bytes`, produced by an op that needs no gradient bookkeeping of its own
     /// (an input, a table, a mask).
     pub fn input(&mut self, bytes: u64, tracked: bool) -> Val {
+        self.begin(&[]);
+        self.output(bytes, tracked)
+    }
+
+    /// A tensor the caller made before the step and holds (the token ids).
+    pub fn external(&mut self, bytes: u64) -> Val {
+        let ids = self.input(bytes, false);
+        self.external.insert(ids.storage);
+        ids
+    }
+
+    /// Begins an op that reads `inputs` (its outputs follow with `output`).
+    fn begin(&mut self, inputs: &[Val]) {
+        for v in inputs {
+            self.last_read[v.storage] = Some(self.ops_begun);
+        }
+        self.ops_begun += 1;
+    }
+
+    /// Bytes the op just begun holds while it runs, beside its outputs (bitsandbytes'
+    /// dequantized weight).
+    pub fn forward_scratch(&mut self, bytes: u64) {
+        *self.forward_scratch.entry(self.ops_begun - 1).or_insert(0) += bytes;
+    }
+
+    /// A new storage of `bytes`, made by the op begun last.
+    fn output(&mut self, bytes: u64, tracked: bool) -> Val {
         let storage = self.storage_bytes.len();
         self.storage_bytes.push(bytes);
+        self.made_by.push(self.ops_begun - 1);
+        self.last_read.push(None);
         self.values += 1;
         Val {
             storage,
@@ -108,7 +145,8 @@ impl Tape {
     /// output's gradient into a dense `.grad` of the table. `hooked`: the output is made to need
     /// a gradient (`enable_input_require_grads`) even when the table is frozen.
     pub fn embedding(&mut self, ids: Val, table: Param, out_bytes: u64, hooked: bool) -> Val {
-        let out = self.input(out_bytes, table.trainable || hooked);
+        self.begin(&[ids]);
+        let out = self.output(out_bytes, table.trainable || hooked);
         if table.trainable {
             self.record(vec![], vec![table], vec![out], vec![ids.storage], 0);
         }
@@ -155,7 +193,8 @@ impl Tape {
     /// slices), a row reduction.
     pub fn fresh(&mut self, inputs: &[Val], bytes: u64, rule: FreshGrad) -> Val {
         let tracked = inputs.iter().any(|v| v.tracked);
-        let out = self.input(bytes, tracked);
+        self.begin(inputs);
+        let out = self.output(bytes, tracked);
         if tracked {
             let grad = match rule {
                 FreshGrad::Allocates => GradRule::Allocates,
@@ -174,7 +213,8 @@ impl Tape {
     /// `a + b` (with broadcasting of `b` allowed): saves nothing, both get the output's
     /// gradient (a broadcast operand's is summed down into a new buffer).
     pub fn add(&mut self, a: Val, b: Val) -> Val {
-        let out = self.input(a.bytes.max(b.bytes), a.tracked || b.tracked);
+        self.begin(&[a, b]);
+        let out = self.output(a.bytes.max(b.bytes), a.tracked || b.tracked);
         let ins = [a, b]
             .into_iter()
             .filter(|v| v.tracked)
@@ -203,14 +243,16 @@ impl Tape {
 
     /// `x * w` with a parameter `w` (a norm's weight): saves `x` if `w` trains.
     pub fn mul_param(&mut self, x: Val, w: Param) -> Val {
-        let out = self.input(x.bytes, x.tracked || w.trainable);
+        self.begin(&[x]);
+        let out = self.output(x.bytes, x.tracked || w.trainable);
         self.product_with_param(x, w, out, 0);
         out
     }
 
     /// `x · Wᵀ` (`F.linear`, `mm`): saves `x` if `W` trains; the output has `out_bytes`.
     pub fn linear(&mut self, x: Val, w: Param, out_bytes: u64) -> Val {
-        let out = self.input(out_bytes, x.tracked || w.trainable);
+        self.begin(&[x]);
+        let out = self.output(out_bytes, x.tracked || w.trainable);
         self.product_with_param(x, w, out, 0);
         out
     }
@@ -236,7 +278,8 @@ impl Tape {
 
     /// A product of two tensors: each operand is saved when the other needs a gradient.
     fn product(&mut self, a: Val, b: Val, out_bytes: u64, scratch: u64) -> Val {
-        let out = self.input(out_bytes, a.tracked || b.tracked);
+        self.begin(&[a, b]);
+        let out = self.output(out_bytes, a.tracked || b.tracked);
         if out.tracked {
             let mut saved = vec![];
             if b.tracked {
@@ -266,7 +309,8 @@ impl Tape {
     }
 
     fn unary(&mut self, x: Val, out_bytes: u64, saves_output: bool) -> Val {
-        let out = self.input(out_bytes, x.tracked);
+        self.begin(&[x]);
+        let out = self.output(out_bytes, x.tracked);
         if x.tracked {
             let saved = if saves_output { out.storage } else { x.storage };
             self.record(
@@ -285,10 +329,20 @@ impl Tape {
     /// its backward. Used for fused kernels (attention, the loss, dropout, bitsandbytes).
     pub fn custom(&mut self, spec: CustomOp<'_>) -> Vec<Val> {
         let tracked = spec.inputs.iter().any(|v| v.tracked);
+        let reads: Vec<Val> = spec
+            .inputs
+            .iter()
+            .chain(spec.saved_extra)
+            .copied()
+            .collect();
+        self.begin(&reads);
+        if spec.forward_scratch > 0 {
+            self.forward_scratch(spec.forward_scratch);
+        }
         let outputs: Vec<Val> = spec
             .outputs
             .iter()
-            .map(|&bytes| self.input(bytes, tracked))
+            .map(|&bytes| self.output(bytes, tracked))
             .collect();
         if tracked {
             let mut saved: Vec<usize> = spec.saved_inputs.iter().map(|v| v.storage).collect();
@@ -319,7 +373,9 @@ impl Tape {
         params: Vec<Param>,
         recompute_peak: u64,
     ) -> Val {
-        let out = self.input(out_bytes, x.tracked);
+        let reads: Vec<Val> = [x].iter().chain(kept).copied().collect();
+        self.begin(&reads);
+        let out = self.output(out_bytes, x.tracked);
         if x.tracked {
             let mut saved = vec![x.storage];
             saved.extend(kept.iter().map(|v| v.storage));
@@ -399,6 +455,20 @@ impl Tape {
     pub fn backward_peak(&self, loss: Val) -> u64 {
         let mut live = self.alive_after_forward();
         let mut peak = live;
+        self.backward(loss, &mut |event| match event {
+            Allocation::Malloc { bytes, .. } => {
+                live += bytes;
+                peak = peak.max(live);
+            }
+            Allocation::Free { bytes, .. } => live -= bytes,
+        });
+        peak
+    }
+
+    /// The backward from `loss`, as PyTorch's engine runs it on one device, told as the
+    /// allocations and frees it makes: gradient buffers (ids after the storages'), the frees of
+    /// saved storages (their storage index as id), `.grad`s, and each op's scratch.
+    pub fn backward(&self, loss: Val, emit: &mut dyn FnMut(Allocation)) {
         // Ops still to run that save each storage.
         let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
         for op in &self.ops {
@@ -406,14 +476,27 @@ impl Tape {
                 *pending.entry(s).or_insert(0) += 1;
             }
         }
-        // Gradient buffers: value → (buffer, bytes); buffers shared by pass-through are counted
-        // once and freed when their last holder is consumed.
+        let mut next_id = self.storage_bytes.len();
+        let mut malloc = |bytes: u64, emit: &mut dyn FnMut(Allocation)| {
+            next_id += 1;
+            emit(Allocation::Malloc {
+                id: next_id - 1,
+                bytes,
+            });
+            next_id - 1
+        };
+        // Gradient buffers: value → buffer; a buffer shared by pass-through is freed when its
+        // last holder is consumed.
         let mut grad_of: BTreeMap<usize, usize> = BTreeMap::new();
-        let mut buffers: Vec<(u64, usize)> = vec![];
+        let mut buffers: Vec<Buffer> = vec![];
         let mut param_grads: BTreeSet<usize> = BTreeSet::new();
-        buffers.push((loss.bytes, 1));
+        let id = malloc(loss.bytes, emit);
+        buffers.push(Buffer {
+            id,
+            bytes: loss.bytes,
+            holders: 1,
+        });
         grad_of.insert(loss.value, 0);
-        live += loss.bytes;
 
         for op in self.ops.iter().rev() {
             let outputs_with_grad: Vec<usize> = op
@@ -424,38 +507,38 @@ impl Tape {
             if outputs_with_grad.is_empty() {
                 // Nothing reached this op (its output was not used by the loss).
                 for &s in &op.saved {
-                    Self::release_saved(
-                        &mut pending,
-                        &self.retained,
-                        s,
-                        &mut live,
-                        &self.storage_bytes,
-                    );
+                    self.release_saved(&mut pending, s, emit);
                 }
                 continue;
             }
             let incoming = outputs_with_grad[0];
-            peak = peak.max(live + op.scratch);
+            let scratch = (op.scratch > 0).then(|| malloc(op.scratch, emit));
             for &(input, rule) in &op.inputs {
-                let (buffer, new_bytes) = match rule {
+                let buffer = match rule {
                     GradRule::PassesThrough => {
-                        buffers[incoming].1 += 1;
-                        (incoming, 0)
+                        buffers[incoming].holders += 1;
+                        incoming
                     }
                     GradRule::Allocates => {
-                        buffers.push((input.bytes, 1));
-                        (buffers.len() - 1, input.bytes)
+                        let id = malloc(input.bytes, emit);
+                        buffers.push(Buffer {
+                            id,
+                            bytes: input.bytes,
+                            holders: 1,
+                        });
+                        buffers.len() - 1
                     }
                 };
-                live += new_bytes;
-                peak = peak.max(live + op.scratch);
                 if let Some(&old) = grad_of.get(&input.value) {
                     // A second gradient: `old + new` into a fresh buffer, both released.
-                    buffers.push((input.bytes, 1));
-                    live += input.bytes;
-                    peak = peak.max(live + op.scratch);
+                    let id = malloc(input.bytes, emit);
+                    buffers.push(Buffer {
+                        id,
+                        bytes: input.bytes,
+                        holders: 1,
+                    });
                     for b in [old, buffer] {
-                        Self::release_buffer(&mut buffers, b, &mut live);
+                        Self::release_buffer(&mut buffers, b, emit);
                     }
                     grad_of.insert(input.value, buffers.len() - 1);
                 } else {
@@ -464,55 +547,76 @@ impl Tape {
             }
             for p in &op.params {
                 // The first gradient becomes `.grad`; a later one is summed in place.
-                live += p.bytes;
-                peak = peak.max(live + op.scratch);
+                let id = malloc(p.bytes, emit);
                 if !param_grads.insert(p.id) {
-                    live -= p.bytes;
+                    emit(Allocation::Free { id, bytes: p.bytes });
                 }
             }
+            if let Some(id) = scratch {
+                emit(Allocation::Free {
+                    id,
+                    bytes: op.scratch,
+                });
+            }
             for &s in &op.saved {
-                Self::release_saved(
-                    &mut pending,
-                    &self.retained,
-                    s,
-                    &mut live,
-                    &self.storage_bytes,
-                );
+                self.release_saved(&mut pending, s, emit);
             }
             for o in &op.outputs {
                 if let Some(b) = grad_of.remove(&o.value) {
-                    Self::release_buffer(&mut buffers, b, &mut live);
+                    Self::release_buffer(&mut buffers, b, emit);
                 }
             }
         }
-        peak
     }
 
     fn release_saved(
+        &self,
         pending: &mut BTreeMap<usize, usize>,
-        retained: &BTreeSet<usize>,
         storage: usize,
-        live: &mut u64,
-        bytes: &[u64],
+        emit: &mut dyn FnMut(Allocation),
     ) {
         if let Some(count) = pending.get_mut(&storage) {
             *count -= 1;
             if *count == 0 {
                 pending.remove(&storage);
-                if !retained.contains(&storage) {
-                    *live -= bytes[storage];
+                if !self.retained.contains(&storage) {
+                    emit(Allocation::Free {
+                        id: storage,
+                        bytes: self.storage_bytes[storage],
+                    });
                 }
             }
         }
     }
 
-    fn release_buffer(buffers: &mut [(u64, usize)], buffer: usize, live: &mut u64) {
+    fn release_buffer(buffers: &mut [Buffer], buffer: usize, emit: &mut dyn FnMut(Allocation)) {
         let entry = &mut buffers[buffer];
-        entry.1 -= 1;
-        if entry.1 == 0 {
-            *live -= entry.0;
+        entry.holders -= 1;
+        if entry.holders == 0 {
+            emit(Allocation::Free {
+                id: entry.id,
+                bytes: entry.bytes,
+            });
         }
     }
+}
+
+/// A gradient buffer of the backward walk.
+#[derive(Debug, Clone, Copy)]
+struct Buffer {
+    id: usize,
+    bytes: u64,
+    /// Values whose gradient it is (pass-through ops share it).
+    holders: usize,
+}
+
+/// One event of a step's allocation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// A new block of `bytes` under `id`.
+    Malloc { id: usize, bytes: u64 },
+    /// The block `id` (of `bytes`) is freed.
+    Free { id: usize, bytes: u64 },
 }
 
 /// How a `fresh` op's backward hands the gradient to its inputs.
@@ -539,4 +643,6 @@ pub struct CustomOp<'a> {
     pub saved_extra: &'a [Val],
     /// Bytes its backward holds for a moment.
     pub scratch: u64,
+    /// Bytes its forward holds while it runs (not kept).
+    pub forward_scratch: u64,
 }
