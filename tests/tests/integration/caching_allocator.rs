@@ -18,6 +18,7 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::predict::pytorch::TorchDevice;
 use napkin_core::predict::pytorch::caching_allocator::CachingAllocator;
 use napkin_core::predict::pytorch::llama;
+use napkin_core::predict::pytorch::loading::{LoadEvent, load_events};
 use napkin_core::predict::pytorch::tape::Allocation;
 use serde_json::Value;
 
@@ -342,13 +343,99 @@ fn the_profiles_step_order_leaves_what_pytorch_reserved() {
         let (predicted_reserved, predicted_max) = replay_with_step(
             &events[..step],
             step,
-            recorded.tape.step_allocations(recorded.loss),
+            recorded.tape.step_allocations(recorded.loss).all(),
         );
         println!(
             "{name:<26} reserved {predicted_reserved:>11} / {reserved:>11} = {:.3}; step's max allocated {predicted_max:>11} / {max_allocated:>11} = {:.3}; reserved over max {:.3}",
             predicted_reserved as f64 / reserved as f64,
             predicted_max as f64 / max_allocated as f64,
             reserved as f64 / max_allocated as f64,
+        );
+    }
+}
+
+/// The load as `loading.rs` tells it, against the recorded one: each trace up to cuBLAS's
+/// warm-up (its `empty_cache()`), then the predicted or the recorded load, up to the first
+/// forward. Then the whole process from the settings: cuBLAS's two workspaces, the predicted
+/// load, the profile's step, against the recorded load and step.
+#[test]
+fn the_predicted_load_and_step_leave_what_pytorch_reserved() {
+    for (case, trace, starts) in traced_cases() {
+        let name = case["name"].as_str().unwrap();
+        let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
+        let setup = super::pytorch_profile::setup(&case, TorchDevice::Cuda);
+        let events = parse(&trace);
+        let warmed = events
+            .iter()
+            .position(|e| matches!(e, Event::EmptyCache))
+            .expect("cuBLAS's warm-up ends with empty_cache()");
+        let loaded = load_events(&config, &setup, setup.stack.allocator_warmup);
+        // After the load: recorded, predicted.
+        let mut recorded = CachingAllocator::new();
+        let mut predicted = CachingAllocator::new();
+        let mut addresses = HashMap::new();
+        for event in &events[..=warmed] {
+            for (allocator, tag) in [(&mut recorded, 'r'), (&mut predicted, 'p')] {
+                match *event {
+                    Event::Alloc(id, bytes) => {
+                        addresses.insert((tag, id.to_string()), allocator.malloc(bytes));
+                    }
+                    Event::Free(id) => {
+                        allocator.free(addresses.remove(&(tag, id.to_string())).unwrap())
+                    }
+                    Event::Segment => {}
+                    Event::EmptyCache => allocator.empty_cache(),
+                }
+            }
+        }
+        for event in &events[warmed + 1..starts[0]] {
+            match *event {
+                Event::Alloc(id, bytes) => {
+                    addresses.insert(('r', id.to_string()), recorded.malloc(bytes));
+                }
+                Event::Free(id) => recorded.free(addresses.remove(&('r', id.to_string())).unwrap()),
+                Event::Segment => {}
+                Event::EmptyCache => recorded.empty_cache(),
+            }
+        }
+        for event in &loaded {
+            match *event {
+                LoadEvent::Block(Allocation::Malloc { id, bytes }) => {
+                    addresses.insert(('p', id.to_string()), predicted.malloc(bytes));
+                }
+                LoadEvent::Block(Allocation::Free { id, .. }) => {
+                    predicted.free(addresses.remove(&('p', id.to_string())).unwrap())
+                }
+                LoadEvent::EmptyCache => predicted.empty_cache(),
+            }
+        }
+        let loaded_reserved = predicted.reserved();
+        let loaded_allocated = predicted.allocated();
+        let step = {
+            let r = llama::record(&config, &setup);
+            r.tape.step_allocations(r.loss)
+        };
+        for event in step.all() {
+            match event {
+                Allocation::Malloc { id, bytes } => {
+                    addresses.insert(('s', id.to_string()), predicted.malloc(bytes));
+                }
+                Allocation::Free { id, .. } => {
+                    predicted.free(addresses.remove(&('s', id.to_string())).unwrap())
+                }
+            }
+        }
+        let (events, step_at) = load_then_step(&events, &starts);
+        let tail = recorded_step(&events, step_at);
+        let (reserved, _) = replay_with_step(&events[..step_at], step_at, tail);
+        println!(
+            "{name:<26} after the load: reserved {loaded_reserved:>11} / {:>11} = {:.3}, allocated {loaded_allocated:>11} / {:>11} = {:.4}; after the step: reserved {:>11} / {reserved:>11} = {:.3}",
+            recorded.reserved(),
+            loaded_reserved as f64 / recorded.reserved() as f64,
+            recorded.allocated(),
+            loaded_allocated as f64 / recorded.allocated() as f64,
+            predicted.reserved(),
+            predicted.reserved() as f64 / reserved as f64,
         );
     }
 }

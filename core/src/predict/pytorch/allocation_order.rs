@@ -14,18 +14,62 @@
 
 use super::tape::{Allocation, Tape, Val};
 
-/// Ids of the forward's scratch blocks start here (storages and backward buffers are below).
-const FORWARD_SCRATCH_IDS: usize = usize::MAX / 2;
+/// The id of the forward's one scratch block at a time.
+const FORWARD_SCRATCH_ID: usize = usize::MAX;
+/// Storage `s` of a checkpointed block's forward (under `no_grad`) has id `RERUN_IDS + s`;
+/// all of them but the output are freed before the next op.
+const RERUN_IDS: usize = usize::MAX / 2;
+
+/// A step's allocations and frees in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepAllocations {
+    /// The forward's.
+    pub forward: Vec<Allocation>,
+    /// The backward's, after it.
+    pub backward: Vec<Allocation>,
+}
+
+impl StepAllocations {
+    /// Both, in order.
+    pub fn all(&self) -> impl Iterator<Item = Allocation> + '_ {
+        self.forward.iter().chain(&self.backward).copied()
+    }
+}
 
 impl Tape {
     /// The step's allocations and frees in order: the forward of the recorded ops, then the
-    /// backward from `loss`. Tensors made before the step (the token ids) are not in it, and what
-    /// the caller holds at the end (the logits, the loss, the `.grad`s) is not freed.
-    pub fn step_allocations(&self, loss: Val) -> Vec<Allocation> {
+    /// backward from `loss`, checkpointed blocks told tensor by tensor. Tensors made before the
+    /// step (the token ids) are not in it, and what the caller holds at the end (the logits,
+    /// the loss, the `.grad`s) is not freed.
+    pub fn step_allocations(&self, loss: Val) -> StepAllocations {
+        let mut forward = vec![];
+        self.forward_allocations(0, true, &[], None, &mut |e| forward.push(e));
+        let mut backward = vec![];
+        self.backward_from(loss, true, &mut |e| backward.push(e));
+        StepAllocations { forward, backward }
+    }
+
+    /// The forward's allocations, storage `s` as id `base + s`. `grad`: whether autograd keeps
+    /// what ops save (off under `no_grad`); `held`: storages someone else frees; `output`: a
+    /// storage that is someone else's tensor under another id (a checkpointed block's output).
+    pub(super) fn forward_allocations(
+        &self,
+        base: usize,
+        grad: bool,
+        held: &[usize],
+        output: Option<(usize, usize)>,
+        emit: &mut dyn FnMut(Allocation),
+    ) {
+        let id = |storage: usize| match output {
+            Some((s, id)) if s == storage => id,
+            _ => base + storage,
+        };
         let kept = |storage: usize| {
-            self.saved_by.contains_key(&storage)
+            (grad && self.saved_by.contains_key(&storage))
                 || self.retained.contains(&storage)
                 || self.external.contains(&storage)
+                || held.contains(&storage)
+                || output.is_some_and(|(s, _)| s == storage)
         };
         // The storages each op makes, and those it is the last to read (or makes unread).
         let mut made: Vec<Vec<usize>> = vec![vec![]; self.ops_begun];
@@ -36,41 +80,45 @@ impl Tape {
                 dies_after[self.last_read[storage].unwrap_or(op).max(op)].push(storage);
             }
         }
-        let mut events = vec![];
         for op in 0..self.ops_begun {
-            let scratch = self.forward_scratch.get(&op).copied();
-            if let Some(bytes) = scratch {
-                events.push(Allocation::Malloc {
-                    id: FORWARD_SCRATCH_IDS + op,
-                    bytes,
-                });
-            }
-            for &storage in &made[op] {
-                if !self.external.contains(&storage) {
-                    events.push(Allocation::Malloc {
-                        id: storage,
+            if let Some(rerun) = self.reruns.get(&op) {
+                // The block runs under `no_grad`; its output is this op's.
+                let out = made[op][0];
+                rerun.tape.forward_allocations(
+                    RERUN_IDS,
+                    false,
+                    &[],
+                    Some((rerun.output.storage, id(out))),
+                    emit,
+                );
+            } else {
+                let scratch = self.forward_scratch.get(&op).copied();
+                if let Some(bytes) = scratch {
+                    emit(Allocation::Malloc {
+                        id: FORWARD_SCRATCH_ID,
+                        bytes,
+                    });
+                }
+                for &storage in made[op].iter().filter(|s| !self.external.contains(s)) {
+                    emit(Allocation::Malloc {
+                        id: id(storage),
                         bytes: self.storage_bytes[storage],
                     });
                 }
-            }
-            if let Some(bytes) = scratch {
-                events.push(Allocation::Free {
-                    id: FORWARD_SCRATCH_IDS + op,
-                    bytes,
-                });
+                if let Some(bytes) = scratch {
+                    emit(Allocation::Free {
+                        id: FORWARD_SCRATCH_ID,
+                        bytes,
+                    });
+                }
             }
             for &storage in &dies_after[op] {
-                events.push(Allocation::Free {
-                    id: storage,
+                emit(Allocation::Free {
+                    id: id(storage),
                     bytes: self.storage_bytes[storage],
                 });
             }
         }
-        self.backward(loss, &mut |event| match event {
-            Allocation::Free { id, .. } if self.external.contains(&id) => {}
-            event => events.push(event),
-        });
-        events
     }
 }
 
@@ -96,7 +144,7 @@ mod tests {
     #[test]
     fn a_temporary_dies_after_its_last_reader_and_a_saved_tensor_in_the_backward() {
         let mut tape = Tape::default();
-        let ids = tape.external(8);
+        let ids = tape.external(8, false);
         let frozen_table = Param {
             id: 0,
             bytes: 800,
@@ -113,7 +161,7 @@ mod tests {
         let z = tape.fresh(&[y], 60, FreshGrad::Allocates);
         let loss = tape.fresh(&[z], 4, FreshGrad::Allocates);
         tape.retain(loss);
-        let events = tape.step_allocations(loss);
+        let events: Vec<Allocation> = tape.step_allocations(loss).all().collect();
         let live = live_after(&events);
         // Forward: x, y, z (then y dies: z was its last reader), the loss (then z dies); x
         // (saved) and the loss (held) stay for the backward.

@@ -5,7 +5,7 @@
 //! width, V the vocabulary, r the LoRA rank, N = B·T. `w` is the bytes of one value in the
 //! model's dtype (4 after `prepare_model_for_kbit_training`), `cw` in the 4-bit compute dtype.
 
-use super::tape::{CustomOp, FreshGrad, Param, Tape, Val};
+use super::tape::{CustomOp, FreshGrad, Param, Rerun, Tape, Val};
 use super::{Attention, Checkpointing, Method, PyTorchSetup, TorchDevice};
 use crate::config::{LlamaConfig, LoraTarget};
 
@@ -71,7 +71,7 @@ impl Builder<'_> {
 
         // embed_tokens → [B, T, D]. Under LoRA its output needs no gradient unless
         // `enable_input_require_grads` hooks it.
-        let ids = self.tape.external(n * 8);
+        let ids = self.tape.external(n * 8, false);
         let table = self.param(vocab * d * w, self.full());
         let hooked = self.setup.input_require_grads;
         let mut x = self.tape.embedding(ids, table, n * d * w, hooked);
@@ -180,10 +180,11 @@ impl Builder<'_> {
         };
         // The rerun sees an input that needs a gradient exactly when the original did; the
         // non-reentrant variant also runs it when only the layer's own parameters train.
-        let input = inner.tape.input(x.bytes, x.tracked);
+        // The rerun's input and tables are views of what the checkpoint kept.
+        let input = inner.tape.external(x.bytes, x.tracked);
         let inner_rope = (
-            inner.tape.input(rope.0.bytes, false),
-            inner.tape.input(rope.1.bytes, false),
+            inner.tape.external(rope.0.bytes, false),
+            inner.tape.external(rope.1.bytes, false),
         );
         let out = inner.decoder_layer(input, inner_rope);
         self.next_param = inner.next_param;
@@ -220,8 +221,13 @@ impl Builder<'_> {
                 ..x
             },
         };
+        let rerun = Rerun {
+            tape: inner.tape,
+            input,
+            output: out,
+        };
         self.tape
-            .checkpoint(tracked_input, &kept, x.bytes, params, recompute_peak)
+            .checkpoint(tracked_input, &kept, x.bytes, params, recompute_peak, rerun)
     }
 
     /// `LlamaRMSNorm`: to f32, `x·rsqrt(mean(x²) + ε)`, back to the input dtype, times the

@@ -15,7 +15,9 @@
 
 pub mod allocation_order;
 pub mod caching_allocator;
+pub mod device_process;
 pub mod llama;
+pub mod loading;
 pub mod tape;
 
 use serde::Serialize;
@@ -126,6 +128,9 @@ pub struct Stack {
     /// `logits[..., :-1, :].contiguous()`: a copy, whose slice's backward writes a full-size
     /// gradient.
     pub loss_copies_shifted_logits: bool,
+    /// transformers since 2025 takes and frees one block the size of a `device_map` load
+    /// before it (`caching_allocator_warmup`), so the weights share one segment.
+    pub allocator_warmup: bool,
 }
 
 impl Stack {
@@ -136,6 +141,7 @@ impl Stack {
         bnb_keeps_input: false,
         sdpa_repeats_kv: false,
         loss_copies_shifted_logits: false,
+        allocator_warmup: true,
     };
     /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
     pub const SPRING_2024: Stack = Stack {
@@ -143,6 +149,7 @@ impl Stack {
         bnb_keeps_input: true,
         sdpa_repeats_kv: true,
         loss_copies_shifted_logits: true,
+        allocator_warmup: false,
     };
 }
 

@@ -69,6 +69,17 @@ struct Op {
     /// Bytes the backward holds for a moment beyond the input gradients (a broadcast product's
     /// full-size gradient before it is summed down, a score gradient inside attention).
     scratch: u64,
+    /// A checkpointed block's rerun (its forward op's index in `reruns`).
+    rerun: Option<usize>,
+}
+
+/// A checkpointed block as its backward reruns it, recorded on a tape of its own: the rerun's
+/// input (a detached view of the block's input) and its output.
+#[derive(Debug)]
+pub struct Rerun {
+    pub tape: Tape,
+    pub input: Val,
+    pub output: Val,
 }
 
 /// The forward as recorded.
@@ -90,6 +101,8 @@ pub struct Tape {
     pub(super) forward_scratch: BTreeMap<usize, u64>,
     /// Storages made before the step (the token ids the caller holds).
     pub(super) external: BTreeSet<usize>,
+    /// Checkpointed blocks by the index of the op that ran them.
+    pub(super) reruns: BTreeMap<usize, Rerun>,
 }
 
 impl Tape {
@@ -105,11 +118,12 @@ impl Tape {
         self.output(bytes, tracked)
     }
 
-    /// A tensor the caller made before the step and holds (the token ids).
-    pub fn external(&mut self, bytes: u64) -> Val {
-        let ids = self.input(bytes, false);
-        self.external.insert(ids.storage);
-        ids
+    /// A tensor made before the step and held by someone else (the token ids the caller
+    /// holds; a rerun's views of what its checkpoint kept).
+    pub fn external(&mut self, bytes: u64, tracked: bool) -> Val {
+        let x = self.input(bytes, tracked);
+        self.external.insert(x.storage);
+        x
     }
 
     /// Begins an op that reads `inputs` (its outputs follow with `output`).
@@ -372,9 +386,12 @@ impl Tape {
         out_bytes: u64,
         params: Vec<Param>,
         recompute_peak: u64,
+        rerun: Rerun,
     ) -> Val {
         let reads: Vec<Val> = [x].iter().chain(kept).copied().collect();
         self.begin(&reads);
+        let op = self.ops_begun - 1;
+        self.reruns.insert(op, rerun);
         let out = self.output(out_bytes, x.tracked);
         if x.tracked {
             let mut saved = vec![x.storage];
@@ -386,6 +403,7 @@ impl Tape {
                 saved,
                 recompute_peak,
             );
+            self.ops.last_mut().expect("just recorded").rerun = Some(op);
         }
         out
     }
@@ -427,6 +445,7 @@ impl Tape {
             outputs,
             saved,
             scratch,
+            rerun: None,
         });
     }
 
@@ -467,8 +486,42 @@ impl Tape {
 
     /// The backward from `loss`, as PyTorch's engine runs it on one device, told as the
     /// allocations and frees it makes: gradient buffers (ids after the storages'), the frees of
-    /// saved storages (their storage index as id), `.grad`s, and each op's scratch.
+    /// saved storages (their storage index as id), `.grad`s, and each op's scratch — a
+    /// checkpointed block's rerun as one scratch block of its peak.
     pub fn backward(&self, loss: Val, emit: &mut dyn FnMut(Allocation)) {
+        self.backward_from(loss, false, emit);
+    }
+
+    /// The backward from `loss`; with `expand_reruns`, each checkpointed block's rerun is told
+    /// tensor by tensor (its forward with gradients, then its own backward) instead of as one
+    /// block, and storages made before the step are never freed.
+    pub(super) fn backward_from(
+        &self,
+        loss: Val,
+        expand_reruns: bool,
+        emit: &mut dyn FnMut(Allocation),
+    ) {
+        let mut walk = Walk {
+            next_id: self.storage_bytes.len(),
+            param_grads: BTreeSet::new(),
+            expand_reruns,
+            emit,
+        };
+        let loss_grad = walk.malloc(loss.bytes);
+        self.walk_back(0, loss, loss_grad, None, &mut walk);
+    }
+
+    /// Runs the ops backward from `loss`, whose gradient is the buffer `loss_grad` (owned by
+    /// this walk when `keep` is `None`, by the caller's walk otherwise); storage `s` has id
+    /// `base + s`. Returns the buffer left holding the gradient of `keep`, not freed.
+    fn walk_back(
+        &self,
+        base: usize,
+        loss: Val,
+        loss_grad: usize,
+        keep: Option<Val>,
+        walk: &mut Walk<'_>,
+    ) -> Option<Buffer> {
         // Ops still to run that save each storage.
         let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
         for op in &self.ops {
@@ -476,26 +529,15 @@ impl Tape {
                 *pending.entry(s).or_insert(0) += 1;
             }
         }
-        let mut next_id = self.storage_bytes.len();
-        let mut malloc = |bytes: u64, emit: &mut dyn FnMut(Allocation)| {
-            next_id += 1;
-            emit(Allocation::Malloc {
-                id: next_id - 1,
-                bytes,
-            });
-            next_id - 1
-        };
         // Gradient buffers: value → buffer; a buffer shared by pass-through is freed when its
-        // last holder is consumed.
+        // last holder is consumed. A rerun's incoming gradient belongs to the outer walk (one
+        // more holder, so this walk never frees it).
         let mut grad_of: BTreeMap<usize, usize> = BTreeMap::new();
-        let mut buffers: Vec<Buffer> = vec![];
-        let mut param_grads: BTreeSet<usize> = BTreeSet::new();
-        let id = malloc(loss.bytes, emit);
-        buffers.push(Buffer {
-            id,
+        let mut buffers: Vec<Buffer> = vec![Buffer {
+            id: loss_grad,
             bytes: loss.bytes,
-            holders: 1,
-        });
+            holders: if keep.is_some() { 2 } else { 1 },
+        }];
         grad_of.insert(loss.value, 0);
 
         for op in self.ops.iter().rev() {
@@ -507,20 +549,44 @@ impl Tape {
             if outputs_with_grad.is_empty() {
                 // Nothing reached this op (its output was not used by the loss).
                 for &s in &op.saved {
-                    self.release_saved(&mut pending, s, emit);
+                    self.release_saved(base, &mut pending, s, walk);
                 }
                 continue;
             }
             let incoming = outputs_with_grad[0];
-            let scratch = (op.scratch > 0).then(|| malloc(op.scratch, emit));
+            let rerun = op
+                .rerun
+                .filter(|_| walk.expand_reruns)
+                .map(|key| &self.reruns[&key]);
+            // The rerun's gradient for the block's input, made by its own backward.
+            let mut rerun_input_grad = None;
+            let scratch = match rerun {
+                Some(rerun) => {
+                    rerun_input_grad = rerun.replay(buffers[incoming].id, walk);
+                    None
+                }
+                None => (op.scratch > 0).then(|| walk.malloc(op.scratch)),
+            };
             for &(input, rule) in &op.inputs {
-                let buffer = match rule {
-                    GradRule::PassesThrough => {
+                let buffer = match (rule, rerun) {
+                    (GradRule::PassesThrough, _) => {
                         buffers[incoming].holders += 1;
                         incoming
                     }
-                    GradRule::Allocates => {
-                        let id = malloc(input.bytes, emit);
+                    (GradRule::Allocates, Some(_)) => match rerun_input_grad.take() {
+                        // Passed straight through the block: the incoming buffer itself.
+                        Some(made) if made.id == buffers[incoming].id => {
+                            buffers[incoming].holders += 1;
+                            incoming
+                        }
+                        Some(made) => {
+                            buffers.push(Buffer { holders: 1, ..made });
+                            buffers.len() - 1
+                        }
+                        None => continue,
+                    },
+                    (GradRule::Allocates, None) => {
+                        let id = walk.malloc(input.bytes);
                         buffers.push(Buffer {
                             id,
                             bytes: input.bytes,
@@ -531,79 +597,123 @@ impl Tape {
                 };
                 if let Some(&old) = grad_of.get(&input.value) {
                     // A second gradient: `old + new` into a fresh buffer, both released.
-                    let id = malloc(input.bytes, emit);
+                    let id = walk.malloc(input.bytes);
                     buffers.push(Buffer {
                         id,
                         bytes: input.bytes,
                         holders: 1,
                     });
                     for b in [old, buffer] {
-                        Self::release_buffer(&mut buffers, b, emit);
+                        Self::release_buffer(&mut buffers, b, walk);
                     }
                     grad_of.insert(input.value, buffers.len() - 1);
                 } else {
                     grad_of.insert(input.value, buffer);
                 }
             }
-            for p in &op.params {
-                // The first gradient becomes `.grad`; a later one is summed in place.
-                let id = malloc(p.bytes, emit);
-                if !param_grads.insert(p.id) {
-                    emit(Allocation::Free { id, bytes: p.bytes });
+            // A rerun's own backward accumulated into its block's parameters.
+            if rerun.is_none() {
+                for p in &op.params {
+                    walk.accumulate(*p);
                 }
             }
             if let Some(id) = scratch {
-                emit(Allocation::Free {
-                    id,
-                    bytes: op.scratch,
-                });
+                walk.free(id, op.scratch);
             }
             for &s in &op.saved {
-                self.release_saved(&mut pending, s, emit);
+                self.release_saved(base, &mut pending, s, walk);
             }
             for o in &op.outputs {
                 if let Some(b) = grad_of.remove(&o.value) {
-                    Self::release_buffer(&mut buffers, b, emit);
+                    Self::release_buffer(&mut buffers, b, walk);
                 }
             }
         }
+        keep.and_then(|v| grad_of.get(&v.value).map(|&b| buffers[b]))
     }
 
     fn release_saved(
         &self,
+        base: usize,
         pending: &mut BTreeMap<usize, usize>,
         storage: usize,
-        emit: &mut dyn FnMut(Allocation),
+        walk: &mut Walk<'_>,
     ) {
         if let Some(count) = pending.get_mut(&storage) {
             *count -= 1;
             if *count == 0 {
                 pending.remove(&storage);
-                if !self.retained.contains(&storage) {
-                    emit(Allocation::Free {
-                        id: storage,
-                        bytes: self.storage_bytes[storage],
-                    });
+                let held_elsewhere = walk.expand_reruns && self.external.contains(&storage);
+                if !self.retained.contains(&storage) && !held_elsewhere {
+                    walk.free(base + storage, self.storage_bytes[storage]);
                 }
             }
         }
     }
 
-    fn release_buffer(buffers: &mut [Buffer], buffer: usize, emit: &mut dyn FnMut(Allocation)) {
+    fn release_buffer(buffers: &mut [Buffer], buffer: usize, walk: &mut Walk<'_>) {
         let entry = &mut buffers[buffer];
         entry.holders -= 1;
         if entry.holders == 0 {
-            emit(Allocation::Free {
-                id: entry.id,
-                bytes: entry.bytes,
-            });
+            walk.free(entry.id, entry.bytes);
+        }
+    }
+}
+
+impl Rerun {
+    /// The rerun inside the outer walk: its forward with gradients on (the block's input and
+    /// what the checkpoint kept are views, not new tensors), its backward from `incoming` (the
+    /// outer gradient of its output), then its output is dropped. Returns the gradient it made
+    /// for the block's input.
+    fn replay(&self, incoming: usize, walk: &mut Walk<'_>) -> Option<Buffer> {
+        let base = walk.next_id;
+        walk.next_id += self.tape.storage_bytes.len();
+        let output = self.output.storage;
+        self.tape
+            .forward_allocations(base, true, &[output], None, walk.emit);
+        let input_grad = self
+            .tape
+            .walk_back(base, self.output, incoming, Some(self.input), walk);
+        walk.free(base + output, self.output.bytes);
+        input_grad
+    }
+}
+
+/// What one backward walk shares with the reruns it expands.
+struct Walk<'e> {
+    next_id: usize,
+    /// Parameters whose `.grad` exists.
+    param_grads: BTreeSet<usize>,
+    expand_reruns: bool,
+    emit: &'e mut dyn FnMut(Allocation),
+}
+
+impl Walk<'_> {
+    fn malloc(&mut self, bytes: u64) -> usize {
+        self.next_id += 1;
+        (self.emit)(Allocation::Malloc {
+            id: self.next_id - 1,
+            bytes,
+        });
+        self.next_id - 1
+    }
+
+    fn free(&mut self, id: usize, bytes: u64) {
+        (self.emit)(Allocation::Free { id, bytes });
+    }
+
+    /// A gradient for `p`: the first becomes `.grad`; a later one is summed in place.
+    fn accumulate(&mut self, p: Param) {
+        let id = self.malloc(p.bytes);
+        if !self.param_grads.insert(p.id) {
+            self.free(id, p.bytes);
         }
     }
 }
 
 /// A gradient buffer of the backward walk.
 #[derive(Debug, Clone, Copy)]
-struct Buffer {
+pub(super) struct Buffer {
     id: usize,
     bytes: u64,
     /// Values whose gradient it is (pass-through ops share it).

@@ -1,0 +1,79 @@
+//! One training process on a CUDA device, replayed through the caching allocator: the model
+//! loaded (`loading.rs`), then one step, forward and backward (`allocation_order.rs`), with
+//! cuBLAS taking its workspace from the allocator at the first product of each thread (the
+//! forward's, then autograd's backward thread). What `torch.cuda.memory_reserved()` and
+//! `max_memory_allocated()` read after it.
+
+use std::collections::HashMap;
+
+use super::PyTorchSetup;
+use super::caching_allocator::CachingAllocator;
+use super::llama;
+use super::loading::{LOAD_IDS, LoadEvent, load_events};
+use super::tape::Allocation;
+use crate::config::LlamaConfig;
+
+/// cuBLAS's workspace per handle on Hopper GPUs, as PyTorch takes it from the allocator
+/// (measured on an H200: two handles held 64 MiB). NVIDIA recommends 4 MiB before Hopper.
+pub const HOPPER_CUBLAS_WORKSPACE: u64 = 32 << 20;
+
+/// What the allocator reports after the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceProcess {
+    /// `memory_reserved()`: the segments held from the driver.
+    pub reserved: u64,
+    /// `max_memory_allocated()` over the whole process.
+    pub max_allocated: u64,
+    /// The `cudaMalloc`s made.
+    pub segment_mallocs: usize,
+}
+
+/// A fresh process that loads `config` as `setup` says and runs one step; cuBLAS's workspace
+/// is `cublas_workspace` bytes a handle.
+pub fn replay(config: &LlamaConfig, setup: &PyTorchSetup, cublas_workspace: u64) -> DeviceProcess {
+    let mut device = Device::default();
+    for event in load_events(config, setup, setup.stack.allocator_warmup) {
+        device.apply(event);
+    }
+    let recorded = llama::record(config, setup);
+    let step = recorded.tape.step_allocations(recorded.loss);
+    let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| Allocation::Malloc {
+        id,
+        bytes: cublas_workspace,
+    });
+    device.apply(LoadEvent::Block(workspaces[0]));
+    step.forward
+        .iter()
+        .for_each(|&e| device.apply(LoadEvent::Block(e)));
+    device.apply(LoadEvent::Block(workspaces[1]));
+    step.backward
+        .iter()
+        .for_each(|&e| device.apply(LoadEvent::Block(e)));
+    DeviceProcess {
+        reserved: device.allocator.reserved(),
+        max_allocated: device.allocator.max_allocated(),
+        segment_mallocs: device.allocator.segment_mallocs(),
+    }
+}
+
+/// The allocator and the blocks handed out, by id.
+#[derive(Default)]
+struct Device {
+    allocator: CachingAllocator,
+    blocks: HashMap<usize, u64>,
+}
+
+impl Device {
+    fn apply(&mut self, event: LoadEvent) {
+        match event {
+            LoadEvent::Block(Allocation::Malloc { id, bytes }) => {
+                self.blocks.insert(id, self.allocator.malloc(bytes));
+            }
+            LoadEvent::Block(Allocation::Free { id, .. }) => {
+                let address = self.blocks.remove(&id).expect("a block is freed once");
+                self.allocator.free(address);
+            }
+            LoadEvent::EmptyCache => self.allocator.empty_cache(),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! What loading a model for training puts on a CUDA device, allocation by allocation, as
+//! transformers, bitsandbytes and peft do it — the first part of a process whose reserved bytes
+//! `device_process.rs` replays.
+//!
+//! Read off the allocator's own history of `measure.py`'s processes (`tests/corpus/
+//! pytorch_profile/allocator/`, transformers 5.17, bitsandbytes 0.50, peft 0.21):
+//! - a 16- or 32-bit model is loaded on the CPU and moved with `.to("cuda")`, which copies each
+//!   parameter and buffer in module order (embedding; per layer q, k, v, o, gate, up, down and
+//!   the two norms; the final norm; the rotary tables; the head);
+//! - a 4-bit model is loaded straight to the device (`device_map`) in the checkpoint's key order
+//!   (sorted names, so layer 10 comes before layer 2). transformers first takes and frees one
+//!   block the size of everything it will load (`caching_allocator_warmup`, releases since
+//!   2025), so the weights land in one segment. Each 4-bit weight arrives in the loading dtype,
+//!   bitsandbytes quantizes it (codes, absmax, with double quantization the absmax's own codes
+//!   and scales, a few small tables) and frees it. `empty_cache()` follows the load;
+//! - peft then adds each adapter's A and B in the base layer's dtype (the compute dtype under
+//!   bitsandbytes) and casts them to f32 one by one.
+
+use super::tape::Allocation;
+use super::{Method, PyTorchSetup, TorchDtype};
+use crate::config::{LlamaConfig, LoraTarget};
+
+/// Ids of the load's blocks start here (a step's ids are far below).
+pub const LOAD_IDS: usize = usize::MAX / 4;
+
+/// One step of the load: an allocation, a free, or `empty_cache()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadEvent {
+    /// An allocation or a free.
+    Block(Allocation),
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+}
+
+/// A decoder layer's weights in module order: (name, out features, in features).
+fn layer_linears(config: &LlamaConfig) -> [(LoraTarget, u64, u64); 7] {
+    let (d, f) = (config.hidden_size as u64, config.intermediate_size as u64);
+    let (q, kv) = (config.q_dim() as u64, config.kv_dim() as u64);
+    [
+        (LoraTarget::QProj, q, d),
+        (LoraTarget::KProj, kv, d),
+        (LoraTarget::VProj, kv, d),
+        (LoraTarget::OProj, d, q),
+        (LoraTarget::GateProj, f, d),
+        (LoraTarget::UpProj, f, d),
+        (LoraTarget::DownProj, d, f),
+    ]
+}
+
+/// Where the allocations go, with ids handed out in order.
+struct Recorder {
+    events: Vec<LoadEvent>,
+    next: usize,
+}
+
+impl Recorder {
+    fn malloc(&mut self, bytes: u64) -> (usize, u64) {
+        self.next += 1;
+        let id = LOAD_IDS + self.next;
+        self.events
+            .push(LoadEvent::Block(Allocation::Malloc { id, bytes }));
+        (id, bytes)
+    }
+
+    fn free(&mut self, (id, bytes): (usize, u64)) {
+        self.events
+            .push(LoadEvent::Block(Allocation::Free { id, bytes }));
+    }
+}
+
+/// The load of `config` for `setup`'s method, then peft's adapters. `warmup`: whether
+/// transformers takes the one block first (a 4-bit load in releases since 2025).
+pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup, warmup: bool) -> Vec<LoadEvent> {
+    let mut r = Recorder {
+        events: vec![],
+        next: 0,
+    };
+    let w = setup.dtype.bytes();
+    let (d, vocab) = (config.hidden_size as u64, config.vocab_size as u64);
+    let rotary = (config.head_dim / 2) as u64 * 4;
+    match setup.method {
+        Method::Full | Method::Lora => {
+            r.malloc(vocab * d * w);
+            for _ in 0..config.num_hidden_layers {
+                for (_, out, fan_in) in layer_linears(config) {
+                    r.malloc(out * fan_in * w);
+                }
+                r.malloc(d * w);
+                r.malloc(d * w);
+            }
+            r.malloc(d * w);
+            r.malloc(rotary);
+            r.malloc(rotary);
+            if !config.tie_word_embeddings {
+                r.malloc(vocab * d * w);
+            }
+        }
+        Method::QLora {
+            double_quant,
+            block_size,
+            ..
+        } => {
+            let values: u64 = layer_linears(config)
+                .iter()
+                .map(|(_, out, fan_in)| out * fan_in)
+                .sum::<u64>()
+                * config.num_hidden_layers as u64;
+            let tables = if config.tie_word_embeddings { 1 } else { 2 };
+            let dense = (tables * vocab * d + (2 * config.num_hidden_layers as u64 + 1) * d) * w;
+            if warmup {
+                let block = r.malloc(values / 2 + dense);
+                r.free(block);
+            }
+            if !config.tie_word_embeddings {
+                r.malloc(vocab * d * w);
+            }
+            r.malloc(vocab * d * w);
+            // Every layer's keys come in the same order (and layer 10 before layer 2, which
+            // changes no size).
+            for _ in 0..config.num_hidden_layers {
+                let linears = layer_linears(config);
+                let by_name = |t: LoraTarget| {
+                    let (_, out, fan_in) = linears
+                        .iter()
+                        .find(|(target, _, _)| *target == t)
+                        .expect("every projection");
+                    out * fan_in
+                };
+                // input_layernorm, mlp.{down,gate,up}, post_attention_layernorm,
+                // self_attn.{k,o,q,v}: sorted names.
+                r.malloc(d * w);
+                for t in [
+                    LoraTarget::DownProj,
+                    LoraTarget::GateProj,
+                    LoraTarget::UpProj,
+                ] {
+                    quantize(&mut r, by_name(t), w, block_size, double_quant);
+                }
+                r.malloc(d * w);
+                for t in [
+                    LoraTarget::KProj,
+                    LoraTarget::OProj,
+                    LoraTarget::QProj,
+                    LoraTarget::VProj,
+                ] {
+                    quantize(&mut r, by_name(t), w, block_size, double_quant);
+                }
+            }
+            r.malloc(d * w);
+            r.malloc(rotary);
+            r.malloc(rotary);
+            r.events.push(LoadEvent::EmptyCache);
+        }
+    }
+    if let Some(lora) = &setup.lora {
+        let made_in = match setup.method {
+            Method::QLora { .. } => setup.compute_dtype,
+            _ => setup.dtype,
+        };
+        let rank = lora.r as u64;
+        let mut adapters = vec![];
+        for _ in 0..config.num_hidden_layers {
+            for (target, out, fan_in) in layer_linears(config) {
+                if lora.targets.contains(&target) {
+                    adapters.push(r.malloc(rank * fan_in * made_in.bytes()));
+                    adapters.push(r.malloc(out * rank * made_in.bytes()));
+                }
+            }
+        }
+        if made_in != TorchDtype::F32 {
+            for block in adapters {
+                r.malloc(block.1 / made_in.bytes() * 4);
+                r.free(block);
+            }
+        }
+    }
+    r.events
+}
+
+/// bitsandbytes quantizing one weight of `values` that arrived in `w` bytes a value.
+fn quantize(r: &mut Recorder, values: u64, w: u64, block_size: u64, double_quant: bool) {
+    let blocks = values.div_ceil(block_size);
+    let weight = r.malloc(values * w);
+    let absmax = r.malloc(blocks * 4);
+    r.malloc(values.div_ceil(2)); // the codes
+    r.malloc(64); // the 16-value code table
+    let scratch = [r.malloc(64), r.malloc(4)];
+    scratch.into_iter().for_each(|b| r.free(b));
+    if double_quant {
+        r.malloc(4); // the absmax's offset
+        let scratch = [r.malloc(88), r.malloc(4)];
+        scratch.into_iter().rev().for_each(|b| r.free(b));
+        let centred = r.malloc(blocks * 4);
+        r.malloc(1024); // the 8-bit code table
+        r.malloc(blocks.div_ceil(256) * 4); // second-level scales
+        r.malloc(blocks); // the absmax's codes
+        r.malloc(1024);
+        r.free(centred);
+        r.free(absmax);
+    }
+    r.free(weight);
+}
