@@ -3,6 +3,9 @@
 
 use anyhow::{Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
+use napkin_core::predict::pytorch::device_process::{
+    self, DeviceProcess, HOPPER_CUBLAS_WORKSPACE, Workspaces,
+};
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
     TorchDevice, TorchDtype, predict,
@@ -15,6 +18,16 @@ use crate::cli::EstimateArgs;
 pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> {
     let setup = setup(args)?;
     let step = predict(config, &setup);
+    // The caching allocator's segments: a fresh CUDA process that loads the model and runs
+    // the step.
+    let process = (setup.device == TorchDevice::Cuda).then(|| {
+        device_process::replay(
+            config,
+            &setup,
+            HOPPER_CUBLAS_WORKSPACE,
+            Workspaces::AtFirstProduct,
+        )
+    });
     if args.json {
         println!(
             "{}",
@@ -22,11 +35,17 @@ pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> 
                 "model": name, "setup": setup, "step": step,
                 "peak_allocated": step.peak_allocated(),
                 "adamw_state": adamw_state(&step),
+                "cuda_process": process.map(|p| json!({
+                    "max_reserved": p.max_reserved,
+                    "reserved": p.reserved,
+                    "max_allocated": p.max_allocated,
+                    "cublas_workspace_per_handle": HOPPER_CUBLAS_WORKSPACE,
+                })),
             }))?
         );
         return Ok(());
     }
-    print!("{}", report(name, &setup, &step));
+    print!("{}", report(name, &setup, &step, process));
     Ok(())
 }
 
@@ -122,7 +141,12 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
     })
 }
 
-fn report(name: &str, setup: &PyTorchSetup, step: &PyTorchStep) -> String {
+fn report(
+    name: &str,
+    setup: &PyTorchSetup,
+    step: &PyTorchStep,
+    process: Option<DeviceProcess>,
+) -> String {
     let gb = |b: u64| format!("{:>9.3} GB", b as f64 / 1e9);
     let method = match setup.method {
         Method::Full => "full fine-tuning".to_string(),
@@ -204,7 +228,19 @@ fn report(name: &str, setup: &PyTorchSetup, step: &PyTorchStep) -> String {
         "  + AdamW moments once stepped      {}\n",
         gb(adamw_state(step))
     );
-    out +=
-        "  (allocated bytes; the caching allocator reserves more: `reserved` is not predicted)\n";
+    match process {
+        Some(p) => {
+            out += &format!(
+                "  whole process, allocated          {}  (max_memory_allocated: load, cuBLAS, step)\n",
+                gb(p.max_allocated)
+            );
+            out += &format!(
+                "  whole process, reserved           {}  (max_memory_reserved: the caching allocator's segments; cuBLAS {} MiB a handle, as on Hopper)\n",
+                gb(p.max_reserved),
+                HOPPER_CUBLAS_WORKSPACE >> 20
+            );
+        }
+        None => out += "  (allocated bytes; reserved is a CUDA allocator's figure)\n",
+    }
     out
 }

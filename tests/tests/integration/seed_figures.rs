@@ -4,6 +4,7 @@
 use napkin_core::config::{LlamaConfig, LoraConfig};
 use napkin_core::exercises::{Instance, check, instance};
 use napkin_core::predict::accelerate::llama_sizes;
+use napkin_core::predict::pytorch::device_process::{self, HOPPER_CUBLAS_WORKSPACE, Workspaces};
 use napkin_core::predict::pytorch::{ModuleMode, PyTorchSetup, Quant4bit, Stack, predict};
 use napkin_core::predict::units::accelerate_units;
 
@@ -41,6 +42,41 @@ fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
 }
 
 /// The number of parameters an exercise instance is about.
+/// Seed 000's whole process on a CUDA device (the settings above): loading the model (the 4-bit
+/// weights arrive in f32 and are quantized one by one, spring 2024's transformers without its
+/// allocator warm-up), then the step, replayed through the caching allocator. The seed printed
+/// `max_memory_allocated` 6.42 GB (load included) and `max_memory_reserved` 7.09 GB. The
+/// reserved figure is printed, not held to a bound: the replay's is 5 % under the seed's, and
+/// what the rest is could only be read from the seed's own allocator history.
+#[test]
+fn seed_000_whole_process_allocated_is_predicted_within_five_percent() {
+    let lora = LoraConfig {
+        r: 16,
+        alpha: 32.0,
+        dropout: 0.05,
+        targets: PyTorchSetup::peft_default_targets(),
+        use_rslora: false,
+    };
+    let mut setup = PyTorchSetup::qlora_prepared(1, 1200, Quant4bit::Fp4, lora, true);
+    setup.mode = ModuleMode::AsLoaded;
+    setup.stack = Stack::SPRING_2024;
+    let process = device_process::replay(
+        &LlamaConfig::tiny_llama_1_1b(),
+        &setup,
+        HOPPER_CUBLAS_WORKSPACE,
+        Workspaces::AtFirstProduct,
+    );
+    let allocated = process.max_allocated as f64 / 1e9;
+    let reserved = process.max_reserved as f64 / 1e9;
+    println!(
+        "seed 000 process: max allocated {allocated:.3} GB (seed 6.42, {:.3}), max reserved {reserved:.3} GB (seed 7.09, {:.3})",
+        allocated / 6.42,
+        reserved / 7.09
+    );
+    assert!((allocated / 6.42 - 1.0).abs() <= 0.05, "{allocated:.3} GB");
+    assert!(process.max_reserved >= process.max_allocated);
+}
+
 fn parameters_of(ex: &Instance) -> f64 {
     let preset = &ex.sandbox.as_ref().expect("a model").preset;
     LlamaConfig::preset(preset).unwrap().num_parameters() as f64

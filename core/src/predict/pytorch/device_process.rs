@@ -22,35 +22,63 @@ pub const HOPPER_CUBLAS_WORKSPACE: u64 = 32 << 20;
 pub struct DeviceProcess {
     /// `memory_reserved()`: the segments held from the driver.
     pub reserved: u64,
+    /// `max_memory_reserved()` over the whole process (above `reserved` when an
+    /// `empty_cache()` released segments).
+    pub max_reserved: u64,
     /// `max_memory_allocated()` over the whole process.
     pub max_allocated: u64,
     /// The `cudaMalloc`s made.
     pub segment_mallocs: usize,
 }
 
+/// When cuBLAS takes its workspaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workspaces {
+    /// At the first product of each thread: the forward's, then the backward's (a script that
+    /// loads and trains).
+    AtFirstProduct,
+    /// Both before the load (a process that ran a warm-up step first, as `measure.py` does).
+    BeforeLoad,
+}
+
 /// A fresh process that loads `config` as `setup` says and runs one step; cuBLAS's workspace
-/// is `cublas_workspace` bytes a handle.
-pub fn replay(config: &LlamaConfig, setup: &PyTorchSetup, cublas_workspace: u64) -> DeviceProcess {
+/// is `cublas_workspace` bytes a handle, taken `when`.
+pub fn replay(
+    config: &LlamaConfig,
+    setup: &PyTorchSetup,
+    cublas_workspace: u64,
+    when: Workspaces,
+) -> DeviceProcess {
     let mut device = Device::default();
-    for event in load_events(config, setup, setup.stack.allocator_warmup) {
+    let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| {
+        LoadEvent::Block(Allocation::Malloc {
+            id,
+            bytes: cublas_workspace,
+        })
+    });
+    if when == Workspaces::BeforeLoad {
+        workspaces.iter().for_each(|&w| device.apply(w));
+    }
+    for event in load_events(config, setup) {
         device.apply(event);
     }
     let recorded = llama::record(config, setup);
     let step = recorded.tape.step_allocations(recorded.loss);
-    let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| Allocation::Malloc {
-        id,
-        bytes: cublas_workspace,
-    });
-    device.apply(LoadEvent::Block(workspaces[0]));
+    if when == Workspaces::AtFirstProduct {
+        device.apply(workspaces[0]);
+    }
     step.forward
         .iter()
         .for_each(|&e| device.apply(LoadEvent::Block(e)));
-    device.apply(LoadEvent::Block(workspaces[1]));
+    if when == Workspaces::AtFirstProduct {
+        device.apply(workspaces[1]);
+    }
     step.backward
         .iter()
         .for_each(|&e| device.apply(LoadEvent::Block(e)));
     DeviceProcess {
         reserved: device.allocator.reserved(),
+        max_reserved: device.allocator.max_reserved(),
         max_allocated: device.allocator.max_allocated(),
         segment_mallocs: device.allocator.segment_mallocs(),
     }

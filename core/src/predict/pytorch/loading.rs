@@ -12,7 +12,8 @@
 //!   block the size of everything it will load (`caching_allocator_warmup`, releases since
 //!   2025), so the weights land in one segment. Each 4-bit weight arrives in the loading dtype,
 //!   bitsandbytes quantizes it (codes, absmax, with double quantization the absmax's own codes
-//!   and scales, a few small tables) and frees it. `empty_cache()` follows the load;
+//!   and scales, a few small tables) and frees it. peft's `prepare_model_for_kbit_training`
+//!   ends with `empty_cache()` (releases since 2025);
 //! - peft then adds each adapter's A and B in the base layer's dtype (the compute dtype under
 //!   bitsandbytes) and casts them to f32 one by one.
 
@@ -68,9 +69,9 @@ impl Recorder {
     }
 }
 
-/// The load of `config` for `setup`'s method, then peft's adapters. `warmup`: whether
-/// transformers takes the one block first (a 4-bit load in releases since 2025).
-pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup, warmup: bool) -> Vec<LoadEvent> {
+/// The load of `config` for `setup`'s method, then peft's adapters, in `setup.stack`'s
+/// releases.
+pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup) -> Vec<LoadEvent> {
     let mut r = Recorder {
         events: vec![],
         next: 0,
@@ -107,7 +108,7 @@ pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup, warmup: bool) -> 
                 * config.num_hidden_layers as u64;
             let tables = if config.tie_word_embeddings { 1 } else { 2 };
             let dense = (tables * vocab * d + (2 * config.num_hidden_layers as u64 + 1) * d) * w;
-            if warmup {
+            if setup.stack.allocator_warmup {
                 let block = r.malloc(values / 2 + dense);
                 r.free(block);
             }
@@ -149,7 +150,9 @@ pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup, warmup: bool) -> 
             r.malloc(d * w);
             r.malloc(rotary);
             r.malloc(rotary);
-            r.events.push(LoadEvent::EmptyCache);
+            if setup.kbit_prepared() && setup.stack.kbit_prepare_empties_cache {
+                r.events.push(LoadEvent::EmptyCache);
+            }
         }
     }
     if let Some(lora) = &setup.lora {

@@ -131,6 +131,8 @@ pub struct Stack {
     /// transformers since 2025 takes and frees one block the size of a `device_map` load
     /// before it (`caching_allocator_warmup`), so the weights share one segment.
     pub allocator_warmup: bool,
+    /// peft since 2025 ends `prepare_model_for_kbit_training` with `empty_cache()`.
+    pub kbit_prepare_empties_cache: bool,
 }
 
 impl Stack {
@@ -142,6 +144,7 @@ impl Stack {
         sdpa_repeats_kv: false,
         loss_copies_shifted_logits: false,
         allocator_warmup: true,
+        kbit_prepare_empties_cache: true,
     };
     /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
     pub const SPRING_2024: Stack = Stack {
@@ -150,6 +153,7 @@ impl Stack {
         sdpa_repeats_kv: true,
         loss_copies_shifted_logits: true,
         allocator_warmup: false,
+        kbit_prepare_empties_cache: false,
     };
 }
 
@@ -235,6 +239,12 @@ impl PyTorchSetup {
             device: TorchDevice::Cuda,
             stack: Stack::MEASURED,
         }
+    }
+
+    /// Whether the model went through `prepare_model_for_kbit_training` (QLoRA whose other
+    /// parameters it cast to f32).
+    pub fn kbit_prepared(&self) -> bool {
+        matches!(self.method, Method::QLora { .. }) && self.dtype == TorchDtype::F32
     }
 
     /// Checkpointing as it runs: HF only checkpoints a decoder in training mode.
