@@ -101,6 +101,14 @@ pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup) -> Vec<LoadEvent>
             block_size,
             ..
         } => {
+            // transformers 4's bitsandbytes quantizer loaded in f16 when no dtype was given;
+            // later releases load the checkpoint's dtype (`setup.dtype`: the fixtures' models
+            // are f32).
+            let w = if setup.stack.bnb_loads_in_f16 {
+                TorchDtype::F16.bytes()
+            } else {
+                w
+            };
             let values: u64 = layer_linears(config)
                 .iter()
                 .map(|(_, out, fan_in)| out * fan_in)
@@ -112,44 +120,54 @@ pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup) -> Vec<LoadEvent>
                 let block = r.malloc(values / 2 + dense);
                 r.free(block);
             }
-            if !config.tie_word_embeddings {
-                r.malloc(vocab * d * w);
-            }
-            r.malloc(vocab * d * w);
+            let head = (!config.tie_word_embeddings).then(|| r.malloc(vocab * d * w));
+            let embedding = r.malloc(vocab * d * w);
+            let linears = layer_linears(config);
+            let values_of = |t: LoraTarget| {
+                let (_, out, fan_in) = linears
+                    .iter()
+                    .find(|(target, _, _)| *target == t)
+                    .expect("every projection");
+                out * fan_in
+            };
+            let mut norms = vec![];
             // Every layer's keys come in the same order (and layer 10 before layer 2, which
-            // changes no size).
+            // changes no size): input_layernorm, mlp.{down,gate,up}, post_attention_layernorm,
+            // self_attn.{k,o,q,v}.
             for _ in 0..config.num_hidden_layers {
-                let linears = layer_linears(config);
-                let by_name = |t: LoraTarget| {
-                    let (_, out, fan_in) = linears
-                        .iter()
-                        .find(|(target, _, _)| *target == t)
-                        .expect("every projection");
-                    out * fan_in
-                };
-                // input_layernorm, mlp.{down,gate,up}, post_attention_layernorm,
-                // self_attn.{k,o,q,v}: sorted names.
-                r.malloc(d * w);
+                norms.push(r.malloc(d * w));
                 for t in [
                     LoraTarget::DownProj,
                     LoraTarget::GateProj,
                     LoraTarget::UpProj,
                 ] {
-                    quantize(&mut r, by_name(t), w, block_size, double_quant);
+                    quantize(&mut r, values_of(t), w, block_size, double_quant);
                 }
-                r.malloc(d * w);
+                norms.push(r.malloc(d * w));
                 for t in [
                     LoraTarget::KProj,
                     LoraTarget::OProj,
                     LoraTarget::QProj,
                     LoraTarget::VProj,
                 ] {
-                    quantize(&mut r, by_name(t), w, block_size, double_quant);
+                    quantize(&mut r, values_of(t), w, block_size, double_quant);
                 }
             }
-            r.malloc(d * w);
+            let final_norm = r.malloc(d * w);
             r.malloc(rotary);
             r.malloc(rotary);
+            // prepare_model_for_kbit_training: each 16-bit parameter that is not 4-bit to f32,
+            // in `model.parameters()` order, the new tensor made before the old one goes.
+            if setup.kbit_prepared() && w != 4 {
+                let dense = std::iter::once(embedding)
+                    .chain(norms)
+                    .chain([final_norm])
+                    .chain(head);
+                for block in dense {
+                    r.malloc(block.1 / w * 4);
+                    r.free(block);
+                }
+            }
             if setup.kbit_prepared() && setup.stack.kbit_prepare_empties_cache {
                 r.events.push(LoadEvent::EmptyCache);
             }

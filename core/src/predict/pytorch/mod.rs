@@ -133,6 +133,10 @@ pub struct Stack {
     pub allocator_warmup: bool,
     /// peft since 2025 ends `prepare_model_for_kbit_training` with `empty_cache()`.
     pub kbit_prepare_empties_cache: bool,
+    /// transformers 4's bitsandbytes quantizer loaded a model in f16 when no dtype was given
+    /// ("Overriding torch_dtype=None with torch_dtype=torch.float16"), and
+    /// `prepare_model_for_kbit_training` then cast its other parameters to f32.
+    pub bnb_loads_in_f16: bool,
 }
 
 impl Stack {
@@ -145,6 +149,7 @@ impl Stack {
         loss_copies_shifted_logits: false,
         allocator_warmup: true,
         kbit_prepare_empties_cache: true,
+        bnb_loads_in_f16: false,
     };
     /// Spring 2024 (transformers 4.40, bitsandbytes 0.43.1): the seeds' releases.
     pub const SPRING_2024: Stack = Stack {
@@ -154,6 +159,7 @@ impl Stack {
         loss_copies_shifted_logits: true,
         allocator_warmup: false,
         kbit_prepare_empties_cache: false,
+        bnb_loads_in_f16: true,
     };
 }
 
