@@ -143,6 +143,7 @@ try {
   await page.check('#compare-pytorch');
   await page.waitForSelector('#pytorch');
   assert.match(await page.textContent('#pytorch'), /In PyTorch .* allocated/);
+  assert.match(await page.textContent('#pytorch'), /reserved by the caching allocator/);
   await page.uncheck('#compare-pytorch');
   await page.waitForSelector('#pytorch', { state: 'detached' });
 

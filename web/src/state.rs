@@ -9,6 +9,9 @@ use napkin_core::config::{
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::precision::{PrecisionRow, precision_table};
+use napkin_core::predict::pytorch::device_process::{
+    self, DeviceProcess, HOPPER_CUBLAS_WORKSPACE, Workspaces,
+};
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
     TorchDevice, TorchDtype,
@@ -279,6 +282,9 @@ pub struct View {
     pub precision_table: Vec<PrecisionRow>,
     /// The same step as transformers + peft + bitsandbytes on CUDA spend it, when asked for.
     pub pytorch: Option<PyTorchStep>,
+    /// A fresh CUDA process that loads the model and runs that step, through PyTorch's caching
+    /// allocator (asked for with the PyTorch profile).
+    pub pytorch_process: Option<DeviceProcess>,
 }
 
 impl SandboxState {
@@ -396,6 +402,14 @@ impl SandboxState {
             pytorch: self.compare_pytorch.then(|| {
                 napkin_core::predict::pytorch::predict(&scenario.config, &self.pytorch_setup())
             }),
+            pytorch_process: self.compare_pytorch.then(|| {
+                device_process::replay(
+                    &scenario.config,
+                    &self.pytorch_setup(),
+                    HOPPER_CUBLAS_WORKSPACE,
+                    Workspaces::AtFirstProduct,
+                )
+            }),
             report,
         }
     }
@@ -417,9 +431,14 @@ mod tests {
             &reduce(&s, Action::SetNf4(true)),
             Action::SetCheckpointing(true),
         );
-        let qlora = s.view().pytorch.expect("asked for");
+        let view = s.view();
+        let qlora = view.pytorch.expect("asked for");
         assert!(qlora.peak_allocated() < lora.peak_allocated());
         assert!(qlora.alive_after_forward * 2 < lora.alive_after_forward);
+        // The whole process holds at least the step's peak, and reserves at least that.
+        let process = view.pytorch_process.expect("asked for");
+        assert!(process.max_allocated >= qlora.peak_allocated());
+        assert!(process.max_reserved >= process.max_allocated);
     }
 
     fn total_weights(v: &View) -> u64 {

@@ -4,6 +4,7 @@
 
 use std::rc::Rc;
 
+use napkin_core::predict::pytorch::device_process::HOPPER_CUBLAS_WORKSPACE;
 use napkin_core::predict::time::Bound;
 use yew::prelude::*;
 
@@ -78,13 +79,16 @@ pub fn summary(props: &SummaryProps) -> Html {
                     v.device.name, seconds(v.time.step_seconds), flops(r.time.flops), v.time.peak_flops / 1e12,
                     bytes(r.time.work.bytes_moved), v.time.tokens_per_second) }
             </p>
-            if let Some(p) = &v.pytorch {
+            if let (Some(p), Some(process)) = (&v.pytorch, &v.pytorch_process) {
                 <p id="pytorch" class="note">
-                    { format!("In PyTorch (a Hugging Face step on CUDA, model.train(){}): weights {}, {} saved for the backward, a forward-and-backward peak of {} allocated (torch.cuda.max_memory_allocated; AdamW's state comes on top once it steps, and the caching allocator reserves more). napkin's engine: {} at its step peak.",
+                    { format!("In PyTorch (a Hugging Face step on CUDA, model.train(){}): weights {}, {} saved for the backward, a forward-and-backward peak of {} allocated (torch.cuda.max_memory_allocated; AdamW's state comes on top once it steps). A fresh process that loads the model and runs this step: {} allocated at most, {} reserved by the caching allocator (max_memory_reserved, what nvidia-smi shows less the CUDA context; cuBLAS {} MiB a handle, as on Hopper). napkin's engine: {} at its step peak.",
                         if s.checkpointing { ", reentrant checkpointing" } else { "" },
                         bytes(p.weights as f64),
                         bytes((p.saved_per_layer.iter().sum::<u64>() + p.saved_outside) as f64),
                         bytes(p.peak_allocated() as f64),
+                        bytes(process.max_allocated as f64),
+                        bytes(process.max_reserved as f64),
+                        HOPPER_CUBLAS_WORKSPACE >> 20,
                         bytes(r.step_peak.bytes as f64)) }
                 </p>
             }

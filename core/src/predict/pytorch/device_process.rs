@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use serde::Serialize;
+
 use super::PyTorchSetup;
 use super::caching_allocator::CachingAllocator;
 use super::llama;
@@ -18,7 +20,7 @@ use crate::config::LlamaConfig;
 pub const HOPPER_CUBLAS_WORKSPACE: u64 = 32 << 20;
 
 /// What the allocator reports after the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct DeviceProcess {
     /// `memory_reserved()`: the segments held from the driver.
     pub reserved: u64,
