@@ -52,32 +52,29 @@ pub fn replay(
     when: Workspaces,
 ) -> DeviceProcess {
     let mut device = Device::default();
-    let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| {
-        LoadEvent::Block(Allocation::Malloc {
-            id,
-            bytes: cublas_workspace,
-        })
+    let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| Allocation::Malloc {
+        id,
+        bytes: cublas_workspace,
     });
     if when == Workspaces::BeforeLoad {
         workspaces.iter().for_each(|&w| device.apply(w));
     }
     for event in load_events(config, setup) {
-        device.apply(event);
+        match event {
+            LoadEvent::Block(block) => device.apply(block),
+            LoadEvent::EmptyCache => device.allocator.empty_cache(),
+        }
     }
     let recorded = llama::record(config, setup);
     let step = recorded.tape.step_allocations(recorded.loss);
     if when == Workspaces::AtFirstProduct {
         device.apply(workspaces[0]);
     }
-    step.forward
-        .iter()
-        .for_each(|&e| device.apply(LoadEvent::Block(e)));
+    step.forward.iter().for_each(|&e| device.apply(e));
     if when == Workspaces::AtFirstProduct {
         device.apply(workspaces[1]);
     }
-    step.backward
-        .iter()
-        .for_each(|&e| device.apply(LoadEvent::Block(e)));
+    step.backward.iter().for_each(|&e| device.apply(e));
     DeviceProcess {
         reserved: device.allocator.reserved(),
         max_reserved: device.allocator.max_reserved(),
@@ -94,16 +91,15 @@ struct Device {
 }
 
 impl Device {
-    fn apply(&mut self, event: LoadEvent) {
+    fn apply(&mut self, event: Allocation) {
         match event {
-            LoadEvent::Block(Allocation::Malloc { id, bytes }) => {
+            Allocation::Malloc { id, bytes } => {
                 self.blocks.insert(id, self.allocator.malloc(bytes));
             }
-            LoadEvent::Block(Allocation::Free { id, .. }) => {
+            Allocation::Free { id, .. } => {
                 let address = self.blocks.remove(&id).expect("a block is freed once");
                 self.allocator.free(address);
             }
-            LoadEvent::EmptyCache => self.allocator.empty_cache(),
         }
     }
 }

@@ -136,7 +136,7 @@ impl Tape {
 
     /// Bytes the op just begun holds while it runs, beside its outputs (bitsandbytes'
     /// dequantized weight).
-    pub fn forward_scratch(&mut self, bytes: u64) {
+    fn forward_scratch(&mut self, bytes: u64) {
         *self.forward_scratch.entry(self.ops_begun - 1).or_insert(0) += bytes;
     }
 
@@ -474,7 +474,7 @@ impl Tape {
     pub fn backward_peak(&self, loss: Val) -> u64 {
         let mut live = self.alive_after_forward();
         let mut peak = live;
-        self.backward(loss, &mut |event| match event {
+        self.backward_from(loss, false, &mut |event| match event {
             Allocation::Malloc { bytes, .. } => {
                 live += bytes;
                 peak = peak.max(live);
@@ -486,15 +486,10 @@ impl Tape {
 
     /// The backward from `loss`, as PyTorch's engine runs it on one device, told as the
     /// allocations and frees it makes: gradient buffers (ids after the storages'), the frees of
-    /// saved storages (their storage index as id), `.grad`s, and each op's scratch — a
-    /// checkpointed block's rerun as one scratch block of its peak.
-    pub fn backward(&self, loss: Val, emit: &mut dyn FnMut(Allocation)) {
-        self.backward_from(loss, false, emit);
-    }
-
-    /// The backward from `loss`; with `expand_reruns`, each checkpointed block's rerun is told
-    /// tensor by tensor (its forward with gradients, then its own backward) instead of as one
-    /// block, and storages made before the step are never freed.
+    /// saved storages (their storage index as id), `.grad`s, and each op's scratch. Without
+    /// `expand_reruns` a checkpointed block's rerun is one scratch block of its peak (as the
+    /// peak counts it); with it, the rerun is told tensor by tensor (its forward with
+    /// gradients, then its own backward) and storages made before the step are never freed.
     pub(super) fn backward_from(
         &self,
         loss: Val,
