@@ -660,6 +660,10 @@ pub struct PyTorchArgs {
     /// so the other weights and the hidden states stay in --dtype (FSDP-QLoRA scripts).
     #[arg(long)]
     pub no_kbit_prepare: bool,
+    /// pytorch on cuda: the workspace cuBLAS takes from the caching allocator per handle, in
+    /// MiB (32 on Hopper, measured on an H200; NVIDIA recommends 4 before Hopper).
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub cublas_workspace_mib: u64,
 }
 
 #[derive(Debug, Args)]

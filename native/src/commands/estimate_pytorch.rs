@@ -3,9 +3,7 @@
 
 use anyhow::{Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
-use napkin_core::predict::pytorch::device_process::{
-    self, DeviceProcess, HOPPER_CUBLAS_WORKSPACE, Workspaces,
-};
+use napkin_core::predict::pytorch::device_process::{self, DeviceProcess, Workspaces};
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
     TorchDevice, TorchDtype, predict,
@@ -20,14 +18,9 @@ pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> 
     let step = predict(config, &setup);
     // The caching allocator's segments: a fresh CUDA process that loads the model and runs
     // the step.
-    let process = (setup.device == TorchDevice::Cuda).then(|| {
-        device_process::replay(
-            config,
-            &setup,
-            HOPPER_CUBLAS_WORKSPACE,
-            Workspaces::AtFirstProduct,
-        )
-    });
+    let workspace = args.pytorch.cublas_workspace_mib << 20;
+    let process = (setup.device == TorchDevice::Cuda)
+        .then(|| device_process::replay(config, &setup, workspace, Workspaces::AtFirstProduct));
     if args.json {
         println!(
             "{}",
@@ -39,13 +32,16 @@ pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> 
                     "max_reserved": p.max_reserved,
                     "reserved": p.reserved,
                     "max_allocated": p.max_allocated,
-                    "cublas_workspace_per_handle": HOPPER_CUBLAS_WORKSPACE,
+                    "cublas_workspace_per_handle": workspace,
                 })),
             }))?
         );
         return Ok(());
     }
-    print!("{}", report(name, &setup, &step, process));
+    print!(
+        "{}",
+        report(name, &setup, &step, process.map(|p| (p, workspace)))
+    );
     Ok(())
 }
 
@@ -145,7 +141,7 @@ fn report(
     name: &str,
     setup: &PyTorchSetup,
     step: &PyTorchStep,
-    process: Option<DeviceProcess>,
+    process: Option<(DeviceProcess, u64)>,
 ) -> String {
     let gb = |b: u64| format!("{:>9.3} GB", b as f64 / 1e9);
     let method = match setup.method {
@@ -229,15 +225,15 @@ fn report(
         gb(adamw_state(step))
     );
     match process {
-        Some(p) => {
+        Some((p, workspace)) => {
             out += &format!(
                 "  whole process, allocated          {}  (max_memory_allocated: load, cuBLAS, step)\n",
                 gb(p.max_allocated)
             );
             out += &format!(
-                "  whole process, reserved           {}  (max_memory_reserved: the caching allocator's segments; cuBLAS {} MiB a handle, as on Hopper)\n",
+                "  whole process, reserved           {}  (max_memory_reserved: the caching allocator's segments; cuBLAS {} MiB a handle)\n",
                 gb(p.max_reserved),
-                HOPPER_CUBLAS_WORKSPACE >> 20
+                workspace >> 20
             );
         }
         None => out += "  (allocated bytes; reserved is a CUDA allocator's figure)\n",
