@@ -13,9 +13,10 @@ chromium="${CHROMIUM:-/usr/bin/chromium}"
 # 7.28 MB, 1.34 MB with the fused CPU kernels and the WebGPU plumbing; 6.43 MB, 1.16 MB once
 # wasm-bindgen drops the function-name section; `wasm-opt -Oz` takes the first build to
 # 4.7 MB / 1.08 MB in 3 minutes, so it is opt-in; built with `+simd128`, 6.59 MB, 1.25 MB
-# gzipped: SIMD code compresses less well).
-max_wasm_bytes=6800000
-max_gzip_bytes=1300000
+# gzipped: SIMD code compresses less well; 6.79 MB, 1.31 MB gzipped once the PyTorch
+# comparison also replays a whole CUDA process through the caching allocator).
+max_wasm_bytes=7000000
+max_gzip_bytes=1350000
 # The WebGPU module (burn wgpu + cubecl + wgpu's WebGPU bindings), fetched only when a learner
 # picks WebGPU: 37.2 MB, 5.48 MB gzipped when it was first built; 30.6 MB, 4.35 MB without
 # the name section; 32.0 MB, 5.43 MB once it also held the real-model mode (`teach`: the GGUF

@@ -16,6 +16,12 @@
 //!   ends with `empty_cache()` (releases since 2025);
 //! - peft then adds each adapter's A and B in the base layer's dtype (the compute dtype under
 //!   bitsandbytes) and casts them to f32 one by one.
+//!
+//! Spring 2024's releases (`Stack::SPRING_2024`, from their sources, not measured): no warm-up
+//! block and no `empty_cache()`; transformers 4's bitsandbytes quantizer loaded in f16 when no
+//! dtype was given, and `prepare_model_for_kbit_training` then cast the other parameters to f32.
+//! The current releases load a 4-bit model in the checkpoint's dtype; this takes it to be
+//! `setup.dtype` (the fixtures' checkpoints are f32).
 
 use super::tape::Allocation;
 use super::{Method, PyTorchSetup, TorchDtype};
@@ -33,7 +39,7 @@ pub enum LoadEvent {
     EmptyCache,
 }
 
-/// A decoder layer's weights in module order: (name, out features, in features).
+/// A decoder layer's weights in module order: (projection, out features, in features).
 fn layer_linears(config: &LlamaConfig) -> [(LoraTarget, u64, u64); 7] {
     let (d, f) = (config.hidden_size as u64, config.intermediate_size as u64);
     let (q, kv) = (config.q_dim() as u64, config.kv_dim() as u64);
