@@ -101,30 +101,73 @@ struct Replayed {
 /// Replays `events`; the step begins at `step`. `freed_at_step`: allocations to free just
 /// before it (what a harness without the leftover would have released).
 fn replay(events: &[Event<'_>], step: usize, freed_at_step: &[&str]) -> Replayed {
-    let mut allocator = CachingAllocator::new();
-    let mut addresses = HashMap::new();
-    let mut measured_segment_mallocs = 0;
-    for (i, event) in events.iter().enumerate() {
+    let mut r = Replay::default();
+    for (i, &event) in events.iter().enumerate() {
         if i == step {
             for id in freed_at_step {
-                allocator.free(addresses.remove(id).expect("allocated before the step"));
+                let address = r
+                    .trace_blocks
+                    .remove(*id)
+                    .expect("allocated before the step");
+                r.allocator.free(address);
             }
-            allocator.reset_peak_stats();
+            r.allocator.reset_peak_stats();
         }
-        match *event {
-            Event::Alloc(id, bytes) => {
-                addresses.insert(id, allocator.malloc(bytes));
-            }
-            Event::Free(id) => allocator.free(addresses.remove(id).expect("freed once")),
-            Event::Segment => measured_segment_mallocs += 1,
-            Event::EmptyCache => allocator.empty_cache(),
-        }
+        r.event(event);
     }
     Replayed {
-        reserved: allocator.reserved(),
-        step_max_allocated: allocator.max_allocated(),
-        segment_mallocs: allocator.segment_mallocs(),
-        measured_segment_mallocs,
+        reserved: r.allocator.reserved(),
+        step_max_allocated: r.allocator.max_allocated(),
+        segment_mallocs: r.allocator.segment_mallocs(),
+        measured_segment_mallocs: r.recorded_segments,
+    }
+}
+
+/// The allocator replay fed a trace's events, the profile's allocations or a predicted load.
+#[derive(Default)]
+struct Replay {
+    allocator: CachingAllocator,
+    /// Blocks by the trace's ids.
+    trace_blocks: HashMap<String, u64>,
+    /// Blocks by the prediction's ids.
+    blocks: HashMap<usize, u64>,
+    /// The `cudaMalloc`s the trace recorded.
+    recorded_segments: usize,
+}
+
+impl Replay {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Alloc(id, bytes) => {
+                self.trace_blocks
+                    .insert(id.to_string(), self.allocator.malloc(bytes));
+            }
+            Event::Free(id) => {
+                let address = self.trace_blocks.remove(id).expect("freed once");
+                self.allocator.free(address);
+            }
+            Event::Segment => self.recorded_segments += 1,
+            Event::EmptyCache => self.allocator.empty_cache(),
+        }
+    }
+
+    fn allocation(&mut self, allocation: Allocation) {
+        match allocation {
+            Allocation::Malloc { id, bytes } => {
+                self.blocks.insert(id, self.allocator.malloc(bytes));
+            }
+            Allocation::Free { id, .. } => {
+                let address = self.blocks.remove(&id).expect("freed once");
+                self.allocator.free(address);
+            }
+        }
+    }
+
+    fn load(&mut self, event: LoadEvent) {
+        match event {
+            LoadEvent::Block(allocation) => self.allocation(allocation),
+            LoadEvent::EmptyCache => self.allocator.empty_cache(),
+        }
     }
 }
 
@@ -288,29 +331,11 @@ fn replay_with_step(
     step: usize,
     step_events: impl IntoIterator<Item = Allocation>,
 ) -> (u64, u64) {
-    let mut allocator = CachingAllocator::new();
-    let mut addresses = HashMap::new();
-    for event in &events[..step] {
-        match *event {
-            Event::Alloc(id, bytes) => {
-                addresses.insert(id.to_string(), allocator.malloc(bytes));
-            }
-            Event::Free(id) => allocator.free(addresses.remove(id).expect("freed once")),
-            Event::Segment => {}
-            Event::EmptyCache => allocator.empty_cache(),
-        }
-    }
-    allocator.reset_peak_stats();
-    let mut blocks = HashMap::new();
-    for event in step_events {
-        match event {
-            Allocation::Malloc { id, bytes } => {
-                blocks.insert(id, allocator.malloc(bytes));
-            }
-            Allocation::Free { id, .. } => allocator.free(blocks.remove(&id).expect("freed once")),
-        }
-    }
-    (allocator.reserved(), allocator.max_allocated())
+    let mut r = Replay::default();
+    events[..step].iter().for_each(|&e| r.event(e));
+    r.allocator.reset_peak_stats();
+    step_events.into_iter().for_each(|a| r.allocation(a));
+    (r.allocator.reserved(), r.allocator.max_allocated())
 }
 
 /// The recorded events from `step` on, as allocations (ids made unique by their line).
@@ -395,44 +420,16 @@ fn the_predicted_load_and_step_leave_what_pytorch_reserved() {
             .expect("cuBLAS's warm-up ends with empty_cache()");
         let loaded = load_events(&config, &setup);
         // After the load: recorded, predicted.
-        let mut recorded = CachingAllocator::new();
-        let mut predicted = CachingAllocator::new();
-        let mut addresses = HashMap::new();
-        for event in &events[..=warmed] {
-            for (allocator, tag) in [(&mut recorded, 'r'), (&mut predicted, 'p')] {
-                match *event {
-                    Event::Alloc(id, bytes) => {
-                        addresses.insert((tag, id.to_string()), allocator.malloc(bytes));
-                    }
-                    Event::Free(id) => {
-                        allocator.free(addresses.remove(&(tag, id.to_string())).unwrap())
-                    }
-                    Event::Segment => {}
-                    Event::EmptyCache => allocator.empty_cache(),
-                }
-            }
+        let (mut recorded, mut predicted) = (Replay::default(), Replay::default());
+        for &event in &events[..=warmed] {
+            recorded.event(event);
+            predicted.event(event);
         }
-        for event in &events[warmed + 1..starts[0]] {
-            match *event {
-                Event::Alloc(id, bytes) => {
-                    addresses.insert(('r', id.to_string()), recorded.malloc(bytes));
-                }
-                Event::Free(id) => recorded.free(addresses.remove(&('r', id.to_string())).unwrap()),
-                Event::Segment => {}
-                Event::EmptyCache => recorded.empty_cache(),
-            }
-        }
-        for event in &loaded {
-            match *event {
-                LoadEvent::Block(Allocation::Malloc { id, bytes }) => {
-                    addresses.insert(('p', id.to_string()), predicted.malloc(bytes));
-                }
-                LoadEvent::Block(Allocation::Free { id, .. }) => {
-                    predicted.free(addresses.remove(&('p', id.to_string())).unwrap())
-                }
-                LoadEvent::EmptyCache => predicted.empty_cache(),
-            }
-        }
+        events[warmed + 1..starts[0]]
+            .iter()
+            .for_each(|&e| recorded.event(e));
+        loaded.iter().for_each(|&e| predicted.load(e));
+        let (recorded, predicted) = (recorded.allocator, predicted.allocator);
         let loaded_reserved = predicted.reserved();
         let loaded_allocated = predicted.allocated();
         let workspace = cublas_workspace_bytes() / 2;

@@ -16,8 +16,7 @@ use napkin_core::predict::units::accelerate_units;
 /// checkpointing `prepare_model_for_kbit_training` enabled never runs, while the adapters peft
 /// added are new modules in train mode, so their dropout does; the embedding output is hooked
 /// to need a gradient. The releases are those of spring 2024.
-#[test]
-fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
+fn seed_000_setup() -> PyTorchSetup {
     let lora = LoraConfig {
         r: 16,
         alpha: 32.0,
@@ -28,6 +27,12 @@ fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
     let mut setup = PyTorchSetup::qlora_prepared(1, 1200, Quant4bit::Fp4, lora, true);
     setup.mode = ModuleMode::AsLoaded;
     setup.stack = Stack::SPRING_2024;
+    setup
+}
+
+#[test]
+fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
+    let setup = seed_000_setup();
     let step = predict(&LlamaConfig::tiny_llama_1_1b(), &setup);
     let gb = step.peak_allocated() as f64 / 1e9;
     println!(
@@ -50,16 +55,7 @@ fn seed_000_tinyllama_qlora_peak_is_predicted_within_five_percent() {
 /// what the rest is could only be read from the seed's own allocator history.
 #[test]
 fn seed_000_whole_process_allocated_is_predicted_within_five_percent() {
-    let lora = LoraConfig {
-        r: 16,
-        alpha: 32.0,
-        dropout: 0.05,
-        targets: PyTorchSetup::peft_default_targets(),
-        use_rslora: false,
-    };
-    let mut setup = PyTorchSetup::qlora_prepared(1, 1200, Quant4bit::Fp4, lora, true);
-    setup.mode = ModuleMode::AsLoaded;
-    setup.stack = Stack::SPRING_2024;
+    let setup = seed_000_setup();
     let process = device_process::replay(
         &LlamaConfig::tiny_llama_1_1b(),
         &setup,
