@@ -157,6 +157,22 @@ impl Replay {
         }
     }
 
+    /// Whether splitting a projection of `width`-value rows into heads (`[B, T, n·Dh]` →
+    /// `[B, T, n, Dh]`) copies it, which only a padded (so non-contiguous) projection can make
+    /// it do. burn's reshape analysis (burn-std 0.22 `reshape_analysis`) calls the split a view
+    /// for `B > 1`, but with `B = 1` it skips the new shape's leading 1 and not the old one's,
+    /// finds the dimensions "highly permuted" and copies into a contiguous `[1, T, n, Dh]`.
+    /// False on contiguous layouts, where it is always a view; the bytes match either way.
+    fn heads_split_copies(&self, b: u64, width: u64) -> bool {
+        self.rows.pads(width, 4) && b == 1
+    }
+
+    /// Whether the heads (`[B, n, T, Dh]`) are a view of a padded projection buffer of
+    /// `width`-value rows: the split is a view (`B > 1`) of rows that a pitched layout pads.
+    fn heads_in_padded_rows(&self, b: u64, width: u64) -> bool {
+        self.rows.pads(width, 4) && b > 1
+    }
+
     fn param(trainable: bool) -> Value {
         Value {
             id: None,
@@ -407,9 +423,14 @@ pub fn kept_activations(
                 // rope(x) = x·cos + cat(−x₂, x₁)·sin. Fused: one op on the projection that
                 // keeps nothing (its backward is the inverse rotation, from the shared
                 // tables). burn's ops: the products keep the tables (once per forward).
-                // The rotation runs on the heads: [B, n, T, Dh].
+                // The rotation runs on the heads: [B, n, T, Dh], in place (burn's element-wise
+                // ops write into an operand nothing else holds): in the projection's own
+                // buffer when the split into heads is a view of it (`heads_split_copies`).
                 let rope = |r: &mut Replay, name: &str, x: Value, heads: u64| {
-                    let size = Size::rows(b * heads * t, dh);
+                    let size = match r.heads_in_padded_rows(b, heads * dh) {
+                        true => Size::rows(n, heads * dh),
+                        false => Size::rows(b * heads * t, dh),
+                    };
                     r.scoped(name, |r| {
                         if r.kernels == Kernels::FusedCpu {
                             return r.stateless("output", &[x, cos, sin], size);
@@ -423,8 +444,15 @@ pub fn kept_activations(
                 };
                 let q = rope(r, "q_rope", q, h);
                 let k = rope(r, "k_rope", k, hkv);
-                // Split into heads: reshape + transpose.
-                let (q, k, v) = (r.view(q, 2), r.view(k, 2), r.view(v, 2));
+                // Split into heads: reshape + transpose (for V a copy where the reshape is one).
+                let (q, k) = (r.view(q, 2), r.view(k, 2));
+                let v = match r.heads_split_copies(b, hkv * dh) {
+                    true => {
+                        let heads = r.stateless("v_heads", &[v], Size::rows(b * hkv * t, dh));
+                        r.view(heads, 1)
+                    }
+                    false => r.view(v, 2),
+                };
                 if attention == AttentionKind::Efficient {
                     // On burn's ops the causal tile masks are made in the first block's forward
                     // and held by the batch's context for every layer and pass.
@@ -446,7 +474,14 @@ pub fn kept_activations(
                     let merged = r.stateless("heads_merged", &[out], Size::rows(n, h * dh));
                     return linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim());
                 }
-                let (q, k) = (r.view(q, 1), r.view(k, 1)); // groups folded; Kᵀ
+                // Groups folded into the rows: a copy of the transposed heads, the same bytes
+                // as the rotation's output unless that lies in a padded projection buffer; a
+                // group of one is no reshape at all. Kᵀ: a view.
+                let q = match h > hkv && r.heads_in_padded_rows(b, h * dh) {
+                    true => r.stateless("q_grouped", &[q], Size::rows(b * h * t, dh)),
+                    false => r.view(q, 1),
+                };
+                let k = r.view(k, 1);
                 let scores = Size::rows(b * h * t, t); // [B, H, T, T]
                 let raw = r.binary("scores", q, k, scores);
                 let scaled = r.stateless("scores_scaled", &[raw], scores);
