@@ -15,6 +15,7 @@ use crate::device::link::{self, LinkBytes};
 use crate::device::row_layout_on;
 use crate::error::{Error, Result};
 use crate::kernels::fused::kernels_on;
+use crate::memory::inner_marks::InnerMarks;
 use crate::memory::meter::{Meter, MeterMethod};
 use crate::model::autocast::{autocast, half_dtype};
 use crate::model::{Llama, causal_lm_loss};
@@ -277,8 +278,10 @@ fn training_steps(
         let t0 = rec.now_us();
         let clock = Instant::now();
         let start = meter.start_peak();
-        // A device pool is read between operations only: mark it where the step holds most.
+        // A device pool is read between operations only: mark it where the step holds most,
+        // after each forward that keeps a graph and, inside the backward, at each NF4 product.
         let pooled = meter.method() == MeterMethod::DevicePool;
+        let inner = pooled.then(|| InnerMarks::arm(device)).flatten();
         let grads = forward_backward_marked(
             &model,
             micro,
@@ -290,6 +293,9 @@ fn training_steps(
             },
         )?
         .read();
+        if let Some(inner) = inner {
+            meter.include_mark(inner.largest());
+        }
         if !grads.loss.is_finite() {
             return Err(Error::Input(format!(
                 "step {step}: the loss is {}",

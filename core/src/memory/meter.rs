@@ -110,6 +110,12 @@ impl Meter {
         live
     }
 
+    /// Counts a reading of this meter's pool taken elsewhere (`inner_marks`, inside the
+    /// backward) toward the peak over the marks.
+    pub fn include_mark(&mut self, live: u64) {
+        self.peak_over_marks = self.peak_over_marks.max(live);
+    }
+
     /// Starts a peak window; returns the bytes in use at its start.
     pub fn start_peak(&mut self) -> u64 {
         match self.source {

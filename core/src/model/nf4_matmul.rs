@@ -31,6 +31,7 @@ use burn_dispatch::{DispatchDevice, DispatchKindConversion, DispatchTensor};
 use super::autocast::compute_dtype;
 use super::matmul_wt::matmul_wt;
 use super::nf4_weight::Nf4Weight;
+use crate::memory::inner_marks;
 
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
 #[cfg(feature = "openblas")]
@@ -155,10 +156,17 @@ where
 {
     let dtype = half.unwrap_or(FloatDType::F32);
     let w = weight_primitive::<B>(weight, &a, dtype); // transient
-    match half {
+    // A measurement reads the pool with both operands and the result alive, as they are
+    // while the product runs (the product consumes its operands).
+    let operands = inner_marks::armed().then(|| (a.clone(), w.clone()));
+    let out = match half {
         Some(half) => B::float_cast(product(B::float_cast(a, half), w), FloatDType::F32),
         None => product(a, w),
+    };
+    if operands.is_some() {
+        inner_marks::mark();
     }
+    out
 }
 
 /// The dequantized `[out, in]` weight in `dtype` as backend `B`'s primitive, on the device of

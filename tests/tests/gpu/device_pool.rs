@@ -1,5 +1,6 @@
 //! `napkin measure` on a GPU memory pool, which is read between operations only: the step
-//! peak is taken at marks inside the step (after each forward that keeps a graph), the saved
+//! peak is taken at marks inside the step (after each forward that keeps a graph, and inside the
+//! backward at each NF4 product, `memory/inner_marks.rs`), the saved
 //! activations are predicted as burn's ops keep them (the fused CPU kernels do not run here),
 //! and the roofline's GEMM rate is timed to the end of the product.
 
@@ -23,10 +24,12 @@ const SMALL_PROBE: MachineProbe = MachineProbe {
 /// - the activations one forward keeps are the predicted ones within 0.1 % (replayed as burn's
 ///   ops, the graph in host memory: measured 5,280,544 B for full fine-tuning against
 ///   5,280,496 predicted; the fused CPU kernels' rules predicted 0.80–0.87 of what is kept);
-/// - the step peak read at the marks is 0.75–1.1 of the predicted one. The marks see what a
-///   forward holds, not the backward's transients (the predicted peak is inside a block's
-///   backward), so this is a lower bound: 0.83 with checkpointing, 0.91–0.95 without. With
-///   marks only after the backward it read the gradients alone (QLoRA 0.07, full 0.65).
+/// - the step peak read at the marks is a lower bound of the true one (the predicted peak is
+///   inside a block's backward). With QLoRA the NF4 products' backward marks itself with its
+///   operands and result alive, and the reading is 0.95–1.1 of the prediction (0.990, and 0.982
+///   with checkpointing; 0.951 and 0.823 with the forward's marks alone). Full fine-tuning's
+///   backward is burn's own products, which cannot be marked: 0.85–1.1 (0.915). With marks only
+///   after the backward it read the gradients alone (QLoRA 0.07, full 0.65).
 #[test]
 fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -84,8 +87,9 @@ fn the_step_peak_and_the_activations_on_a_device_pool() {
             saved.predicted,
             saved.ratio
         );
+        let lowest = if s.nf4.is_some() { 0.95 } else { 0.85 };
         assert!(
-            (0.75..=1.1).contains(&peak.ratio),
+            (lowest..=1.1).contains(&peak.ratio),
             "{what}: step peak measured {} B vs predicted {} B (ratio {:.3})",
             peak.measured,
             peak.predicted,
