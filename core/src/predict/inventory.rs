@@ -187,6 +187,11 @@ impl Scenario {
 /// Bytes of one f32 value.
 const F32: u64 = 4;
 
+/// The entry of the optimizer state's map (host memory; in a CPU inventory only).
+pub const OPTIMIZER_MAP: &str = "optimizer.map";
+/// The entry of the gradients' map (host memory; in a CPU inventory only).
+pub const GRADIENTS_MAP: &str = "gradients.map";
+
 /// The inventory of a scenario.
 pub fn inventory(s: &Scenario) -> Vec<Entry> {
     let c = &s.config;
@@ -335,14 +340,14 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
     if s.kernels.graph_beside_tensors() {
         let gradient_tensors = out.iter().filter(|e| e.kind == Kind::Gradients).count() as u64;
         out.push(Entry {
-            name: "optimizer.map".into(),
+            name: OPTIMIZER_MAP.into(),
             layer: None,
             kind: Kind::OptimizerState,
             bytes: workspace::optimizer_map_bytes(s.optimizer, gradient_tensors),
             phases: Phases::ALWAYS,
         });
         out.push(Entry {
-            name: "gradients.map".into(),
+            name: GRADIENTS_MAP.into(),
             layer: None,
             kind: Kind::Gradients,
             bytes: workspace::gradient_map_bytes(gradient_tensors),
