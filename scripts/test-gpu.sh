@@ -5,8 +5,9 @@
 # device pool), `napkin measure --device wgpu` with offload and with QLoRA, and the GPU
 # benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
-# Builds the wgpu feature (dev profile): about an hour cold on 2 cores, so it is not part of
-# scripts/test.sh (CI's 90 minutes); warm, the tests and commands below take about 4 minutes.
+# Builds the wgpu feature (dev profile) twice over, the test binary and the CLI having different
+# feature sets: 20.5 + 13.5 minutes cold on 2 cores (measured 2026-11-29), so it is not part of
+# scripts/test.sh (CI's 90 minutes, ~45 used); warm, the tests and commands below take ~100 s.
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
