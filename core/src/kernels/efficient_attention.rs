@@ -37,6 +37,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use super::fused;
 use crate::config::MASKED;
 use crate::device::link::{self, Traffic};
+use crate::memory::inner_marks;
 
 /// Query and key positions per tile.
 pub use crate::config::ATTENTION_TILE as TILE;
@@ -357,6 +358,8 @@ fn backward_by_blocks(
                 queries: &qr,
                 keys: kr,
             });
+            // A measurement reads the pool here: this block's `p` and `∂s` beside the sums.
+            inner_marks::mark();
             add(
                 &mut grad_v[index],
                 p.swap_dims(2, 3).matmul(grad_out_tile.clone()),

@@ -5,8 +5,9 @@
 //! cannot see inside burn's backward, where the step holds most (the gradients flowing back,
 //! what the forward kept, and each product's transients at once). napkin's own backward code
 //! runs there, though: the NF4 product's `∂x = ∂y · W` dequantizes its weight into a transient
-//! and multiplies. While an [`InnerMarks`] is armed, that code calls [`mark`] with its operands
-//! and result alive, as they are while the product runs, and the pool is read then.
+//! and multiplies, and the efficient attention's tiled backward walks its score blocks. While an
+//! [`InnerMarks`] is armed, that code calls [`mark`] (the product with its operands and result
+//! alive, as they are while it runs; the attention after each block) and the pool is read then.
 //!
 //! Unarmed (training, and every CPU backend) [`mark`] is one relaxed atomic load; armed it waits
 //! for the device, which is a measurement's business only.
