@@ -279,9 +279,15 @@ fn training_steps(
         let clock = Instant::now();
         let start = meter.start_peak();
         // A device pool is read between operations only: mark it where the step holds most,
-        // after each forward that keeps a graph and, inside the backward, at each NF4 product.
+        // after each forward that keeps a graph and, in the first step, inside the backward
+        // (each NF4 product, each attention score block). Every mark waits for the device, so
+        // the steps whose times make the median (all but the first) take the few outer ones
+        // only; the first step's forward and backward hold what the others do (the optimizer
+        // state it adds afterwards is part of the later steps' starting bytes).
         let pooled = meter.method() == MeterMethod::DevicePool;
-        let inner = pooled.then(|| InnerMarks::arm(device)).flatten();
+        let inner = (pooled && step == 0)
+            .then(|| InnerMarks::arm(device))
+            .flatten();
         let grads = forward_backward_marked(
             &model,
             micro,
