@@ -425,7 +425,7 @@ pub fn kept_activations(
                 // tables). burn's ops: the products keep the tables (once per forward).
                 // The rotation runs on the heads: [B, n, T, Dh], in place (burn's element-wise
                 // ops write into an operand nothing else holds): in the projection's own
-                // buffer when the split into heads is a view of it (`heads_split_copies`).
+                // buffer when the split into heads is a view of it (`heads_in_padded_rows`).
                 let rope = |r: &mut Replay, name: &str, x: Value, heads: u64| {
                     let size = match r.heads_in_padded_rows(b, heads * dh) {
                         true => Size::rows(n, heads * dh),
