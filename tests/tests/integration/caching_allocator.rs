@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 
 use napkin_core::config::LlamaConfig;
 use napkin_core::predict::pytorch::TorchDevice;
-use napkin_core::predict::pytorch::caching_allocator::CachingAllocator;
-use napkin_core::predict::pytorch::device_process::{self, Workspaces};
+use napkin_core::predict::pytorch::device_process::{self, AllocationReplay, Workspaces};
 use napkin_core::predict::pytorch::llama;
 use napkin_core::predict::pytorch::loading::{LoadEvent, load_events};
 use napkin_core::predict::pytorch::tape::Allocation;
@@ -109,16 +108,16 @@ fn replay(events: &[Event<'_>], step: usize, freed_at_step: &[&str]) -> Replayed
                     .trace_blocks
                     .remove(*id)
                     .expect("allocated before the step");
-                r.allocator.free(address);
+                r.device.allocator.free(address);
             }
-            r.allocator.reset_peak_stats();
+            r.device.allocator.reset_peak_stats();
         }
         r.event(event);
     }
     Replayed {
-        reserved: r.allocator.reserved(),
-        step_max_allocated: r.allocator.max_allocated(),
-        segment_mallocs: r.allocator.segment_mallocs(),
+        reserved: r.device.allocator.reserved(),
+        step_max_allocated: r.device.allocator.max_allocated(),
+        segment_mallocs: r.device.allocator.segment_mallocs(),
         measured_segment_mallocs: r.recorded_segments,
     }
 }
@@ -126,11 +125,10 @@ fn replay(events: &[Event<'_>], step: usize, freed_at_step: &[&str]) -> Replayed
 /// The allocator replay fed a trace's events, the profile's allocations or a predicted load.
 #[derive(Default)]
 struct Replay {
-    allocator: CachingAllocator,
+    /// The allocator, with the blocks handed out by the prediction's ids.
+    device: AllocationReplay,
     /// Blocks by the trace's ids.
     trace_blocks: HashMap<String, u64>,
-    /// Blocks by the prediction's ids.
-    blocks: HashMap<usize, u64>,
     /// The `cudaMalloc`s the trace recorded.
     recorded_segments: usize,
 }
@@ -140,33 +138,25 @@ impl Replay {
         match event {
             Event::Alloc(id, bytes) => {
                 self.trace_blocks
-                    .insert(id.to_string(), self.allocator.malloc(bytes));
+                    .insert(id.to_string(), self.device.allocator.malloc(bytes));
             }
             Event::Free(id) => {
                 let address = self.trace_blocks.remove(id).expect("freed once");
-                self.allocator.free(address);
+                self.device.allocator.free(address);
             }
             Event::Segment => self.recorded_segments += 1,
-            Event::EmptyCache => self.allocator.empty_cache(),
+            Event::EmptyCache => self.device.allocator.empty_cache(),
         }
     }
 
     fn allocation(&mut self, allocation: Allocation) {
-        match allocation {
-            Allocation::Malloc { id, bytes } => {
-                self.blocks.insert(id, self.allocator.malloc(bytes));
-            }
-            Allocation::Free { id, .. } => {
-                let address = self.blocks.remove(&id).expect("freed once");
-                self.allocator.free(address);
-            }
-        }
+        self.device.apply(allocation);
     }
 
     fn load(&mut self, event: LoadEvent) {
         match event {
             LoadEvent::Block(allocation) => self.allocation(allocation),
-            LoadEvent::EmptyCache => self.allocator.empty_cache(),
+            LoadEvent::EmptyCache => self.device.allocator.empty_cache(),
         }
     }
 }
@@ -333,9 +323,12 @@ fn replay_with_step(
 ) -> (u64, u64) {
     let mut r = Replay::default();
     events[..step].iter().for_each(|&e| r.event(e));
-    r.allocator.reset_peak_stats();
+    r.device.allocator.reset_peak_stats();
     step_events.into_iter().for_each(|a| r.allocation(a));
-    (r.allocator.reserved(), r.allocator.max_allocated())
+    (
+        r.device.allocator.reserved(),
+        r.device.allocator.max_allocated(),
+    )
 }
 
 /// The recorded events from `step` on, as allocations (ids made unique by their line).
@@ -429,7 +422,7 @@ fn the_predicted_load_and_step_leave_what_pytorch_reserved() {
             .iter()
             .for_each(|&e| recorded.event(e));
         loaded.iter().for_each(|&e| predicted.load(e));
-        let (recorded, predicted) = (recorded.allocator, predicted.allocator);
+        let (recorded, predicted) = (recorded.device.allocator, predicted.device.allocator);
         let loaded_reserved = predicted.reserved();
         let loaded_allocated = predicted.allocated();
         let workspace = cublas_workspace_bytes() / 2;

@@ -51,7 +51,7 @@ pub fn replay(
     cublas_workspace: u64,
     when: Workspaces,
 ) -> DeviceProcess {
-    let mut device = Device::default();
+    let mut device = AllocationReplay::default();
     let workspaces = [LOAD_IDS - 1, LOAD_IDS - 2].map(|id| Allocation::Malloc {
         id,
         bytes: cublas_workspace,
@@ -83,15 +83,18 @@ pub fn replay(
     }
 }
 
-/// The allocator and the blocks handed out, by id.
+/// The allocator and the blocks handed out, by the prediction's ids: a stream of
+/// [`Allocation`]s replayed through it.
 #[derive(Default)]
-struct Device {
-    allocator: CachingAllocator,
+pub struct AllocationReplay {
+    /// The allocator the blocks come from.
+    pub allocator: CachingAllocator,
     blocks: HashMap<usize, u64>,
 }
 
-impl Device {
-    fn apply(&mut self, event: Allocation) {
+impl AllocationReplay {
+    /// Hands out or takes back one block.
+    pub fn apply(&mut self, event: Allocation) {
         match event {
             Allocation::Malloc { id, bytes } => {
                 self.blocks.insert(id, self.allocator.malloc(bytes));
