@@ -5,9 +5,9 @@
 # device pool), `napkin measure --device wgpu` with offload and with QLoRA, and the GPU
 # benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
-# Builds the wgpu feature (dev profile) twice over, the test binary and the CLI having different
-# feature sets: 20.5 + 13.5 minutes cold on 2 cores (measured 2026-11-29), so it is not part of
-# scripts/test.sh (CI's 90 minutes, ~45 used); warm, the tests and commands below take ~100 s.
+# The test binary and the CLI are built in one cargo invocation, so the wgpu feature set is
+# resolved once and burn/cubecl compile once (separately they resolved differently and compiled
+# twice: 20.5 + 13.5 minutes cold on 2 cores). scripts/test.sh runs this script.
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,15 +30,18 @@ if ! have_vulkan_driver; then
 fi
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 
-cargo test -p napkin-tests --features wgpu --test gpu --locked -- --nocapture
+# One feature resolution for both: `cargo run -p napkin` alone would resolve another and rebuild.
+gpu_build=(-p napkin -p napkin-tests --features napkin/wgpu,napkin-tests/wgpu --locked)
+cargo build "${gpu_build[@]}" --test gpu --bin napkin
+napkin="${CARGO_TARGET_DIR:-target}/debug/napkin"
+
+cargo test "${gpu_build[@]}" --test gpu -- --nocapture
 
 # The same split as a user sees it (the tiny-smol preset, full fine-tuning, 2 steps).
-cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
-    --offload optimizer --seq-len 64 --steps 2
+"$napkin" measure --preset tiny-smol --device wgpu --offload optimizer --seq-len 64 --steps 2
 
 # QLoRA on the device (NF4 codes resident there, dequantized by napkin's kernel per product).
-cargo run -q -p napkin --features wgpu --locked -- measure --preset tiny-smol --device wgpu \
-    --lora-r 8 --nf4 --double-quant --seq-len 64 --steps 2
+"$napkin" measure --preset tiny-smol --device wgpu --lora-r 8 --nf4 --double-quant --seq-len 64 --steps 2
 
 # The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
-cargo run -q -p napkin --features wgpu --locked -- bench gpu --device wgpu --smoke --runs 3
+"$napkin" bench gpu --device wgpu --smoke --runs 3

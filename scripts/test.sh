@@ -33,6 +33,9 @@ step "lints (clippy on every target, with the CUDA backend too; a warning fails)
 step "tests (workspace, dev profile: dependencies optimised)"
 cargo test --workspace --locked
 
+step "the GPU backend on Mesa's lavapipe (wgpu tests, measure, the GPU benchmark's smoke case)"
+bash scripts/test-gpu.sh
+
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
 RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
 
