@@ -6,7 +6,9 @@
 //! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
 //! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
 //!
-//! First, one weight's dequantization three ways (`gpu_dequant.rs`). Products compute in f32, or
+//! First, one weight's dequantization three ways (`gpu_dequant.rs`), the host's cost of a
+//! launch (`gpu_launch.rs`) and a step's forward and backward captured as a device graph
+//! (`gpu_capture.rs`). Products compute in f32, or
 //! with `--dtype bf16|f16` under autocast (NF4 dequantized straight to the 16-bit dtype on the
 //! device; bf16 where the device has it, else f16). The peak is read at marks between
 //! operations, a lower bound of the true one. `--only TEXT` keeps the cases whose name holds
@@ -130,6 +132,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
     let launch = super::gpu_launch::run(&device, args.runs.max(3))?;
+    // The step captured as a device graph: the smoke case, or SmolLM2's (the most launches for
+    // its work).
+    let captured = cases(args.smoke)
+        .into_iter()
+        .find(|c| args.smoke || c.name.starts_with("SmolLM2"))
+        .map(|c| {
+            let s = super::super::with_autocast(c.scenario.clone(), half);
+            guard_device_memory(&kind.to_string(), c.name, || {
+                super::gpu_capture::run(&device, c.name, &s, args.runs.max(2))
+            })
+            .with_context(|| format!("{}: the captured step", c.name))
+        })
+        .transpose()?;
     let mut figures = Vec::new();
     for case in cases(args.smoke) {
         if let Some(only) = &args.only
@@ -209,9 +224,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "compute": compute,
             "host_micros_per_op": launch.plain_micros,
             "host_micros_per_autodiff_op": launch.autodiff_micros,
+            "host_micros_per_replayed_op": launch.replayed_micros,
+            "captured_step": captured,
             "cases": figures,
         }))?;
-        std::fs::write(path, text).with_context(|| format!("--json {}", path.display()))?;
+        napkin_core::io::atomic::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("--json {}", path.display()))?;
     }
     Ok(())
 }

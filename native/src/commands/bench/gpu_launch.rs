@@ -3,11 +3,14 @@
 //! autodiff plus its backward. burn's cubecl backends launch one kernel per op, so a training
 //! step of ~11,000 ops (SmolLM2 LoRA, counted on lavapipe) costs at least 11,000 times this,
 //! whatever the GPU: the figure to set beside a step that takes as long at T = 512 as at 2048.
+//! The chain is also captured once as a device graph (`burn::tensor::capture`: a CUDA graph on
+//! CUDA, recorded pipelines and bindings on wgpu) and replayed: what a captured training step
+//! would cost an op.
 
 use std::time::Instant;
 
 use anyhow::Result;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, capture};
 
 use super::spread;
 
@@ -19,6 +22,9 @@ const STEPS: usize = 500;
 pub struct LaunchCost {
     pub plain_micros: f64,
     pub autodiff_micros: f64,
+    /// Per op of the captured chain's replay; None when the backend recorded no graph (the
+    /// replay then re-runs the ops, which the plain figure already says).
+    pub replayed_micros: Option<f64>,
 }
 
 fn chain(x: Tensor<1>) -> Tensor<1> {
@@ -50,6 +56,25 @@ pub fn run(device: &Device, runs: usize) -> Result<LaunchCost> {
     // The first round compiles each kernel once; it is not counted.
     let plain: Vec<f64> = (0..=runs).map(plain).skip(1).collect();
     let autodiff: Vec<f64> = (0..=runs).map(autodiff).skip(1).collect();
+    // The input lives in the closure and the output in the graph, so every buffer the recorded
+    // ops touch outlives the replays below, and nothing else runs on this device meanwhile:
+    // the contract of `Graph::replay`.
+    let input = Tensor::<1>::ones([64], device);
+    let mut graph = capture(device, move || chain(input.clone()));
+    let recorded = graph.is_hardware();
+    let replayed: Vec<f64> = (0..=runs)
+        .map(|_| {
+            time_to_sync(device, || {
+                // SAFETY: see above; the sync in `time_to_sync` ends each replay's work.
+                unsafe {
+                    graph.replay();
+                }
+            })
+        })
+        .skip(1)
+        .collect();
+    let expected = chain(Tensor::<1>::ones([64], device)).into_data();
+    let replay_matches = graph.output().to_data() == expected;
     let (plain_s, plain_lo, plain_hi) = spread(&plain).unwrap_or_default();
     let (auto_s, auto_lo, auto_hi) = spread(&autodiff).unwrap_or_default();
     let micros = |s: f64| 1e6 * s / ops;
@@ -69,8 +94,24 @@ pub fn run(device: &Device, runs: usize) -> Result<LaunchCost> {
         micros(auto_lo),
         micros(auto_hi)
     );
+    let (replay_s, replay_lo, replay_hi) = spread(&replayed).unwrap_or_default();
+    if recorded {
+        println!(
+            "  the chain captured as a device graph and replayed: {:.2} µs an op ({:.2}–{:.2}; \
+             {:.1}× less than run op by op; output equal to the eager chain's: {replay_matches})",
+            micros(replay_s),
+            micros(replay_lo),
+            micros(replay_hi),
+            plain_s / replay_s
+        );
+    } else {
+        println!(
+            "  the chain captured as a device graph: this backend recorded none (replays re-run the ops)"
+        );
+    }
     Ok(LaunchCost {
         plain_micros: micros(plain_s),
         autodiff_micros: micros(auto_s),
+        replayed_micros: recorded.then(|| micros(replay_s)),
     })
 }

@@ -12,6 +12,8 @@ mod generate;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu_capture;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu_dequant;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu_launch;
