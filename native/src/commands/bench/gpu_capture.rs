@@ -23,6 +23,10 @@ use serde::Serialize;
 
 use super::spread;
 
+/// The largest relative difference between the replayed and op-by-op gradients' global norms
+/// that counts as the same step.
+const SAME_GRADIENTS: f64 = 1e-6;
+
 /// Step times launched op by op and replayed, and whether the replay is the same step.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaptureFigures {
@@ -30,8 +34,10 @@ pub struct CaptureFigures {
     pub eager_median_seconds: f64,
     /// None when the backend recorded no graph (a replay would re-run the ops).
     pub replayed_median_seconds: Option<f64>,
-    /// The replayed gradients' global norm equals the op-by-op step's.
+    /// The replayed gradients' global norm equals the op-by-op step's within [`SAME_GRADIENTS`].
     pub same_gradients: bool,
+    /// The relative difference between the two global norms.
+    pub gradient_norm_difference: f64,
 }
 
 fn time_to_sync(device: &Device, work: impl FnOnce()) -> f64 {
@@ -102,7 +108,11 @@ pub fn run(device: &Device, name: &str, s: &Scenario, runs: usize) -> Result<Cap
             })
         })
         .collect();
-    let same_gradients = graph.output().global_norm() == expected;
+    // The kernels autotuned during the first steps may sum in another order than the ones
+    // recorded: equal to rounding, not to the bit (1.6e-10 relative on lavapipe).
+    let difference =
+        (graph.output().global_norm() - expected).abs() / expected.abs().max(f64::MIN_POSITIVE);
+    let same_gradients = difference <= SAME_GRADIENTS;
     let (eager_s, eager_lo, eager_hi) = spread(&eager).unwrap_or_default();
     let (replay_s, replay_lo, replay_hi) = spread(&replayed).unwrap_or_default();
     println!("\n{name}: forward and backward (no checkpointing, no optimizer), median of {runs}:");
@@ -114,12 +124,14 @@ pub fn run(device: &Device, name: &str, s: &Scenario, runs: usize) -> Result<Cap
     );
     if recorded {
         println!(
-            "  captured once as a device graph and replayed: {:.1} ms ({:.1}–{:.1}; {:.2}× \
-             faster; gradients' norm equal to the op-by-op step's: {same_gradients})",
+            "  captured once as a device graph and replayed: {:.1} ms ({:.1}–{:.1}; {:.2}× the \
+             op-by-op time; the gradients' global norm {} the op-by-op step's, {difference:.1e} \
+             apart)",
             1e3 * replay_s,
             1e3 * replay_lo,
             1e3 * replay_hi,
-            eager_s / replay_s
+            replay_s / eager_s,
+            if same_gradients { "is" } else { "is NOT" }
         );
     } else {
         println!("  captured as a device graph: this backend recorded none");
@@ -129,5 +141,6 @@ pub fn run(device: &Device, name: &str, s: &Scenario, runs: usize) -> Result<Cap
         eager_median_seconds: eager_s,
         replayed_median_seconds: recorded.then_some(replay_s),
         same_gradients,
+        gradient_norm_difference: difference,
     })
 }

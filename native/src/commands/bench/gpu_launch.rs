@@ -98,11 +98,11 @@ pub fn run(device: &Device, runs: usize) -> Result<LaunchCost> {
     if recorded {
         println!(
             "  the chain captured as a device graph and replayed: {:.2} µs an op ({:.2}–{:.2}; \
-             {:.1}× less than run op by op; output equal to the eager chain's: {replay_matches})",
+             {:.2}× the op-by-op time; output equal to the eager chain's: {replay_matches})",
             micros(replay_s),
             micros(replay_lo),
             micros(replay_hi),
-            plain_s / replay_s
+            replay_s / plain_s
         );
     } else {
         println!(
