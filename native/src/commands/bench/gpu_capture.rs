@@ -17,6 +17,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData, capture};
 use napkin_core::error::{Error, Result};
 use napkin_core::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::IGNORE_INDEX;
+use napkin_core::model::autocast::{autocast, half_dtype};
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::grads::ParamGrads;
 use serde::Serialize;
@@ -51,6 +52,8 @@ fn time_to_sync(device: &Device, work: impl FnOnce()) -> f64 {
 /// Times `runs` steps of `s` (LoRA or QLoRA; its checkpointing and accumulation are ignored)
 /// both ways on `device`, after one untimed step that compiles the kernels.
 pub fn run(device: &Device, name: &str, s: &Scenario, runs: usize) -> Result<CaptureFigures> {
+    // With `--dtype bf16|f16` the products run in 16 bits, as in `measure`'s steps.
+    let _precision = autocast(s.half_compute.then(|| half_dtype(device)));
     let train = device.clone().autodiff();
     train.seed(7);
     let model = random_model(s, &train)?;
