@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Device, Distribution, Tensor};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
-use napkin_core::measure::{MachineProbe, measure, random_model, this_machine};
+use napkin_core::measure::{MachineProbe, MeasurementReport, measure, random_model, this_machine};
 use napkin_core::model::autocast::linear_matmul;
 use napkin_core::predict::inventory::Scenario;
 
@@ -19,6 +19,17 @@ const SMALL_PROBE: MachineProbe = MachineProbe {
     gemm_n: 64,
     copy_bytes: 1 << 20,
 };
+
+/// `measure` of `s` on `device` for `steps` steps with the small probe, on a model seeded alike
+/// each time.
+fn measure_seeded(s: &Scenario, device: &Device, steps: usize) -> MeasurementReport {
+    let train = device.clone().autodiff();
+    measure(s, device, steps, SMALL_PROBE, None, || {
+        train.seed(7);
+        random_model(s, &train)
+    })
+    .expect("measured steps")
+}
 
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
 /// - the activations one forward keeps are the predicted ones within 0.1 % (replayed as burn's
@@ -34,7 +45,6 @@ const SMALL_PROBE: MachineProbe = MachineProbe {
 fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
-    let train = device.clone().autodiff();
     let qlora = Scenario {
         lora: Some(LoraConfig {
             r: 8,
@@ -57,13 +67,8 @@ fn the_step_peak_and_the_activations_on_a_device_pool() {
             },
         ),
     ];
-    let probe = SMALL_PROBE;
     for (what, s) in cases {
-        let r = measure(&s, &device, 2, probe, None, || {
-            train.seed(7);
-            random_model(&s, &train)
-        })
-        .expect("measured steps");
+        let r = measure_seeded(&s, &device, 2);
         let saved = r
             .kinds
             .iter()
@@ -149,18 +154,12 @@ fn efficient_attention_on_the_device_keeps_no_t_by_t_tensor() {
     use napkin_core::config::AttentionKind;
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
-    let train = device.clone().autodiff();
-    let probe = SMALL_PROBE;
     let blocks = |attention| {
         let s = Scenario {
             attention,
             ..Scenario::new(LlamaConfig::tiny_smol(), 1, 512)
         };
-        let r = measure(&s, &device, 1, probe, None, || {
-            train.seed(7);
-            random_model(&s, &train)
-        })
-        .expect("measured steps");
+        let r = measure_seeded(&s, &device, 1);
         let layers: Vec<_> = r
             .layers
             .iter()
@@ -212,7 +211,6 @@ fn the_efficient_attention_backward_workspace_on_a_device_pool() {
     use napkin_core::config::AttentionKind;
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
-    let train = device.clone().autodiff();
     // More, narrower heads: the score blocks (`B·H·tile²`) outgrow what a block keeps
     // (`B·T·D`), so the attention's backward is the step's peak past one tile too.
     let heads = |c: LlamaConfig, h: usize, hkv: usize| LlamaConfig {
@@ -255,11 +253,7 @@ fn the_efficient_attention_backward_workspace_on_a_device_pool() {
         ),
     ];
     for (what, s) in cases {
-        let r = measure(&s, &device, 1, SMALL_PROBE, None, || {
-            train.seed(7);
-            random_model(&s, &train)
-        })
-        .expect("measured steps");
+        let r = measure_seeded(&s, &device, 1);
         let peak = &r.step_peak;
         eprintln!(
             "{what}: step peak predicted {} B at {}, measured {} B ({:.4})",
@@ -291,8 +285,6 @@ fn the_efficient_attention_backward_workspace_on_a_device_pool() {
 fn mixed_precision_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device();
-    let train = device.clone().autodiff();
-    let probe = SMALL_PROBE;
     let qlora = Scenario {
         lora: Some(LoraConfig {
             r: 8,
@@ -312,11 +304,7 @@ fn mixed_precision_activations_on_a_device_pool() {
             ..s.clone()
         };
         let saved = |s: &Scenario| {
-            let r = measure(s, &device, 1, probe, None, || {
-                train.seed(7);
-                random_model(s, &train)
-            })
-            .expect("measured steps");
+            let r = measure_seeded(s, &device, 1);
             let saved = r
                 .kinds
                 .iter()

@@ -10,8 +10,6 @@
 //! yet the trainer's step: no checkpointing, no optimizer update, no read of the loss — what a
 //! captured trainer still needs is listed in docs/performance.md.
 
-use std::time::Instant;
-
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData, capture};
 use napkin_core::error::{Error, Result};
@@ -22,6 +20,7 @@ use napkin_core::predict::inventory::Scenario;
 use napkin_core::train::grads::ParamGrads;
 use serde::Serialize;
 
+use super::gpu_launch::time_to_sync;
 use super::spread;
 
 /// The largest relative difference between the replayed and op-by-op gradients' global norms
@@ -39,14 +38,6 @@ pub struct CaptureFigures {
     pub same_gradients: bool,
     /// The relative difference between the two global norms.
     pub gradient_norm_difference: f64,
-}
-
-fn time_to_sync(device: &Device, work: impl FnOnce()) -> f64 {
-    let _ = device.sync();
-    let start = Instant::now();
-    work();
-    let _ = device.sync();
-    start.elapsed().as_secs_f64()
 }
 
 /// Times `runs` steps of `s` (LoRA or QLoRA; its checkpointing and accumulation are ignored)

@@ -31,7 +31,8 @@ fn chain(x: Tensor<1>) -> Tensor<1> {
     (0..STEPS).fold(x, |x, _| x * 1.0001 + 0.5)
 }
 
-fn time_to_sync(device: &Device, work: impl FnOnce()) -> f64 {
+/// Seconds from a synced device through `work` to the device's next sync.
+pub(super) fn time_to_sync(device: &Device, work: impl FnOnce()) -> f64 {
     let _ = device.sync();
     let start = Instant::now();
     work();
