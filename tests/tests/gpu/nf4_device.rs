@@ -24,7 +24,7 @@ fn weights(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let u = ((i * 7919 + seed * 104_729) % 10_007) as f32 / 10_007.0 - 0.5;
-            if (i + seed) % 97 == 0 {
+            if (i + seed).is_multiple_of(97) {
                 u * 0.9
             } else {
                 u * 0.05
