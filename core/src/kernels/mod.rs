@@ -10,6 +10,8 @@
 //!   activations (integer SIMD dot products, as llama.cpp), for generation from a GGUF;
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
+//! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes (cubecl),
+//!   KV-cached generation's products, with no dequantized transient;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -25,6 +27,8 @@ pub mod efficient_attention;
 pub mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nf4_dequantize;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod nf4_row_product;
 pub mod quantized;
 pub mod resident_nf4;
 pub mod team;

@@ -150,36 +150,13 @@ impl ResidentNf4 {
     pub fn dequantize(&self, dtype: FloatDType) -> Tensor<2> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
-            use super::nf4_dequantize::{DeviceScales, dequantize};
             use burn::backend::Cube;
-            // Uploaded by `upload` to a cubecl device: these conversions cannot fail.
-            let int = |t: &Tensor<1, Int>| {
-                t.clone()
-                    .try_into_primitive::<Cube>()
-                    .expect("resident NF4 tensors live on a cubecl device")
-            };
-            let float = |t: &Tensor<1>| {
-                t.clone()
-                    .try_into_primitive::<Cube>()
-                    .expect("resident NF4 tensors live on a cubecl device")
-            };
-            let scales = match &self.scales {
-                ResidentScales::Plain(absmax) => DeviceScales::Plain(float(absmax)),
-                ResidentScales::Double {
-                    qwords,
-                    absmax2,
-                    offset,
-                } => DeviceScales::Double {
-                    qwords: int(qwords),
-                    absmax2: float(absmax2),
-                    offset: *offset,
-                },
-            };
+            let primitives = self.primitives();
             let [out, inp] = self.shape;
-            let weight = dequantize(
-                int(&self.words),
-                scales,
-                float(&self.tables),
+            let weight = super::nf4_dequantize::dequantize(
+                primitives.words,
+                primitives.scales,
+                primitives.tables,
                 out * inp,
                 self.block_size,
                 self.shape,
@@ -194,6 +171,86 @@ impl ResidentNf4 {
             unreachable!("no cubecl backend in this build")
         }
     }
+
+    /// `x · Wᵀ` read straight from the codes (`nf4_row_product.rs`): `[rows, in]` →
+    /// `[rows, out]` in f32, with no dequantized weight; `None` where that kernel does not
+    /// take this shape (the caller dequantizes instead). `x` must live on this weight's device
+    /// (untracked: the product has no backward).
+    pub fn rows_times_transposed(&self, x: &Tensor<2>) -> Option<Tensor<2>> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            use super::nf4_row_product::{rows_times_transposed, supports};
+            use burn::backend::Cube;
+            let [rows, inp] = x.dims();
+            if inp != self.shape[1] || !supports(self.shape, self.block_size, rows) {
+                return None;
+            }
+            let x = x
+                .clone()
+                .without_autodiff()
+                .cast(FloatDType::F32)
+                .try_into_primitive::<Cube>()
+                .ok()?;
+            let primitives = self.primitives();
+            let y = rows_times_transposed(
+                x,
+                primitives.words,
+                primitives.scales,
+                primitives.tables,
+                self.shape,
+                self.block_size,
+            );
+            Some(Tensor::from_primitive::<Cube>(y))
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = x;
+            unreachable!("no cubecl backend in this build")
+        }
+    }
+
+    /// The codes, scales and tables as cubecl primitives.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn primitives(&self) -> Primitives {
+        use super::nf4_dequantize::DeviceScales;
+        use burn::backend::Cube;
+        // Uploaded by `upload` to a cubecl device: these conversions cannot fail.
+        let int = |t: &Tensor<1, Int>| {
+            t.clone()
+                .try_into_primitive::<Cube>()
+                .expect("resident NF4 tensors live on a cubecl device")
+        };
+        let float = |t: &Tensor<1>| {
+            t.clone()
+                .try_into_primitive::<Cube>()
+                .expect("resident NF4 tensors live on a cubecl device")
+        };
+        let scales = match &self.scales {
+            ResidentScales::Plain(absmax) => DeviceScales::Plain(float(absmax)),
+            ResidentScales::Double {
+                qwords,
+                absmax2,
+                offset,
+            } => DeviceScales::Double {
+                qwords: int(qwords),
+                absmax2: float(absmax2),
+                offset: *offset,
+            },
+        };
+        Primitives {
+            words: int(&self.words),
+            scales,
+            tables: float(&self.tables),
+        }
+    }
+}
+
+/// A resident weight's tensors as the kernels take them.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+struct Primitives {
+    words: burn_cubecl::tensor::CubeTensor,
+    scales: super::nf4_dequantize::DeviceScales,
+    tables: burn_cubecl::tensor::CubeTensor,
 }
 
 #[cfg(test)]

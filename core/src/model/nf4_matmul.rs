@@ -99,16 +99,58 @@ where
 /// The naive way: dequantize, then an ordinary matmul. Under autodiff this keeps the float
 /// `[out, in]` weight alive until the backward (burn saves the right operand of a matmul whose
 /// left operand needs a gradient). Used for inference, where nothing is saved, for backends
-/// without the custom op, and by the memory tests to measure what the custom op saves.
+/// without the custom op, and by the memory tests to measure what the custom op saves. A few
+/// untracked rows on a GPU (generation) are multiplied straight from the codes instead, with
+/// no dequantized weight.
 pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
     let device = x.device();
-    match half_on(&device) {
-        Some(dtype) => {
-            let w = weight.dequantized(&device, dtype);
-            matmul_wt(x.cast(dtype), w).cast(FloatDType::F32)
-        }
-        None => matmul_wt(x, weight.dequantized(&device, FloatDType::F32)),
+    if let Some(y) = from_codes(&x, weight) {
+        // Read with the row and its product alive.
+        inner_marks::mark();
+        return y;
     }
+    let dtype = half_on(&device);
+    let w = weight.dequantized(&device, dtype.unwrap_or(FloatDType::F32)); // transient
+    // A measurement reads the pool with the weight and the result alive.
+    let kept = inner_marks::armed().then(|| w.clone());
+    let y = match dtype {
+        Some(dtype) => matmul_wt(x.cast(dtype), w).cast(FloatDType::F32),
+        None => matmul_wt(x, w),
+    };
+    if kept.is_some() {
+        inner_marks::mark();
+    }
+    y
+}
+
+/// The most rows an untracked product reads straight from the resident codes
+/// (`kernels/nf4_row_product.rs`: KV-cached generation's one new token). The kernel decodes
+/// the codes again for each row, so past a few rows dequantizing once and a matrix product win:
+/// on lavapipe (`napkin bench gpu --smoke`) the codes were 2.5× faster at 1 row, 1.7× at 4,
+/// 0.85× at 8.
+pub const ROWS_FROM_CODES: usize = 4;
+
+thread_local! {
+    /// Off inside [`dequantizing_every_product`].
+    static FROM_CODES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Runs `f` with every NF4 product dequantizing its weight first, as before the row kernel:
+/// the comparison the tests and the benchmark make.
+pub fn dequantizing_every_product<R>(f: impl FnOnce() -> R) -> R {
+    let was = FROM_CODES.with(|c| c.replace(false));
+    let out = f();
+    FROM_CODES.with(|c| c.set(was));
+    out
+}
+
+/// `x · Wᵀ` from the resident codes, for a few untracked rows on a GPU; `None` elsewhere.
+fn from_codes(x: &Tensor<2>, weight: &Nf4Weight) -> Option<Tensor<2>> {
+    if x.is_tracked() || x.dims()[0] > ROWS_FROM_CODES || !FROM_CODES.with(|c| c.get()) {
+        return None;
+    }
+    let y = weight.resident_on(&x.device())?.rows_times_transposed(x)?;
+    Some(if x.is_autodiff() { y.autodiff() } else { y })
 }
 
 /// The 16-bit dtype NF4 products compute in on `device`: the autocast dtype on a GPU, else

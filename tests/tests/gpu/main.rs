@@ -26,6 +26,7 @@ mod adamw_kernel;
 mod device_pool;
 mod nf4_backward;
 mod nf4_device;
+mod nf4_rows;
 mod offload;
 mod out_of_memory;
 mod queue_thread;

@@ -20,7 +20,7 @@ use super::{ONE_AT_A_TIME, wgpu_device};
 
 /// Deterministic weights with the spread of an initialised layer and a few outliers, so blocks
 /// have different absmax values (and the double-quantized scales differ).
-fn weights(n: usize, seed: usize) -> Vec<f32> {
+pub(super) fn weights(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let u = ((i * 7919 + seed * 104_729) % 10_007) as f32 / 10_007.0 - 0.5;
@@ -33,7 +33,12 @@ fn weights(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-fn quantize(shape: [usize; 2], block_size: usize, double_quant: bool, seed: usize) -> Nf4Tensor {
+pub(super) fn quantize(
+    shape: [usize; 2],
+    block_size: usize,
+    double_quant: bool,
+    seed: usize,
+) -> Nf4Tensor {
     let config = Nf4Config {
         block_size,
         double_quant,

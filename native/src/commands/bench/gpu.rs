@@ -6,8 +6,9 @@
 //! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
 //! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
 //!
-//! First, one weight's dequantization three ways (`gpu_dequant.rs`), the host's cost of a
-//! launch (`gpu_launch.rs`) and a step's forward and backward captured as a device graph
+//! First, one weight's dequantization three ways (`gpu_dequant.rs`), generation's few-row
+//! products from the codes against dequantizing (`gpu_rows.rs`), the host's cost of a launch
+//! (`gpu_launch.rs`) and a step's forward and backward captured as a device graph
 //! (`gpu_capture.rs`). Products compute in f32, or
 //! with `--dtype bf16|f16` under autocast (NF4 dequantized straight to the 16-bit dtype on the
 //! device; bf16 where the device has it, else f16). The peak is read at marks between
@@ -131,6 +132,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         [5632, 2048]
     };
     super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
+    let rows = super::gpu_rows::run(&device, args.runs.max(3), args.smoke)?;
     let launch = super::gpu_launch::run(&device, args.runs.max(3))?;
     // The step captured as a device graph: the smoke case, or SmolLM2's (the most launches for
     // its work).
@@ -226,6 +228,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "host_micros_per_autodiff_op": launch.autodiff_micros,
             "host_micros_per_replayed_op": launch.replayed_micros,
             "captured_step": captured,
+            "generation_products": rows,
             "cases": figures,
         }))?;
         napkin_core::io::atomic::write_atomic(path, text.as_bytes())

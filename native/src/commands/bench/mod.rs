@@ -17,6 +17,8 @@ mod gpu_capture;
 mod gpu_dequant;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu_launch;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu_rows;
 mod matmul;
 mod process_memory;
 mod products;
