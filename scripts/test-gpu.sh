@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-backend tests: the wgpu test binary (`tests/tests/gpu`: NF4 resident on the device
-# and dequantized there bit for bit, no weight upload per step, 16-bit QLoRA, optimizer
+# and dequantized there bit for bit, generation's few-row products read straight from the
+# codes, no weight upload per step, 16-bit QLoRA, optimizer
 # offload, QLoRA's NF4 backward, efficient attention, the step peak and the roofline probe on a
 # device pool), `napkin measure --device wgpu` with offload and with QLoRA, and the GPU
 # benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
@@ -37,6 +38,9 @@ cargo build "${gpu_build[@]}" --test gpu --bin napkin
 napkin="${CARGO_TARGET_DIR:-target}/debug/napkin"
 
 cargo test "${gpu_build[@]}" --test gpu -- --nocapture
+# The wgpu-only code (this test binary, the GPU bench) is outside the workspace's clippy run,
+# which builds with napkin/cuda.
+cargo clippy "${gpu_build[@]}" --test gpu --bin napkin -- -D warnings
 
 # The same split as a user sees it (the tiny-smol preset, full fine-tuning, 2 steps).
 "$napkin" measure --preset tiny-smol --device wgpu --offload optimizer --seq-len 64 --steps 2
