@@ -42,11 +42,13 @@ const MAX_CUBES_PER_DIMENSION: usize = 65_535;
 /// Codes per u32 word.
 const CODES_PER_WORD: usize = 8;
 
-/// Units that share one output feature's words (a power of two dividing [`UNITS_PER_CUBE`]).
-/// Measured on lavapipe (`napkin bench gpu --smoke`, SmolLM2's [1536 × 576], one row): 1 unit
-/// 0.71 ms a product, 4: 0.30, 8: 0.21, 16: 0.25, 64: 0.52 (dequantizing first: 0.53). Not
-/// yet measured on a GPU, where a warp (32) per feature is the usual choice.
+/// Units that share one output feature's words: the kernel's eight lanes (its reduction is
+/// written out for eight). Chosen on lavapipe (`napkin bench gpu --smoke`, SmolLM2's
+/// [1536 × 576], one row, with a reduction loop for any count): 1 unit 0.71 ms a product, 4:
+/// 0.30, 8: 0.21, 16: 0.25, 64: 0.52 (dequantizing first: 0.53). Not yet measured on a GPU,
+/// where a warp (32) per feature is the usual choice.
 const UNITS_PER_FEATURE: usize = 8;
+const _: () = assert!(UNITS_PER_CUBE.is_multiple_of(UNITS_PER_FEATURE));
 
 /// Whether an `[out, in]` weight with blocks of `block_size` times `rows` rows runs here.
 pub fn supports(shape: [usize; 2], block_size: usize, rows: usize) -> bool {
@@ -61,10 +63,10 @@ pub fn supports(shape: [usize; 2], block_size: usize, rows: usize) -> bool {
 
 /// `output[r, o] = Σ_i x[r, i] · codebook[code(o, i)] · scale(block(o, i))`.
 ///
-/// A cube is `[lanes, features]` units: unit (l, f) sums every `lanes`-th word of feature
-/// `cube · features + f`, then the lanes' sums are added in shared memory. With `double`,
-/// `scales` holds the second-level scales and `qwords` the 8-bit absmax codes; without,
-/// `scales` holds the absmax and `qwords` is not read.
+/// A cube is `[8, features]` units: unit (l, f) sums every eighth word of feature
+/// `cube · features + f` from the l-th, then the eight lanes' sums are added in shared
+/// memory. With `double`, `scales` holds the second-level scales and `qwords` the 8-bit absmax
+/// codes; without, `scales` holds the absmax and `qwords` is not read.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rows_times_codes(
@@ -79,7 +81,6 @@ fn rows_times_codes(
     block_size: usize,
     offset: f32,
     #[comptime] double: bool,
-    #[comptime] lanes: usize,
     #[comptime] features: usize,
     #[comptime] map_at: usize,
     #[comptime] second_block: usize,
@@ -113,28 +114,28 @@ fn rows_times_codes(
                 dot += x[at + 2 * k + 1] * tables[(byte & 0x0f) as usize];
             }
             sum += dot * scale;
-            w += lanes;
+            w += 8;
         }
     }
-    if lanes > 1 {
-        let mut partial = Shared::<[f32]>::new_slice(lanes * features);
-        let at = f * lanes;
-        partial[at + lane] = sum;
-        sync_cube();
-        // From the launch (a run-time value): the halving loop is not unrolled at compile time.
-        let mut half = CUBE_DIM_X as usize / 2;
-        while half > 0 {
-            if lane < half {
-                let pair = partial[at + lane] + partial[at + lane + half];
-                partial[at + lane] = pair;
-            }
-            sync_cube();
-            half /= 2;
-        }
-        sum = partial[at];
+    // The eight lanes' sums added pairwise, each step behind a barrier every unit reaches at
+    // the kernel's top level (WGSL, the browser's shading language, refuses a barrier in
+    // control flow it cannot prove uniform: a loop bound read at run time included).
+    let mut partial = Shared::<[f32]>::new_slice(8 * features);
+    let at = f * 8;
+    partial[at + lane] = sum;
+    sync_cube();
+    if lane < 4 {
+        let pair = partial[at + lane] + partial[at + lane + 4];
+        partial[at + lane] = pair;
     }
+    sync_cube();
+    if lane < 2 {
+        let pair = partial[at + lane] + partial[at + lane + 2];
+        partial[at + lane] = pair;
+    }
+    sync_cube();
     if lane == 0 && o < out {
-        output[r * out + o] = sum;
+        output[r * out + o] = partial[at] + partial[at + 1];
     }
 }
 
@@ -189,7 +190,6 @@ pub fn rows_times_transposed(
             block_size,
             offset,
             double,
-            lanes,
             features,
             DYNAMIC_MAP_AT,
             DOUBLE_QUANT_BLOCK,
