@@ -44,8 +44,8 @@ const CODES_PER_WORD: usize = 8;
 
 /// Units that share one output feature's words: the kernel's eight lanes (its reduction is
 /// written out for eight). Chosen on lavapipe (`napkin bench gpu --smoke`, SmolLM2's
-/// [1536 × 576], one row, with a reduction loop for any count): 1 unit 0.71 ms a product, 4:
-/// 0.30, 8: 0.21, 16: 0.25, 64: 0.52 (dequantizing first: 0.53). Not yet measured on a GPU,
+/// [1536 × 576], one row, with a reduction loop for any count): 1 unit 7.1 ms a product, 4:
+/// 3.0, 8: 2.1, 16: 2.5, 64: 5.2 (dequantizing first: 5.3). Not yet measured on a GPU,
 /// where a warp (32) per feature is the usual choice.
 const UNITS_PER_FEATURE: usize = 8;
 const _: () = assert!(UNITS_PER_CUBE.is_multiple_of(UNITS_PER_FEATURE));

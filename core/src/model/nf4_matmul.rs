@@ -138,10 +138,15 @@ thread_local! {
 /// Runs `f` with every NF4 product dequantizing its weight first, as before the row kernel:
 /// the comparison the tests and the benchmark make.
 pub fn dequantizing_every_product<R>(f: impl FnOnce() -> R) -> R {
-    let was = FROM_CODES.with(|c| c.replace(false));
-    let out = f();
-    FROM_CODES.with(|c| c.set(was));
-    out
+    /// Puts the setting back when dropped, `f` panicking or not.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FROM_CODES.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FROM_CODES.with(|c| c.replace(false)));
+    f()
 }
 
 /// `x · Wᵀ` from the resident codes, for a few untracked rows on a GPU; `None` elsewhere.

@@ -8,7 +8,6 @@
 //! each timed to a device sync; the figures are medians with the min–max over the rounds.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -23,6 +22,7 @@ use napkin_core::predict::inventory::Scenario;
 use napkin_core::tricks::nf4::Nf4Tensor;
 use serde::Serialize;
 
+use super::gpu_launch::time_to_sync;
 use super::spread;
 
 /// Products per timed call (one sync for all of them, as in a forward pass).
@@ -40,6 +40,15 @@ impl Timing {
     fn of(times: &[f64]) -> Self {
         let (median, min, max) = spread(times).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
         Timing { median, min, max }
+    }
+
+    /// Every figure times `factor`.
+    fn scaled(self, factor: f64) -> Self {
+        Timing {
+            median: factor * self.median,
+            min: factor * self.min,
+            max: factor * self.max,
+        }
     }
 }
 
@@ -87,10 +96,7 @@ fn alternate<const N: usize>(
     let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
     for _ in 0..rounds {
         for (way, t) in ways.iter().zip(times.iter_mut()) {
-            let start = Instant::now();
-            way();
-            let _ = device.sync();
-            t.push(start.elapsed().as_secs_f64());
+            t.push(time_to_sync(device, way));
         }
     }
     times
@@ -115,13 +121,13 @@ pub fn run(device: &Device, rounds: usize, smoke: bool) -> Result<RowFigures> {
         device,
     );
     println!(
-        "\nNF4 + DQ [{}×{}] times a few rows (generation), {PRODUCTS_PER_CALL} products per timed call, \
-         median (min–max) of {rounds} alternating rounds; rows up to {ROWS_FROM_CODES} read the codes",
+        "\nNF4 + DQ [{}×{}] times a few rows (generation), ms a product ({PRODUCTS_PER_CALL} per timed \
+         call), median (min–max) of {rounds} alternating rounds; rows up to {ROWS_FROM_CODES} read the codes",
         shape[0], shape[1]
     );
     println!(
         "  {:>4} {:>22} {:>22} {:>8}",
-        "rows", "from the codes ms", "dequantizing ms", "speedup"
+        "rows", "from the codes, ms", "dequantizing, ms", "speedup"
     );
     let mut products = Vec::new();
     for rows in [1, 2, 4, 8, 16] {
@@ -154,13 +160,9 @@ pub fn run(device: &Device, rounds: usize, smoke: bool) -> Result<RowFigures> {
             })
         };
         let [codes, dequant] = alternate(device, rounds, [&from_codes, &dequantizing]);
-        let (codes, dequant) = (Timing::of(&codes), Timing::of(&dequant));
-        let ms = |t: Timing| Timing {
-            median: 1e3 * t.median / PRODUCTS_PER_CALL as f64,
-            min: 1e3 * t.min / PRODUCTS_PER_CALL as f64,
-            max: 1e3 * t.max / PRODUCTS_PER_CALL as f64,
-        };
-        let (codes, dequant) = (ms(codes), ms(dequant));
+        let ms_a_product = 1e3 / PRODUCTS_PER_CALL as f64;
+        let codes = Timing::of(&codes).scaled(ms_a_product);
+        let dequant = Timing::of(&dequant).scaled(ms_a_product);
         let speedup = dequant.median / codes.median;
         let show = |t: Timing| format!("{:.3} ({:.3}–{:.3})", t.median, t.min, t.max);
         println!(
