@@ -3,8 +3,8 @@
 # and dequantized there bit for bit, generation's few-row products read straight from the
 # codes, no weight upload per step, 16-bit QLoRA, optimizer
 # offload, QLoRA's NF4 backward, efficient attention, the step peak and the roofline probe on a
-# device pool), `napkin measure --device wgpu` with offload and with QLoRA, and the GPU
-# benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
+# device pool), `napkin measure --device wgpu` with offload and with QLoRA, a QLoRA run of
+# `napkin train` and `napkin generate` on the device, and the GPU benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
 # The test binary and the CLI are built in one cargo invocation, so the wgpu feature set is
 # resolved once and burn/cubecl compile once (separately they resolved differently and compiled
@@ -48,6 +48,28 @@ cargo clippy "${gpu_build[@]}" --test gpu --bin napkin -- -D warnings
 
 # QLoRA on the device (NF4 codes resident there, dequantized by napkin's kernel per product).
 "$napkin" measure --preset tiny-smol --device wgpu --lora-r 8 --nf4 --double-quant --seq-len 64 --steps 2
+
+# QLoRA as a user runs it: `napkin train` on the device (3 steps on the tiny fixture), then the
+# adapter's sampled generation on the device and on the CPU. Sampling at temperature 1 from a
+# random model's nearly flat distribution turns any difference in the logits into different
+# text, so the two must print the same tokens (the device reads the NF4 codes in its
+# few-row products; the CPU its own quantized path).
+fixtures="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
+run=$(mktemp -d)
+trap 'rm -rf "$run"' EXIT
+tiny=(--model "$fixtures/tiny-smol" --tokenizer "$fixtures/tokenizer/tokenizer.json")
+"$napkin" train "${tiny[@]}" --chat-format chatml --data data/napkin-instruct.jsonl \
+    --out "$run/out" --device wgpu --lora-r 8 --nf4 --double-quant --lr 3e-3 --seq-len 64 \
+    --steps 3 --plain
+for device in wgpu cpu; do
+    "$napkin" generate "${tiny[@]}" --adapter "$run/out" --prompt "Compute 3 + 63." \
+        --max-new-tokens 24 --temperature 1 --seed 3 --device "$device" > "$run/$device.txt"
+done
+if ! cmp -s "$run/wgpu.txt" "$run/cpu.txt"; then
+    echo "error: the QLoRA adapter's sampled text differs between wgpu and cpu:" >&2
+    cat "$run/wgpu.txt" "$run/cpu.txt" >&2
+    exit 1
+fi
 
 # The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
 "$napkin" bench gpu --device wgpu --smoke --runs 3
