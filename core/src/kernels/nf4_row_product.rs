@@ -1,5 +1,8 @@
 //! A few rows times an NF4 weight's transpose, `y = x · Wᵀ`, read straight from the resident
 //! codes on a GPU (cubecl): the products of KV-cached generation, one new token at a time.
+//! With a LoRA adapter the same launch adds its path, `y += s · d · Bᵀ` for the adapter's
+//! `d = x · Aᵀ` (`[rows, r]`, computed before): three launches fewer per adapted linear (the
+//! scaling, the product by B and the sum).
 //!
 //! For one row the product is a matrix-vector product and bound by the bytes it reads. The
 //! general path (`nf4_dequantize.rs` then burn's matmul) writes the `[out, in]` weight in f32
@@ -19,6 +22,7 @@
 //!
 //! # Shapes
 //! - `x`: `[rows, in]` f32, contiguous; weight `[out, in]` → `[rows, out]` f32.
+//! - with an adapter: `d` `[rows, r]` and `B` `[out, r]`, f32.
 //!
 //! # What it needs
 //! `in` and the block size multiples of 8 (a word never straddles two rows or two blocks), and
@@ -61,12 +65,14 @@ pub fn supports(shape: [usize; 2], block_size: usize, rows: usize) -> bool {
         && (1..=MAX_CUBES_PER_DIMENSION).contains(&rows)
 }
 
-/// `output[r, o] = Σ_i x[r, i] · codebook[code(o, i)] · scale(block(o, i))`.
+/// `output[r, o] = Σ_i x[r, i] · codebook[code(o, i)] · scale(block(o, i))`
+/// (`+ s · Σ_j d[r, j] · B[o, j]` with `low_rank`).
 ///
 /// A cube is `[8, features]` units: unit (l, f) sums every eighth word of feature
-/// `cube · features + f` from the l-th, then the eight lanes' sums are added in shared
-/// memory. With `double`, `scales` holds the second-level scales and `qwords` the 8-bit absmax
-/// codes; without, `scales` holds the absmax and `qwords` is not read.
+/// `cube · features + f` from the l-th (and every eighth term of the adapter's sum), then the
+/// eight lanes' sums are added in shared memory. With `double`, `scales` holds the
+/// second-level scales and `qwords` the 8-bit absmax codes; without, `scales` holds the absmax
+/// and `qwords` is not read. Without `low_rank`, `down` and `lora_b` are not read.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rows_times_codes(
@@ -75,12 +81,17 @@ fn rows_times_codes(
     scales: &Tensor<f32>,
     qwords: &Tensor<u32>,
     tables: &Tensor<f32>,
+    down: &Tensor<f32>,
+    lora_b: &Tensor<f32>,
     output: &mut Tensor<f32>,
     inp: usize,
     out: usize,
     block_size: usize,
     offset: f32,
+    rank: usize,
+    scaling: f32,
     #[comptime] double: bool,
+    #[comptime] low_rank: bool,
     #[comptime] features: usize,
     #[comptime] map_at: usize,
     #[comptime] second_block: usize,
@@ -116,6 +127,15 @@ fn rows_times_codes(
             sum += dot * scale;
             w += 8;
         }
+        if low_rank {
+            let mut adapter = 0.0f32;
+            let mut j = lane;
+            while j < rank {
+                adapter += down[r * rank + j] * lora_b[o * rank + j];
+                j += 8;
+            }
+            sum += adapter * scaling;
+        }
     }
     // The eight lanes' sums added pairwise, each step behind a barrier every unit reaches at
     // the kernel's top level (WGSL, the browser's shading language, refuses a barrier in
@@ -139,8 +159,20 @@ fn rows_times_codes(
     }
 }
 
-/// `x · Wᵀ` for the `[out, in]` NF4 weight whose codes are `words` (see
-/// `nf4_dequantize.rs` for the layouts). `x` is `[rows, in]` f32; [`supports`] must hold.
+/// A LoRA adapter's path as the row product adds it: `scaling · down · Bᵀ`.
+#[derive(Debug)]
+pub struct LowRankPath {
+    /// `x · Aᵀ`, `[rows, r]` f32.
+    pub down: CubeTensor,
+    /// B, `[out, r]` f32.
+    pub lora_b: CubeTensor,
+    /// s (α/r or α/√r).
+    pub scaling: f32,
+}
+
+/// `x · Wᵀ` (`+ s · down · Bᵀ` with `low_rank`) for the `[out, in]` NF4 weight whose codes are
+/// `words` (see `nf4_dequantize.rs` for the layouts). `x` is `[rows, in]` f32; [`supports`]
+/// must hold, and an adapter's shapes must match (`[rows, r]`, `[out, r]`).
 pub fn rows_times_transposed(
     x: CubeTensor,
     words: CubeTensor,
@@ -148,11 +180,29 @@ pub fn rows_times_transposed(
     tables: CubeTensor,
     shape: [usize; 2],
     block_size: usize,
+    low_rank: Option<LowRankPath>,
 ) -> CubeTensor {
     let [out, inp] = shape;
     let rows = x.meta.shape()[0];
     debug_assert!(supports(shape, block_size, rows));
     let x = into_contiguous(x);
+    let (down, lora_b, rank, scaling) = match low_rank {
+        Some(path) => {
+            let rank = path.down.meta.shape()[1];
+            debug_assert!(path.down.meta.shape()[0] == rows);
+            debug_assert!(path.lora_b.meta.shape()[0] == out);
+            debug_assert!(path.lora_b.meta.shape()[1] == rank);
+            (
+                into_contiguous(path.down),
+                into_contiguous(path.lora_b),
+                rank,
+                path.scaling,
+            )
+        }
+        // Not read (the kernel's `low_rank` is off): any f32 tensor will do.
+        None => (x.clone(), x.clone(), 0, 0.0),
+    };
+    let with_low_rank = rank > 0;
     let lanes = UNITS_PER_FEATURE;
     let features = UNITS_PER_CUBE / lanes;
     let client = x.client.clone();
@@ -170,10 +220,12 @@ pub fn rows_times_transposed(
             offset,
         } => (absmax2, qwords, offset, true),
     };
-    // Safety: the units of feature o < out in row r read `x[r, ..in]` (x is `[rows, in]`, contiguous), the words of
-    // feature o (`o · in/8 ..` `(o + 1) · in/8`, within `ceil(out · in / 8)`), the scales of
-    // their blocks (below `ceil(out · in / block_size)`, or a quarter of that in codes and one
-    // 256th in second-level scales), table entries below 16 + 256; it writes `output[r, o]`.
+    // Safety: the units of feature o < out in row r read `x[r, ..in]` (x is `[rows, in]`,
+    // contiguous), the words of feature o (`o · in/8 ..` `(o + 1) · in/8`, within
+    // `ceil(out · in / 8)`), the scales of their blocks (below `ceil(out · in / block_size)`,
+    // or a quarter of that in codes and one 256th in second-level scales), table entries below
+    // 16 + 256, with an adapter `down[r, ..rank]` and `B[o, ..rank]` (both contiguous, shapes
+    // as asserted above); it writes `output[r, o]`.
     unsafe {
         rows_times_codes::launch_unchecked(
             &client,
@@ -184,12 +236,17 @@ pub fn rows_times_transposed(
             scales.into_tensor_arg(),
             qwords.into_tensor_arg(),
             tables.into_tensor_arg(),
+            down.into_tensor_arg(),
+            lora_b.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             inp,
             out,
             block_size,
             offset,
+            rank,
+            scaling,
             double,
+            with_low_rank,
             features,
             DYNAMIC_MAP_AT,
             DOUBLE_QUANT_BLOCK,

@@ -32,6 +32,18 @@ enum ResidentScales {
     },
 }
 
+/// A LoRA adapter's path that [`ResidentNf4::rows_times_transposed`] adds to its product:
+/// `scaling · down · Bᵀ`.
+#[derive(Debug, Clone)]
+pub struct LoraPath {
+    /// `x · Aᵀ`, `[rows, r]`.
+    pub down: Tensor<2>,
+    /// B, `[out, r]`.
+    pub lora_b: Tensor<2>,
+    /// s (α/r or α/√r).
+    pub scaling: f64,
+}
+
 /// Codes and scales of one `[out, in]` NF4 weight on a GPU device.
 #[derive(Debug, Clone)]
 #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
@@ -172,39 +184,74 @@ impl ResidentNf4 {
         }
     }
 
-    /// `x · Wᵀ` read straight from the codes (`nf4_row_product.rs`): `[rows, in]` →
-    /// `[rows, out]` in f32, with no dequantized weight; `None` where that kernel does not
-    /// take this shape (the caller dequantizes instead). `x` must live on this weight's device
-    /// (untracked: the product has no backward).
-    pub fn rows_times_transposed(&self, x: &Tensor<2>) -> Option<Tensor<2>> {
+    /// Whether [`Self::rows_times_transposed`] takes `rows` rows of `inp` values.
+    pub fn reads_rows(&self, rows: usize, inp: usize) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         {
-            use super::nf4_row_product::{rows_times_transposed, supports};
+            inp == self.shape[1]
+                && super::nf4_row_product::supports(self.shape, self.block_size, rows)
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (rows, inp);
+            false
+        }
+    }
+
+    /// `x · Wᵀ` read straight from the codes (`nf4_row_product.rs`): `[rows, in]` →
+    /// `[rows, out]` in f32, with no dequantized weight, plus a LoRA adapter's path when given
+    /// (in the same launch); `None` where that kernel does not take this shape
+    /// ([`Self::reads_rows`]; the caller dequantizes instead). `x` must live on this weight's
+    /// device (untracked: the product has no backward).
+    pub fn rows_times_transposed(
+        &self,
+        x: &Tensor<2>,
+        adapter: Option<LoraPath>,
+    ) -> Option<Tensor<2>> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            use super::nf4_row_product::{LowRankPath, rows_times_transposed};
             use burn::backend::Cube;
             let [rows, inp] = x.dims();
-            if inp != self.shape[1] || !supports(self.shape, self.block_size, rows) {
+            if !self.reads_rows(rows, inp) {
                 return None;
             }
-            let x = x
-                .clone()
-                .without_autodiff()
-                .cast(FloatDType::F32)
-                .try_into_primitive::<Cube>()
-                .ok()?;
+            let primitive = |t: &Tensor<2>| {
+                t.clone()
+                    .without_autodiff()
+                    .cast(FloatDType::F32)
+                    .try_into_primitive::<Cube>()
+                    .ok()
+            };
+            let low_rank = match adapter {
+                Some(path) => {
+                    let [down_rows, rank] = path.down.dims();
+                    if down_rows != rows || path.lora_b.dims() != [self.shape[0], rank] {
+                        return None;
+                    }
+                    Some(LowRankPath {
+                        down: primitive(&path.down)?,
+                        lora_b: primitive(&path.lora_b)?,
+                        scaling: path.scaling as f32,
+                    })
+                }
+                None => None,
+            };
             let primitives = self.primitives();
             let y = rows_times_transposed(
-                x,
+                primitive(x)?,
                 primitives.words,
                 primitives.scales,
                 primitives.tables,
                 self.shape,
                 self.block_size,
+                low_rank,
             );
             Some(Tensor::from_primitive::<Cube>(y))
         }
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         {
-            let _ = x;
+            let _ = (x, adapter);
             unreachable!("no cubecl backend in this build")
         }
     }

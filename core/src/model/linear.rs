@@ -12,7 +12,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 
 use super::autocast::linear_matmul;
 use super::lora::LoraAdapter;
-use super::nf4_matmul::nf4_matmul;
+use super::nf4_matmul::{nf4_lora_from_codes, nf4_matmul};
 pub use super::nf4_weight::Nf4Weight;
 use crate::tricks::nf4::Nf4Tensor;
 
@@ -98,6 +98,12 @@ impl Linear {
         let [d_out, _] = self.dims();
         // One 2-D GEMM over all tokens is faster than a batched one on every backend.
         let x = x.reshape([b * t, d_in]); // [B·T, in]
+        // Generation's few rows on a GPU: base and adapter in one launch from the codes.
+        if let (BaseWeight::Nf4(w), Some(lora)) = (&self.base, &self.lora)
+            && let Some(y) = nf4_lora_from_codes(&x, w, lora)
+        {
+            return y.reshape([b, t, d_out]);
+        }
         let mut y = match &self.base {
             BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
             BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),

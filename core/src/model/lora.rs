@@ -60,8 +60,15 @@ impl LoraAdapter {
     /// # Shapes
     /// - `x`: `[N, in]` → `[N, out]` (through `[N, r]`)
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let down = linear_matmul(self.dropout.forward(x), self.lora_a.val()); // [N, r]
-        linear_matmul(down * self.scaling, self.lora_b.val()) // [N, out]
+        linear_matmul(self.down(x) * self.scaling, self.lora_b.val()) // [N, out]
+    }
+
+    /// The first half of the path, `dropout(x) Aᵀ`.
+    ///
+    /// # Shapes
+    /// - `x`: `[N, in]` → `[N, r]`
+    pub fn down(&self, x: Tensor<2>) -> Tensor<2> {
+        linear_matmul(self.dropout.forward(x), self.lora_a.val())
     }
 
     /// s · B A: the dense `[out, in]` update that merging adds to the base weight.

@@ -29,8 +29,10 @@ use burn_backend::{Backend, TensorMetadata};
 use burn_dispatch::{DispatchDevice, DispatchKindConversion, DispatchTensor};
 
 use super::autocast::compute_dtype;
+use super::lora::LoraAdapter;
 use super::matmul_wt::matmul_wt;
 use super::nf4_weight::Nf4Weight;
+use crate::kernels::resident_nf4::LoraPath;
 use crate::memory::inner_marks;
 
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
@@ -151,11 +153,50 @@ pub fn dequantizing_every_product<R>(f: impl FnOnce() -> R) -> R {
 
 /// `x · Wᵀ` from the resident codes, for a few untracked rows on a GPU; `None` elsewhere.
 fn from_codes(x: &Tensor<2>, weight: &Nf4Weight) -> Option<Tensor<2>> {
-    if x.is_tracked() || x.dims()[0] > ROWS_FROM_CODES || !FROM_CODES.with(|c| c.get()) {
+    if !few_untracked_rows(x) {
         return None;
     }
-    let y = weight.resident_on(&x.device())?.rows_times_transposed(x)?;
+    let y = weight
+        .resident_on(&x.device())?
+        .rows_times_transposed(x, None)?;
     Some(if x.is_autodiff() { y.autodiff() } else { y })
+}
+
+/// `x · Wᵀ + s · (x · Aᵀ) · Bᵀ` for a few untracked rows on a GPU and an untracked adapter:
+/// the adapter's path added in the row product's own launch (`kernels/nf4_row_product.rs`;
+/// the scaling, the product by B and the sum are three launches fewer). `None` where the row
+/// product does not apply: the caller runs the base product and the adapter apart.
+///
+/// # Shapes
+/// - `x`: `[N, in]`, `weight`: NF4 `[out, in]`, A `[r, in]`, B `[out, r]` → `[N, out]`
+pub fn nf4_lora_from_codes(
+    x: &Tensor<2>,
+    weight: &Nf4Weight,
+    adapter: &LoraAdapter,
+) -> Option<Tensor<2>> {
+    let lora_b = adapter.lora_b.val();
+    if !few_untracked_rows(x) || lora_b.is_tracked() {
+        return None;
+    }
+    let resident = weight.resident_on(&x.device())?;
+    let [rows, inp] = x.dims();
+    if !resident.reads_rows(rows, inp) {
+        return None;
+    }
+    let path = LoraPath {
+        down: adapter.down(x.clone()), // [N, r]
+        lora_b,
+        scaling: adapter.scaling,
+    };
+    let y = resident.rows_times_transposed(x, Some(path))?;
+    // Read with the row, the adapter's `[N, r]` and the product alive.
+    inner_marks::mark();
+    Some(if x.is_autodiff() { y.autodiff() } else { y })
+}
+
+/// Whether `x` is a few rows that need no gradient, with the row product switched on.
+fn few_untracked_rows(x: &Tensor<2>) -> bool {
+    !x.is_tracked() && x.dims()[0] <= ROWS_FROM_CODES && FROM_CODES.with(|c| c.get())
 }
 
 /// The 16-bit dtype NF4 products compute in on `device`: the autocast dtype on a GPU, else

@@ -147,7 +147,7 @@ pub fn run(device: &Device, rounds: usize, smoke: bool) -> Result<RowFigures> {
             for _ in 0..PRODUCTS_PER_CALL {
                 drop(
                     resident
-                        .rows_times_transposed(&x)
+                        .rows_times_transposed(&x, None)
                         .expect("shapes the kernel takes"),
                 );
             }
