@@ -11,7 +11,10 @@
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes (cubecl),
-//!   KV-cached generation's products, with no dequantized transient;
+//!   KV-cached generation's products, with no dequantized transient (and a LoRA adapter's
+//!   path in the same launch);
+//! - `rms_norm_rows.rs`: generation's RMSNorm of a few rows in one launch (cubecl), instead of
+//!   seven;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -31,6 +34,7 @@ mod nf4_dequantize;
 mod nf4_row_product;
 pub mod quantized;
 pub mod resident_nf4;
+pub mod rms_norm_rows;
 pub mod team;
 pub mod values;
 

@@ -30,3 +30,4 @@ mod nf4_rows;
 mod offload;
 mod out_of_memory;
 mod queue_thread;
+mod rms_norm_rows;
