@@ -13,8 +13,8 @@
 //! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes (cubecl),
 //!   KV-cached generation's products, with no dequantized transient (and a LoRA adapter's
 //!   path in the same launch);
-//! - `rms_norm_rows.rs`: generation's RMSNorm of a few rows in one launch (cubecl), instead of
-//!   seven;
+//! - `rms_norm_rows.rs`, `rope_rows.rs`: generation's RMSNorm and rotary embedding of a few
+//!   rows in one launch each (cubecl), instead of seven and six;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -35,6 +35,7 @@ mod nf4_row_product;
 pub mod quantized;
 pub mod resident_nf4;
 pub mod rms_norm_rows;
+pub mod rope_rows;
 pub mod team;
 pub mod values;
 

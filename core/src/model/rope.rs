@@ -111,13 +111,18 @@ impl RopeTables {
     }
 
     /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
-    /// ([`crate::kernels::fused::rope`]), [`RopeTables::apply`] elsewhere.
+    /// ([`crate::kernels::fused::rope`]) and for generation's few rows on a GPU
+    /// ([`crate::kernels::rope_rows`]), [`RopeTables::apply`] elsewhere.
     ///
     /// # Shapes
     /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
     pub fn rotate_heads(&self, y: Tensor<3>, heads: usize) -> Tensor<4> {
         let [b, t, _] = y.dims();
         let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, self.host.head_dim]).swap_dims(1, 2);
+        // Generation's new token on a GPU: one launch instead of six.
+        if let Some(rotated) = crate::kernels::rope_rows::few_rows(&y, &self.cos, &self.sin) {
+            return heads_of(rotated);
+        }
         match rope(y, &self.host) {
             Ok(rotated) => heads_of(rotated),
             Err(y) => self.apply(heads_of(y)),

@@ -31,3 +31,4 @@ mod offload;
 mod out_of_memory;
 mod queue_thread;
 mod rms_norm_rows;
+mod rope_rows;
