@@ -13,8 +13,9 @@
 //! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes (cubecl),
 //!   KV-cached generation's products, with no dequantized transient (and a LoRA adapter's
 //!   path in the same launch);
-//! - `rms_norm_rows.rs`, `rope_rows.rs`: generation's RMSNorm and rotary embedding of a few
-//!   rows in one launch each (cubecl), instead of seven and six;
+//! - `rms_norm_rows.rs`, `rope_rows.rs`, `swiglu_rows.rs`: generation's RMSNorm, rotary
+//!   embedding and SwiGLU of a few rows in one launch each (cubecl), instead of seven, six and
+//!   eight;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -36,6 +37,7 @@ pub mod quantized;
 pub mod resident_nf4;
 pub mod rms_norm_rows;
 pub mod rope_rows;
+pub mod swiglu_rows;
 pub mod team;
 pub mod values;
 

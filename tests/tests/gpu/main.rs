@@ -32,3 +32,4 @@ mod out_of_memory;
 mod queue_thread;
 mod rms_norm_rows;
 mod rope_rows;
+mod swiglu_rows;
