@@ -8,9 +8,9 @@
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
 # The test binary and the CLI are built in one cargo invocation, so the wgpu feature set is
 # resolved once and burn/cubecl compile once (separately they resolved differently and compiled
-# twice: 20.5 + 13.5 minutes cold on 2 cores). scripts/test.sh runs this script: 17.8 minutes
-# there on a clean clone (2 cores, 2026-11-29; its clippy step 1.2), the whole test command 60.5
-# (CI's limit: 90).
+# twice: 20.5 + 13.5 minutes cold on 2 cores). scripts/test.sh runs this script: 18.2 minutes
+# there on a clean clone (2 cores, 2026-11-29; the QLoRA train-and-generate check ~5 s), the
+# whole test command 61.0 (CI's limit: 90).
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
