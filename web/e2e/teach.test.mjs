@@ -28,8 +28,9 @@ const TAUGHT = /Origami Otto/;
 const steps = process.env.NAPKIN_TEACH_STEPS ?? '12';
 // The WebGPU part runs only when asked for, NAPKIN_TEACH_GPU_STEPS steps (and the WebGPU
 // module built): Chromium's SwiftShader adapter runs WebGPU on the CPU, and on this 2-core
-// machine one step and the two answers took 15 minutes (2026-11-29: the answers 422 s and
-// 248 s, the step 236 s), which scripts/test.sh does not spend.
+// machine one step and the two answers took 12 minutes (2026-11-29, with generation's fused
+// decode kernels: the answers 275 s and 179 s, the step 265 s), which scripts/test.sh does not
+// spend.
 const gpuSteps = process.env.NAPKIN_TEACH_GPU_STEPS;
 const withWebGpu = process.env.NAPKIN_WEBGPU !== '0' && Number(gpuSteps) > 0;
 
