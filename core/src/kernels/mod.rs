@@ -41,6 +41,43 @@ pub mod swiglu_rows;
 pub mod team;
 pub mod values;
 
+/// The most rows (`B·T`) the `*_rows.rs` kernels take: KV-cached generation's new tokens.
+pub const ROWS_IN_ONE_LAUNCH: usize = 4;
+
+/// Whether `rows` rows on `device` are generation's few rows on a GPU, the inputs the
+/// `*_rows.rs` kernels take (the forwards the memory predictor replays have more and keep
+/// burn's ops).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn few_rows_on_gpu(rows: usize, device: &burn::tensor::Device) -> bool {
+    (1..=ROWS_IN_ONE_LAUNCH).contains(&rows) && crate::device::is_gpu(device)
+}
+
+/// An operand of the `*_rows.rs` kernels: `t` as burn's cubecl primitive, when it needs no
+/// gradient and holds f32; `None` otherwise.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn untracked_f32<const D: usize>(
+    t: &burn::tensor::Tensor<D>,
+) -> Option<burn_cubecl::tensor::CubeTensor> {
+    if t.is_tracked() || t.dtype() != burn::tensor::DType::F32 {
+        return None;
+    }
+    t.clone()
+        .without_autodiff()
+        .try_into_primitive::<burn::backend::Cube>()
+        .ok()
+}
+
+/// A `*_rows.rs` kernel's result as a tensor on the device kind of its input `like` (the
+/// autodiff device when `like` lives there; untracked either way).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn result_like<const D: usize, const E: usize>(
+    y: burn_cubecl::tensor::CubeTensor,
+    like: &burn::tensor::Tensor<E>,
+) -> burn::tensor::Tensor<D> {
+    let y = burn::tensor::Tensor::<D>::from_primitive::<burn::backend::Cube>(y);
+    if like.is_autodiff() { y.autodiff() } else { y }
+}
+
 /// The launch geometry of one thread per item for `items` items on `client`'s device.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn one_thread_each(

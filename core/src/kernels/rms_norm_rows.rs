@@ -15,35 +15,22 @@
 
 use burn::tensor::Tensor;
 
-/// The most rows (`B·T`) normalized by the kernel: KV-cached generation's new tokens.
-pub const ROWS_IN_ONE_LAUNCH: usize = 4;
+pub use super::ROWS_IN_ONE_LAUNCH;
 
 /// `rms_norm(x, gain, eps)` in one launch when `x` is a few untracked f32 rows on a GPU; `None`
 /// otherwise (the caller runs burn's ops).
 pub fn few_rows(x: &Tensor<3>, gain: &Tensor<1>, eps: f64) -> Option<Tensor<3>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        use burn::backend::Cube;
-        use burn::tensor::DType;
+        use super::{few_rows_on_gpu, result_like, untracked_f32};
         let [b, t, dim] = x.dims();
-        let rows = b * t;
-        let takes = !x.is_tracked()
-            && !gain.is_tracked()
-            && (1..=ROWS_IN_ONE_LAUNCH).contains(&rows)
-            && gain.dims()[0] == dim
-            && x.dtype() == DType::F32
-            && gain.dtype() == DType::F32
-            && crate::device::is_gpu(&x.device());
-        if !takes {
+        if !few_rows_on_gpu(b * t, &x.device()) || gain.dims() != [dim] {
             return None;
         }
-        let primitive = |t: Tensor<3>| t.without_autodiff().try_into_primitive::<Cube>().ok();
-        let x_rows = primitive(x.clone())?;
-        let gain_row = primitive(gain.clone().unsqueeze::<3>())?;
-        let y = Tensor::<3>::from_primitive::<Cube>(device::rms_norm_rows(
-            x_rows, gain_row, rows, dim, eps as f32,
-        ));
-        Some(if x.is_autodiff() { y.autodiff() } else { y })
+        let x_rows = untracked_f32(x)?;
+        let gain_row = untracked_f32(&gain.clone().unsqueeze::<3>())?;
+        let y = device::rms_norm_rows(x_rows, gain_row, b * t, dim, eps as f32);
+        Some(result_like(y, x))
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

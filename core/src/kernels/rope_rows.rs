@@ -15,52 +15,33 @@
 
 use burn::tensor::Tensor;
 
-pub use super::rms_norm_rows::ROWS_IN_ONE_LAUNCH;
+pub use super::ROWS_IN_ONE_LAUNCH;
 
 /// Every head of `y` rotated in one launch when `y` is a few untracked f32 rows on a GPU;
 /// `None` otherwise (the caller runs burn's ops).
 pub fn few_rows(y: &Tensor<3>, cos: &Tensor<4>, sin: &Tensor<4>) -> Option<Tensor<3>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        use burn::backend::Cube;
-        use burn::tensor::DType;
+        use super::{few_rows_on_gpu, result_like, untracked_f32};
         let [b, t, width] = y.dims();
         let [tb, one, tt, head_dim] = cos.dims();
-        let takes = !y.is_tracked()
-            && (1..=ROWS_IN_ONE_LAUNCH).contains(&(b * t))
+        let takes = few_rows_on_gpu(b * t, &y.device())
             && [tb, one, tt] == [b, 1, t]
             && sin.dims() == cos.dims()
             && head_dim % 2 == 0
             && head_dim > 0
-            && width % head_dim == 0
-            && [y.dtype(), cos.dtype(), sin.dtype()] == [DType::F32; 3]
-            && crate::device::is_gpu(&y.device());
+            && width % head_dim == 0;
         if !takes {
             return None;
         }
-        let y_rows = y
-            .clone()
-            .without_autodiff()
-            .try_into_primitive::<Cube>()
-            .ok()?;
-        let table = |t: &Tensor<4>| {
-            t.clone()
-                .without_autodiff()
-                .try_into_primitive::<Cube>()
-                .ok()
-        };
-        let rotated = Tensor::<3>::from_primitive::<Cube>(device::rope_rows(
-            y_rows,
-            table(cos)?,
-            table(sin)?,
+        let rotated = device::rope_rows(
+            untracked_f32(y)?,
+            untracked_f32(cos)?,
+            untracked_f32(sin)?,
             width,
             head_dim,
-        ));
-        Some(if y.is_autodiff() {
-            rotated.autodiff()
-        } else {
-            rotated
-        })
+        );
+        Some(result_like(rotated, y))
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

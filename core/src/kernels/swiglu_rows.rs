@@ -13,36 +13,20 @@
 
 use burn::tensor::Tensor;
 
-pub use super::rms_norm_rows::ROWS_IN_ONE_LAUNCH;
+pub use super::ROWS_IN_ONE_LAUNCH;
 
 /// `silu(gate) ⊙ up` in one launch when both are a few untracked f32 rows on a GPU; `None`
 /// otherwise (the caller runs burn's ops).
 pub fn few_rows(gate: &Tensor<3>, up: &Tensor<3>) -> Option<Tensor<3>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        use burn::backend::Cube;
-        use burn::tensor::DType;
+        use super::{few_rows_on_gpu, result_like, untracked_f32};
         let [b, t, _] = gate.dims();
-        let takes = !gate.is_tracked()
-            && !up.is_tracked()
-            && (1..=ROWS_IN_ONE_LAUNCH).contains(&(b * t))
-            && gate.dims() == up.dims()
-            && [gate.dtype(), up.dtype()] == [DType::F32; 2]
-            && crate::device::is_gpu(&gate.device());
-        if !takes {
+        if !few_rows_on_gpu(b * t, &gate.device()) || gate.dims() != up.dims() {
             return None;
         }
-        let primitive = |t: &Tensor<3>| {
-            t.clone()
-                .without_autodiff()
-                .try_into_primitive::<Cube>()
-                .ok()
-        };
-        let y = Tensor::<3>::from_primitive::<Cube>(device::swiglu_rows(
-            primitive(gate)?,
-            primitive(up)?,
-        ));
-        Some(if gate.is_autodiff() { y.autodiff() } else { y })
+        let y = device::swiglu_rows(untracked_f32(gate)?, untracked_f32(up)?);
+        Some(result_like(y, gate))
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

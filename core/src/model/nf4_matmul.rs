@@ -174,8 +174,11 @@ pub fn nf4_lora_from_codes(
     weight: &Nf4Weight,
     adapter: &LoraAdapter,
 ) -> Option<Tensor<2>> {
+    if !few_untracked_rows(x) {
+        return None;
+    }
     let lora_b = adapter.lora_b.val();
-    if !few_untracked_rows(x) || lora_b.is_tracked() {
+    if lora_b.is_tracked() {
         return None;
     }
     let resident = weight.resident_on(&x.device())?;
