@@ -16,6 +16,8 @@
 //! - `rms_norm_rows.rs`, `rope_rows.rs`, `swiglu_rows.rs`: generation's RMSNorm, rotary
 //!   embedding and SwiGLU of a few rows in one launch each (cubecl), instead of seven, six and
 //!   eight;
+//! - `attention_rows.rs`: generation's attention of a few new queries over the KV cache in one
+//!   launch (cubecl), instead of nine;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -24,6 +26,7 @@
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod adamw;
+pub mod attention_rows;
 pub mod cached_attention;
 #[cfg(feature = "openblas")]
 pub mod cpu_gemm;

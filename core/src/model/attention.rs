@@ -124,6 +124,10 @@ impl Attention {
             Some(cache) => cache.append(k, v), // [B, Hkv, S, Dh]
             None => (k, v),
         };
+        // Generation's new token on a GPU: one launch instead of nine.
+        if let Some(out) = crate::kernels::attention_rows::few_rows(&q, &k, &v, mask) {
+            return self.o_proj.forward(out); // [B, T, H·Dh] → [B, T, D]
+        }
         let s = k.dims()[2];
 
         // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.

@@ -11,7 +11,7 @@ use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
 use napkin_core::io::peft::load_lora_quantized;
 use napkin_core::io::quantized::is_quantized_checkpoint;
 use napkin_core::io::{load_model_with, resolve_model_path};
-use napkin_core::kernels::quantized::ActivationBits;
+use napkin_core::kernels::quantized::{ActivationBits, BlockFormat};
 use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::model::quantized_llama::QuantizedLlama;
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};
@@ -83,6 +83,7 @@ pub(super) fn block_engine(
             }
         )
     });
+    let base_as_trained = as_trained.is_some();
     let (model, how) = if is_gguf {
         let model = load_gguf_quantized_with(&GgufFile::open(&resolved)?, nf4_base.as_ref())?;
         let how = match as_trained {
@@ -104,6 +105,24 @@ pub(super) fn block_engine(
         .iter()
         .map(|(format, n)| format!("{format:?} ×{n}"))
         .collect();
+    // The CPU's NF4 product reads rows and blocks in multiples of 64: a base linear of another
+    // shape (the tiny fixtures') holds its dequantized NF4 values in f32, the values as trained
+    // but not their 4-bit storage.
+    let nf4_held = model
+        .format_counts()
+        .iter()
+        .find(|(format, _)| *format == BlockFormat::Nf4)
+        .map_or(0, |(_, n)| *n);
+    let block_linears = 7 * model.config.num_hidden_layers;
+    let how = if base_as_trained && nf4_held < block_linears {
+        format!(
+            "{how}; {} of the {block_linears} NF4 block linears held as their dequantized \
+             values in f32: the CPU's NF4 product needs widths in multiples of 64",
+            block_linears - nf4_held
+        )
+    } else {
+        how
+    };
     eprintln!(
         "weights kept quantized: {} ({:.1} MB; {how})",
         kept.join(", "),

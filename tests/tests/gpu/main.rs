@@ -23,6 +23,7 @@ fn wgpu_device() -> Device {
 }
 
 mod adamw_kernel;
+mod attention_rows;
 mod device_pool;
 mod nf4_backward;
 mod nf4_device;

@@ -273,7 +273,8 @@ fn efficient_attention_uploads_each_distinct_tile_mask_once() {
 
 /// QLoRA in 16 bits on the device (bitsandbytes' `compute_dtype`): under autocast the kernel
 /// dequantizes straight to bf16 (f16 where the adapter has no bf16, as lavapipe) and the NF4
-/// products run there; ten steps of tiny-smol follow the f32 run's losses within 1 %.
+/// products run there; ten steps of tiny-smol follow the f32 run's losses within 1e-2 (the bound; a loss
+/// is ~5 there).
 #[test]
 fn qlora_in_16_bits_on_wgpu_follows_the_f32_losses() {
     use burn::tensor::DType;
@@ -346,7 +347,7 @@ fn qlora_in_16_bits_on_wgpu_follows_the_f32_losses() {
     assert!(full[9] < full[0] - 0.1, "the f32 run learns: {full:?}");
     for (i, (a, b)) in full.iter().zip(&low).enumerate() {
         assert!(
-            (a - b).abs() <= 1e-2 * a.abs(),
+            (a - b).abs() <= 1e-2,
             "step {i}: {half:?} loss {b} vs f32 {a}"
         );
     }
