@@ -6,11 +6,11 @@
 # device pool), `napkin measure --device wgpu` with offload and with QLoRA, a QLoRA run of
 # `napkin train` and `napkin generate` on the device, and the GPU benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
-# The test binary and the CLI are built in one cargo invocation, so the wgpu feature set is
-# resolved once and burn/cubecl compile once (separately they resolved differently and compiled
-# twice: 20.5 + 13.5 minutes cold on 2 cores). scripts/test.sh runs this script: 18.2 minutes
-# there on a clean clone (2 cores, 2026-11-29; the QLoRA train-and-generate check ~5 s), the
-# whole test command 61.0 (CI's limit: 90).
+# The test binary and the CLI are built with the features scripts/test.sh gives the whole
+# workspace (`napkin/wgpu`; `napkin-tests/wgpu` only adds this binary), so after its test step
+# nothing but this binary compiles here (with two feature resolutions burn and cubecl compiled
+# twice: 20.9 + 25.9 minutes cold on a slow 2-core machine, 2026-11-30). The wgpu code is
+# linted by test.sh's clippy, which has the same features and `napkin/cuda`.
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,15 +33,13 @@ if ! have_vulkan_driver; then
 fi
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 
-# One feature resolution for both: `cargo run -p napkin` alone would resolve another and rebuild.
-gpu_build=(-p napkin -p napkin-tests --features napkin/wgpu,napkin-tests/wgpu --locked)
+# One feature resolution for both, the one scripts/test.sh's tests use: `cargo run -p napkin`
+# alone would resolve another and rebuild burn.
+gpu_build=(--workspace --locked --features napkin/wgpu,napkin-tests/wgpu)
 cargo build "${gpu_build[@]}" --test gpu --bin napkin
 napkin="${CARGO_TARGET_DIR:-target}/debug/napkin"
 
 cargo test "${gpu_build[@]}" --test gpu -- --nocapture
-# The wgpu-only code (this test binary, the GPU bench) is outside the workspace's clippy run,
-# which builds with napkin/cuda.
-cargo clippy "${gpu_build[@]}" --test gpu --bin napkin -- -D warnings
 
 # The same split as a user sees it (the tiny-smol preset, full fine-tuning, 2 steps).
 "$napkin" measure --preset tiny-smol --device wgpu --offload optimizer --seq-len 64 --steps 2

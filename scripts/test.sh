@@ -25,13 +25,21 @@ bash scripts/fetch-llama-cpp-data.sh
 step "formatting"
 cargo fmt --all -- --check
 
-step "lints (clippy on every target, with the CUDA backend too; a warning fails)"
+# One feature set for every native build below: the wgpu backend is compiled into the workspace's
+# tests too, so burn and cubecl build once for them, the GPU test binary and the CLI (two
+# resolutions compiled burn twice: 20.9 + 25.9 minutes on a slow 2-core machine, 2026-11-30).
+# `napkin-tests/wgpu` adds only the GPU test binary; scripts/test-gpu.sh builds it and the CLI
+# with the same features, so nothing else recompiles there.
+native=(--workspace --locked --features napkin/wgpu)
+
+step "lints (clippy on every target, the wgpu and CUDA backends included; a warning fails)"
 # With `napkin/cuda` the CUDA backend type-checks as well (no toolkit or GPU needed:
 # scripts/cuda-env.sh says why), in the same pass as everything else.
-(source scripts/cuda-env.sh && cargo clippy --workspace --all-targets --locked --features napkin/cuda -- -D warnings)
+(source scripts/cuda-env.sh &&
+    cargo clippy "${native[@]}" --all-targets --features napkin/cuda,napkin-tests/wgpu -- -D warnings)
 
-step "tests (workspace, dev profile: dependencies optimised)"
-cargo test --workspace --locked
+step "tests (workspace, dev profile: dependencies optimised; the GPU test binary runs next)"
+cargo test "${native[@]}"
 
 step "the GPU backend on Mesa's lavapipe (wgpu tests, measure, the GPU benchmark's smoke case)"
 bash scripts/test-gpu.sh
