@@ -70,16 +70,15 @@ mod device {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
-    /// Units (threads) per query row and head: the reductions below are written out for 64.
-    const UNITS_PER_ROW: usize = 64;
+    use crate::kernels::cube_reduce::{UNITS, halve_to_two};
 
     /// One cube per (batch row, head, new token). Each unit scores every 64th key from its own
     /// (writing the scores to `scores`, its row of the scratch), the cube takes their maximum,
     /// each unit turns its scores into `exp(s − max)` and the cube sums them; then each unit
-    /// sums `p_j·v_j` for every 64th value of the head. The reductions are six written-out
-    /// halving steps in shared memory, every barrier at the kernel's top level (WGSL refuses one
-    /// in control flow it cannot prove uniform); the last barrier before the values' sum is a
-    /// storage one, as each unit reads the probabilities the others wrote.
+    /// sums `p_j·v_j` for every 64th value of the head. The reductions are
+    /// `cube_reduce::halve_to_two`'s (every barrier at the kernel's top level); the last barrier
+    /// before the values' sum is a storage one, as each unit reads the probabilities the others
+    /// wrote.
     #[cube(launch_unchecked)]
     fn attend_rows(
         q: &Tensor<f32>,
@@ -125,30 +124,7 @@ mod device {
         let mut partial = Shared::<[f32]>::new_slice(64usize);
         partial[unit] = largest;
         sync_cube();
-        if unit < 32 {
-            let pair = max(partial[unit], partial[unit + 32]);
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 16 {
-            let pair = max(partial[unit], partial[unit + 16]);
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 8 {
-            let pair = max(partial[unit], partial[unit + 8]);
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 4 {
-            let pair = max(partial[unit], partial[unit + 4]);
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 2 {
-            let pair = max(partial[unit], partial[unit + 2]);
-            partial[unit] = pair;
-        }
+        halve_to_two(&mut partial, unit, true);
         sync_cube();
         let top = max(partial[0], partial[1]);
         sync_cube();
@@ -163,30 +139,7 @@ mod device {
         }
         partial[unit] = sum;
         sync_cube();
-        if unit < 32 {
-            let pair = partial[unit] + partial[unit + 32];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 16 {
-            let pair = partial[unit] + partial[unit + 16];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 8 {
-            let pair = partial[unit] + partial[unit + 8];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 4 {
-            let pair = partial[unit] + partial[unit + 4];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 2 {
-            let pair = partial[unit] + partial[unit + 2];
-            partial[unit] = pair;
-        }
+        halve_to_two(&mut partial, unit, false);
         sync_storage();
         let total = partial[0] + partial[1];
 
@@ -239,7 +192,7 @@ mod device {
             attend_rows::launch_unchecked(
                 &client,
                 CubeCount::Static(rows as u32, 1, 1),
-                CubeDim::new_1d(UNITS_PER_ROW as u32),
+                CubeDim::new_1d(UNITS as u32),
                 q.into_tensor_arg(),
                 keys.into_tensor_arg(),
                 values.into_tensor_arg(),

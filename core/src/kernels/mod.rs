@@ -18,6 +18,7 @@
 //!   eight;
 //! - `attention_rows.rs`: generation's attention of a few new queries over the KV cache in one
 //!   launch (cubecl), instead of nine;
+//! - `cube_reduce.rs`: the 64-unit halving reduction (sum or maximum) those kernels share;
 //! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
@@ -30,6 +31,8 @@ pub mod attention_rows;
 pub mod cached_attention;
 #[cfg(feature = "openblas")]
 pub mod cpu_gemm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_reduce;
 pub mod efficient_attention;
 pub mod fused;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -47,13 +47,11 @@ mod device {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
-    /// Units (threads) per row: the reduction below is written out for 64.
-    const UNITS_PER_ROW: usize = 64;
+    use crate::kernels::cube_reduce::{UNITS, halve_to_two};
 
     /// One cube a row: each unit sums the squares of every 64th value from its own, the 64
-    /// sums are added in shared memory (six halving steps, every barrier at the kernel's top
-    /// level: WGSL refuses one in control flow it cannot prove uniform), then each unit writes
-    /// its values.
+    /// sums are added in shared memory (`cube_reduce::halve_to_two`, every barrier at the
+    /// kernel's top level), then each unit writes its values.
     #[cube(launch_unchecked)]
     fn rms_norm_of_rows(
         x: &Tensor<f32>,
@@ -74,30 +72,7 @@ mod device {
         let mut partial = Shared::<[f32]>::new_slice(64usize);
         partial[unit] = sum;
         sync_cube();
-        if unit < 32 {
-            let pair = partial[unit] + partial[unit + 32];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 16 {
-            let pair = partial[unit] + partial[unit + 16];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 8 {
-            let pair = partial[unit] + partial[unit + 8];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 4 {
-            let pair = partial[unit] + partial[unit + 4];
-            partial[unit] = pair;
-        }
-        sync_cube();
-        if unit < 2 {
-            let pair = partial[unit] + partial[unit + 2];
-            partial[unit] = pair;
-        }
+        halve_to_two(&mut partial, unit, false);
         sync_cube();
         let mean_square = (partial[0] + partial[1]) / f32::cast_from(dim);
         let inverse = 1.0f32 / f32::sqrt(mean_square + eps);
@@ -133,7 +108,7 @@ mod device {
             rms_norm_of_rows::launch_unchecked(
                 &client,
                 CubeCount::Static(rows as u32, 1, 1),
-                CubeDim::new_1d(UNITS_PER_ROW as u32),
+                CubeDim::new_1d(UNITS as u32),
                 x.into_tensor_arg(),
                 gain.into_tensor_arg(),
                 output.clone().into_tensor_arg(),
