@@ -69,5 +69,23 @@ if ! cmp -s "$run/wgpu.txt" "$run/cpu.txt"; then
     exit 1
 fi
 
+# Generation's KV cache takes each decoded token's keys and values into its buffers in place:
+# one slice write each per layer, counted by cubecl's own profiler (a line per kernel run; a
+# `cat` of the whole cache took two each). The prompt's pass cancels in the difference between
+# 6 and 2 new tokens.
+slice_writes() { # new tokens → slice-assign launches in the whole run
+    CUBECL_DEBUG_LOG="$run/profile-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" generate \
+        "${tiny[@]}" --adapter "$run/out" --prompt "Compute 3 + 63." --max-new-tokens "$1" \
+        --temperature 1 --seed 3 --device wgpu > /dev/null
+    grep -cE '^\|.*SliceAssignKernel' "$run/profile-$1.log"
+}
+layers=$(grep -oE '"num_hidden_layers": *[0-9]+' "$fixtures/tiny-smol/config.json" | grep -oE '[0-9]+$')
+per_token=$(( ($(slice_writes 6) - $(slice_writes 2)) / 4 ))
+if [ "$per_token" -ne $((2 * layers)) ]; then
+    echo "error: $per_token KV cache writes a decoded token; expected $((2 * layers)) (K and V once per layer)" >&2
+    exit 1
+fi
+echo "KV cache: $per_token slice writes a decoded token ($layers layers, K and V once each)"
+
 # The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
 "$napkin" bench gpu --device wgpu --smoke --runs 3

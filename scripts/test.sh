@@ -25,6 +25,16 @@ bash scripts/fetch-llama-cpp-data.sh
 step "formatting"
 cargo fmt --all -- --check
 
+step "the browser sandbox's wasm modules: building in the background (log: target/web-build.log)"
+# The wasm32 builds lock cargo's wasm32 and release folders, not the native steps' target/debug,
+# so both build at once; at a lower priority the wasm builds mostly take the cycles the native
+# steps leave idle (test runs, lavapipe, fuzzing, the single-crate tails of each build). Run as
+# a process group of its own, stopped if this script stops first.
+mkdir -p target
+setsid nice -n 10 bash scripts/web-build.sh > target/web-build.log 2>&1 &
+web_build=$!
+trap 'kill -- -"$web_build" 2>/dev/null || true' EXIT
+
 # One feature set for every native build below: the wgpu backend is compiled into the workspace's
 # tests too, so burn and cubecl build once for them, the GPU test binary and the CLI (two
 # resolutions compiled burn twice: 20.9 + 25.9 minutes on a slow 2-core machine, 2026-11-30).
@@ -47,5 +57,11 @@ bash scripts/test-gpu.sh
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
 RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
 
-step "the browser sandbox (wasm32 build, bundle budget, headless Chromium end to end)"
-bash scripts/test-web.sh
+step "the browser sandbox (bundle budget, headless Chromium end to end)"
+if ! wait "$web_build"; then
+    cat target/web-build.log
+    echo "error: building the browser sandbox failed (log above)" >&2
+    exit 1
+fi
+tail -n 6 target/web-build.log
+NAPKIN_WEB_BUILT=1 bash scripts/test-web.sh

@@ -10,6 +10,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, activation::softmax};
 
+pub use super::kv_cache::LayerKvCache;
 use super::linear::Linear;
 use super::rope::RopeTables;
 use crate::config::LlamaConfig;
@@ -138,41 +139,5 @@ impl Attention {
         let probs = softmax(scores, 3).reshape([b, hkv, group * t, s]);
         let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
         self.merge_heads(out.reshape([b, h, t, dh]), b, t)
-    }
-}
-
-/// The keys and values of one layer for every token seen so far (generation).
-#[derive(Debug, Clone, Default)]
-pub struct LayerKvCache {
-    /// `[B, Hkv, S, Dh]` keys, after RoPE.
-    pub keys: Option<Tensor<4>>,
-    /// `[B, Hkv, S, Dh]` values.
-    pub values: Option<Tensor<4>>,
-}
-
-impl LayerKvCache {
-    /// Appends new keys and values along the sequence axis and returns the whole of both.
-    pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let k = match self.keys.take() {
-            Some(old) => Tensor::cat(vec![old, k], 2),
-            None => k,
-        };
-        let v = match self.values.take() {
-            Some(old) => Tensor::cat(vec![old, v], 2),
-            None => v,
-        };
-        self.keys = Some(k.clone());
-        self.values = Some(v.clone());
-        (k, v)
-    }
-
-    /// Cached tokens.
-    pub fn len(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.dims()[2])
-    }
-
-    /// Whether nothing is cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

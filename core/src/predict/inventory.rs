@@ -330,7 +330,7 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             name: "parameters.bookkeeping".into(),
             layer: None,
             kind: Kind::Weights,
-            bytes: workspace::PARAMETER_BYTES * parameters,
+            bytes: workspace::parameter_bytes() * parameters,
             phases: Phases::ALWAYS,
         });
     }
@@ -552,10 +552,10 @@ mod tests {
                 .iter()
                 .find(|e| e.name == "parameters.bookkeeping")
                 .map(|e| e.bytes);
-            assert_eq!(bookkeeping, Some(workspace::PARAMETER_BYTES * parameters));
+            assert_eq!(bookkeeping, Some(workspace::parameter_bytes() * parameters));
             assert_eq!(
                 totals[&Kind::Weights],
-                w.float + workspace::PARAMETER_BYTES * parameters
+                w.float + workspace::parameter_bytes() * parameters
             );
             assert_eq!(totals.get(&Kind::QuantCodes).copied().unwrap_or(0), w.codes);
             assert_eq!(

@@ -38,16 +38,42 @@ pub const ATTENTION_LORA_INPUT_GRAD_COPIES: u64 = 2;
 /// product at once: this many `[B, T, F]` buffers.
 pub const MLP_FORWARD_COPIES: u64 = 3;
 
-/// Bytes burn keeps per parameter tensor beside its values on an autodiff device (the `Param`
-/// with its id and lazy-init state, the autodiff node, the tensor's handle and shape), measured
-/// alone with the counting allocator: 2,110 (NdArray) and 2,152 (Flex) per one-value parameter.
-pub const PARAMETER_BYTES: u64 = 2_130;
+/// Bytes of one tensor handle, `burn::tensor::Tensor`: an enum over the backends compiled in,
+/// so a build with wgpu or CUDA has larger handles than one with the CPU backends alone.
+pub fn tensor_handle_bytes() -> u64 {
+    std::mem::size_of::<burn::tensor::Tensor<1>>() as u64
+}
 
-/// napkin's gradients live in a hash map from parameter to tensor: each bucket holds a tensor
-/// handle inline, each tensor a small shape allocation. Fitted on 10, 39 and 56 tensors
-/// (16, 64, 64 buckets): 5,552 / 22,120 / 22,800 bytes measured.
-pub const GRADIENT_MAP_BYTES_PER_BUCKET: u64 = 321;
-/// See [`GRADIENT_MAP_BYTES_PER_BUCKET`].
+/// Bytes burn keeps per parameter tensor beside its values on an autodiff device (the `Param`
+/// with its id and lazy-init state, the autodiff node, the tensor's shape) and beside its two
+/// tensor handles (the `Param`'s, held inline, and the autodiff tensor's inner one): measured
+/// alone with the counting allocator, 2,110 (NdArray) and 2,152 (Flex) per one-value parameter
+/// with the CPU backends alone, whose handles are 256 bytes. (A build with wgpu has 640-byte
+/// handles and measured 2,879 and 2,921: 769 more on NdArray, two handles' growth; its
+/// gradient map 384 more per bucket, one handle's.)
+pub const PARAMETER_BYTES_BESIDE_HANDLES: u64 = 2_130 - 2 * 256;
+/// Bytes burn keeps per parameter tensor beside its values (see
+/// [`PARAMETER_BYTES_BESIDE_HANDLES`]).
+pub fn parameter_bytes() -> u64 {
+    PARAMETER_BYTES_BESIDE_HANDLES + 2 * tensor_handle_bytes()
+}
+
+/// Bytes one bucket of a Rust `HashMap<K, V>` takes (hashbrown: the entry inline and one
+/// control byte).
+const fn bucket_bytes<K, V>() -> u64 {
+    (std::mem::size_of::<(K, V)>() + 1) as u64
+}
+
+/// Bytes per bucket of napkin's gradient map (parameter → tensor): the tensor's handle inline,
+/// whose size depends on the backends compiled in (burn's run-time tensor is an enum over
+/// them). With the CPU backends alone 321 per bucket was fitted on 10, 39 and 56 tensors
+/// (5,552 / 22,120 / 22,800 bytes); a build with wgpu measured 384 bytes more per bucket
+/// (tiny-smol QLoRA's 64: 373,008 bytes of gradients against 348,416 predicted with the fit,
+/// 372,992 with this).
+pub fn gradient_map_bucket_bytes() -> u64 {
+    bucket_bytes::<burn::module::ParamId, burn::tensor::Tensor<1>>()
+}
+/// Bytes per gradient beside the map: its small shape allocation.
 pub const GRADIENT_BYTES_PER_TENSOR: u64 = 40;
 
 /// The first optimizer update replaces every trainable tensor with a new one whose handle and
@@ -56,13 +82,16 @@ pub const GRADIENT_BYTES_PER_TENSOR: u64 = 40;
 pub const UPDATED_PARAMETER_BYTES: u64 = 950;
 
 /// Bytes per bucket of the optimizer's map from parameter to state: two tensor handles for
-/// AdamW's moments, one for SGD's momentum, 8-bit AdamW's quantized state kept in plain vectors
-/// (fitted: 642 / 321 / 98).
+/// AdamW's moments, one for SGD's momentum (both as [`gradient_map_bucket_bytes`], 642 and 321
+/// fitted with the CPU backends alone), 8-bit AdamW's quantized state kept in plain vectors
+/// (fitted: 98).
 pub fn optimizer_map_bucket_bytes(kind: crate::config::OptimizerKind) -> u64 {
     use crate::config::OptimizerKind;
     match kind {
-        OptimizerKind::AdamW => 2 * GRADIENT_MAP_BYTES_PER_BUCKET,
-        OptimizerKind::Sgd => GRADIENT_MAP_BYTES_PER_BUCKET,
+        OptimizerKind::AdamW => {
+            bucket_bytes::<burn::module::ParamId, [burn::tensor::Tensor<1>; 2]>()
+        }
+        OptimizerKind::Sgd => gradient_map_bucket_bytes(),
         OptimizerKind::AdamW8bit => 98,
     }
 }
@@ -84,7 +113,7 @@ pub fn hash_map_buckets(entries: u64) -> u64 {
 
 /// Bytes of the gradient map beyond the gradients' values.
 pub fn gradient_map_bytes(tensors: u64) -> u64 {
-    GRADIENT_MAP_BYTES_PER_BUCKET * hash_map_buckets(tensors) + GRADIENT_BYTES_PER_TENSOR * tensors
+    gradient_map_bucket_bytes() * hash_map_buckets(tensors) + GRADIENT_BYTES_PER_TENSOR * tensors
 }
 
 /// A graph-free block forward (checkpointing) holds this many `[B, H, T, S]` buffers at once

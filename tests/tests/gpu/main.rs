@@ -25,6 +25,7 @@ fn wgpu_device() -> Device {
 mod adamw_kernel;
 mod attention_rows;
 mod device_pool;
+mod kv_cache;
 mod nf4_backward;
 mod nf4_device;
 mod nf4_rows;

@@ -14,7 +14,7 @@ use napkin_core::model::linear::BaseWeight;
 use napkin_core::model::{Llama, TokenBatch, causal_lm_loss};
 use napkin_core::predict::inventory::{Kind, Scenario, inventory, totals_by_kind};
 use napkin_core::predict::weights::weight_bytes;
-use napkin_core::predict::workspace::PARAMETER_BYTES;
+use napkin_core::predict::workspace::parameter_bytes;
 use napkin_core::train::{StepGradients, StepOptions, forward_backward};
 
 #[global_allocator]
@@ -122,7 +122,7 @@ fn resident_model_memory_is_within_3_percent_of_the_prediction() {
             } else {
                 7 * config.num_hidden_layers as u64
             };
-        assert_eq!(resident, values + PARAMETER_BYTES * parameters);
+        assert_eq!(resident, values + parameter_bytes() * parameters);
         let predicted = resident as f64;
         let ratio = measured / predicted;
         eprintln!(
@@ -652,13 +652,13 @@ fn a_random_nf4_model_never_holds_its_f32_weights() {
     );
 }
 
-/// The predictor's `PARAMETER_BYTES`, counted where it happens: a hundred one-value parameters
+/// The predictor's `parameter_bytes()`, counted where it happens: a hundred one-value parameters
 /// made on each CPU backend's autodiff device cost their values plus this much each, within 5 %.
 #[test]
 fn a_parameter_costs_the_predicted_bookkeeping() {
     use burn::module::Param;
     use burn::tensor::Tensor;
-    use napkin_core::predict::workspace::PARAMETER_BYTES;
+    use napkin_core::predict::workspace::parameter_bytes;
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for kind in DeviceKind::cpu_backends() {
         let device = kind.open().unwrap().autodiff();
@@ -668,8 +668,11 @@ fn a_parameter_costs_the_predicted_bookkeeping() {
         let params: Vec<Param<Tensor<1>>> = (0..100).map(|_| make()).collect();
         let each = (live_bytes() - before) as f64 / 100.0;
         drop((params, warm));
-        let ratio = each / PARAMETER_BYTES as f64;
-        eprintln!("{kind}: {each:.0} bytes a parameter, {ratio:.3} of the prediction");
+        let ratio = each / parameter_bytes() as f64;
+        eprintln!(
+            "{kind}: {each:.0} bytes a parameter, {ratio:.3} of the prediction (tensor handles of {} bytes)",
+            napkin_core::predict::workspace::tensor_handle_bytes()
+        );
         assert!((ratio - 1.0).abs() <= 0.05, "{kind}: {each} bytes");
     }
 }
