@@ -74,6 +74,7 @@ fi
 # `cat` of the whole cache took two each). The prompt's pass cancels in the difference between
 # 6 and 2 new tokens.
 slice_writes() { # new tokens → slice-assign launches in the whole run
+    rm -f "$run/profile-$1.log" # cubecl appends to its log
     CUBECL_DEBUG_LOG="$run/profile-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" generate \
         "${tiny[@]}" --adapter "$run/out" --prompt "Compute 3 + 63." --max-new-tokens "$1" \
         --temperature 1 --seed 3 --device wgpu > /dev/null
