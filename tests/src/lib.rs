@@ -2,8 +2,9 @@
 //! numbers with stated tolerances.
 //!
 //! The fixture root is `$NAPKIN_FIXTURES`, or `../shared/fixtures` beside the repository.
-//! Tests discover every model folder and NF4 case under it instead of naming them, so the
-//! same tests run on checkpoints that are not in the repository's view.
+//! Tests discover every model folder and NF4 case under it, and under napkin's own fixtures in
+//! the same layout (`tests/fixtures`, made by its script), instead of naming them, so the same
+//! tests run on checkpoints that are not in the repository's view.
 
 use std::path::{Path, PathBuf};
 
@@ -25,27 +26,48 @@ pub fn fixture_root() -> PathBuf {
     root
 }
 
-/// Every model folder under the root: a `config.json` with a `reference.safetensors`.
+/// napkin's own fixtures (`tests/fixtures`): the shared layout, other shapes and cases.
+pub fn own_fixture_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Every model folder (a `config.json` with a `reference.safetensors`) under the fixture root
+/// and under napkin's own fixtures; each root must hold at least one.
 pub fn model_dirs() -> Vec<PathBuf> {
-    let root = fixture_root();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("fixture root is readable")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("config.json").is_file() && p.join("reference.safetensors").is_file())
-        .collect();
-    dirs.sort();
-    assert!(
-        !dirs.is_empty(),
-        "no model folders under {}",
-        root.display()
-    );
+    let mut dirs = Vec::new();
+    for root in [fixture_root(), own_fixture_root()] {
+        let found: Vec<PathBuf> = std::fs::read_dir(&root)
+            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.join("config.json").is_file() && p.join("reference.safetensors").is_file()
+            })
+            .collect();
+        assert!(
+            !found.is_empty(),
+            "no model folders under {}",
+            root.display()
+        );
+        dirs.extend(found);
+    }
+    dirs.sort_by_key(|p| p.file_name().map(|n| n.to_os_string()));
     dirs
 }
 
-/// Every NF4 case under `<root>/nf4`: (case name, `.safetensors` path, parsed `.json`).
+/// Every NF4 case under `<root>/nf4` of the fixture root and of napkin's own fixtures: (case
+/// name, `.safetensors` path, parsed `.json`).
 pub fn nf4_cases() -> Vec<(String, PathBuf, serde_json::Value)> {
-    let dir = fixture_root().join("nf4");
-    let mut cases: Vec<(String, PathBuf, serde_json::Value)> = std::fs::read_dir(&dir)
+    let mut cases = Vec::new();
+    for root in [fixture_root(), own_fixture_root()] {
+        cases.extend(nf4_cases_in(&root.join("nf4")));
+    }
+    cases.sort_by(|a, b| a.0.cmp(&b.0));
+    cases
+}
+
+/// The NF4 cases of one folder; it must hold at least one.
+fn nf4_cases_in(dir: &Path) -> Vec<(String, PathBuf, serde_json::Value)> {
+    let cases: Vec<(String, PathBuf, serde_json::Value)> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -63,7 +85,6 @@ pub fn nf4_cases() -> Vec<(String, PathBuf, serde_json::Value)> {
             (name, p, json)
         })
         .collect();
-    cases.sort_by(|a, b| a.0.cmp(&b.0));
     assert!(!cases.is_empty(), "no NF4 cases under {}", dir.display());
     cases
 }

@@ -99,11 +99,15 @@ impl QuantizedBlock {
             .chain(adapters.iter().flatten().map(|lora| &lora.a))
             .collect();
         let mut outs = QuantizedMatrix::matmul_each(&parts, x);
-        let mut lows = outs.split_off(weights.len()).into_iter(); // [T, r] each
-        for (y, lora) in outs.iter_mut().zip(adapters) {
-            if let (Some(lora), Some(low)) = (lora, lows.next()) {
-                lora.add_from_low_rank(&low, y);
-            }
+        // One `[T, r]` for each projection that has an adapter, in order: a projection without
+        // one takes none (peft's default q,v adapter leaves k between them).
+        let lows = outs.split_off(weights.len()); // [T, r] each
+        let adapted = outs
+            .iter_mut()
+            .zip(adapters)
+            .filter_map(|(y, lora)| lora.as_ref().map(|lora| (y, lora)));
+        for ((y, lora), low) in adapted.zip(lows) {
+            lora.add_from_low_rank(&low, y);
         }
         outs
     }

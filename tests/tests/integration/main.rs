@@ -16,6 +16,7 @@
 //! - `mixed_precision`: bf16 / f16 autocast on Flex against f32; loss scaling.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
+//! - `quantized_adapters`: the quantized generation engine with adapters on any projections.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
 //! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
 //! - `smollm2_reference`: SmolLM2's logits against an independent f64 Llama in plain Rust.
@@ -40,6 +41,7 @@ mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
 mod pytorch_profile;
+mod quantized_adapters;
 mod quantized_checkpoint;
 mod seed_figures;
 mod smollm2;
