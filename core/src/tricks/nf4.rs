@@ -6,17 +6,20 @@
 //!   block may be partial); each block stores `absmax = max |x|` as its scale;
 //! - each weight becomes the index of the nearest of 16 code values (quantiles of N(0, 1) scaled
 //!   to [-1, 1]); a value exactly between two codes takes the lower one;
-//! - two codes per byte, element 2k in the high nibble, 2k+1 in the low one;
-//! - double quantization keeps the codes and compresses the absmax vector: subtract its mean,
-//!   then 8-bit block-wise quantization (blocks of 256) on the signed dynamic map.
+//! - two codes per byte, element 2k in the high nibble, 2k+1 in the low one (an odd count
+//!   ends in the code of 0.0);
+//! - double quantization keeps the codes and compresses the absmax vector: subtract its mean
+//!   (torch's float32 mean, added in torch's order: `torch_mean.rs`), then 8-bit block-wise
+//!   quantization (blocks of 256) on the signed dynamic map.
 //!
-//! Pure Rust, no tensors: the NF4 linear layer (`model/nf4_linear.rs`) dequantizes from here.
+//! Pure Rust, no tensors: the NF4 weight of a linear (`model/nf4_weight.rs`) dequantizes from here.
 
 use rayon::prelude::*;
 
 use super::blockwise8::Blockwise8;
 use super::dynamic_map::dynamic_map_signed;
 use super::nf4_decode::{decode_blocks, decoder};
+use super::torch_mean::torch_cpu_mean;
 use crate::config::{DOUBLE_QUANT_BLOCK, Nf4Config};
 use crate::error::{Error, Result};
 
@@ -242,19 +245,22 @@ impl Nf4Tensor {
     }
 }
 
-/// Two codes per byte, element 2k in the high nibble; an odd tail leaves the low nibble 0.
+/// The code of 0.0.
+const ZERO_CODE: u8 = 7;
+
+/// Two codes per byte, element 2k in the high nibble; with an odd count the last low nibble is
+/// the code of 0.0, as bitsandbytes writes it (its kernel quantizes a zero past the end).
 fn pack(codes: &[u8]) -> Vec<u8> {
     codes
         .chunks(2)
-        .map(|pair| (pair[0] << 4) | pair.get(1).copied().unwrap_or(0))
+        .map(|pair| (pair[0] << 4) | pair.get(1).copied().unwrap_or(ZERO_CODE))
         .collect()
 }
 
 /// Double quantization of an absmax vector (QLoRA's "DQ").
 fn double_quantize(absmax: &[f32]) -> Nf4Scales {
-    // The mean in f64, rounded once: the correctly rounded float32 mean.
-    let offset =
-        (absmax.iter().map(|&a| a as f64).sum::<f64>() / absmax.len().max(1) as f64) as f32;
+    // bitsandbytes' `absmax.mean()`: torch's float32 mean, added in torch's CPU order.
+    let offset = torch_cpu_mean(absmax);
     let centred: Vec<f32> = absmax.iter().map(|&a| a - offset).collect();
     let q = Blockwise8::quantize_blocks(&centred, &dynamic_map_signed(), DOUBLE_QUANT_BLOCK);
     let (qabsmax, absmax2) = (q.codes, q.absmax);
@@ -298,7 +304,9 @@ mod tests {
     }
 
     #[test]
-    fn odd_length_packs_a_zero_low_nibble() {
+    fn odd_length_pads_the_low_nibble_with_the_code_of_zero() {
+        // As bitsandbytes packs it (tests/fixtures/nf4/nk_nf4_bs256_dq_partial: 40,001 values).
+        assert_eq!(NF4_CODEBOOK[ZERO_CODE as usize], 0.0);
         let x = [0.5f32, -1.0, 1.0];
         let q = Nf4Tensor::quantize(
             &x,
@@ -310,7 +318,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(q.packed.len(), 2);
-        assert_eq!(q.packed[1] & 0x0f, 0);
+        assert_eq!(q.packed[1] & 0x0f, ZERO_CODE);
         assert_eq!(q.codes(), vec![q.codes()[0], 0, 15]);
         assert_eq!(
             q.dequantize(),
