@@ -85,62 +85,121 @@ fn merged_weights_equal_the_in_memory_merge_in_each_dtype() {
 
 #[test]
 fn sharded_folders_have_an_index_and_load_as_one_model() {
-    let dir = model_dirs().into_iter().next().unwrap();
-    let reference = Reference::open(&dir);
-    let (batch, _) = input_batch(&reference);
-    let model = qlora_model(&dir);
-    let (merged, _) = model.clone().merge_lora();
-    let out = scratch("shards");
-    // Small shards: every tensor of this model is under 200 kB, so several per shard.
-    let layout = WeightLayout {
-        dtype: WeightDtype::F32,
-        max_shard_bytes: 200_000,
-        merge_lora: true,
-    };
-    let written = write_hf_weights(&model, &out, layout).unwrap();
-    let shards: Vec<_> = written
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    assert!(shards.len() > 2, "{written:?}");
-    for shard in &shards {
-        let len = std::fs::metadata(shard).unwrap().len();
-        // The limit holds for the data (the header is a few hundred bytes more).
-        assert!(len < 200_000 + 4096, "{}: {len} bytes", shard.display());
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let (batch, _) = input_batch(&reference);
+        let model = qlora_model(&dir);
+        let (merged, _) = model.clone().merge_lora();
+        let out = scratch("shards");
+        // f32 bytes of each tensor, in the order they are written.
+        let sizes: Vec<(String, u64)> = merged
+            .hf_parameters()
+            .iter()
+            .map(|(name, p)| (name.clone(), 4 * p.dims().iter().product::<usize>() as u64))
+            .collect();
+        // Half the largest tensor: that one is over the limit on purpose, and must get a shard of
+        // its own (as transformers' writer does); the smaller ones share shards up to the limit.
+        let largest = sizes.iter().map(|(_, b)| *b).max().unwrap();
+        let limit = largest / 2;
+        let layout = WeightLayout {
+            dtype: WeightDtype::F32,
+            max_shard_bytes: limit,
+            merge_lora: true,
+        };
+        let written = write_hf_weights(&model, &out, layout).unwrap();
+        let shards: Vec<_> = written
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        assert!(shards.len() > 2, "{written:?}");
+        let index: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.join("model.safetensors.index.json")).unwrap(),
+        )
+        .unwrap();
+        let map = index["weight_map"].as_object().unwrap();
+        assert_eq!(map.len(), merged.hf_parameters().len());
+        // Each shard's tensors, in writing order: shards are filled one after another.
+        let mut filled: Vec<(String, Vec<u64>)> = Vec::new();
+        for (name, bytes) in &sizes {
+            let file = map[name].as_str().unwrap().to_owned();
+            match filled.last_mut() {
+                Some((last, held)) if *last == file => held.push(*bytes),
+                _ => {
+                    assert!(
+                        filled.iter().all(|(f, _)| *f != file),
+                        "{file} holds tensors that are not consecutive"
+                    );
+                    filled.push((file, vec![*bytes]));
+                }
+            }
+        }
+        assert_eq!(filled.len(), shards.len());
+        for (i, (file, held)) in filled.iter().enumerate() {
+            let data: u64 = held.iter().sum();
+            if held.iter().any(|&b| b > limit) {
+                assert_eq!(
+                    held.len(),
+                    1,
+                    "{file}: a tensor over the limit shares its shard"
+                );
+            } else {
+                assert!(
+                    data <= limit,
+                    "{file}: {data} bytes of tensors (limit {limit})"
+                );
+            }
+            // A shard is closed only when the next tensor would take it past the limit.
+            if let Some((_, next)) = filled.get(i + 1) {
+                assert!(
+                    data + next[0] > limit,
+                    "{file} was closed at {data} bytes though the next {} fit",
+                    next[0]
+                );
+            }
+            // The file holds the data and a header of a few hundred bytes.
+            let len = std::fs::metadata(out.join(file)).unwrap().len();
+            assert!(
+                (data..data + 4096).contains(&len),
+                "{file}: {len} bytes for {data} of data"
+            );
+        }
+        assert!(
+            filled.iter().any(|(_, held)| held.len() > 1),
+            "no shard holds several tensors"
+        );
+        assert!(
+            filled.iter().any(|(_, held)| held[0] > limit),
+            "no tensor over the limit"
+        );
+        let data_bytes: u64 = merged
+            .hf_parameters()
+            .iter()
+            .map(|(_, p)| 4 * p.dims().iter().product::<usize>() as u64)
+            .sum();
+        assert_eq!(index["metadata"]["total_size"].as_u64(), Some(data_bytes));
+        assert!(!out.join("model.safetensors").exists());
+
+        // Read back as one model: the same logits as the merged model in memory, bit for bit.
+        let device = DeviceKind::Cpu.open().unwrap();
+        let loaded = load_model(&out, &device).unwrap();
+        let (want, got) = (
+            to_f32_vec(merged.forward(&batch)),
+            to_f32_vec(loaded.forward(&batch)),
+        );
+        assert_eq!(max_errors(&got, &want).0, 0.0);
+
+        // Written again whole: the shards and the index are gone, one file is left.
+        let layout = WeightLayout {
+            max_shard_bytes: u64::MAX,
+            ..layout
+        };
+        write_hf_weights(&model, &out, layout).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["config.json", "model.safetensors"]);
+        std::fs::remove_dir_all(&out).ok();
     }
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("model.safetensors.index.json")).unwrap())
-            .unwrap();
-    let map = index["weight_map"].as_object().unwrap();
-    assert_eq!(map.len(), merged.hf_parameters().len());
-    let data_bytes: u64 = merged
-        .hf_parameters()
-        .iter()
-        .map(|(_, p)| 4 * p.dims().iter().product::<usize>() as u64)
-        .sum();
-    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(data_bytes));
-    assert!(!out.join("model.safetensors").exists());
-
-    // Read back as one model: the same logits as the merged model in memory, bit for bit.
-    let device = DeviceKind::Cpu.open().unwrap();
-    let loaded = load_model(&out, &device).unwrap();
-    let (want, got) = (
-        to_f32_vec(merged.forward(&batch)),
-        to_f32_vec(loaded.forward(&batch)),
-    );
-    assert_eq!(max_errors(&got, &want).0, 0.0);
-
-    // Written again whole: the shards and the index are gone, one file is left.
-    let layout = WeightLayout {
-        max_shard_bytes: u64::MAX,
-        ..layout
-    };
-    write_hf_weights(&model, &out, layout).unwrap();
-    let mut names: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["config.json", "model.safetensors"]);
-    std::fs::remove_dir_all(&out).ok();
 }
