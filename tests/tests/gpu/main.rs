@@ -23,6 +23,7 @@ fn wgpu_device() -> Device {
 }
 
 mod adamw_kernel;
+mod adapter_generation;
 mod attention_rows;
 mod device_pool;
 mod kv_cache;
