@@ -9,8 +9,8 @@
 # The test binary and the CLI are built with the features scripts/test.sh gives the whole
 # workspace (`napkin/wgpu`; `napkin-tests/wgpu` only adds this binary), so after its test step
 # nothing but this binary compiles here (with two feature resolutions burn and cubecl compiled
-# twice: 20.9 + 25.9 minutes cold on a slow 2-core machine, 2026-11-30). The wgpu code is
-# linted by test.sh's clippy, which has the same features and `napkin/cuda`.
+# twice: 20.9 + 25.9 minutes cold on a slow 2-core machine, 2026-11-30). Run by test.sh, the
+# test binary is linted as it compiles (test.sh's RUSTC_WORKSPACE_WRAPPER: clippy-driver).
 # Usage: scripts/test-gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

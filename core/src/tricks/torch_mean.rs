@@ -87,10 +87,10 @@ fn cascade<const W: usize>(items: &[[f32; W]]) -> [[f32; W]; SIDE_BY_SIDE] {
             i += 1;
         }
         for level in 1..LEVELS {
-            for k in 0..SIDE_BY_SIDE {
-                let lower = acc[level - 1][k];
-                add(&mut acc[level][k], &lower);
-                acc[level - 1][k] = [0.0; W];
+            let (below, above) = acc.split_at_mut(level);
+            for (sum, carried) in above[0].iter_mut().zip(&mut below[level - 1]) {
+                add(sum, carried);
+                *carried = [0.0; W];
             }
             if i & (mask << (level as u32 * level_power)) != 0 {
                 break;
@@ -102,13 +102,13 @@ fn cascade<const W: usize>(items: &[[f32; W]]) -> [[f32; W]; SIDE_BY_SIDE] {
             add(sum, item);
         }
     }
-    for level in 1..LEVELS {
-        for k in 0..SIDE_BY_SIDE {
-            let upper = acc[level][k];
-            add(&mut acc[0][k], &upper);
+    let [mut total, higher @ ..] = acc;
+    for level in &higher {
+        for (sum, part) in total.iter_mut().zip(level) {
+            add(sum, part);
         }
     }
-    acc[0]
+    total
 }
 
 /// ATen's `CeilLog2`: ⌈log₂ x⌉, and 1 for x ≤ 2.

@@ -103,7 +103,7 @@ fn an_adapter_on_any_subset_of_the_projections_gives_the_float_models_logits() {
             let prompt = quantized
                 .every_token_logits(&ids, &mut QuantizedKvCache::default())
                 .unwrap();
-            let batch = TokenBatch::from_rows(&[ids.clone()]).unwrap();
+            let batch = TokenBatch::from_rows(std::slice::from_ref(&ids)).unwrap();
             let want = to_f32_vec(float.forward(&batch)); // [1, T, V]
             for (t, (got, want)) in prompt.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
                 let g = gap(got, want);
