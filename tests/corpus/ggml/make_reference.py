@@ -59,3 +59,16 @@ for name in ["Q8_0", "Q4_0"]:
     blocks = quantize(values.reshape(1, -1), GGMLQuantizationType[name])
     (HERE / f"quantize-{name}.blocks").write_bytes(blocks.tobytes())
     print(f"quantize {name}: {values.size} values → {blocks.size} bytes")
+
+# The 16-bit floats napkin writes, on the same values and on their edge cases: halfway cases
+# (rounded to even), f16 subnormals and underflow, the largest f16 and what overflows it.
+# Files: `quantize-halves.f32` (the edge values) and `quantize-<type>.blocks` (both inputs,
+# the seeded values first).
+halves = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, -(1 + 2.0**-11), 1 + 2.0**-8, 1 + 3 * 2.0**-8,
+                   6e-8, 3e-8, 1e-8, -1e-9, 65504.0, 65519.0, 65520.0, -70000.0, 3.0e38, 1e-39,
+                   0.0, -0.0], dtype=np.float32)
+(HERE / "quantize-halves.f32").write_bytes(halves.astype("<f4").tobytes())
+for name in ["F16", "BF16"]:
+    blocks = quantize(np.concatenate([values, halves]).reshape(1, -1), GGMLQuantizationType[name])
+    (HERE / f"quantize-{name}.blocks").write_bytes(blocks.tobytes())
+    print(f"quantize {name}: {values.size + halves.size} values → {blocks.nbytes} bytes")

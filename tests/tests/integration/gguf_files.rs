@@ -197,7 +197,9 @@ fn kept_block_formats_dequantize_as_gguf_py() {
 }
 
 /// The quantizers napkin writes GGUF files with, against gguf-py's (bit-exact with llama.cpp's
-/// reference quantizers) on seeded rows, a block of exact ties and a block of zeros.
+/// reference quantizers) on seeded rows, a block of exact ties and a block of zeros; F16 and
+/// BF16 also on halfway values, subnormals and overflow. (Q4_K is napkin's own fit: its blocks
+/// decode to the nearest level they express, gguf_export.rs.)
 #[test]
 fn ggml_quantization_equals_gguf_py() {
     use napkin_core::io::gguf::dequant::GgmlType;
@@ -208,9 +210,21 @@ fn ggml_quantization_equals_gguf_py() {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    for (name, ty) in [("Q8_0", GgmlType::Q8_0), ("Q4_0", GgmlType::Q4_0)] {
+    // The 16-bit floats also on their edge cases: halfway values, subnormals, overflow.
+    let halves: Vec<f32> = std::fs::read(corpus.join("quantize-halves.f32"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let with_halves: Vec<f32> = values.iter().chain(&halves).copied().collect();
+    for (name, ty, input) in [
+        ("Q8_0", GgmlType::Q8_0, &values),
+        ("Q4_0", GgmlType::Q4_0, &values),
+        ("F16", GgmlType::F16, &with_halves),
+        ("BF16", GgmlType::Bf16, &with_halves),
+    ] {
         let expected = std::fs::read(corpus.join(format!("quantize-{name}.blocks"))).unwrap();
-        let got = quantize(ty, &values).unwrap();
+        let got = quantize(ty, input).unwrap();
         assert_eq!(got.len(), expected.len(), "{name}");
         let differ: Vec<usize> = (0..got.len()).filter(|&i| got[i] != expected[i]).collect();
         assert!(
