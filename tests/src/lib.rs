@@ -288,6 +288,7 @@ pub fn write_gguf(
 }
 
 /// A metadata value for [`write_gguf`].
+#[derive(Debug, Clone)]
 pub enum GgufTestValue {
     /// uint32.
     U32(u32),

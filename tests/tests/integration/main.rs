@@ -1,5 +1,6 @@
 //! napkin's cross-crate tests, one binary. Where new tests go:
 //! - `llama_parity`: the model against HF transformers (logits, loss, intermediates, gradients).
+//! - `llama3_rope`: Llama 3's RoPE schedule from HF folders and llama.cpp's GGUF, and back.
 //! - `caching_allocator`: the replay of PyTorch's CUDA caching allocator against its recorded
 //!   traces (reserved bytes, `cudaMalloc`s).
 //! - `chat_templates`: real chat templates rendered as transformers renders them.
@@ -33,6 +34,7 @@ mod gguf_export;
 mod gguf_files;
 mod gguf_tokenizers;
 mod hostile_input;
+mod llama3_rope;
 mod llama_parity;
 mod lora_parity;
 mod malformed_corpus;

@@ -1,6 +1,7 @@
 //! A model as a llama.cpp GGUF file: llama.cpp's tensor names, Q and K rows permuted the way
-//! its converter permutes them, the architecture keys, the caller's tokenizer metadata, and the
-//! 2-D weights in the chosen type (norms stay F32). Tensors are made one at a time
+//! its converter permutes them, the architecture keys, Llama 3's RoPE schedule as its divisors
+//! (`rope_freqs.weight`), the caller's tokenizer metadata, and the 2-D weights in the chosen type
+//! (norms stay F32). Tensors are made one at a time
 //! ([`Llama::hf_tensor`]; LoRA adapters folded in when asked), so the model is never held whole.
 
 use std::path::Path;
@@ -10,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::dequant::GgmlType;
 use super::llama::{gguf_name, permute_rows};
 use super::quantize::quantize;
+use super::rope_factors::{ROPE_FREQS, llama3_divisors};
 use super::writer::{MetaValue, TensorEntry, write_gguf};
-use crate::config::RopeScaling;
 use crate::error::{Error, Result};
 use crate::model::Llama;
 
@@ -97,11 +98,8 @@ pub fn export_gguf(
     name: &str,
 ) -> Result<ExportSummary> {
     let c = &model.config;
-    if c.rope_scaling != RopeScaling::Default {
-        return Err(Error::Input(
-            "the model uses Llama 3's RoPE scaling, which napkin does not write to GGUF yet".into(),
-        ));
-    }
+    // Llama 3's schedule as llama.cpp's converter writes it: divisors, no parameters.
+    let rope_divisors = llama3_divisors(&c.rope_scaling, c.rope_theta, c.head_dim);
     let u32_of = |v: usize| MetaValue::U32(v as u32);
     let mut metadata: Vec<(String, MetaValue)> = vec![
         (
@@ -147,6 +145,14 @@ pub fn export_gguf(
 
     let mut entries = Vec::new();
     let mut hf_names = Vec::new();
+    if let Some(divisors) = &rope_divisors {
+        entries.push(TensorEntry {
+            name: ROPE_FREQS.into(),
+            shape: vec![divisors.len()],
+            ggml_type: GgmlType::F32,
+        });
+        hf_names.push(String::new());
+    }
     for (hf, shape) in c.hf_parameter_shapes() {
         let name = gguf_name(&hf)
             .ok_or_else(|| Error::Internal(format!("no GGUF name for tensor `{hf}`")))?;
@@ -178,6 +184,9 @@ pub fn export_gguf(
         .zip(hf_names.iter().map(String::as_str))
         .collect();
     write_gguf(path, &metadata, &entries, |entry| {
+        if let (ROPE_FREQS, Some(divisors)) = (entry.name.as_str(), &rope_divisors) {
+            return quantize(GgmlType::F32, divisors).map_err(Error::Internal);
+        }
         let hf = hf_of[entry.name.as_str()];
         let tensor = model
             .hf_tensor(hf, merge_lora)

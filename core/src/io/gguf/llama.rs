@@ -1,5 +1,6 @@
-//! A llama-architecture GGUF as a [`Llama`]: the config from `llama.*` metadata, llama.cpp's
-//! tensor names mapped to HF ones, and the Q/K row permutation undone.
+//! A llama-architecture GGUF as a [`Llama`]: the config from `llama.*` metadata (Llama 3's RoPE
+//! schedule from `rope_freqs.weight`), llama.cpp's tensor names mapped to HF ones, and the Q/K
+//! row permutation undone.
 //!
 //! llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
 //! "rotate half" layout (first half of the head's dims, then second) to interleaved pairs, for its
@@ -9,6 +10,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::reader::{GgufFile, GgufTensorInfo};
+use super::rope_factors::{ROPE_FREQS, scaling_from_divisors};
 use crate::config::{LlamaConfig, Nf4Config, RopeScaling};
 use crate::error::{Error, Result};
 use crate::io::hf::build_llama;
@@ -56,6 +58,15 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
             .and_then(|v| v.as_u64())
             .and_then(|v| u32::try_from(v).ok())
     };
+    let head_dim = match gguf
+        .metadata
+        .get("llama.rope.dimension_count")
+        .and_then(|v| v.as_u64())
+    {
+        Some(d) => d as usize,
+        None => hidden_size / heads.max(1),
+    };
+    let rope_theta = f("rope.freq_base", 10_000.0);
     let config = LlamaConfig {
         vocab_size,
         hidden_size,
@@ -67,17 +78,10 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
             .get("llama.attention.head_count_kv")
             .and_then(|v| v.as_u64())
             .map_or(heads, |v| v as usize),
-        head_dim: match gguf
-            .metadata
-            .get("llama.rope.dimension_count")
-            .and_then(|v| v.as_u64())
-        {
-            Some(d) => d as usize,
-            None => hidden_size / heads.max(1),
-        },
+        head_dim,
         rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_theta: f("rope.freq_base", 10_000.0),
-        rope_scaling: RopeScaling::Default,
+        rope_theta,
+        rope_scaling: rope_scaling(gguf, rope_theta, head_dim)?,
         max_position_embeddings: u("context_length").unwrap_or(2048),
         tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
@@ -85,6 +89,48 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
     };
     config.validate(&gguf.path.display().to_string())?;
     Ok(config)
+}
+
+/// The RoPE schedule: plain, or Llama 3's from `rope_freqs.weight` (`rope_factors.rs`). The
+/// scalings llama.cpp names in metadata (linear, YaRN, LongRoPE) are refused by name.
+fn rope_scaling(gguf: &GgufFile, theta: f64, head_dim: usize) -> Result<RopeScaling> {
+    let refuse = |what: String| {
+        Err(Error::checkpoint(
+            &gguf.path,
+            format!("{what} is not supported: napkin implements plain RoPE and Llama 3's"),
+        ))
+    };
+    let text = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_str());
+    let number = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_f64());
+    match text("llama.rope.scaling.type") {
+        None | Some("none") => {}
+        Some(kind) => return refuse(format!("RoPE scaling `{kind}` (llama.rope.scaling.type)")),
+    }
+    // Without a type, llama.cpp reads a factor as linear scaling.
+    for key in ["llama.rope.scaling.factor", "llama.rope.scale_linear"] {
+        if let Some(factor) = number(key)
+            && factor != 0.0
+            && factor != 1.0
+        {
+            return refuse(format!("linear RoPE scaling by {factor} ({key})"));
+        }
+    }
+    if !gguf.tensors.contains_key(ROPE_FREQS) {
+        return Ok(RopeScaling::Default);
+    }
+    let (_, divisors) = gguf.read_f32(ROPE_FREQS)?;
+    scaling_from_divisors(&divisors, theta, head_dim).ok_or_else(|| {
+        Error::checkpoint(
+            &gguf.path,
+            format!(
+                "`{ROPE_FREQS}` holds {} per-frequency RoPE divisors that no Llama 3 schedule \
+                 gives (head_dim {head_dim} has {} frequencies); napkin implements plain RoPE \
+                 and Llama 3's",
+                divisors.len(),
+                head_dim / 2
+            ),
+        )
+    })
 }
 
 /// llama.cpp's name for an HF parameter name.
@@ -149,7 +195,7 @@ pub(super) fn refuse_unexpected_tensors(gguf: &GgufFile, config: &LlamaConfig) -
         .tensors
         .keys()
         .map(String::as_str)
-        .filter(|n| !known.contains(*n) && !n.ends_with("rope_freqs.weight"))
+        .filter(|n| !known.contains(*n) && *n != ROPE_FREQS)
         .take(5)
         .collect();
     if extra.is_empty() {
