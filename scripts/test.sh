@@ -11,7 +11,29 @@ if [ ! -d "$NAPKIN_FIXTURES" ]; then
     exit 1
 fi
 
-step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+# Each step's start, for the table of stage times printed at the end (docs/ci.md keeps them).
+stage_names=()
+stage_starts=()
+step() {
+    stage_names+=("$1")
+    stage_starts+=("$(date +%s)")
+    printf '\n== %s (%s)\n' "$1" "$(date +%T)"
+}
+stage_times() {
+    local end i next
+    end=$(date +%s)
+    printf '\n== stage times (minutes)\n'
+    for i in "${!stage_names[@]}"; do
+        next="${stage_starts[i + 1]:-$end}"
+        awk -v s="$((next - stage_starts[i]))" -v n="${stage_names[i]}" \
+            'BEGIN { printf "%6.1f  %s\n", s / 60, substr(n, 1, 90) }'
+    done
+    if [ -n "${web_built_at:-}" ]; then
+        awk -v s="$((web_built_at - web_started_at))" \
+            'BEGIN { printf "%6.1f  (beside them) the wasm modules, from their start to their last line\n", s / 60 }'
+    fi
+    awk -v s="$((end - stage_starts[0]))" 'BEGIN { printf "%6.1f  in all\n", s / 60 }'
+}
 
 step "system libraries"
 bash scripts/setup-system.sh
@@ -31,9 +53,10 @@ step "the browser sandbox's wasm modules: building in the background (log: targe
 # steps leave idle (test runs, lavapipe, fuzzing, the single-crate tails of each build). Run as
 # a process group of its own, stopped if this script stops first.
 mkdir -p target
+web_started_at=$(date +%s)
 setsid nice -n 10 bash scripts/web-build.sh > target/web-build.log 2>&1 &
 web_build=$!
-trap 'kill -- -"$web_build" 2>/dev/null || true' EXIT
+trap 'kill -- -"$web_build" 2>/dev/null || true; stage_times' EXIT
 
 # One feature set for every native build below: the wgpu backend is compiled into the workspace's
 # tests too, so burn and cubecl build once for them, the GPU test binary and the CLI (two
@@ -75,5 +98,6 @@ if ! wait "$web_build"; then
     echo "error: building the browser sandbox failed (log above)" >&2
     exit 1
 fi
+web_built_at=$(stat -c %Y target/web-build.log 2>/dev/null || date +%s)
 tail -n 6 target/web-build.log
 NAPKIN_WEB_BUILT=1 bash scripts/test-web.sh
