@@ -9,11 +9,12 @@
 //! meet. The four vector sums are added together lane by lane, then the scalar tail, then the
 //! eight lanes one by one. `mean` is that sum divided by the length in float32.
 //!
-//! Measured against torch 2.15 on an AVX-512 machine (its sum kernel's vectors are 256 bits
-//! wide there as on AVX2, and with `ATEN_CPU_CAPABILITY=default`): equal for every length from
-//! 1 to 300 and up to 10⁶ on one thread. torch splits a sum of 32,768 values or more between
-//! its threads when it has several, which changes the order; the bound for that case is in
-//! `tests/tests/integration/nf4_parity.rs`.
+//! Checked against torch 2.15 on an AVX-512 machine, whose sum kernel's vectors are 256 bits
+//! wide there as on AVX2 (`tests/corpus/torch_sum`: every length from 1 to 300 and nine longer
+//! ones up to 262,144, positive and of both signs, on one thread: equal to the bit; 10⁶ values
+//! and `ATEN_CPU_CAPABILITY=default` were also equal when tried). torch splits a sum of 32,768
+//! values or more between its threads when it has several, which changes the order; the bound
+//! for that case is in `tests/tests/integration/nf4_parity.rs`.
 
 /// Lanes of ATen's `Vectorized<float>` in its sum kernel.
 const LANES: usize = 8;
