@@ -88,5 +88,23 @@ if [ "$per_token" -ne $((2 * layers)) ]; then
 fi
 echo "KV cache: $per_token slice writes a decoded token ($layers layers, K and V once each)"
 
+# A training step's launches, counted by cubecl's profiler (a line per kernel run): the
+# difference between 4 and 2 steps of `measure` (tiny-smol LoRA r 8 on every projection, T = 64;
+# the count does not depend on T). 1,091 on burn's ops alone; 809 with napkin's fused RMSNorm
+# and SwiGLU (kernels/cube_fused/). A change that adds launches to the step fails here.
+step_launch_limit=809
+launches_in() { # steps → kernel runs in the whole measure run
+    rm -f "$run/step-$1.log"
+    CUBECL_DEBUG_LOG="$run/step-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" measure \
+        --preset tiny-smol --device wgpu --lora-r 8 --seq-len 64 --steps "$1" > /dev/null
+    grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$run/step-$1.log"
+}
+per_step=$(( ($(launches_in 4) - $(launches_in 2)) / 2 ))
+if [ "$per_step" -gt "$step_launch_limit" ]; then
+    echo "error: a tiny-smol LoRA step launches $per_step kernels; at most $step_launch_limit expected" >&2
+    exit 1
+fi
+echo "training step: $per_step launches (tiny-smol LoRA, at most $step_launch_limit)"
+
 # The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
 "$napkin" bench gpu --device wgpu --smoke --runs 3

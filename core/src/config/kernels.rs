@@ -16,9 +16,14 @@ pub enum Kernels {
     /// its inputs and one statistic per row.
     #[default]
     FusedCpu,
-    /// burn's ops, one per step of the formula (wgpu, WebGPU, CUDA): each keeps what its own
-    /// backward reads — RMSNorm three per-row statistics and, when its gain trains, `x·r`;
-    /// SwiGLU `σ(g)` and `silu(g)` besides `g` and `u`; the loss the shifted logits.
+    /// napkin's cubecl kernels for RMSNorm and SwiGLU (`kernels/cube_fused/`, f32 on wgpu,
+    /// WebGPU, CUDA), keeping what the fused CPU ones keep; RoPE, the attention and the loss as
+    /// burn's ops, as [`Kernels::BurnOps`] runs them.
+    FusedGpu,
+    /// burn's ops, one per step of the formula (a GPU backend in 16-bit, or a prediction of
+    /// how burn alone would run): each keeps what its own backward reads — RMSNorm three
+    /// per-row statistics and, when its gain trains, `x·r`; SwiGLU `σ(g)` and `silu(g)` besides
+    /// `g` and `u`; the loss the shifted logits.
     BurnOps,
 }
 
@@ -30,12 +35,31 @@ impl Kernels {
     pub fn graph_beside_tensors(self) -> bool {
         self == Kernels::FusedCpu
     }
+
+    /// Whether RMSNorm and SwiGLU are one fused op each (keeping their inputs and, for the
+    /// norm, one `1/rms` per row), on the CPU or on a GPU.
+    pub fn fuses_norm_and_gating(self) -> bool {
+        matches!(self, Kernels::FusedCpu | Kernels::FusedGpu)
+    }
+
+    /// Whether RoPE, the loss and the efficient attention's backward are napkin's fused CPU
+    /// ops (else burn's ops run them).
+    pub fn fuses_rope_loss_and_attention(self) -> bool {
+        self == Kernels::FusedCpu
+    }
+
+    /// Whether the layers run on a GPU backend (cubecl): its NF4 dequantization writes the
+    /// 16-bit compute dtype.
+    pub fn on_gpu(self) -> bool {
+        self != Kernels::FusedCpu
+    }
 }
 
 impl fmt::Display for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
+            Kernels::FusedGpu => "napkin's fused GPU kernels (RMSNorm, SwiGLU) and burn's ops",
             Kernels::BurnOps => "burn's ops",
         })
     }
@@ -47,9 +71,10 @@ impl FromStr for Kernels {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "fused-cpu" | "fused" | "cpu" => Ok(Kernels::FusedCpu),
-            "burn-ops" | "burn" | "gpu" => Ok(Kernels::BurnOps),
+            "fused-gpu" | "gpu" => Ok(Kernels::FusedGpu),
+            "burn-ops" | "burn" => Ok(Kernels::BurnOps),
             _ => Err(Error::Input(format!(
-                "unknown kernels `{s}`: expected fused-cpu or burn-ops"
+                "unknown kernels `{s}`: expected fused-cpu, fused-gpu or burn-ops"
             ))),
         }
     }
@@ -62,8 +87,12 @@ mod tests {
     #[test]
     fn names_parse_and_bad_names_are_refused() {
         assert_eq!("fused-cpu".parse::<Kernels>().unwrap(), Kernels::FusedCpu);
+        assert_eq!("fused-gpu".parse::<Kernels>().unwrap(), Kernels::FusedGpu);
         assert_eq!("burn-ops".parse::<Kernels>().unwrap(), Kernels::BurnOps);
         let err = "cuda".parse::<Kernels>().unwrap_err().to_string();
-        assert!(err.contains("expected fused-cpu or burn-ops"), "{err}");
+        assert!(
+            err.contains("expected fused-cpu, fused-gpu or burn-ops"),
+            "{err}"
+        );
     }
 }

@@ -235,7 +235,7 @@ impl Replay {
     /// `1/·`, `x·r`, `w·(x·r)`.
     fn rms_norm(&mut self, x: Value, n: u64, d: u64, gain_trainable: bool) -> Value {
         let gain = Self::param(gain_trainable);
-        if self.kernels == Kernels::BurnOps {
+        if !self.kernels.fuses_norm_and_gating() {
             // [n, d] → [n, 1] statistics → [n, d]
             let square = self.binary("square", x, x, Size::rows(n, d));
             let mean = self.stateless("mean_square", &[square], Size::rows(n, 1));
@@ -256,7 +256,7 @@ impl Replay {
     /// `silu(g)·u` over tensors of `size`. Fused: one op keeping `g` and `u`. burn's ops:
     /// `σ(g)` (kept: its backward reads its output), `g·σ(g)`, `silu(g)·u`.
     fn swiglu(&mut self, gate: Value, up: Value, size: Size) -> Value {
-        if self.kernels == Kernels::BurnOps {
+        if !self.kernels.fuses_norm_and_gating() {
             let sigmoid = self.produce("gate_sigmoid", size, gate.tracked);
             if gate.tracked {
                 self.keep(sigmoid);
@@ -432,7 +432,7 @@ pub fn kept_activations(
                         false => Size::rows(b * heads * t, dh),
                     };
                     r.scoped(name, |r| {
-                        if r.kernels == Kernels::FusedCpu {
+                        if r.kernels.fuses_rope_loss_and_attention() {
                             return r.stateless("output", &[x, cos, sin], size);
                         }
                         let x_cos = r.binary("x_cos", x, cos, size);
@@ -457,7 +457,8 @@ pub fn kept_activations(
                     // On burn's ops the causal tile masks are made in the first block's forward
                     // and held by the batch's context for every layer and pass.
                     let masks = causal_tile_mask_values(t);
-                    if layer == 0 && r.kernels == Kernels::BurnOps && !packed && masks > 0 {
+                    let on_burns_ops = !r.kernels.fuses_rope_loss_and_attention();
+                    if layer == 0 && on_burns_ops && !packed && masks > 0 {
                         let masks = r.produce("attention_tile_masks", Size::flat(masks), false);
                         r.keep(masks);
                     }
@@ -540,11 +541,12 @@ pub fn kept_activations(
     // them: B·(T−1)·V of its B·T·V) and the row sums of their exps; its gather keeps i64
     // classes and the product the label weights.
     let rows = b * (t.saturating_sub(1));
-    let (row_statistic, per_row, label_values, more_ops) = match r.kernels {
-        Kernels::FusedCpu => ("log_sum_exp", n, 2 * rows, 0),
-        // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
-        Kernels::BurnOps => ("exp_row_sums", rows, 3 * rows, 9),
-    };
+    let (row_statistic, per_row, label_values, more_ops) =
+        match r.kernels.fuses_rope_loss_and_attention() {
+            true => ("log_sum_exp", n, 2 * rows, 0),
+            // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
+            false => ("exp_row_sums", rows, 3 * rows, 9),
+        };
     r.scoped("loss", |r| {
         let statistic = r.produce(row_statistic, Size::rows(per_row, 1), false);
         let labels = r.produce("shifted_labels", Size::rows(label_values, 1), false);

@@ -20,7 +20,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::inventory::{Kind, Scenario, inventory, totals_by_kind};
-use crate::config::{ATTENTION_TILE, AttentionKind, Kernels, LoraTarget, OptimizerKind};
+use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget, OptimizerKind};
 
 /// FLOPs and bytes of one optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -127,7 +127,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
     let weights = kind(Kind::Weights) + kind(Kind::QuantCodes) + kind(Kind::QuantScales);
     // NF4: every pass writes and reads the dequantized weight of each block linear: f32, or
     // the 16-bit compute dtype where the GPU kernel writes it (the CPU backends keep f32).
-    let dequantized_value = if s.half_compute && s.kernels == Kernels::BurnOps {
+    let dequantized_value = if s.half_compute && s.kernels.on_gpu() {
         2.0
     } else {
         4.0

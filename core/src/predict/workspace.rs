@@ -153,7 +153,7 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
             let inputs = F32 * b * t * (h + 2 * hkv) * dh;
             let output = F32 * b * t * h * dh;
             let backward = match s.kernels {
-                crate::config::Kernels::BurnOps => {
+                crate::config::Kernels::BurnOps | crate::config::Kernels::FusedGpu => {
                     efficient_backward_with_tensor_ops(b, t, h, hkv, dh, ATTENTION_TILE as u64)
                 }
                 // napkin's fused CPU kernel (`kernels/fused/tiled_attention.rs`) walks the tiles
@@ -229,8 +229,8 @@ fn efficient_backward_with_tensor_ops(b: u64, t: u64, h: u64, hkv: u64, dh: u64,
 /// rest of the step, predicted 3.164 and 2.51). The other kernels' terms were fitted on the
 /// CPU's counting allocator as a sum, and stay one.
 fn attention_backward_event(s: &Scenario, attention: u64, projections: u64) -> u64 {
-    match (s.attention, s.kernels) {
-        (AttentionKind::Efficient, crate::config::Kernels::BurnOps) => attention.max(projections),
+    match (s.attention, s.kernels.fuses_rope_loss_and_attention()) {
+        (AttentionKind::Efficient, false) => attention.max(projections),
         _ => attention + projections,
     }
 }

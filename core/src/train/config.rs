@@ -277,7 +277,7 @@ impl TrainConfig {
             kernels: if self.device.is_cpu() {
                 Kernels::FusedCpu
             } else {
-                Kernels::BurnOps
+                Kernels::FusedGpu
             },
             rows: self.device.row_layout(),
             ..Scenario::new(config, self.micro_batch, self.seq_len)

@@ -1,8 +1,9 @@
 //! `napkin measure` on a GPU memory pool, which is read between operations only: the step
 //! peak is taken at marks inside the step (after each forward that keeps a graph, and inside the
-//! backward at each NF4 product, `memory/inner_marks.rs`), the saved
-//! activations are predicted as burn's ops keep them (the fused CPU kernels do not run here),
-//! and the roofline's GEMM rate is timed to the end of the product.
+//! backward at each NF4 product and each fused RMSNorm and SwiGLU, `memory/inner_marks.rs`), the
+//! saved activations are predicted as the device runs the layers (napkin's cubecl RMSNorm and
+//! SwiGLU, burn's ops for the rest: `Kernels::FusedGpu`), and the roofline's GEMM rate is timed
+//! to the end of the product.
 
 use std::time::Instant;
 
@@ -32,15 +33,17 @@ fn measure_seeded(s: &Scenario, device: &Device, steps: usize) -> MeasurementRep
 }
 
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
-/// - the activations one forward keeps are the predicted ones within 0.1 % (replayed as burn's
-///   ops, the graph in host memory: measured 5,280,544 B for full fine-tuning against
-///   5,280,496 predicted; the fused CPU kernels' rules predicted 0.80–0.87 of what is kept);
+/// - the activations one forward keeps are the predicted ones within 0.1 % (the fused GPU
+///   rules, the graph in host memory: measured 4,157,728 B for full fine-tuning against
+///   4,157,680 predicted; with burn's ops for RMSNorm and SwiGLU it kept 5,280,544);
 /// - the step peak read at the marks is a lower bound of the true one (the predicted peak is
-///   inside a block's backward). With QLoRA the NF4 products' backward marks itself with its
-///   operands and result alive, and the reading is 0.95–1.1 of the prediction (0.990, and 0.982
-///   with checkpointing; 0.951 and 0.823 with the forward's marks alone). Full fine-tuning's
-///   backward is burn's own products, which cannot be marked: 0.85–1.1 (0.915). With marks only
-///   after the backward it read the gradients alone (QLoRA 0.07, full 0.65).
+///   inside a block's backward). The NF4 products' backward and the fused RMSNorm's and
+///   SwiGLU's mark themselves with their operands and results alive. QLoRA reads 0.95–1.1 of
+///   the prediction (0.988, and 0.979 with checkpointing; before the fused kernels' marks 0.990
+///   and 0.982 on burn's ops, 0.951 and 0.823 with the forward's marks alone). Full
+///   fine-tuning's peak is in burn's own products, which cannot be marked: 0.85–1.1 (0.946;
+///   0.845 without the fused kernels' marks, 0.915 on burn's ops). With marks only after the
+///   backward it read the gradients alone (QLoRA 0.07, full 0.65).
 #[test]
 fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

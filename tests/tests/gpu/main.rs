@@ -26,6 +26,7 @@ mod adamw_kernel;
 mod adapter_generation;
 mod attention_rows;
 mod device_pool;
+mod fused_training;
 mod kv_cache;
 mod nf4_backward;
 mod nf4_device;

@@ -33,6 +33,12 @@ pub fn rms_norm(x: Tensor<3>, gain: Tensor<1>, eps: f64) -> Tensor<3> {
     } else {
         (x, gain)
     };
+    // The GPU backends: the same formula and keeps as cubecl kernels.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let (x, gain) = match crate::kernels::cube_fused::rms_norm::rms_norm(x, gain, eps) {
+        Ok(out) => return out,
+        Err(inputs) => inputs,
+    };
     let mean_square = x.clone().square().mean_dim(2); // [B, T, 1]
     let inv_rms = (mean_square + eps).sqrt().recip(); // [B, T, 1]
     gain.unsqueeze::<3>() * (x * inv_rms)

@@ -195,13 +195,17 @@ pub(crate) fn on_cpu<K: CpuKernel>(kernel: &K, inputs: K::Inputs) -> Result<K::O
 }
 
 /// Which implementation runs the element-wise layers on `device`: napkin's fused kernels on
-/// the CPU backends, burn's ops elsewhere (f32; half precision falls back to burn's ops on
-/// every backend).
+/// the CPU backends, its cubecl ones for RMSNorm and SwiGLU on a GPU, burn's ops elsewhere
+/// (f32: the layers' inputs are f32 under autocast too).
 pub fn kernels_on(device: &Device) -> Kernels {
-    match cpu_values(Tensor::<1>::zeros([1], device)) {
-        Ok(_) => Kernels::FusedCpu,
-        Err(_) => Kernels::BurnOps,
+    if cpu_values(Tensor::<1>::zeros([1], device)).is_ok() {
+        return Kernels::FusedCpu;
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if crate::device::is_gpu(device) {
+        return Kernels::FusedGpu;
+    }
+    Kernels::BurnOps
 }
 
 /// A tensor's f32 values on the host through [`host_values`] (no copy when the buffer is
@@ -353,7 +357,7 @@ mod tests {
     }
 
     /// Every CPU backend, with and without autodiff, runs the fused kernels (the wgpu side is
-    /// `tests/tests/gpu/device_pool.rs`: there the burn-ops prediction holds).
+    /// `tests/tests/gpu/device_pool.rs`: there the fused-gpu prediction holds).
     #[test]
     fn the_cpu_backends_run_the_fused_kernels() {
         for kind in DeviceKind::cpu_backends() {

@@ -30,10 +30,17 @@ pub fn swiglu(gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
     if !(is_f32(&gate) && is_f32(&up) && gate.dims() == up.dims()) {
         return silu(gate) * up;
     }
-    match on_cpu(&Swiglu, (gate, up)) {
-        Ok(out) => out,
-        Err((gate, up)) => silu(gate) * up,
-    }
+    let (gate, up) = match on_cpu(&Swiglu, (gate, up)) {
+        Ok(out) => return out,
+        Err(inputs) => inputs,
+    };
+    // The GPU backends: the same formula and keeps as a cubecl kernel.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let (gate, up) = match crate::kernels::cube_fused::swiglu::swiglu(gate, up) {
+        Ok(out) => return out,
+        Err(inputs) => inputs,
+    };
+    silu(gate) * up
 }
 
 /// The fused op on one CPU backend.

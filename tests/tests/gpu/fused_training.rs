@@ -1,0 +1,288 @@
+//! Training's fused RMSNorm and SwiGLU on the GPU (`kernels/cube_fused/`), forward and
+//! backward, against burn's ops (the formula op by op on the same device) and against f64 on
+//! the host: widths that are and are not multiples of the kernels' 64 units, one row and many,
+//! a strided input, a trainable and a frozen gain, gates from −12 to 12, and both ways the
+//! backward writes its result (over the incoming buffers, or into new ones when something else
+//! holds them). Each case checks that the fused kernels ran, by their launch counter.
+
+use burn::tensor::activation::silu;
+use burn::tensor::{Device, Distribution, Tensor};
+use napkin_core::kernels::cube_fused::launches;
+use napkin_core::kernels::fused::rms_norm::rms_norm;
+use napkin_core::kernels::fused::swiglu::swiglu;
+use napkin_core::kernels::values::to_f32_vec;
+
+use super::{ONE_AT_A_TIME, wgpu_device};
+
+const EPS: f64 = 1e-5;
+
+/// The largest `|a − e|` over the values, relative to the largest `|e|` (the error of a
+/// normwise comparison; a value-by-value ratio would judge a sum that cancels against its own
+/// tiny result).
+fn worst(a: &[f32], exact: &[f64]) -> f64 {
+    assert_eq!(a.len(), exact.len());
+    let scale = exact.iter().fold(0f64, |m, e| m.max(e.abs()));
+    let diff = a
+        .iter()
+        .zip(exact)
+        .fold(0f64, |m, (&a, &e)| m.max((a as f64 - e).abs()));
+    diff / scale
+}
+
+/// Three figures as `a, b, c` in scientific notation.
+fn three(v: &[f64; 3]) -> String {
+    format!("{:.1e}, {:.1e}, {:.1e}", v[0], v[1], v[2])
+}
+
+/// RMSNorm and its gradients in f64 for rows of `dim`, given the upstream gradient `dy`:
+/// `(y, ∂x, ∂w)`.
+fn rms_norm_f64(x: &[f32], w: &[f32], dy: &[f32], dim: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut y, mut dx, mut dw) = (vec![], vec![], vec![0f64; dim]);
+    for (row, grad) in x.chunks(dim).zip(dy.chunks(dim)) {
+        let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
+        let r = 1.0 / (ms + EPS).sqrt();
+        let dot: f64 = (0..dim)
+            .map(|i| w[i] as f64 * grad[i] as f64 * row[i] as f64)
+            .sum();
+        for i in 0..dim {
+            let (v, g, wi) = (row[i] as f64, grad[i] as f64, w[i] as f64);
+            y.push(wi * v * r);
+            dx.push(r * wi * g - v * r.powi(3) * dot / dim as f64);
+            dw[i] += g * v * r;
+        }
+    }
+    (y, dx, dw)
+}
+
+/// One RMSNorm case run fused or as burn's ops: `(y, ∂x, ∂w)` as f32 values. With `shared`, the
+/// norm's output is added to a tracked zero tensor, so the gradient that reaches the norm is
+/// also the other operand's (the backward then cannot write over it).
+fn run_rms_norm(
+    x0: &Tensor<3>,
+    w0: &Tensor<1>,
+    up: &Tensor<3>,
+    fused: bool,
+    gain_trains: bool,
+    shared: bool,
+) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    let x = x0.clone().require_grad();
+    let w = if gain_trains {
+        w0.clone().require_grad()
+    } else {
+        w0.clone()
+    };
+    let y = if fused {
+        rms_norm(x.clone(), w.clone(), EPS)
+    } else {
+        let inv = (x.clone().square().mean_dim(2) + EPS).sqrt().recip();
+        w.clone().unsqueeze::<3>() * (x.clone() * inv)
+    };
+    let out = match shared {
+        true => y.clone() + Tensor::zeros(y.dims(), &y.device()).require_grad(),
+        false => y.clone(),
+    };
+    let grads = (out * up.clone()).sum().backward();
+    let dx = x.grad(&grads).expect("∂x");
+    let dw = w.grad(&grads).map(to_f32_vec);
+    (to_f32_vec(y.inner()), to_f32_vec(dx), dw)
+}
+
+/// A `[b, t, dim]` input, strided when `transposed` (the transpose of a `[t, b, dim]` one).
+fn input(device: &Device, [b, t, dim]: [usize; 3], transposed: bool) -> Tensor<3> {
+    let normal = Distribution::Normal(0.5, 2.0);
+    match transposed {
+        true => Tensor::<3>::random([t, b, dim], normal, device).swap_dims(0, 1),
+        false => Tensor::<3>::random([b, t, dim], normal, device),
+    }
+}
+
+#[test]
+fn fused_rms_norm_forward_and_backward_equal_burns_ops_and_f64() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(21);
+    let (mut vs_f64, mut vs_burn) = ([0f64; 3], [0f64; 3]);
+    let shapes = [
+        [1, 1, 64],
+        [2, 37, 80],
+        [3, 5, 1000],
+        [1, 3, 576],
+        [2, 4, 7],
+    ];
+    for (case, shape) in shapes.into_iter().enumerate() {
+        let dim = shape[2];
+        let x0 = input(&device, shape, case % 2 == 1);
+        let w0 = Tensor::<1>::random([dim], Distribution::Normal(1.0, 0.3), &device);
+        let up = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (x, w, dy) = (
+            to_f32_vec(x0.clone()),
+            to_f32_vec(w0.clone()),
+            to_f32_vec(up.clone()),
+        );
+        let (y64, dx64, dw64) = rms_norm_f64(&x, &w, &dy, dim);
+        for gain_trains in [true, false] {
+            for shared in [false, true] {
+                let before = launches();
+                let (y, dx, dw) = run_rms_norm(&x0, &w0, &up, true, gain_trains, shared);
+                let ran = launches() - before;
+                let expected = if gain_trains { 3 } else { 2 };
+                assert_eq!(ran, expected, "{shape:?}: fused launches (forward, ∂w, ∂x)");
+                let (y_ref, dx_ref, dw_ref) =
+                    run_rms_norm(&x0, &w0, &up, false, gain_trains, shared);
+                let what = format!("{shape:?}, gain trains {gain_trains}, shared ∂y {shared}");
+                let exact = [
+                    worst(&y, &y64),
+                    worst(&dx, &dx64),
+                    dw.as_ref().map_or(0.0, |dw| worst(dw, &dw64)),
+                ];
+                let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+                let burn = [
+                    worst(&y, &to_f64(&y_ref)),
+                    worst(&dx, &to_f64(&dx_ref)),
+                    match (&dw, &dw_ref) {
+                        (Some(dw), Some(dw_ref)) => worst(dw, &to_f64(dw_ref)),
+                        (None, None) => 0.0,
+                        _ => panic!("{what}: ∂w on one side only"),
+                    },
+                ];
+                assert_eq!(dw.is_some(), gain_trains, "{what}");
+                for k in 0..3 {
+                    vs_f64[k] = vs_f64[k].max(exact[k]);
+                    vs_burn[k] = vs_burn[k].max(burn[k]);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "fused RMSNorm on the GPU, worst relative error (y, ∂x, ∂w): against f64 {}, \
+         against burn's ops {}",
+        three(&vs_f64),
+        three(&vs_burn)
+    );
+    for (k, name) in ["y", "∂x", "∂w"].into_iter().enumerate() {
+        assert!(vs_f64[k] < 1e-5, "{name}: {:e} against f64", vs_f64[k]);
+        assert!(
+            vs_burn[k] < 1e-5,
+            "{name}: {:e} against burn's ops",
+            vs_burn[k]
+        );
+    }
+}
+
+/// One SwiGLU case fused or as burn's ops: `(h, ∂g, ∂u)`. With `held`, a copy of the gate's
+/// handle is alive through the backward, so it cannot write `∂g` over the gate.
+fn run_swiglu(
+    g0: &Tensor<3>,
+    u0: &Tensor<3>,
+    up: &Tensor<3>,
+    fused: bool,
+    held: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    // `* 1`: tracked inputs that are produced by an op, as the projections' outputs are.
+    let (g_leaf, u_leaf) = (g0.clone().require_grad(), u0.clone().require_grad());
+    let (g, u) = (g_leaf.clone() * 1.0, u_leaf.clone() * 1.0);
+    let holder = held.then(|| g.clone().inner());
+    let h = match fused {
+        true => swiglu(g, u),
+        false => silu(g) * u,
+    };
+    let grads = (h.clone() * up.clone()).sum().backward();
+    drop(holder);
+    let dg = g_leaf.grad(&grads).expect("∂g");
+    let du = u_leaf.grad(&grads).expect("∂u");
+    (to_f32_vec(h.inner()), to_f32_vec(dg), to_f32_vec(du))
+}
+
+#[test]
+fn fused_swiglu_forward_and_backward_equal_burns_ops_and_f64() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(22);
+    let (mut vs_f64, mut vs_burn) = ([0f64; 3], [0f64; 3]);
+    for (case, shape) in [[1, 1, 64], [2, 37, 160], [1, 3, 1536], [3, 2, 7]]
+        .into_iter()
+        .enumerate()
+    {
+        let [b, t, f] = shape;
+        let g0 = match case % 2 == 1 {
+            true => Tensor::<3>::random([t, b, f], Distribution::Uniform(-12.0, 12.0), &device)
+                .swap_dims(0, 1),
+            false => Tensor::<3>::random(shape, Distribution::Uniform(-12.0, 12.0), &device),
+        };
+        let u0 = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let up = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (g, u, dh) = (
+            to_f32_vec(g0.clone()),
+            to_f32_vec(u0.clone()),
+            to_f32_vec(up.clone()),
+        );
+        let mut exact = [vec![], vec![], vec![]];
+        for i in 0..g.len() {
+            let (g, u, dh) = (g[i] as f64, u[i] as f64, dh[i] as f64);
+            let s = 1.0 / (1.0 + (-g).exp());
+            exact[0].push(g * s * u);
+            exact[1].push(dh * u * s * (1.0 + g * (1.0 - s)));
+            exact[2].push(dh * g * s);
+        }
+        for held in [false, true] {
+            let before = launches();
+            let fused = run_swiglu(&g0, &u0, &up, true, held);
+            assert_eq!(
+                launches() - before,
+                2,
+                "{shape:?}: fused launches (forward, backward)"
+            );
+            let reference = run_swiglu(&g0, &u0, &up, false, held);
+            let fused = [fused.0, fused.1, fused.2];
+            let reference = [reference.0, reference.1, reference.2];
+            for k in 0..3 {
+                let burn: Vec<f64> = reference[k].iter().map(|&v| v as f64).collect();
+                vs_f64[k] = vs_f64[k].max(worst(&fused[k], &exact[k]));
+                vs_burn[k] = vs_burn[k].max(worst(&fused[k], &burn));
+            }
+        }
+    }
+    eprintln!(
+        "fused SwiGLU on the GPU, worst relative error (h, ∂g, ∂u): against f64 {}, \
+         against burn's ops {}",
+        three(&vs_f64),
+        three(&vs_burn)
+    );
+    for (k, name) in ["h", "∂g", "∂u"].into_iter().enumerate() {
+        assert!(vs_f64[k] < 1e-5, "{name}: {:e} against f64", vs_f64[k]);
+        assert!(
+            vs_burn[k] < 1e-5,
+            "{name}: {:e} against burn's ops",
+            vs_burn[k]
+        );
+    }
+}
+
+/// Without autodiff (generation's prompt, checkpointing's graph-free forward) the fused
+/// forwards run alone: one launch each, the tracked path's values.
+#[test]
+fn untracked_fused_forwards_are_one_launch_each() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device();
+    device.seed(23);
+    let x = Tensor::<3>::random([2, 9, 200], Distribution::Normal(0.0, 2.0), &device);
+    let w = Tensor::<1>::random([200], Distribution::Normal(1.0, 0.3), &device);
+    let before = launches();
+    let y = to_f32_vec(rms_norm(x.clone(), w.clone(), EPS));
+    let h = to_f32_vec(swiglu(x.clone(), x.clone() * 0.5));
+    assert_eq!(launches() - before, 2, "one launch each");
+    let (xs, ws) = (to_f32_vec(x), to_f32_vec(w));
+    let (y64, _, _) = rms_norm_f64(&xs, &ws, &vec![0.0; xs.len()], 200);
+    let h64: Vec<f64> = xs
+        .iter()
+        .map(|&g| {
+            let g = g as f64;
+            g / (1.0 + (-g).exp()) * g * 0.5
+        })
+        .collect();
+    let (ey, eh) = (worst(&y, &y64), worst(&h, &h64));
+    assert!(
+        ey < 1e-6 && eh < 1e-6,
+        "RMSNorm {ey:e}, SwiGLU {eh:e} against f64"
+    );
+}
