@@ -791,7 +791,7 @@ pub struct ScenarioArgs {
     #[arg(long, value_name = "KIND")]
     pub attention: Option<String>,
     /// The element-wise layers' implementation the prediction replays: fused-cpu (napkin's
-    /// CPU kernels), fused-gpu (the GPU backends in f32: napkin's RMSNorm and SwiGLU kernels,
+    /// CPU kernels), fused-gpu (the GPU backends in f32: napkin's RMSNorm, RoPE and SwiGLU kernels,
     /// burn's ops for the rest) or burn-ops (burn's ops alone, which keep more for the
     /// backward). `measure` takes it from its device.
     #[arg(long, value_name = "KIND", default_value = "fused-cpu")]

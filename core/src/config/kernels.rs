@@ -16,8 +16,8 @@ pub enum Kernels {
     /// its inputs and one statistic per row.
     #[default]
     FusedCpu,
-    /// napkin's cubecl kernels for RMSNorm and SwiGLU (`kernels/cube_fused/`, f32 on wgpu,
-    /// WebGPU, CUDA), keeping what the fused CPU ones keep; RoPE, the attention and the loss as
+    /// napkin's cubecl kernels for RMSNorm, RoPE and SwiGLU (`kernels/cube_fused/`, f32 on
+    /// wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep; the attention and the loss as
     /// burn's ops, as [`Kernels::BurnOps`] runs them.
     FusedGpu,
     /// burn's ops, one per step of the formula (a GPU backend in 16-bit, or a prediction of
@@ -42,9 +42,15 @@ impl Kernels {
         matches!(self, Kernels::FusedCpu | Kernels::FusedGpu)
     }
 
-    /// Whether RoPE, the loss and the efficient attention's backward are napkin's fused CPU
-    /// ops (else burn's ops run them).
-    pub fn fuses_rope_loss_and_attention(self) -> bool {
+    /// Whether RoPE is one fused op on the projection that keeps nothing, on the CPU or on a
+    /// GPU.
+    pub fn fuses_rope(self) -> bool {
+        matches!(self, Kernels::FusedCpu | Kernels::FusedGpu)
+    }
+
+    /// Whether the loss and the efficient attention's backward are napkin's fused CPU ops
+    /// (else burn's ops run them).
+    pub fn fuses_loss_and_attention(self) -> bool {
         self == Kernels::FusedCpu
     }
 
@@ -59,7 +65,9 @@ impl fmt::Display for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
-            Kernels::FusedGpu => "napkin's fused GPU kernels (RMSNorm, SwiGLU) and burn's ops",
+            Kernels::FusedGpu => {
+                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU) and burn's ops"
+            }
             Kernels::BurnOps => "burn's ops",
         })
     }

@@ -111,8 +111,9 @@ impl RopeTables {
     }
 
     /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
-    /// ([`crate::kernels::fused::rope`]) and for generation's few rows on a GPU
-    /// ([`crate::kernels::rope_rows`]), [`RopeTables::apply`] elsewhere.
+    /// ([`crate::kernels::fused::rope`]), for generation's few rows on a GPU
+    /// ([`crate::kernels::rope_rows`]) and for the rest on a GPU (`kernels::cube_fused::rope`),
+    /// [`RopeTables::apply`] elsewhere.
     ///
     /// # Shapes
     /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
@@ -123,10 +124,17 @@ impl RopeTables {
         if let Some(rotated) = crate::kernels::rope_rows::few_rows(&y, &self.cos, &self.sin) {
             return heads_of(rotated);
         }
-        match rope(y, &self.host) {
-            Ok(rotated) => heads_of(rotated),
-            Err(y) => self.apply(heads_of(y)),
-        }
+        let y = match rope(y, &self.host) {
+            Ok(rotated) => return heads_of(rotated),
+            Err(y) => y,
+        };
+        // The GPU backends: the same rotation and keeps as a cubecl kernel.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let y = match crate::kernels::cube_fused::rope::rope(y, &self.cos, &self.sin) {
+            Ok(rotated) => return heads_of(rotated),
+            Err(y) => y,
+        };
+        self.apply(heads_of(y))
     }
 
     /// Rotates every head of `x`.

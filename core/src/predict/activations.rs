@@ -19,11 +19,13 @@
 //!
 //! napkin's fused CPU ops (`kernels/fused/`) are one op each: RMSNorm keeps its input and one
 //! `1/rms` per row, SwiGLU its two inputs, the loss the logits and one log-sum-exp per
-//! position, RoPE nothing (it rotates back from the shared tables). On the GPU backends the
-//! same formulas run as burn's ops ([`Kernels::BurnOps`]) and are replayed op by op: RMSNorm
-//! `x²`, `√`, `1/·`, `x·r`, `w·(x·r)`; SwiGLU `σ(g)`, `g·σ(g)`, `silu(g)·u`; the loss
-//! burn's log-softmax (`exp` of the shifted logits, `log` of their row sums), RoPE products
-//! with the tables (which keep nothing of the projection).
+//! position, RoPE nothing (it rotates back from the shared tables). On the GPU backends
+//! napkin's cubecl kernels run RMSNorm, RoPE and SwiGLU with the same keeps
+//! ([`Kernels::FusedGpu`]), and the loss as burn's ops. Where burn's ops run a layer
+//! ([`Kernels::BurnOps`], or the GPU's loss) it is replayed op by op: RMSNorm `x²`, `√`, `1/·`,
+//! `x·r`, `w·(x·r)`; SwiGLU `σ(g)`, `g·σ(g)`, `silu(g)·u`; the loss burn's log-softmax (`exp`
+//! of the shifted logits, `log` of their row sums), RoPE products with the tables (which keep
+//! nothing of the projection).
 //!
 //! A kept tensor is counted once however many ops keep it (burn shares the buffer), under the
 //! name of the op that produced it: `layers.3.mlp.gate_proj.output`. Weights and other
@@ -432,7 +434,15 @@ pub fn kept_activations(
                         false => Size::rows(b * heads * t, dh),
                     };
                     r.scoped(name, |r| {
-                        if r.kernels.fuses_rope_loss_and_attention() {
+                        if r.kernels.fuses_rope() {
+                            // The projection's own layout: `[B, T, n·Dh]`. On a GPU the
+                            // kernel's backward reads the batch's device tables, so the graph
+                            // keeps them (once for every layer); the CPU's reads host copies.
+                            if r.kernels == Kernels::FusedGpu && x.tracked {
+                                r.keep(cos);
+                                r.keep(sin);
+                            }
+                            let size = Size::rows(n, heads * dh);
                             return r.stateless("output", &[x, cos, sin], size);
                         }
                         let x_cos = r.binary("x_cos", x, cos, size);
@@ -457,7 +467,7 @@ pub fn kept_activations(
                     // On burn's ops the causal tile masks are made in the first block's forward
                     // and held by the batch's context for every layer and pass.
                     let masks = causal_tile_mask_values(t);
-                    let on_burns_ops = !r.kernels.fuses_rope_loss_and_attention();
+                    let on_burns_ops = !r.kernels.fuses_loss_and_attention();
                     if layer == 0 && on_burns_ops && !packed && masks > 0 {
                         let masks = r.produce("attention_tile_masks", Size::flat(masks), false);
                         r.keep(masks);
@@ -542,7 +552,7 @@ pub fn kept_activations(
     // classes and the product the label weights.
     let rows = b * (t.saturating_sub(1));
     let (row_statistic, per_row, label_values, more_ops) =
-        match r.kernels.fuses_rope_loss_and_attention() {
+        match r.kernels.fuses_loss_and_attention() {
             true => ("log_sum_exp", n, 2 * rows, 0),
             // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
             false => ("exp_row_sums", rows, 3 * rows, 9),

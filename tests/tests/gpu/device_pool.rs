@@ -1,8 +1,8 @@
 //! `napkin measure` on a GPU memory pool, which is read between operations only: the step
 //! peak is taken at marks inside the step (after each forward that keeps a graph, and inside the
 //! backward at each NF4 product and each fused RMSNorm and SwiGLU, `memory/inner_marks.rs`), the
-//! saved activations are predicted as the device runs the layers (napkin's cubecl RMSNorm and
-//! SwiGLU, burn's ops for the rest: `Kernels::FusedGpu`), and the roofline's GEMM rate is timed
+//! saved activations are predicted as the device runs the layers (napkin's cubecl RMSNorm, RoPE
+//! and SwiGLU, burn's ops for the rest: `Kernels::FusedGpu`), and the roofline's GEMM rate is timed
 //! to the end of the product.
 
 use std::time::Instant;

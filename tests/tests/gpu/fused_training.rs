@@ -1,16 +1,20 @@
-//! Training's fused RMSNorm and SwiGLU on the GPU (`kernels/cube_fused/`), forward and
+//! Training's fused RMSNorm, RoPE and SwiGLU on the GPU (`kernels/cube_fused/`), forward and
 //! backward, against burn's ops (the formula op by op on the same device) and against f64 on
 //! the host: widths that are and are not multiples of the kernels' 64 units, one row and many,
-//! a strided input, a trainable and a frozen gain, gates from −12 to 12, and both ways the
+//! a strided input, a trainable and a frozen gain, gates from −12 to 12, odd head counts and
+//! narrow heads at scattered positions, and both ways the
 //! backward writes its result (over the incoming buffers, or into new ones when something else
-//! holds them). Each case checks that the fused kernels ran, by their launch counter.
+//! holds them). Each case checks by the kernels' launch counter that they ran, and that the
+//! reference did not. RoPE equals burn's ops to the bit (the same products and sums).
 
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Distribution, Tensor};
 use napkin_core::kernels::cube_fused::launches;
+use napkin_core::kernels::cube_fused::rope::rope;
 use napkin_core::kernels::fused::rms_norm::rms_norm;
 use napkin_core::kernels::fused::swiglu::swiglu;
 use napkin_core::kernels::values::to_f32_vec;
+use napkin_core::model::rope::RopeTables;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
 
@@ -127,8 +131,10 @@ fn fused_rms_norm_forward_and_backward_equal_burns_ops_and_f64() {
                 let ran = launches() - before;
                 let expected = if gain_trains { 3 } else { 2 };
                 assert_eq!(ran, expected, "{shape:?}: fused launches (forward, ∂w, ∂x)");
+                let before = launches();
                 let (y_ref, dx_ref, dw_ref) =
                     run_rms_norm(&x0, &w0, &up, false, gain_trains, shared);
+                assert_eq!(launches(), before, "{shape:?}: the reference is burn's ops");
                 let what = format!("{shape:?}, gain trains {gain_trains}, shared ∂y {shared}");
                 let exact = [
                     worst(&y, &y64),
@@ -232,7 +238,9 @@ fn fused_swiglu_forward_and_backward_equal_burns_ops_and_f64() {
                 2,
                 "{shape:?}: fused launches (forward, backward)"
             );
+            let before = launches();
             let reference = run_swiglu(&g0, &u0, &up, false, held);
+            assert_eq!(launches(), before, "{shape:?}: the reference is burn's ops");
             let fused = [fused.0, fused.1, fused.2];
             let reference = [reference.0, reference.1, reference.2];
             for k in 0..3 {
@@ -285,4 +293,110 @@ fn untracked_fused_forwards_are_one_launch_each() {
         ey < 1e-6 && eh < 1e-6,
         "RMSNorm {ey:e}, SwiGLU {eh:e} against f64"
     );
+}
+
+/// One RoPE case fused or as burn's ops (`RopeTables::apply` on the heads): the rotated heads
+/// and `∂x`, as `[B, n, T, Dh]` and `[B, T, n·Dh]` values. With `held`, a copy of the
+/// projection's handle is alive, so the forward cannot write over it.
+fn run_rope(
+    x0: &Tensor<3>,
+    tables: &RopeTables,
+    up: &Tensor<4>,
+    heads: usize,
+    fused: bool,
+    held: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let [b, t, width] = x0.dims();
+    let leaf = x0.clone().require_grad();
+    let x = leaf.clone() * 1.0;
+    let holder = held.then(|| x.clone().inner());
+    let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, width / heads]).swap_dims(1, 2);
+    let y = match fused {
+        true => heads_of(rope(x, &tables.cos, &tables.sin).expect("f32 on wgpu")),
+        false => tables.apply(heads_of(x)),
+    };
+    let grads = (y.clone() * up.clone()).sum().backward();
+    drop(holder);
+    (
+        to_f32_vec(y.inner()),
+        to_f32_vec(leaf.grad(&grads).expect("∂x")),
+    )
+}
+
+#[test]
+fn fused_rope_forward_and_backward_equal_burns_ops_and_f64() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(24);
+    let (mut vs_f64, mut vs_burn) = ([0f64; 2], [0f64; 2]);
+    // (B, T, heads, Dh): SmolLM2's 64, an odd head count, a narrow head; two batch rows at
+    // different positions.
+    for (b, t, heads, dh) in [(1, 1, 9, 64), (2, 37, 3, 16), (1, 5, 5, 2)] {
+        let inv_freq: Vec<f32> = (0..dh / 2)
+            .map(|j| 1.0 / 10_000f32.powf((2 * j) as f32 / dh as f32))
+            .collect();
+        let positions: Vec<u32> = (0..b * t).map(|i| (i * 97 % 1000) as u32).collect();
+        let tables = RopeTables::new(&inv_freq, &positions, b, t, &device);
+        let width = heads * dh;
+        let x0 = Tensor::<3>::random([b, t, width], Distribution::Normal(0.0, 1.0), &device);
+        let up = Tensor::<4>::random([b, heads, t, dh], Distribution::Normal(0.0, 1.0), &device);
+        let (x, dy) = (to_f32_vec(x0.clone()), to_f32_vec(up.clone()));
+        let (cos, sin) = (
+            to_f32_vec(tables.cos.clone()),
+            to_f32_vec(tables.sin.clone()),
+        );
+        // f64: y in [B, n, T, Dh] order, ∂x in [B, T, n·Dh] order.
+        let half = dh / 2;
+        let (mut y64, mut dx64) = (vec![0f64; x.len()], vec![0f64; x.len()]);
+        for bi in 0..b {
+            for ti in 0..t {
+                let row = bi * t + ti;
+                for h in 0..heads {
+                    for j in 0..dh {
+                        let at = row * width + h * dh + j;
+                        let (c, s) = (cos[row * dh + j] as f64, sin[row * dh + j] as f64);
+                        let partner = if j < half { at + half } else { at - half };
+                        let sign = if j < half { -1.0 } else { 1.0 };
+                        let out = ((bi * heads + h) * t + ti) * dh + j;
+                        y64[out] = x[at] as f64 * c + sign * x[partner] as f64 * s;
+                        // ∂x[at] = ∂y[at]·c + (the partner's ∂y)·(its s) with the sign flipped.
+                        let out_partner = if j < half { out + half } else { out - half };
+                        let pj = if j < half { j + half } else { j - half };
+                        let s_partner = sin[row * dh + pj] as f64;
+                        dx64[at] = dy[out] as f64 * c - sign * dy[out_partner] as f64 * s_partner;
+                    }
+                }
+            }
+        }
+        for held in [false, true] {
+            let before = launches();
+            let (y, dx) = run_rope(&x0, &tables, &up, heads, true, held);
+            assert_eq!(
+                launches() - before,
+                2,
+                "({b}, {t}, {heads}, {dh}): fused launches"
+            );
+            let before = launches();
+            let (y_ref, dx_ref) = run_rope(&x0, &tables, &up, heads, false, held);
+            assert_eq!(launches(), before, "the reference is burn's ops");
+            let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            vs_f64[0] = vs_f64[0].max(worst(&y, &y64));
+            vs_f64[1] = vs_f64[1].max(worst(&dx, &dx64));
+            vs_burn[0] = vs_burn[0].max(worst(&y, &to_f64(&y_ref)));
+            vs_burn[1] = vs_burn[1].max(worst(&dx, &to_f64(&dx_ref)));
+        }
+    }
+    eprintln!(
+        "fused RoPE on the GPU, worst relative error (y, ∂x): against f64 {:.1e}, {:.1e}, against \
+         burn's ops {:.1e}, {:.1e}",
+        vs_f64[0], vs_f64[1], vs_burn[0], vs_burn[1]
+    );
+    for (k, name) in ["y", "∂x"].into_iter().enumerate() {
+        assert!(vs_f64[k] < 1e-6, "{name}: {:e} against f64", vs_f64[k]);
+        assert!(
+            vs_burn[k] < 1e-6,
+            "{name}: {:e} against burn's ops",
+            vs_burn[k]
+        );
+    }
 }

@@ -1,10 +1,12 @@
 //! Training's fused element-wise kernels on the cubecl backends (wgpu, WebGPU, CUDA), as
 //! custom autodiff operations: the GPU side of `kernels/fused/`, whose CPU formulas are their
-//! reference and whose memory they keep exactly (so the predictor's fused rules hold on a GPU
-//! pool too).
+//! reference and whose keeps they share (so the predictor's fused rules hold on a GPU pool too;
+//! RoPE's backward reads the batch's device tables where the CPU's reads host copies).
 //!
 //! - `rms_norm.rs`: RMSNorm, forward one launch (burn's ops: seven), backward one launch, two
 //!   when the gain trains;
+//! - `rope.rs`: the rotary embedding of a whole projection, forward and backward one launch
+//!   each (burn's ops: about six each way), keeping nothing of the projection;
 //! - `swiglu.rs`: `silu(g) ⊙ u`, forward one launch (burn's ops: three, keeping two more
 //!   `[B, T, F]` tensors), backward one launch;
 //! - `strided.rs`: where a value of a `[B, T, C]` tensor lies, for the row-padded layouts
@@ -14,6 +16,7 @@
 //! back, for the caller to run burn's ops.
 
 pub mod rms_norm;
+pub mod rope;
 mod strided;
 pub mod swiglu;
 
