@@ -11,8 +11,9 @@
 //! - forward: `y = x · Wᵀ`
 //! - backward: `∂x = ∂y · W` and `∂W = ∂yᵀ · x`
 //!
-//! Other backends (Flex multiplies strided operands without copying; wgpu, CUDA) use burn's
-//! matmul on the transposed view.
+//! Flex multiplies strided operands without copying (`kernels/fused/x_wt.rs`). On wgpu and CUDA
+//! burn's matmul takes the transposed view, under a custom backward that forms `∂W` as
+//! `[out, in]` (burn's own hands back a transposed view, copied when flattened).
 
 use burn::tensor::Tensor;
 #[cfg(feature = "openblas")]
@@ -46,7 +47,94 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
         Ok(y) => return y,
         Err(inputs) => inputs,
     };
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let (x, w) = match cube_products::x_wt(x, w) {
+        Ok(y) => return y,
+        Err(inputs) => inputs,
+    };
     x.matmul(w.transpose())
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_products {
+    //! The GPU backends (burn's cubecl backend): burn's own products, with a backward that
+    //! forms `∂W` in the weight's `[out, in]` layout. Through `x.matmul(w.transpose())` burn's
+    //! autodiff forms `∂(Wᵀ)` and hands back its transposed view, which every optimizer step
+    //! copied to flatten it: one copy launch per trained weight a step (56 of a tiny-smol LoRA
+    //! step's 705 launches, counted on lavapipe).
+
+    use burn::backend::Cube;
+    use burn::tensor::Tensor;
+    use burn_autodiff::Autodiff;
+    use burn_autodiff::checkpoint::base::Checkpointer;
+    use burn_autodiff::checkpoint::strategy::NoCheckpointing;
+    use burn_autodiff::grads::Gradients;
+    use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
+    use burn_backend::ops::FloatTensorOps;
+    use burn_backend::tensor::FloatTensor;
+
+    /// `x · Wᵀ` as the custom op when both live on the autodiff cubecl device; both back
+    /// otherwise (a product without autodiff needs no backward of its own).
+    pub fn x_wt(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, (Tensor<2>, Tensor<2>)> {
+        match (
+            x.clone().try_into_primitive::<Autodiff<Cube>>(),
+            w.clone().try_into_primitive::<Autodiff<Cube>>(),
+        ) {
+            (Ok(xp), Ok(wp)) => Ok(Tensor::from_primitive::<Autodiff<Cube>>(tracked(xp, wp))),
+            _ => Err((x, w)),
+        }
+    }
+
+    /// The backward step of `y = x · Wᵀ`.
+    #[derive(Debug)]
+    struct XWtBackward;
+
+    impl Backward<Cube, 2> for XWtBackward {
+        /// x (kept when W needs a gradient) and W (kept when x needs one), as burn's matmul
+        /// keeps its operands.
+        type State = (Option<FloatTensor<Cube>>, Option<FloatTensor<Cube>>);
+
+        fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let (x, w) = ops.state;
+            binary::<Cube, _, _>(
+                ops.parents,
+                ops.node,
+                grads,
+                // ∂x [N, in] = ∂y [N, out] · W [out, in]
+                |grad| Cube::float_matmul(grad, w.expect("W saved for ∂x")),
+                // ∂W [out, in] = ∂yᵀ [out, N] · x [N, in]
+                |grad| {
+                    let x = x.expect("x saved for ∂W");
+                    Cube::float_matmul(Cube::float_transpose(grad), x)
+                },
+            );
+        }
+    }
+
+    fn tracked(
+        x: FloatTensor<Autodiff<Cube>>,
+        w: FloatTensor<Autodiff<Cube>>,
+    ) -> FloatTensor<Autodiff<Cube>> {
+        let (x_needs_grad, w_needs_grad) = (x.is_tracked(), w.is_tracked());
+        let prep = XWtBackward
+            .prepare::<NoCheckpointing>([x.node(), w.node()])
+            .compute_bound()
+            .stateful();
+        let y = Cube::float_matmul(
+            x.primitive().clone(),
+            Cube::float_transpose(w.primitive().clone()),
+        );
+        match prep {
+            OpsKind::Tracked(prep) => {
+                let state = (
+                    w_needs_grad.then(|| x.into_primitive()),
+                    x_needs_grad.then(|| w.into_primitive()),
+                );
+                prep.finish(state, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
 }
 
 // burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).

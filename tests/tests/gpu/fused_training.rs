@@ -14,6 +14,7 @@ use napkin_core::kernels::cube_fused::rope::rope;
 use napkin_core::kernels::fused::rms_norm::rms_norm;
 use napkin_core::kernels::fused::swiglu::swiglu;
 use napkin_core::kernels::values::to_f32_vec;
+use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::rope::RopeTables;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
@@ -398,5 +399,50 @@ fn fused_rope_forward_and_backward_equal_burns_ops_and_f64() {
             "{name}: {:e} against burn's ops",
             vs_burn[k]
         );
+    }
+}
+
+/// `x · Wᵀ` with its GPU backward (`model/matmul_wt.rs`, which forms `∂W` as `[out, in]`):
+/// the values and both gradients of burn's `x.matmul(w.transpose())`, for an odd shape, with
+/// both operands trained, and with the weight frozen (no `∂W`).
+#[test]
+fn x_wt_on_the_gpu_gives_burns_gradients() {
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(25);
+    let x0 = Tensor::<2>::random([7, 33], Distribution::Normal(0.0, 1.0), &device);
+    let w0 = Tensor::<2>::random([19, 33], Distribution::Normal(0.0, 1.0), &device);
+    let up = Tensor::<2>::random([7, 19], Distribution::Normal(0.0, 1.0), &device);
+    for weight_trains in [true, false] {
+        let run = |ours: bool| {
+            let x = x0.clone().require_grad();
+            let w = match weight_trains {
+                true => w0.clone().require_grad(),
+                false => w0.clone(),
+            };
+            let y = match ours {
+                true => matmul_wt(x.clone(), w.clone()),
+                false => x.clone().matmul(w.clone().transpose()),
+            };
+            let grads = (y.clone() * up.clone()).sum().backward();
+            let dw = w.grad(&grads).map(to_f32_vec);
+            (
+                to_f32_vec(y.inner()),
+                to_f32_vec(x.grad(&grads).expect("∂x")),
+                dw,
+            )
+        };
+        let ((y, dx, dw), (y_ref, dx_ref, dw_ref)) = (run(true), run(false));
+        let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let (ey, edx) = (worst(&y, &to_f64(&y_ref)), worst(&dx, &to_f64(&dx_ref)));
+        assert!(ey < 1e-6 && edx < 1e-6, "y {ey:e}, ∂x {edx:e}");
+        match (dw, dw_ref) {
+            (Some(dw), Some(dw_ref)) => {
+                let e = worst(&dw, &to_f64(&dw_ref));
+                assert!(e < 1e-6, "∂W {e:e}");
+            }
+            (None, None) => assert!(!weight_trains),
+            _ => panic!("∂W on one side only"),
+        }
     }
 }
