@@ -92,8 +92,9 @@ echo "KV cache: $per_token slice writes a decoded token ($layers layers, K and V
 # difference between 4 and 2 steps of `measure` (tiny-smol LoRA r 8 on every projection, T = 64;
 # the count does not depend on T). 1,091 on burn's ops alone; 705 with napkin's fused RMSNorm,
 # RoPE and SwiGLU (kernels/cube_fused/); 649 with each weight's gradient formed in its own
-# layout (model/matmul_wt.rs: no copy to flatten it). A change that adds launches fails here.
-step_launch_limit=649
+# layout (model/matmul_wt.rs: no copy to flatten it); 573 with the eager attention's scale, mask
+# and softmax fused (cube_fused/softmax.rs). A change that adds launches fails here.
+step_launch_limit=573
 launches_in() { # steps → kernel runs in the whole measure run
     rm -f "$run/step-$1.log"
     CUBECL_DEBUG_LOG="$run/step-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" measure \

@@ -17,8 +17,9 @@ pub enum Kernels {
     #[default]
     FusedCpu,
     /// napkin's cubecl kernels for RMSNorm, RoPE and SwiGLU (`kernels/cube_fused/`, f32 on
-    /// wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep; the attention and the loss as
-    /// burn's ops, as [`Kernels::BurnOps`] runs them.
+    /// wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, and for the eager attention's
+    /// softmax (keeping the probabilities only); the products, the efficient attention and the
+    /// loss as burn's ops, as [`Kernels::BurnOps`] runs them.
     FusedGpu,
     /// burn's ops, one per step of the formula (a GPU backend in 16-bit, or a prediction of
     /// how burn alone would run): each keeps what its own backward reads — RMSNorm three
@@ -48,6 +49,12 @@ impl Kernels {
         matches!(self, Kernels::FusedCpu | Kernels::FusedGpu)
     }
 
+    /// Whether the eager attention's scale, mask and softmax are one op keeping its output
+    /// only (napkin's GPU kernel; the CPU runs burn's ops there).
+    pub fn fuses_softmax(self) -> bool {
+        self == Kernels::FusedGpu
+    }
+
     /// Whether the loss and the efficient attention's backward are napkin's fused CPU ops
     /// (else burn's ops run them).
     pub fn fuses_loss_and_attention(self) -> bool {
@@ -66,7 +73,7 @@ impl fmt::Display for Kernels {
         f.write_str(match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
             Kernels::FusedGpu => {
-                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU) and burn's ops"
+                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax) and burn's ops"
             }
             Kernels::BurnOps => "burn's ops",
         })

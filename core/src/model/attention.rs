@@ -134,10 +134,24 @@ impl Attention {
         // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.
         let q = q.reshape([b, hkv, group * t, dh]); // [B, Hkv, group·T, Dh]
         let scale = (dh as f64).powf(-0.5);
-        let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, Hkv, group·T, S]
-        let scores = scores.reshape([b, h, t, s]) + mask.clone(); // [B, H, T, S]
-        let probs = softmax(scores, 3).reshape([b, hkv, group * t, s]);
+        let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, h, t, s]); // [B, H, T, S]
+        let probs = scaled_masked_softmax(scores, scale, mask).reshape([b, hkv, group * t, s]);
         let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
         self.merge_heads(out.reshape([b, h, t, dh]), b, t)
     }
+}
+
+/// `softmax(scores · scale + mask)` over the keys: one fused op each way on a GPU
+/// (`kernels::cube_fused::softmax`), burn's ops elsewhere.
+///
+/// # Shapes
+/// - `scores`: `[B, H, T, S]`, `mask`: `[1 or B, 1, T, S]` → `[B, H, T, S]`
+fn scaled_masked_softmax(scores: Tensor<4>, scale: f64, mask: &Tensor<4>) -> Tensor<4> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let scores =
+        match crate::kernels::cube_fused::softmax::scaled_masked_softmax(scores, scale, mask) {
+            Ok(probs) => return probs,
+            Err(scores) => scores,
+        };
+    softmax(scores * scale + mask.clone(), 3)
 }

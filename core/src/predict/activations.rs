@@ -495,13 +495,23 @@ pub fn kept_activations(
                 let k = r.view(k, 1);
                 let scores = Size::rows(b * h * t, t); // [B, H, T, T]
                 let raw = r.binary("scores", q, k, scores);
-                let scaled = r.stateless("scores_scaled", &[raw], scores);
-                let scaled = r.view(scaled, 1);
-                let masked = r.stateless("scores_masked", &[scaled], scores);
-                let shifted = r.stateless("scores_shifted", &[masked], scores);
-                let exp = r.unary("scores_exp", shifted, scores);
-                let sum = r.stateless("scores_exp_sum", &[exp], Size::rows(b * h * t, 1));
-                let probs = r.binary("probs", exp, sum, scores);
+                let probs = if r.kernels.fuses_softmax() {
+                    // One op (scale, mask, softmax) that keeps its output only.
+                    let raw = r.view(raw, 1);
+                    let probs = r.produce("probs", scores, raw.tracked);
+                    if raw.tracked {
+                        r.keep(probs);
+                    }
+                    probs
+                } else {
+                    let scaled = r.stateless("scores_scaled", &[raw], scores);
+                    let scaled = r.view(scaled, 1);
+                    let masked = r.stateless("scores_masked", &[scaled], scores);
+                    let shifted = r.stateless("scores_shifted", &[masked], scores);
+                    let exp = r.unary("scores_exp", shifted, scores);
+                    let sum = r.stateless("scores_exp_sum", &[exp], Size::rows(b * h * t, 1));
+                    r.binary("probs", exp, sum, scores)
+                };
                 let probs = r.view(probs, 1);
                 let out = r.binary("probs_v", probs, v, Size::rows(n * h, dh));
                 let out = r.view(out, 2);

@@ -15,6 +15,11 @@ pub const GRAPH_BYTES_PER_OP: u64 = 470;
 /// gradient, the softmax's recomputed exponentials and their product).
 pub const ATTENTION_BACKWARD_COPIES: u64 = 2;
 
+/// With the GPU's fused softmax (`kernels/cube_fused/softmax.rs`) the attention backward holds
+/// one `[B, H, T, S]` buffer: the probabilities' gradient, which the softmax's backward
+/// overwrites with the scores' gradient.
+pub const FUSED_SOFTMAX_BACKWARD_COPIES: u64 = 1;
+
 /// The MLP backward holds this many `[B, T, F]` buffers at once: the gradient of
 /// `silu(gate)·up`. The fused SwiGLU writes its inputs' gradients over the kept `gate` and
 /// `up` (burn's ops held two more buffers).
@@ -142,10 +147,11 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
     match s.attention {
         AttentionKind::Eager => {
             let scores = F32 * b * h * t * t;
-            (
-                ATTENTION_BACKWARD_COPIES * scores,
-                ATTENTION_FORWARD_COPIES * scores,
-            )
+            let backward = match s.kernels.fuses_softmax() {
+                true => FUSED_SOFTMAX_BACKWARD_COPIES,
+                false => ATTENTION_BACKWARD_COPIES,
+            };
+            (backward * scores, ATTENTION_FORWARD_COPIES * scores)
         }
         AttentionKind::Efficient => {
             let tile = t.min(ATTENTION_TILE as u64);

@@ -34,16 +34,16 @@ fn measure_seeded(s: &Scenario, device: &Device, steps: usize) -> MeasurementRep
 
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
 /// - the activations one forward keeps are the predicted ones within 0.1 % (the fused GPU
-///   rules, the graph in host memory: measured 4,157,728 B for full fine-tuning against
-///   4,157,680 predicted; with burn's ops for RMSNorm and SwiGLU it kept 5,280,544);
+///   rules, the graph in host memory: measured 2,968,864 B for full fine-tuning against
+///   2,968,816 predicted; on burn's ops alone it kept 5,280,544);
 /// - the step peak read at the marks is a lower bound of the true one (the predicted peak is
-///   inside a block's backward). The NF4 products' backward and the fused RMSNorm's and
-///   SwiGLU's mark themselves with their operands and results alive. QLoRA reads 0.95–1.1 of
-///   the prediction (0.988, and 0.979 with checkpointing; before the fused kernels' marks 0.990
-///   and 0.982 on burn's ops, 0.951 and 0.823 with the forward's marks alone). Full
-///   fine-tuning's peak is in burn's own products, which cannot be marked: 0.85–1.1 (0.946;
-///   0.845 without the fused kernels' marks, 0.915 on burn's ops). With marks only after the
-///   backward it read the gradients alone (QLoRA 0.07, full 0.65).
+///   inside a block's backward). The NF4 products' backward and the fused RMSNorm's, SwiGLU's
+///   and softmax's mark themselves with their operands and results alive. QLoRA reads
+///   0.95–1.1 of the prediction (0.984, and 0.975 with checkpointing; on burn's ops 0.990 and
+///   0.982, and 0.951 and 0.823 with the forward's marks alone). Full fine-tuning: 0.85–1.1
+///   (1.000 at the softmax's backward; 0.946 before the softmax was fused, 0.845 without the
+///   fused kernels' marks, 0.915 on burn's ops, whose products cannot be marked). With marks
+///   only after the backward it read the gradients alone (QLoRA 0.07, full 0.65).
 #[test]
 fn the_step_peak_and_the_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -150,8 +150,9 @@ fn the_roofline_gemm_probe_waits_for_the_product() {
 /// log-sum-exp per row, so each block's kept activations drop by the `[B, H, T, T]` terms the
 /// eager attention keeps — measured by the device pool, each block within 5 % of the
 /// prediction, and the drop within 5 % of the predicted drop (measured on lavapipe: every
-/// block to the byte, 6,813,696 B, the first one with the shared causal tile mask, 65,536 B
-/// more; 2.8× the prediction before the op ran on the GPU backends).
+/// block to the byte, efficient 4,642,816 B, the first one with the shared causal tile mask,
+/// 65,536 B more; eager 13,766,656 B with the fused softmax; 2.8× the prediction before the op
+/// ran on the GPU backends).
 #[test]
 fn efficient_attention_on_the_device_keeps_no_t_by_t_tensor() {
     use napkin_core::config::AttentionKind;
@@ -281,9 +282,9 @@ fn the_efficient_attention_backward_workspace_on_a_device_pool() {
 /// 16-bit casts of its operands (its input, and the weight's cast copy when the input needs a
 /// gradient: the tied embedding's for the head) instead of the f32 tensors, while the norms,
 /// the softmax and the loss stay f32. The kept activations equal the 16-bit replay within
-/// 0.1 %: QLoRA (5,009,440 B on lavapipe, against 4,931,360 in f32: the head keeps the tied
-/// embedding's 16-bit copy) and full fine-tuning (6,982,432 B against 5,280,544: both casts
-/// are kept beside the f32 tensors other ops keep). The f32 replay would be 1.6 % and 32 % off.
+/// 0.1 %: QLoRA (3,030,048 B on lavapipe, against 2,951,968 in f32: the head keeps the tied
+/// embedding's 16-bit copy) and full fine-tuning (4,670,752 B against 2,968,864: both casts
+/// are kept beside the f32 tensors other ops keep). The f32 replay would be 2.6 % and 36 % off.
 #[test]
 fn mixed_precision_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -446,3 +446,98 @@ fn x_wt_on_the_gpu_gives_burns_gradients() {
         }
     }
 }
+
+/// The eager attention's fused scale, mask and softmax (`kernels/cube_fused/softmax.rs`) against
+/// burn's `softmax(s·scale + mask)` and f64: a causal mask shared by the batch and one per batch
+/// row (packed sequences), rows shorter and longer than the kernel's 64 units, strided scores,
+/// and both ways the backward writes.
+#[test]
+fn fused_softmax_forward_and_backward_equal_burns_ops_and_f64() {
+    use burn::tensor::TensorData;
+    use napkin_core::config::MASKED;
+    use napkin_core::kernels::cube_fused::softmax::scaled_masked_softmax;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(26);
+    let (mut vs_f64, mut vs_burn) = ([0f64; 2], [0f64; 2]);
+    for (b, h, t, per_row) in [(1, 3, 5, false), (2, 2, 37, true), (1, 1, 130, false)] {
+        let scale = 1.0 / 8f64.sqrt();
+        // Causal, and for packed rows a second sequence starting at t/2 in batch row 1.
+        let mask_rows = if per_row { b } else { 1 };
+        let mut mask = vec![0f32; mask_rows * t * t];
+        for r in 0..mask_rows {
+            for i in 0..t {
+                for j in 0..t {
+                    let other_sequence = r == 1 && (i >= t / 2) != (j >= t / 2);
+                    if j > i || other_sequence {
+                        mask[(r * t + i) * t + j] = MASKED;
+                    }
+                }
+            }
+        }
+        let mask_t =
+            Tensor::<4>::from_data(TensorData::new(mask.clone(), [mask_rows, 1, t, t]), &device);
+        // Strided: the transpose of the last two axes of a random tensor.
+        let s0 = Tensor::<4>::random([b, h, t, t], Distribution::Normal(0.0, 3.0), &device)
+            .swap_dims(2, 3);
+        let up = Tensor::<4>::random([b, h, t, t], Distribution::Normal(0.0, 1.0), &device);
+        let (s, dp) = (to_f32_vec(s0.clone()), to_f32_vec(up.clone()));
+        let (mut p64, mut ds64) = (vec![0f64; s.len()], vec![0f64; s.len()]);
+        for row in 0..b * h * t {
+            let (bi, i) = (row / (h * t), row % t);
+            let m = (if per_row { bi } else { 0 } * t + i) * t;
+            let z: Vec<f64> = (0..t)
+                .map(|j| s[row * t + j] as f64 * scale + mask[m + j] as f64)
+                .collect();
+            let top = z.iter().copied().fold(f64::MIN, f64::max);
+            let total: f64 = z.iter().map(|v| (v - top).exp()).sum();
+            let p: Vec<f64> = z.iter().map(|v| (v - top).exp() / total).collect();
+            let dot: f64 = (0..t).map(|j| dp[row * t + j] as f64 * p[j]).sum();
+            for j in 0..t {
+                p64[row * t + j] = p[j];
+                ds64[row * t + j] = scale * p[j] * (dp[row * t + j] as f64 - dot);
+            }
+        }
+        for held in [false, true] {
+            let run = |fused: bool| {
+                let leaf = s0.clone().require_grad();
+                let scores = leaf.clone() * 1.0;
+                let holder = held.then(|| scores.clone().inner());
+                let p = match fused {
+                    true => scaled_masked_softmax(scores, scale, &mask_t).expect("f32 on wgpu"),
+                    false => burn::tensor::activation::softmax(scores * scale + mask_t.clone(), 3),
+                };
+                let grads = (p.clone() * up.clone()).sum().backward();
+                drop(holder);
+                (
+                    to_f32_vec(p.inner()),
+                    to_f32_vec(leaf.grad(&grads).expect("∂s")),
+                )
+            };
+            let before = launches();
+            let (p, ds) = run(true);
+            assert_eq!(launches() - before, 2, "({b}, {h}, {t}): fused launches");
+            let before = launches();
+            let (p_ref, ds_ref) = run(false);
+            assert_eq!(launches(), before, "the reference is burn's ops");
+            let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            vs_f64[0] = vs_f64[0].max(worst(&p, &p64));
+            vs_f64[1] = vs_f64[1].max(worst(&ds, &ds64));
+            vs_burn[0] = vs_burn[0].max(worst(&p, &to_f64(&p_ref)));
+            vs_burn[1] = vs_burn[1].max(worst(&ds, &to_f64(&ds_ref)));
+        }
+    }
+    eprintln!(
+        "fused softmax on the GPU, worst relative error (p, ∂s): against f64 {:.1e}, {:.1e}, \
+         against burn's ops {:.1e}, {:.1e}",
+        vs_f64[0], vs_f64[1], vs_burn[0], vs_burn[1]
+    );
+    for (k, name) in ["p", "∂s"].into_iter().enumerate() {
+        assert!(vs_f64[k] < 1e-5, "{name}: {:e} against f64", vs_f64[k]);
+        assert!(
+            vs_burn[k] < 1e-5,
+            "{name}: {:e} against burn's ops",
+            vs_burn[k]
+        );
+    }
+}

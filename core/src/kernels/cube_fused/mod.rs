@@ -7,6 +7,8 @@
 //!   when the gain trains;
 //! - `rope.rs`: the rotary embedding of a whole projection, forward and backward one launch
 //!   each (burn's ops: about six each way), keeping nothing of the projection;
+//! - `softmax.rs`: the eager attention's scale, mask and softmax, forward and backward one
+//!   launch each (burn's ops: seven and about fourteen), keeping the probabilities only;
 //! - `swiglu.rs`: `silu(g) ⊙ u`, forward one launch (burn's ops: three, keeping two more
 //!   `[B, T, F]` tensors), backward one launch;
 //! - `strided.rs`: where a value of a `[B, T, C]` tensor lies, for the row-padded layouts
@@ -17,6 +19,7 @@
 
 pub mod rms_norm;
 pub mod rope;
+pub mod softmax;
 mod strided;
 pub mod swiglu;
 
