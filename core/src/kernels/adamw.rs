@@ -1,10 +1,12 @@
-//! AdamW's update of one parameter as one cubecl kernel, for the GPU backends.
+//! AdamW's update as cubecl kernels, for the GPU backends: one parameter a launch
+//! ([`update`]), or [`GROUP`] parameters a launch ([`update_group`], what a training step uses
+//! where the device binds its 29 buffers: not a browser's WebGPU).
 //!
 //! As burn tensor ops ([`crate::train::adamw`]'s `update_with_tensor_ops`) the update is about
 //! thirteen kernels per parameter — burn's cubecl backend launches one per op — and on a GPU
 //! each launch costs host time whatever its size: measured on an H200 (wgpu/Vulkan), SmolLM2's
-//! 420 LoRA tensors took 0.75–0.80 s of AdamW per step, ~150 µs a launch. Here one launch
-//! reads `p, g, m, v` once and writes the new three.
+//! 420 LoRA tensors took 0.75–0.80 s of AdamW per step, ~150 µs a launch. Here each value's
+//! `p, g, m, v` are read once and the new three written, in 420 launches, or 105 grouped.
 //!
 //! Per value, in the order and precision (f32) of the tensor-op version:
 //! `m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²; p ← p·decay − (m / (√v / √(1−β2ᵗ) + ε))·step_size`.
@@ -20,7 +22,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 /// The scalars of one step (see `train::adamw::StepScalars`), in f32.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWScalars {
     /// `1 − lr·wd`.
     pub decay: f32,
@@ -36,6 +38,46 @@ pub struct AdamWScalars {
     pub bias_correction2_sqrt: f32,
     /// ε.
     pub eps: f32,
+}
+
+/// One value's update: `(p, m, v)` new, from the old ones and the gradient (`first`: the
+/// moments are zero and not read).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn adamw_value(
+    p_old: f32,
+    grad: f32,
+    m_read: f32,
+    v_read: f32,
+    decay: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    #[comptime] first: bool,
+) -> (f32, f32, f32) {
+    let mut m_old = 0.0f32;
+    let mut v_old = 0.0f32;
+    if !first {
+        m_old = m_read;
+        v_old = v_read;
+    }
+    let toward = grad - m_old;
+    let moved = toward * one_minus_beta1;
+    let m_new = m_old + moved;
+    let v_kept = v_old * beta2;
+    let squared = grad * grad;
+    let v_added = squared * one_minus_beta2;
+    let v_new = v_kept + v_added;
+    let root = f32::sqrt(v_new);
+    let corrected = root / bias_correction2_sqrt;
+    let denom = corrected + eps;
+    let decayed = p_old * decay;
+    let ratio = m_new / denom;
+    let step = ratio * step_size;
+    (decayed - step, m_new, v_new)
 }
 
 /// One thread per value. With `first`, the moments are zero and `m`, `v` are not read.
@@ -62,29 +104,165 @@ fn adamw_values(
     if i >= p.len() {
         terminate!();
     }
-    let grad = g[i];
-    let mut m_old = 0.0f32;
-    let mut v_old = 0.0f32;
-    if !first {
-        m_old = m[i];
-        v_old = v[i];
-    }
-    let toward = grad - m_old;
-    let moved = toward * one_minus_beta1;
-    let m_new = m_old + moved;
-    let v_kept = v_old * beta2;
-    let squared = grad * grad;
-    let v_added = squared * one_minus_beta2;
-    let v_new = v_kept + v_added;
-    let root = f32::sqrt(v_new);
-    let corrected = root / bias_correction2_sqrt;
-    let denom = corrected + eps;
-    let decayed = p[i] * decay;
-    let ratio = m_new / denom;
-    let step = ratio * step_size;
-    p_out[i] = decayed - step;
+    // When `first` the moments are stand-ins (the gradient) and their values are unused.
+    let (m_read, v_read) = (m[i], v[i]);
+    let (p_new, m_new, v_new) = adamw_value(
+        p[i],
+        g[i],
+        m_read,
+        v_read,
+        decay,
+        one_minus_beta1,
+        beta2,
+        one_minus_beta2,
+        step_size,
+        bias_correction2_sqrt,
+        eps,
+        first,
+    );
+    p_out[i] = p_new;
     m_out[i] = m_new;
     v_out[i] = v_new;
+}
+
+/// Tensors one launch of [`update_group`] updates.
+pub const GROUP: usize = 4;
+
+/// Bindings a group's launch needs: seven tensors a slot and the launch's metadata.
+const GROUP_BINDINGS: u32 = 7 * GROUP as u32 + 1;
+
+/// One thread per value of four tensors laid end to end: thread `i` belongs to the first slot
+/// whose end (`end0` ≤ `end1` ≤ `end2` ≤ `end3`, running totals of the slots' lengths) exceeds
+/// it. An empty slot has its end equal to the one before and is never chosen.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_group(
+    p0: &Tensor<f32>,
+    g0: &Tensor<f32>,
+    m0: &Tensor<f32>,
+    v0: &Tensor<f32>,
+    po0: &mut Tensor<f32>,
+    mo0: &mut Tensor<f32>,
+    vo0: &mut Tensor<f32>,
+    p1: &Tensor<f32>,
+    g1: &Tensor<f32>,
+    m1: &Tensor<f32>,
+    v1: &Tensor<f32>,
+    po1: &mut Tensor<f32>,
+    mo1: &mut Tensor<f32>,
+    vo1: &mut Tensor<f32>,
+    p2: &Tensor<f32>,
+    g2: &Tensor<f32>,
+    m2: &Tensor<f32>,
+    v2: &Tensor<f32>,
+    po2: &mut Tensor<f32>,
+    mo2: &mut Tensor<f32>,
+    vo2: &mut Tensor<f32>,
+    p3: &Tensor<f32>,
+    g3: &Tensor<f32>,
+    m3: &Tensor<f32>,
+    v3: &Tensor<f32>,
+    po3: &mut Tensor<f32>,
+    mo3: &mut Tensor<f32>,
+    vo3: &mut Tensor<f32>,
+    end0: usize,
+    end1: usize,
+    end2: usize,
+    end3: usize,
+    decay: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    #[comptime] first: bool,
+) {
+    let at = ABSOLUTE_POS;
+    if at >= end3 {
+        terminate!();
+    }
+    if at < end0 {
+        let i = at;
+        let (m_read, v_read) = (m0[i], v0[i]);
+        let (p, m, v) = adamw_value(
+            p0[i],
+            g0[i],
+            m_read,
+            v_read,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            first,
+        );
+        po0[i] = p;
+        mo0[i] = m;
+        vo0[i] = v;
+    } else if at < end1 {
+        let i = at - end0;
+        let (m_read, v_read) = (m1[i], v1[i]);
+        let (p, m, v) = adamw_value(
+            p1[i],
+            g1[i],
+            m_read,
+            v_read,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            first,
+        );
+        po1[i] = p;
+        mo1[i] = m;
+        vo1[i] = v;
+    } else if at < end2 {
+        let i = at - end1;
+        let (m_read, v_read) = (m2[i], v2[i]);
+        let (p, m, v) = adamw_value(
+            p2[i],
+            g2[i],
+            m_read,
+            v_read,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            first,
+        );
+        po2[i] = p;
+        mo2[i] = m;
+        vo2[i] = v;
+    } else {
+        let i = at - end2;
+        let (m_read, v_read) = (m3[i], v3[i]);
+        let (p, m, v) = adamw_value(
+            p3[i],
+            g3[i],
+            m_read,
+            v_read,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            first,
+        );
+        po3[i] = p;
+        mo3[i] = m;
+        vo3[i] = v;
+    }
 }
 
 /// Launches of the update kernel since the program started, counted at each launch.
@@ -142,4 +320,123 @@ pub fn update(
     }
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
     (p_out, m_out, v_out)
+}
+
+/// One parameter's update as [`update_group`] takes it: the parameter, its gradient and its
+/// moments (None on its first step), all `[n]` f32, contiguous, on one device, and the three
+/// new `[n]` tensors the launch writes ([`new_outputs`]).
+#[derive(Clone)]
+pub struct GroupMember {
+    pub p: CubeTensor,
+    pub g: CubeTensor,
+    pub moments: Option<(CubeTensor, CubeTensor)>,
+    pub out: (CubeTensor, CubeTensor, CubeTensor),
+}
+
+/// Three new `[n]` f32 tensors on `p`'s device, for its updated `(p, m, v)`.
+pub fn new_outputs(p: &CubeTensor) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let n = p.meta.shape().num_elements();
+    let new = || {
+        empty_device_contiguous_dtype(p.client.clone(), p.device.clone(), [n].into(), DType::F32)
+    };
+    (new(), new(), new())
+}
+
+/// Whether `p`'s device binds enough buffers for one launch of [`update_group`] (a browser's
+/// WebGPU gives 8 to 10: there each parameter takes its own launch).
+pub fn groups_fit(p: &CubeTensor) -> bool {
+    p.client.properties().hardware.max_bindings >= GROUP_BINDINGS
+}
+
+/// The updates of up to [`GROUP`] parameters in one launch, written into each member's
+/// outputs as [`update`] writes its own. The members all have moments or none has (one
+/// compiled kernel each way).
+///
+/// # Panics
+/// With no member, more than [`GROUP`], or members with and without moments mixed: the
+/// caller's grouping is wrong.
+pub fn update_group(members: Vec<GroupMember>, s: &AdamWScalars) {
+    assert!((1..=GROUP).contains(&members.len()), "1 to {GROUP} members");
+    let first = members[0].moments.is_none();
+    assert!(
+        members.iter().all(|m| m.moments.is_none() == first),
+        "a group's members all have moments or none has"
+    );
+    let client = members[0].p.client.clone();
+    let mut args = Vec::with_capacity(GROUP);
+    let mut ends = [0usize; GROUP];
+    let mut total = 0;
+    for (slot, member) in members.into_iter().enumerate() {
+        total += member.p.meta.shape().num_elements();
+        ends[slot] = total;
+        // Unread when `first`: the gradient stands in for the moments.
+        let (m, v) = member
+            .moments
+            .unwrap_or_else(|| (member.g.clone(), member.g.clone()));
+        let (po, mo, vo) = member.out;
+        args.push([member.p, member.g, m, v, po, mo, vo]);
+    }
+    // Empty slots: the last member's tensors stand in, never indexed (their end equals the
+    // one before).
+    for end in ends.iter_mut().skip(args.len()) {
+        *end = total;
+    }
+    while args.len() < GROUP {
+        args.push(args[args.len() - 1].clone());
+    }
+    let mut a = args.into_iter().flatten().map(CubeTensor::into_tensor_arg);
+    let mut next = || a.next().expect("seven tensors a slot");
+    let (cube_count, cube_dim) = super::one_thread_each(&client, total.max(1));
+    // Safety: thread `at` < Σn belongs to the one slot with end_{k−1} ≤ at < end_k and reads
+    // index at − end_{k−1} < n_k of that slot's four inputs and writes the same index of its
+    // three outputs (n_k values each); threads past Σn return first; empty slots are never
+    // chosen.
+    unsafe {
+        adamw_group::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            ends[0],
+            ends[1],
+            ends[2],
+            ends[3],
+            s.decay,
+            s.one_minus_beta1,
+            s.beta2,
+            s.one_minus_beta2,
+            s.step_size,
+            s.bias_correction2_sqrt,
+            s.eps,
+            first,
+        );
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
 }

@@ -54,6 +54,9 @@ pub struct AdamW {
     /// Steps taken so far.
     pub steps: u64,
     moments: HashMap<ParamId, Moments>,
+    /// Between [`AdamW::begin_step`] and [`AdamW::finish_step`]: GPU updates queued to be
+    /// launched a group at a time.
+    pending: Pending,
 }
 
 impl AdamW {
@@ -63,6 +66,7 @@ impl AdamW {
             config,
             steps: 0,
             moments: HashMap::new(),
+            pending: Pending::default(),
         }
     }
 
@@ -70,7 +74,10 @@ impl AdamW {
     /// `lr`, and returns the updated module. Parameters without a gradient are untouched.
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.begin_step();
-        update_parameters(module, grads, |id, p, g| self.update(id, p, g, lr))
+        self.group_updates();
+        let module = update_parameters(module, grads, |id, p, g| self.update(id, p, g, lr));
+        self.finish_step();
+        module
     }
 
     /// Counts one more step (the bias corrections use it); [`AdamW::update`] then updates
@@ -79,14 +86,33 @@ impl AdamW {
         self.steps += 1;
     }
 
+    /// From here to [`AdamW::finish_step`], [`AdamW::update`] may queue GPU updates and launch
+    /// them a group at a time; whoever calls this must call `finish_step` before the
+    /// parameters or moments are read.
+    pub fn group_updates(&mut self) {
+        self.pending.open = true;
+    }
+
+    /// Launches the GPU updates still queued (see [`AdamW::group_updates`]); the parameters
+    /// and moments of the step hold their values from here on.
+    pub fn finish_step(&mut self) {
+        self.pending.flush();
+        self.pending.open = false;
+    }
+
     /// One parameter's update: `p` and `g` are `[numel]` on the device its moments live on.
     /// On the CPU backends (f32) it runs as one parallel pass over the values
-    /// ([`super::fused_adamw`]); elsewhere as burn's tensor ops.
+    /// ([`super::fused_adamw`]); on a GPU as one cubecl kernel (`kernels/adamw.rs`), which
+    /// between [`AdamW::group_updates`] and [`AdamW::finish_step`] takes
+    /// `kernels::adamw::GROUP` parameters a launch where the device binds enough buffers
+    /// (the tensors returned are then written by the time the step finishes); elsewhere as
+    /// burn's tensor ops.
     pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
         let scalars = self.scalars(lr);
         let state = self.moments.remove(&id);
+        let pending = &mut self.pending;
         let (p, moments) = match super::fused_adamw::update(p, g, state, &scalars)
-            .or_else(|(p, g, state)| on_gpu(p, g, state, &scalars))
+            .or_else(|(p, g, state)| on_gpu(p, g, state, &scalars, pending))
         {
             Ok(updated) => updated,
             Err((p, g, state)) => update_with_tensor_ops(p, g, state, &scalars),
@@ -156,10 +182,11 @@ fn on_gpu(
     g: Tensor<1>,
     state: Option<Moments>,
     s: &StepScalars,
+    pending: &mut Pending,
 ) -> Result<(Tensor<1>, Moments), super::fused_adamw::NotFused> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        use crate::kernels::adamw::{AdamWScalars, update};
+        use crate::kernels::adamw::{AdamWScalars, GroupMember, groups_fit, new_outputs, update};
         use burn::backend::Cube;
         let cube = |t: &Tensor<1>| {
             t.clone()
@@ -186,7 +213,20 @@ fn on_gpu(
             bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
             eps: s.eps as f32,
         };
-        let (p, m, v) = update(param, grad, moments, &scalars);
+        let (p, m, v) = match pending.open && groups_fit(&param) {
+            true => {
+                let out = new_outputs(&param);
+                let member = GroupMember {
+                    p: param,
+                    g: grad,
+                    moments,
+                    out: out.clone(),
+                };
+                pending.push(member, scalars);
+                out
+            }
+            false => update(param, grad, moments, &scalars),
+        };
         Ok((
             Tensor::from_primitive::<Cube>(p),
             Moments {
@@ -197,8 +237,68 @@ fn on_gpu(
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
-        let _ = s;
+        let _ = (s, pending);
         Err((p, g, state))
+    }
+}
+
+/// GPU updates queued during a step, launched [`crate::kernels::adamw::GROUP`] at a time: a
+/// group is launched when it is full, when the next member differs in its moments (the first
+/// step has none), its device or its scalars, and when the step finishes.
+#[derive(Clone, Default)]
+struct Pending {
+    /// Inside a step: updates may be queued.
+    open: bool,
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    group: Vec<crate::kernels::adamw::GroupMember>,
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    scalars: Option<crate::kernels::adamw::AdamWScalars>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let queued = self.group.len();
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let queued = 0;
+        f.debug_struct("Pending")
+            .field("open", &self.open)
+            .field("queued", &queued)
+            .finish()
+    }
+}
+
+impl Pending {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn push(
+        &mut self,
+        member: crate::kernels::adamw::GroupMember,
+        scalars: crate::kernels::adamw::AdamWScalars,
+    ) {
+        let fits = self.group.first().is_none_or(|first| {
+            first.moments.is_some() == member.moments.is_some()
+                && first.p.device == member.p.device
+                && self.scalars == Some(scalars)
+        });
+        if !fits {
+            self.flush();
+        }
+        self.scalars = Some(scalars);
+        self.group.push(member);
+        if self.group.len() == crate::kernels::adamw::GROUP {
+            self.flush();
+        }
+    }
+
+    /// Launches the queued group, if any.
+    fn flush(&mut self) {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(scalars) = self.scalars.take() {
+            let group = std::mem::take(&mut self.group);
+            if !group.is_empty() {
+                crate::kernels::adamw::update_group(group, &scalars);
+            }
+        }
     }
 }
 

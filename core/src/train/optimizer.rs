@@ -85,6 +85,13 @@ impl UpdateRule {
         }
     }
 
+    /// Ends a step: AdamW launches the GPU updates it queued (`AdamW::group_updates`).
+    fn finish_step(&mut self) {
+        if let UpdateRule::AdamW(o) = self {
+            o.finish_step();
+        }
+    }
+
     fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
         match self {
             UpdateRule::AdamW(o) => o.update(id, p, g, lr),
@@ -141,12 +148,19 @@ impl Optimizer {
     pub fn step<M: Module>(&mut self, module: M, grads: &ParamGrads, lr: f64) -> M {
         self.rule.begin_step();
         let rule = &mut self.rule;
-        match &mut self.offload {
-            None => update_parameters(module, grads, |id, p, g| rule.update(id, p, g, lr)),
+        let module = match &mut self.offload {
+            None => {
+                if let UpdateRule::AdamW(o) = rule {
+                    o.group_updates();
+                }
+                update_parameters(module, grads, |id, p, g| rule.update(id, p, g, lr))
+            }
             Some(host) => update_parameters(module, grads, |id, p, g| {
                 host.update(id, p, g, |p, g| rule.update(id, p, g, lr))
             }),
-        }
+        };
+        self.rule.finish_step();
+        module
     }
 
     /// Whether a step reads values back to the host: 8-bit AdamW quantizes its moments there,

@@ -1,6 +1,7 @@
 //! AdamW on a GPU backend as one cubecl launch per parameter (`kernels/adamw.rs`) against the
 //! CPU's AdamW (one pass on host values), over three steps from zero moments: the parameter and
-//! both moments agree within a few f32 ulps (a GPU compiler may fuse a product and a sum).
+//! both moments agree within a few f32 ulps (a GPU compiler may fuse a product and a sum). A
+//! step's grouped launches (four parameters each) give the one-launch-each results bit for bit.
 
 use burn::module::ParamId;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -119,4 +120,76 @@ fn adamw_update_on_a_gpu_is_the_kernels_result() {
     let (p_new, _, _) = update(cube(p), cube(g), None, &scalars);
     let direct = host(Tensor::from_primitive::<burn::backend::Cube>(p_new));
     assert_eq!(through_optimizer, direct);
+}
+
+/// A step of `AdamW::step` over nine parameters of odd lengths launches the grouped kernel three
+/// times (four parameters a launch), and gives every parameter and moment of the one-launch-each
+/// kernel bit for bit: on the first step (no moments) and on the next.
+#[test]
+fn grouped_updates_equal_one_launch_each_bit_for_bit() {
+    use burn::module::{Module, Param};
+    use napkin_core::kernels::adamw::GROUP;
+    use napkin_core::train::grads::ParamGrads;
+
+    #[derive(Module, Debug)]
+    struct Nine {
+        tensors: Vec<Param<Tensor<1>>>,
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device();
+    let lengths = [1usize, 7, 64, 1000, 3, 10_007, 5, 129, 2];
+    let model = Nine {
+        tensors: lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Param::from_tensor(tensor(&values(i as u64, 0.5)[..n], &device)))
+            .collect(),
+    };
+    let ids: Vec<ParamId> = model.tensors.iter().map(|p| p.id).collect();
+    let grads_of = |step: u64| {
+        let mut grads = ParamGrads::new();
+        for (i, (&id, &n)) in ids.iter().zip(&lengths).enumerate() {
+            let g = values(100 * step + i as u64, 0.01);
+            grads.insert(id, tensor(&g[..n], &device));
+        }
+        grads
+    };
+    // One launch each: AdamW::update outside a grouped step.
+    let mut single = AdamW::new(AdamWConfig::default());
+    let mut separate: Vec<Tensor<1>> = model.tensors.iter().map(|p| p.val()).collect();
+    let mut grouped_opt = AdamW::new(AdamWConfig::default());
+    let mut grouped = model;
+    for step in 1..=2u64 {
+        let grads = grads_of(step);
+        single.begin_step();
+        for (i, id) in ids.iter().enumerate() {
+            let g = grads.get(*id).expect("a gradient").clone();
+            separate[i] = single.update(*id, separate[i].clone(), g, 1e-3);
+        }
+        let before = launches();
+        grouped = grouped_opt.step(grouped, &grads, 1e-3);
+        assert_eq!(
+            launches() - before,
+            lengths.len().div_ceil(GROUP) as u64,
+            "step {step}: launches of the grouped kernel"
+        );
+        for (i, (p, id)) in grouped.tensors.iter().zip(&ids).enumerate() {
+            assert_eq!(
+                host(p.val()),
+                host(separate[i].clone()),
+                "step {step}, p{i}"
+            );
+            let (a, b) = (
+                grouped_opt.moments(*id).unwrap(),
+                single.moments(*id).unwrap(),
+            );
+            assert_eq!(
+                host(a.exp_avg.clone()),
+                host(b.exp_avg.clone()),
+                "step {step}, m{i}"
+            );
+            let (va, vb) = (a.exp_avg_sq.clone(), b.exp_avg_sq.clone());
+            assert_eq!(host(va), host(vb), "step {step}, v{i}");
+        }
+    }
 }
