@@ -791,8 +791,8 @@ pub struct ScenarioArgs {
     #[arg(long, value_name = "KIND")]
     pub attention: Option<String>,
     /// The element-wise layers' implementation the prediction replays: fused-cpu (napkin's
-    /// CPU kernels), fused-gpu (the GPU backends in f32: napkin's RMSNorm, RoPE, SwiGLU and
-    /// softmax kernels, burn's ops for the rest) or burn-ops (burn's ops alone, which keep more
+    /// CPU kernels), fused-gpu (the GPU backends in f32: napkin's RMSNorm, RoPE, SwiGLU,
+    /// softmax and loss kernels, burn's ops for the rest) or burn-ops (burn's ops alone, which keep more
     /// for the backward). `measure` takes it from its device.
     #[arg(long, value_name = "KIND", default_value = "fused-cpu")]
     pub kernels: String,

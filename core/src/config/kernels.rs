@@ -16,10 +16,10 @@ pub enum Kernels {
     /// its inputs and one statistic per row.
     #[default]
     FusedCpu,
-    /// napkin's cubecl kernels for RMSNorm, RoPE and SwiGLU (`kernels/cube_fused/`, f32 on
-    /// wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, and for the eager attention's
-    /// softmax (keeping the probabilities only); the products, the efficient attention and the
-    /// loss as burn's ops, as [`Kernels::BurnOps`] runs them.
+    /// napkin's cubecl kernels for RMSNorm, RoPE, SwiGLU and the loss (`kernels/cube_fused/`,
+    /// f32 on wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, and for the eager
+    /// attention's softmax (keeping the probabilities only); the products and the efficient
+    /// attention's tiles as burn's ops, as [`Kernels::BurnOps`] runs them.
     FusedGpu,
     /// burn's ops, one per step of the formula (a GPU backend in 16-bit, or a prediction of
     /// how burn alone would run): each keeps what its own backward reads — RMSNorm three
@@ -55,9 +55,15 @@ impl Kernels {
         self == Kernels::FusedGpu
     }
 
-    /// Whether the loss and the efficient attention's backward are napkin's fused CPU ops
-    /// (else burn's ops run them).
-    pub fn fuses_loss_and_attention(self) -> bool {
+    /// Whether the loss is one fused op keeping the logits, one log-sum-exp a row and the
+    /// labels, on the CPU or on a GPU.
+    pub fn fuses_loss(self) -> bool {
+        matches!(self, Kernels::FusedCpu | Kernels::FusedGpu)
+    }
+
+    /// Whether the efficient attention runs on host values (napkin's fused CPU op; else its
+    /// tiles are burn's ops).
+    pub fn fuses_efficient_attention(self) -> bool {
         self == Kernels::FusedCpu
     }
 
@@ -73,7 +79,7 @@ impl fmt::Display for Kernels {
         f.write_str(match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
             Kernels::FusedGpu => {
-                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax) and burn's ops"
+                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax, loss) and burn's ops"
             }
             Kernels::BurnOps => "burn's ops",
         })

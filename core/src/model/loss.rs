@@ -75,8 +75,25 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
         Ok(sum) => return Ok(LossSum { sum, tokens }),
         Err(logits) => logits,
     };
-    // Other backends: the same sum with burn's ops.
     let device = logits.device();
+    // The GPU backends: the same sum and keeps as cubecl kernels, the labels uploaded as two f32
+    // tensors (the bytes burn's ops upload for them).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let logits = if crate::device::is_gpu(&device) && logits.dtype() == burn::tensor::DType::F32 {
+        let rows = b * (t - 1);
+        let classes: Vec<f32> = shifted.targets.iter().map(|&c| c as f32).collect();
+        let upload = |values: Vec<f32>| -> Tensor<1> {
+            link::upload(TensorData::new(values, [rows]), &device, Traffic::Data)
+        };
+        let (classes, weights) = (upload(classes), upload(shifted.weights.to_vec()));
+        match crate::kernels::cube_fused::cross_entropy::summed_nll(logits, &classes, &weights) {
+            Ok(sum) => return Ok(LossSum { sum, tokens }),
+            Err(logits) => logits,
+        }
+    } else {
+        logits
+    };
+    // Other backends: the same sum with burn's ops.
     let targets: Vec<i64> = shifted.targets.iter().map(|&c| i64::from(c)).collect();
     let targets: Tensor<3, Int> = link::upload(
         TensorData::new(targets, [b, t - 1, 1]),

@@ -467,7 +467,7 @@ pub fn kept_activations(
                     // On burn's ops the causal tile masks are made in the first block's forward
                     // and held by the batch's context for every layer and pass.
                     let masks = causal_tile_mask_values(t);
-                    let on_burns_ops = !r.kernels.fuses_loss_and_attention();
+                    let on_burns_ops = !r.kernels.fuses_efficient_attention();
                     if layer == 0 && on_burns_ops && !packed && masks > 0 {
                         let masks = r.produce("attention_tile_masks", Size::flat(masks), false);
                         r.keep(masks);
@@ -561,12 +561,11 @@ pub fn kept_activations(
     // them: B·(T−1)·V of its B·T·V) and the row sums of their exps; its gather keeps i64
     // classes and the product the label weights.
     let rows = b * (t.saturating_sub(1));
-    let (row_statistic, per_row, label_values, more_ops) =
-        match r.kernels.fuses_loss_and_attention() {
-            true => ("log_sum_exp", n, 2 * rows, 0),
-            // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
-            false => ("exp_row_sums", rows, 3 * rows, 9),
-        };
+    let (row_statistic, per_row, label_values, more_ops) = match r.kernels.fuses_loss() {
+        true => ("log_sum_exp", n, 2 * rows, 0),
+        // narrow, subtract, exp, row sum, log, subtract, gather, weight, sum, negate
+        false => ("exp_row_sums", rows, 3 * rows, 9),
+    };
     r.scoped("loss", |r| {
         let statistic = r.produce(row_statistic, Size::rows(per_row, 1), false);
         let labels = r.produce("shifted_labels", Size::rows(label_values, 1), false);

@@ -235,7 +235,7 @@ fn efficient_backward_with_tensor_ops(b: u64, t: u64, h: u64, hkv: u64, dh: u64,
 /// rest of the step, predicted 3.164 and 2.51). The other kernels' terms were fitted on the
 /// CPU's counting allocator as a sum, and stay one.
 fn attention_backward_event(s: &Scenario, attention: u64, projections: u64) -> u64 {
-    match (s.attention, s.kernels.fuses_loss_and_attention()) {
+    match (s.attention, s.kernels.fuses_efficient_attention()) {
         (AttentionKind::Efficient, false) => attention.max(projections),
         _ => attention + projections,
     }

@@ -541,3 +541,112 @@ fn fused_softmax_forward_and_backward_equal_burns_ops_and_f64() {
         );
     }
 }
+
+/// The causal-LM loss on the GPU (`kernels/cube_fused/cross_entropy.rs`, through
+/// `causal_lm_loss`) against burn's log-softmax, gather and weighted sum on the same device and
+/// against f64: two batch rows with ignored labels, vocabularies narrower and wider than the
+/// kernel's 64 units, strided logits, and both ways the backward writes.
+#[test]
+fn fused_loss_forward_and_backward_equal_burns_ops_and_f64() {
+    use burn::tensor::activation::log_softmax;
+    use burn::tensor::{Int, TensorData};
+    use napkin_core::model::{IGNORE_INDEX, causal_lm_loss};
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(27);
+    let (mut vs_f64, mut vs_burn) = ([0f64; 2], [0f64; 2]);
+    for (b, t, v) in [(2, 5, 37), (1, 9, 1000), (2, 3, 64)] {
+        let labels: Vec<i64> = (0..b * t)
+            .map(|i| match i % 4 {
+                1 => IGNORE_INDEX,
+                _ => ((i * 7919) % v) as i64,
+            })
+            .collect();
+        // Strided: the transpose of the first two axes of a random tensor.
+        let x0 =
+            Tensor::<3>::random([t, b, v], Distribution::Normal(0.0, 3.0), &device).swap_dims(0, 1);
+        let x = to_f32_vec(x0.clone());
+        // f64: the summed NLL and its gradient (∂sum = 1).
+        let (mut sum64, mut dx64) = (0f64, vec![0f64; x.len()]);
+        for row in 0..b * t {
+            let (bi, ti) = (row / t, row % t);
+            if ti + 1 == t {
+                continue;
+            }
+            let label = labels[bi * t + ti + 1];
+            if label == IGNORE_INDEX {
+                continue;
+            }
+            let z = &x[row * v..(row + 1) * v];
+            let top = z.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
+            let lse = top + z.iter().map(|&x| (x as f64 - top).exp()).sum::<f64>().ln();
+            sum64 += lse - z[label as usize] as f64;
+            for j in 0..v {
+                dx64[row * v + j] = (z[j] as f64 - lse).exp();
+            }
+            dx64[row * v + label as usize] -= 1.0;
+        }
+        for held in [false, true] {
+            let run = |fused: bool| {
+                let leaf = x0.clone().require_grad();
+                let logits = leaf.clone() * 1.0;
+                let holder = held.then(|| logits.clone().inner());
+                let sum = match fused {
+                    true => causal_lm_loss(logits, &labels).expect("a loss").sum,
+                    false => {
+                        let shifted: Vec<(i64, f32)> = labels
+                            .chunks(t)
+                            .flat_map(|row| row[1..].iter())
+                            .map(|&l| match l {
+                                IGNORE_INDEX => (0, 0.0),
+                                l => (l, 1.0),
+                            })
+                            .collect();
+                        let classes: Vec<i64> = shifted.iter().map(|s| s.0).collect();
+                        let weights: Vec<f32> = shifted.iter().map(|s| s.1).collect();
+                        let classes = Tensor::<3, Int>::from_data(
+                            TensorData::new(classes, [b, t - 1, 1]),
+                            &device,
+                        );
+                        let weights = Tensor::<3>::from_data(
+                            TensorData::new(weights, [b, t - 1, 1]),
+                            &device,
+                        );
+                        let log_probs = log_softmax(logits.narrow(1, 0, t - 1), 2);
+                        (log_probs.gather(2, classes) * weights).sum().neg()
+                    }
+                };
+                let grads = sum.clone().backward();
+                drop(holder);
+                (
+                    to_f32_vec(sum.inner()),
+                    to_f32_vec(leaf.grad(&grads).expect("∂x")),
+                )
+            };
+            let before = launches();
+            let (sum, dx) = run(true);
+            assert_eq!(launches() - before, 2, "({b}, {t}, {v}): fused launches");
+            let before = launches();
+            let (sum_ref, dx_ref) = run(false);
+            assert_eq!(launches(), before, "the reference is burn's ops");
+            let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            vs_f64[0] = vs_f64[0].max(worst(&sum, &[sum64]));
+            vs_f64[1] = vs_f64[1].max(worst(&dx, &dx64));
+            vs_burn[0] = vs_burn[0].max(worst(&sum, &to_f64(&sum_ref)));
+            vs_burn[1] = vs_burn[1].max(worst(&dx, &to_f64(&dx_ref)));
+        }
+    }
+    eprintln!(
+        "fused loss on the GPU, worst relative error (sum, ∂x): against f64 {:.1e}, {:.1e}, \
+         against burn's ops {:.1e}, {:.1e}",
+        vs_f64[0], vs_f64[1], vs_burn[0], vs_burn[1]
+    );
+    for (k, name) in ["sum", "∂x"].into_iter().enumerate() {
+        assert!(vs_f64[k] < 1e-5, "{name}: {:e} against f64", vs_f64[k]);
+        assert!(
+            vs_burn[k] < 1e-5,
+            "{name}: {:e} against burn's ops",
+            vs_burn[k]
+        );
+    }
+}

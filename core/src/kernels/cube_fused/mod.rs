@@ -3,6 +3,8 @@
 //! reference and whose keeps they share (so the predictor's fused rules hold on a GPU pool too;
 //! RoPE's backward reads the batch's device tables where the CPU's reads host copies).
 //!
+//! - `cross_entropy.rs`: the causal-LM loss, forward one launch and a sum, backward one launch
+//!   (burn's ops: about ten and twelve), keeping the logits, a log-sum-exp a row and the labels;
 //! - `rms_norm.rs`: RMSNorm, forward one launch (burn's ops: seven), backward one launch, two
 //!   when the gain trains;
 //! - `rope.rs`: the rotary embedding of a whole projection, forward and backward one launch
@@ -17,6 +19,7 @@
 //! They take f32 inputs on `burn::backend::Cube` (under autodiff or not) and hand anything else
 //! back, for the caller to run burn's ops.
 
+pub mod cross_entropy;
 pub mod rms_norm;
 pub mod rope;
 pub mod softmax;
