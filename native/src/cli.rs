@@ -487,7 +487,8 @@ pub struct TrainArgs {
     /// LoRA alpha. Default 32.
     #[arg(long)]
     pub lora_alpha: Option<f64>,
-    /// LoRA dropout. Default 0.
+    /// LoRA dropout. Default 0. Not yet with --checkpointing (refused: the recompute would draw
+    /// other masks).
     #[arg(long)]
     pub lora_dropout: Option<f64>,
     /// Adapted linears: all-linear (default) or a list such as q,v.
@@ -502,7 +503,8 @@ pub struct TrainArgs {
     /// With --nf4: weights per absmax block. Default 64.
     #[arg(long, value_name = "N")]
     pub nf4_block_size: Option<usize>,
-    /// Recompute decoder blocks in the backward (gradient checkpointing).
+    /// Recompute decoder blocks in the backward (gradient checkpointing). Not yet with
+    /// --lora-dropout above 0 (refused).
     #[arg(long)]
     pub checkpointing: bool,
     /// eager (default; keeps the T×T attention probabilities) or efficient (tiled online

@@ -131,7 +131,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         [5632, 2048]
     };
-    super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
+    let same_dequantized = super::gpu_dequant::run(&device, args.runs.max(2), shape)?;
     let rows = super::gpu_rows::run(&device, args.runs.max(3), args.smoke)?;
     let launch = super::gpu_launch::run(&device, args.runs.max(3))?;
     // The step captured as a device graph: the smoke case, or SmolLM2's (the most launches for
@@ -233,6 +233,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }))?;
         napkin_core::io::atomic::write_atomic(path, text.as_bytes())
             .with_context(|| format!("--json {}", path.display()))?;
+    }
+    // The figures are printed (and written) first; a check that failed then fails the run.
+    let failed: Vec<&str> = [
+        (!same_dequantized).then_some("the NF4 kernel's values differ from burn's integer ops'"),
+        (!rows.same_tokens())
+            .then_some("decoding from the codes gave other tokens than dequantizing"),
+        (!launch.replay_matches)
+            .then_some("the replayed chain's output differs from the eager one's"),
+        captured
+            .as_ref()
+            .filter(|c| c.replayed_median_seconds.is_some() && !c.same_gradients)
+            .map(|_| "the captured step's gradients differ from the op-by-op step's"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !failed.is_empty() {
+        anyhow::bail!("the GPU benchmark's checks failed: {}", failed.join("; "));
     }
     Ok(())
 }

@@ -77,7 +77,8 @@ fn median_seconds(device: &Device, runs: usize, mut once: impl FnMut()) -> f64 {
     spread(&times).map_or(f64::NAN, |(median, _, _)| median)
 }
 
-pub fn run(device: &Device, runs: usize, shape: [usize; 2]) -> Result<()> {
+/// Prints the table; returns whether both ways gave the same values (both read back, equal).
+pub fn run(device: &Device, runs: usize, shape: [usize; 2]) -> Result<bool> {
     let n = shape[0] * shape[1];
     let values: Vec<f32> = (0..n)
         .map(|i| ((i * 7919 % 10_007) as f32 / 10_007.0 - 0.5) * 0.04)
@@ -105,7 +106,8 @@ pub fn run(device: &Device, runs: usize, shape: [usize; 2]) -> Result<()> {
     // Same values both ways.
     let a = resident.dequantize(FloatDType::F32).into_data();
     let b = with_int_ops(&words, &absmax, &codebook, shape, 64, &mut || {}).into_data();
-    let same = a.as_slice::<f32>().ok() == b.as_slice::<f32>().ok();
+    // Equal only when both read back as f32 (two failed reads are not the same values).
+    let same = matches!((a.as_slice::<f32>(), b.as_slice::<f32>()), (Ok(a), Ok(b)) if a == b);
 
     let mut meter = Meter::for_device(device)?;
     let mut transient = |f: &mut dyn FnMut(&mut dyn FnMut()) -> Tensor<2>| {
@@ -169,5 +171,5 @@ pub fn run(device: &Device, runs: usize, shape: [usize; 2]) -> Result<()> {
         "  (the f32 weight itself is {}; the host path also moves it over the link every product)",
         accelerate_units(f32_bytes)
     );
-    Ok(())
+    Ok(same)
 }

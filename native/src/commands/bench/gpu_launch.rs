@@ -25,6 +25,8 @@ pub struct LaunchCost {
     /// Per op of the captured chain's replay; None when the backend recorded no graph (the
     /// replay then re-runs the ops, which the plain figure already says).
     pub replayed_micros: Option<f64>,
+    /// Whether the replayed chain's output equals the eager chain's.
+    pub replay_matches: bool,
 }
 
 fn chain(x: Tensor<1>) -> Tensor<1> {
@@ -114,5 +116,6 @@ pub fn run(device: &Device, runs: usize) -> Result<LaunchCost> {
         plain_micros: micros(plain_s),
         autodiff_micros: micros(auto_s),
         replayed_micros: recorded.then(|| micros(replay_s)),
+        replay_matches,
     })
 }

@@ -83,6 +83,13 @@ pub struct RowFigures {
     decoding: Decoding,
 }
 
+impl RowFigures {
+    /// Whether decoding from the codes gave the dequantizing path's tokens.
+    pub fn same_tokens(&self) -> bool {
+        self.decoding.same_tokens
+    }
+}
+
 /// Times `ways` alternately over `rounds` rounds (after one untimed call each).
 fn alternate<const N: usize>(
     device: &Device,
