@@ -17,9 +17,10 @@ pub enum Kernels {
     #[default]
     FusedCpu,
     /// napkin's cubecl kernels for RMSNorm, RoPE, SwiGLU and the loss (`kernels/cube_fused/`,
-    /// f32 on wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, and for the eager
-    /// attention's softmax (keeping the probabilities only); the products and the efficient
-    /// attention's tiles as burn's ops, as [`Kernels::BurnOps`] runs them.
+    /// f32 on wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, for the eager
+    /// attention's softmax (keeping the probabilities only) and for a LoRA linear's scaled sum;
+    /// the products and the efficient attention's tiles as burn's ops, as [`Kernels::BurnOps`]
+    /// runs them.
     FusedGpu,
     /// burn's ops, one per step of the formula (a GPU backend in 16-bit, or a prediction of
     /// how burn alone would run): each keeps what its own backward reads — RMSNorm three
@@ -79,7 +80,8 @@ impl fmt::Display for Kernels {
         f.write_str(match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
             Kernels::FusedGpu => {
-                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax, loss) and burn's ops"
+                "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax, loss, LoRA sum) and \
+                 burn's ops"
             }
             Kernels::BurnOps => "burn's ops",
         })

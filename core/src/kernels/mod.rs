@@ -4,8 +4,8 @@
 //! - `values.rs`: reading tensor values back to the host (`to_f32_vec`, `scalar`).
 //! - `fused/`: the CPU kernel runtime (custom autodiff ops on Flex/NdArray host values) and the
 //!   fused element-wise kernels (RMSNorm, RoPE, SwiGLU, the loss, tiled attention).
-//! - `cube_fused/`: training's fused RMSNorm, RoPE, SwiGLU, eager-attention softmax and loss on
-//!   the GPU backends (cubecl custom autodiff ops with `fused/`'s formulas and keeps), forward and
+//! - `cube_fused/`: training's fused RMSNorm, RoPE, SwiGLU, eager-attention softmax, loss and
+//!   LoRA sum on the GPU backends (cubecl custom autodiff ops with `fused/`'s formulas and keeps), forward and
 //!   backward.
 //! - `cpu_gemm.rs`: f32 GEMM split over rayon's threads (OpenBLAS builds).
 //! - `efficient_attention.rs`: memory-efficient attention as a custom autodiff op on every backend.

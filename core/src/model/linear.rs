@@ -109,7 +109,7 @@ impl Linear {
             BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),
         }; // [B·T, out]
         if let Some(lora) = &self.lora {
-            y = y + lora.forward(x);
+            y = lora.add_to(y, x);
         }
         y.reshape([b, t, d_out])
     }

@@ -63,6 +63,25 @@ impl LoraAdapter {
         linear_matmul(self.down(x) * self.scaling, self.lora_b.val()) // [N, out]
     }
 
+    /// `base + s · B(A x)`: on a GPU one fused sum with the scale on the `[N, out]` product
+    /// (peft's order; `kernels::cube_fused::scaled_add`), elsewhere [`LoraAdapter::forward`]
+    /// added to `base`.
+    ///
+    /// # Shapes
+    /// - `base`: `[N, out]`, `x`: `[N, in]` → `[N, out]`
+    pub fn add_to(&self, base: Tensor<2>, x: Tensor<2>) -> Tensor<2> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if crate::device::is_gpu(&base.device()) && base.dtype() == burn::tensor::DType::F32 {
+            let low = linear_matmul(self.down(x), self.lora_b.val()); // [N, out]
+            return match crate::kernels::cube_fused::scaled_add::add_scaled(base, low, self.scaling)
+            {
+                Ok(y) => y,
+                Err((base, low)) => base + low * self.scaling,
+            };
+        }
+        base + self.forward(x)
+    }
+
     /// The first half of the path, `dropout(x) Aᵀ`.
     ///
     /// # Shapes

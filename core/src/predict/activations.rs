@@ -324,8 +324,13 @@ impl Replay {
         };
         let down = self.product("lora_A.output", x, trains, n, [r, inp]);
         let up = self.product("lora_B.output", down, trains, n, [out, r]);
-        let scaled = self.stateless("lora_scaled", &[up], Size::rows(n, out));
-        let y = self.stateless("output", &[y, scaled], Size::rows(n, out));
+        // On a GPU one fused op adds the scaled adapter product to the base's.
+        let y = if self.kernels == Kernels::FusedGpu {
+            self.stateless("output", &[y, up], Size::rows(n, out))
+        } else {
+            let scaled = self.stateless("lora_scaled", &[up], Size::rows(n, out));
+            self.stateless("output", &[y, scaled], Size::rows(n, out))
+        };
         self.view(y, 1)
     }
 }

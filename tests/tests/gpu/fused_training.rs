@@ -650,3 +650,64 @@ fn fused_loss_forward_and_backward_equal_burns_ops_and_f64() {
         );
     }
 }
+
+/// A LoRA linear's fused `base + s·low` (`kernels/cube_fused/scaled_add.rs`): the values and
+/// both gradients of burn's `base + low * s`, for a strided adapter product, with the base
+/// trained and frozen, and both ways the forward writes.
+#[test]
+fn fused_scaled_add_equals_burns_ops() {
+    use napkin_core::kernels::cube_fused::scaled_add::add_scaled;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(28);
+    let s = 2.0f64;
+    let b0 = Tensor::<2>::random([37, 80], Distribution::Normal(0.0, 1.0), &device);
+    let l0 = Tensor::<2>::random([80, 37], Distribution::Normal(0.0, 1.0), &device).transpose();
+    let up = Tensor::<2>::random([37, 80], Distribution::Normal(0.0, 1.0), &device);
+    for (base_trains, held) in [(true, false), (false, false), (true, true)] {
+        let run = |fused: bool| {
+            let base_leaf = match base_trains {
+                true => b0.clone().require_grad(),
+                false => b0.clone(),
+            };
+            let low_leaf = l0.clone().require_grad();
+            let (base, low) = (base_leaf.clone() * 1.0, low_leaf.clone() * 1.0);
+            let holder = held.then(|| base.clone().inner());
+            let y = match fused {
+                true => add_scaled(base, low, s).unwrap_or_else(|_| panic!("f32 on wgpu")),
+                false => base + low * s,
+            };
+            let grads = (y.clone() * up.clone()).sum().backward();
+            drop(holder);
+            let db = base_leaf.grad(&grads).map(to_f32_vec);
+            (
+                to_f32_vec(y.inner()),
+                db,
+                to_f32_vec(low_leaf.grad(&grads).expect("∂low")),
+            )
+        };
+        let before = launches();
+        let (y, db, dl) = run(true);
+        assert_eq!(
+            launches() - before,
+            1,
+            "one fused launch (its backward is burn's product)"
+        );
+        let before = launches();
+        let (y_ref, db_ref, dl_ref) = run(false);
+        assert_eq!(launches(), before, "the reference is burn's ops");
+        // Equal to the bit on lavapipe; a GPU compiler may contract `b + s·l` into one
+        // fused multiply-add, a rounding apart.
+        let what = format!("base trains {base_trains}, held {held}");
+        let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        assert!(worst(&y, &to_f64(&y_ref)) < 1e-6, "{what}: values");
+        assert!(worst(&dl, &to_f64(&dl_ref)) < 1e-6, "{what}: ∂low");
+        match (db, db_ref) {
+            (Some(db), Some(db_ref)) => {
+                assert!(worst(&db, &to_f64(&db_ref)) < 1e-6, "{what}: ∂base")
+            }
+            (None, None) => assert!(!base_trains, "{what}"),
+            _ => panic!("{what}: ∂base on one side only"),
+        }
+    }
+}

@@ -9,6 +9,7 @@
 //!   when the gain trains;
 //! - `rope.rs`: the rotary embedding of a whole projection, forward and backward one launch
 //!   each (burn's ops: about six each way), keeping nothing of the projection;
+//! - `scaled_add.rs`: a LoRA linear's `base + s·(x·Aᵀ·Bᵀ)` in one launch (burn's ops: two);
 //! - `softmax.rs`: the eager attention's scale, mask and softmax, forward and backward one
 //!   launch each (burn's ops: seven and about fourteen), keeping the probabilities only;
 //! - `swiglu.rs`: `silu(g) ⊙ u`, forward one launch (burn's ops: three, keeping two more
@@ -22,6 +23,7 @@
 pub mod cross_entropy;
 pub mod rms_norm;
 pub mod rope;
+pub mod scaled_add;
 pub mod softmax;
 mod strided;
 pub mod swiglu;
