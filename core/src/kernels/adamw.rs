@@ -40,15 +40,20 @@ pub struct AdamWScalars {
     pub eps: f32,
 }
 
-/// One value's update: `(p, m, v)` new, from the old ones and the gradient (`first`: the
-/// moments are zero and not read).
+/// Value `i`'s update: reads `p`, `g`, `m`, `v` at `i` and writes the new three at `i`. With
+/// `first` the moments are zero: `m` and `v` are stand-ins (any tensor of `i`'s length) whose
+/// values are unused.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn adamw_value(
-    p_old: f32,
-    grad: f32,
-    m_read: f32,
-    v_read: f32,
+fn adamw_at(
+    p: &Tensor<f32>,
+    g: &Tensor<f32>,
+    m: &Tensor<f32>,
+    v: &Tensor<f32>,
+    p_out: &mut Tensor<f32>,
+    m_out: &mut Tensor<f32>,
+    v_out: &mut Tensor<f32>,
+    i: usize,
     decay: f32,
     one_minus_beta1: f32,
     beta2: f32,
@@ -57,12 +62,13 @@ fn adamw_value(
     bias_correction2_sqrt: f32,
     eps: f32,
     #[comptime] first: bool,
-) -> (f32, f32, f32) {
+) {
+    let grad = g[i];
     let mut m_old = 0.0f32;
     let mut v_old = 0.0f32;
     if !first {
-        m_old = m_read;
-        v_old = v_read;
+        m_old = m[i];
+        v_old = v[i];
     }
     let toward = grad - m_old;
     let moved = toward * one_minus_beta1;
@@ -74,10 +80,12 @@ fn adamw_value(
     let root = f32::sqrt(v_new);
     let corrected = root / bias_correction2_sqrt;
     let denom = corrected + eps;
-    let decayed = p_old * decay;
+    let decayed = p[i] * decay;
     let ratio = m_new / denom;
     let step = ratio * step_size;
-    (decayed - step, m_new, v_new)
+    p_out[i] = decayed - step;
+    m_out[i] = m_new;
+    v_out[i] = v_new;
 }
 
 /// One thread per value. With `first`, the moments are zero and `m`, `v` are not read.
@@ -104,13 +112,15 @@ fn adamw_values(
     if i >= p.len() {
         terminate!();
     }
-    // When `first` the moments are stand-ins (the gradient) and their values are unused.
-    let (m_read, v_read) = (m[i], v[i]);
-    let (p_new, m_new, v_new) = adamw_value(
-        p[i],
-        g[i],
-        m_read,
-        v_read,
+    adamw_at(
+        p,
+        g,
+        m,
+        v,
+        p_out,
+        m_out,
+        v_out,
+        i,
         decay,
         one_minus_beta1,
         beta2,
@@ -120,9 +130,6 @@ fn adamw_values(
         eps,
         first,
     );
-    p_out[i] = p_new;
-    m_out[i] = m_new;
-    v_out[i] = v_new;
 }
 
 /// Tensors one launch of [`update_group`] updates.
@@ -183,13 +190,15 @@ fn adamw_group(
         terminate!();
     }
     if at < end0 {
-        let i = at;
-        let (m_read, v_read) = (m0[i], v0[i]);
-        let (p, m, v) = adamw_value(
-            p0[i],
-            g0[i],
-            m_read,
-            v_read,
+        adamw_at(
+            p0,
+            g0,
+            m0,
+            v0,
+            po0,
+            mo0,
+            vo0,
+            at,
             decay,
             one_minus_beta1,
             beta2,
@@ -199,17 +208,16 @@ fn adamw_group(
             eps,
             first,
         );
-        po0[i] = p;
-        mo0[i] = m;
-        vo0[i] = v;
     } else if at < end1 {
-        let i = at - end0;
-        let (m_read, v_read) = (m1[i], v1[i]);
-        let (p, m, v) = adamw_value(
-            p1[i],
-            g1[i],
-            m_read,
-            v_read,
+        adamw_at(
+            p1,
+            g1,
+            m1,
+            v1,
+            po1,
+            mo1,
+            vo1,
+            at - end0,
             decay,
             one_minus_beta1,
             beta2,
@@ -219,17 +227,16 @@ fn adamw_group(
             eps,
             first,
         );
-        po1[i] = p;
-        mo1[i] = m;
-        vo1[i] = v;
     } else if at < end2 {
-        let i = at - end1;
-        let (m_read, v_read) = (m2[i], v2[i]);
-        let (p, m, v) = adamw_value(
-            p2[i],
-            g2[i],
-            m_read,
-            v_read,
+        adamw_at(
+            p2,
+            g2,
+            m2,
+            v2,
+            po2,
+            mo2,
+            vo2,
+            at - end1,
             decay,
             one_minus_beta1,
             beta2,
@@ -239,17 +246,16 @@ fn adamw_group(
             eps,
             first,
         );
-        po2[i] = p;
-        mo2[i] = m;
-        vo2[i] = v;
     } else {
-        let i = at - end2;
-        let (m_read, v_read) = (m3[i], v3[i]);
-        let (p, m, v) = adamw_value(
-            p3[i],
-            g3[i],
-            m_read,
-            v_read,
+        adamw_at(
+            p3,
+            g3,
+            m3,
+            v3,
+            po3,
+            mo3,
+            vo3,
+            at - end2,
             decay,
             one_minus_beta1,
             beta2,
@@ -259,9 +265,6 @@ fn adamw_group(
             eps,
             first,
         );
-        po3[i] = p;
-        mo3[i] = m;
-        vo3[i] = v;
     }
 }
 

@@ -26,12 +26,12 @@ use burn_backend::DType;
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::count_launch;
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
+use super::{count_launch, over_or_new};
 use crate::kernels::cube_reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
@@ -210,20 +210,13 @@ fn backward(
 ) -> CubeTensor {
     let shape = logits.meta.shape().clone();
     let values = shape.num_elements();
-    let (client, device) = (logits.client.clone(), logits.device.clone());
+    let client = logits.client.clone();
     let grad = into_contiguous(grad);
-    let in_place = logits.can_mut();
+    // In place the row statistics stand in for the logits, which are `dx` itself.
+    let (logits, dx, in_place) = over_or_new(logits, &lse);
     // A measurement reads the pool with the kept tensors and the result alive, as they are
-    // while the kernel runs (in place the logits are the result).
+    // while the kernel runs.
     let alive = inner_marks::armed().then(|| (lse.clone(), grad.clone()));
-    let (logits, dx) = match in_place {
-        // Unread: the row statistics stand in for the logits, which are `dx` itself.
-        true => (lse.clone(), logits),
-        false => {
-            let dx = empty_device_dtype(client.clone(), device, shape, DType::F32);
-            (logits, dx)
-        }
-    };
     let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
     // Safety: unit `at` < B·T·V reads value `at` of the logits (or of `dx` in place), its
     // row's `lse`, label and the `[1]` gradient, and writes value `at` of `dx` (the logits'

@@ -41,6 +41,31 @@ pub fn launches() -> u64 {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Where a kernel writes a result shaped like its input `x`: over `x` itself when nothing else
+/// holds it, else into a new buffer in the allocator's layout. Returns `(read, out, in_place)`:
+/// in place the kernel reads the values from `out` (each unit reads a value before it writes
+/// it), and `stand_in`, another tensor of the launch that is never read there, takes the
+/// input's binding, so no buffer is bound twice.
+fn over_or_new(
+    x: burn_cubecl::tensor::CubeTensor,
+    stand_in: &burn_cubecl::tensor::CubeTensor,
+) -> (
+    burn_cubecl::tensor::CubeTensor,
+    burn_cubecl::tensor::CubeTensor,
+    bool,
+) {
+    if x.can_mut() {
+        return (stand_in.clone(), x, true);
+    }
+    let out = burn_cubecl::ops::numeric::empty_device_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        x.meta.shape().clone(),
+        DType::F32,
+    );
+    (x, out, false)
+}
+
 fn count_launch() {
     LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }

@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
-use super::{Taken, count_launch, take};
+use super::{Taken, count_launch, over_or_new, take};
 use crate::kernels::cube_reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
@@ -216,20 +216,11 @@ fn backward(
         count_launch();
         dw
     });
+    // In place `inv` stands in for the gradient, which is `dx` itself.
+    let (grad, dx, in_place) = over_or_new(grad, &inv);
     // A measurement reads the pool with the operands and the result alive, as they are while
     // the kernel runs (the launch takes its arguments' handles).
-    // In place the gradient is the result, alive anyway (a clone would forbid writing over it).
-    let in_place = grad.can_mut();
-    let alive =
-        inner_marks::armed().then(|| (x.clone(), inv.clone(), (!in_place).then(|| grad.clone())));
-    let (grad, dx) = match in_place {
-        // Unread: `inv` stands in for the gradient, which is `dx` itself.
-        true => (inv.clone(), grad),
-        false => {
-            let dx = empty_device_dtype(client.clone(), device, shape, DType::F32);
-            (grad, dx)
-        }
-    };
+    let alive = inner_marks::armed().then(|| (x.clone(), inv.clone(), grad.clone()));
     // Safety: cube `row` < rows reads row `row` of `grad` (or of `dx` itself, `in_place`) and
     // `x` (D values each, unit-stride), `gain[..D]` and `inv[row]`, and writes row `row` of
     // `dx` (the gradient's shape); in place, each value is read and then written by the same

@@ -24,12 +24,11 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::DType;
 use burn_backend::tensor::FloatTensor;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::count_launch;
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
+use super::{count_launch, over_or_new};
 
 /// Rotates every head of `x` when it is f32 on a cubecl device with tables of `B·T` rows of
 /// `Dh` values; `x` back otherwise.
@@ -123,15 +122,8 @@ fn turn(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, backward: bool) -> Cube
     let dh = cos.meta.shape()[3];
     let pairs = shape.num_elements() / 2;
     let client = x.client.clone();
-    let in_place = x.can_mut();
-    let (x, y) = match in_place {
-        // Unread: the table stands in for `x`, which is `y` itself.
-        true => (cos.clone(), x),
-        false => {
-            let y = empty_device_dtype(client.clone(), x.device.clone(), shape, DType::F32);
-            (x, y)
-        }
-    };
+    // In place the table stands in for `x`, which is `y` itself.
+    let (x, y, in_place) = over_or_new(x, &cos);
     let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, pairs);
     // Safety: unit `at` < pairs reads the pair `(j, j + Dh/2)` of one head of one row of `x` (or
     // of `y` in place) and that row's table values at `j` and `j + Dh/2` (`B·T` rows of Dh),

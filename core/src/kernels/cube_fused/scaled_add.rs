@@ -21,12 +21,11 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn_backend::DType;
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
-use burn_cubecl::kernel::{into_contiguous, untile};
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::count_launch;
+use super::strided::unit_stride_rows;
+use super::{count_launch, over_or_new};
 
 /// `base + s·low` when both are f32 of one shape on a cubecl device; both back otherwise.
 pub fn add_scaled(
@@ -79,29 +78,13 @@ fn scaled_add(
     }
 }
 
-/// Rows with a unit-stride last axis (a storage-tiled matmul output untiled).
-fn unit_stride(x: CubeTensor) -> CubeTensor {
-    let x = untile(x);
-    match x.meta.strides().last() {
-        Some(&1) => x,
-        _ => into_contiguous(x),
-    }
-}
-
 fn forward(base: CubeTensor, low: CubeTensor, s: f32) -> CubeTensor {
-    let (base, low) = (unit_stride(base), unit_stride(low));
+    let (base, low) = (unit_stride_rows(base), unit_stride_rows(low));
     let shape = base.meta.shape().clone();
     let values = shape.num_elements();
     let client = base.client.clone();
-    let in_place = base.can_mut();
-    let (base, y) = match in_place {
-        // Unread: the adapter's product stands in for the base, which is `y` itself.
-        true => (low.clone(), base),
-        false => {
-            let y = empty_device_dtype(client.clone(), base.device.clone(), shape, DType::F32);
-            (base, y)
-        }
-    };
+    // In place the adapter's product stands in for the base, which is `y` itself.
+    let (base, y, in_place) = over_or_new(base, &low);
     let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
     // Safety: unit `at` < N·out reads value `at` of `base` (or of `y` in place) and of `low`
     // and writes value `at` of `y`, all `[N, out]` at their own row strides; in place, each

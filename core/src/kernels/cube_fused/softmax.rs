@@ -21,12 +21,13 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::DType;
 use burn_backend::tensor::FloatTensor;
-use burn_cubecl::kernel::{into_contiguous, untile};
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::count_launch;
+use super::strided::unit_stride_rows;
+use super::{count_launch, over_or_new};
 use crate::kernels::cube_reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
@@ -173,23 +174,13 @@ fn softmax_backward(
     }
 }
 
-/// The rows of `x` laid out with a unit-stride last axis (a storage-tiled matmul output is
-/// untiled, a strided last axis copied).
-fn unit_stride(x: CubeTensor) -> CubeTensor {
-    let x = untile(x);
-    match x.meta.strides().last() {
-        Some(&1) => x,
-        _ => into_contiguous(x),
-    }
-}
-
 fn rows_of(x: &CubeTensor) -> usize {
     let shape = x.meta.shape();
     shape[0] * shape[1] * shape[2]
 }
 
 fn forward(scores: CubeTensor, mask: CubeTensor, scale: f32) -> CubeTensor {
-    let scores = unit_stride(scores);
+    let scores = unit_stride_rows(scores);
     let shape = scores.meta.shape().clone();
     let rows = rows_of(&scores);
     let client = scores.client.clone();
@@ -214,22 +205,14 @@ fn forward(scores: CubeTensor, mask: CubeTensor, scale: f32) -> CubeTensor {
 }
 
 fn backward(grad: CubeTensor, p: CubeTensor, scale: f32) -> CubeTensor {
-    let grad = unit_stride(grad);
+    let grad = unit_stride_rows(grad);
     let rows = rows_of(&grad);
-    let (client, device) = (grad.client.clone(), grad.device.clone());
-    let in_place = grad.can_mut();
+    let client = grad.client.clone();
+    // In place `p` stands in for the gradient, which is `ds` itself.
+    let (grad, ds, in_place) = over_or_new(grad, &p);
     // A measurement reads the pool with the operands and the result alive, as they are while
-    // the kernel runs (in place the gradient is the result, alive anyway).
-    let alive = inner_marks::armed().then(|| (p.clone(), (!in_place).then(|| grad.clone())));
-    let (grad, ds) = match in_place {
-        // Unread: `p` stands in for the gradient, which is `ds` itself.
-        true => (p.clone(), grad),
-        false => {
-            let shape = grad.meta.shape().clone();
-            let ds = empty_device_dtype(client.clone(), device, shape, DType::F32);
-            (grad, ds)
-        }
-    };
+    // the kernel runs.
+    let alive = inner_marks::armed().then(|| (p.clone(), grad.clone()));
     // Safety: cube `row` < B·H·T reads row `row` of `grad` (or of `ds` in place) and `p` (S
     // values each, unit-stride) and writes row `row` of `ds` (the gradient's shape); in place,
     // each value is read and then written by the same unit only.
