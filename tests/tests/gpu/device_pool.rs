@@ -35,7 +35,7 @@ fn measure_seeded(s: &Scenario, device: &Device, steps: usize) -> MeasurementRep
 /// Full fine-tuning, QLoRA and QLoRA with checkpointing of the tiny SmolLM-shaped preset:
 /// - the activations one forward keeps are the predicted ones within 0.1 % (the fused GPU
 ///   rules, the graph in host memory: measured 2,968,864 B for full fine-tuning against
-///   2,968,816 predicted; on burn's ops alone it kept 5,280,544);
+///   2,968,568 predicted; on burn's ops alone it kept 5,280,544);
 /// - the step peak read at the marks is a lower bound of the true one (the predicted peak is
 ///   inside a block's backward). The NF4 products' backward and the fused RMSNorm's, SwiGLU's
 ///   and softmax's mark themselves with their operands and results alive. QLoRA reads
