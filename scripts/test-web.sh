@@ -72,6 +72,10 @@ if [ ! -x "$napkin" ]; then
     cargo build --quiet --locked -p napkin
 fi
 "$napkin" measure --preset tiny-smol --seq-len 64 --steps 1 --json > web/e2e/artifacts/measure.json
+# The page's default settings with checkpointing, as the CLI predicts them: the chart's kept
+# and recomputed bytes must be these.
+"$napkin" estimate --preset smollm2-135m --lora-r 16 --seq-len 256 --checkpointing --json \
+    > web/e2e/artifacts/estimate-checkpointing.json
 # A small run of the CLI (tiny fixture, held-out split, a sample prompt): its metrics.jsonl
 # is imported by the page, and `napkin report`'s page is opened from disk in the same
 # Chromium (drawn, self-contained, screenshotted).
@@ -83,6 +87,7 @@ rm -rf "$run_dir"
     --sample-prompt "Compute 3 + 63." --sample-tokens 8 --plain 2> web/e2e/artifacts/train-run.log
 CHROMIUM="$chromium" \
     NAPKIN_MEASURE_JSON="$root/web/e2e/artifacts/measure.json" \
+    NAPKIN_ESTIMATE_JSON="$root/web/e2e/artifacts/estimate-checkpointing.json" \
     NAPKIN_METRICS_JSONL="$root/$run_dir/metrics.jsonl" \
     NAPKIN_CONFIG_JSON="$fixtures/tiny-smol/config.json" \
     node web/e2e/sandbox.test.mjs

@@ -224,8 +224,6 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
     );
 }
 
-/// `napkin measure` on a fixture checkpoint (QLoRA): the JSON report puts each measured kind
-/// and the step peak within 5 % of the prediction, and the trace is Chrome Trace Event JSON.
 /// `--lora-targets` reaches napkin's own engine: TinyLlama-1.1B with r 16 on q and v trains
 /// r·(in + out) values per adapted linear — 16·(2048 + 2048) for q, 16·(2048 + 256) for v —
 /// in each of its 22 layers; a target that does not exist is named.
@@ -254,6 +252,98 @@ fn estimate_adapts_the_linears_lora_targets_names() {
     assert!(stderr.contains("unknown LoRA target `x`"), "{stderr}");
 }
 
+/// TinyLlama-1.1B QLoRA (r 16, DQ), T = 1024: without checkpointing 10.76 GB of activations
+/// are kept; with it the kept ones are the 22 block inputs (22 · 1024 · 2048 · 4 B = 176 MiB,
+/// what the seed formula says for full recomputation) and a few kB outside the blocks, one
+/// block's recompute is shown as such (500.6 MiB, beside the formula's 456 MiB for one layer),
+/// and the sum over the blocks is named as recomputed bytes, not memory. The JSON keeps both.
+#[test]
+fn estimate_with_checkpointing_shows_one_recomputed_block_not_the_sum() {
+    let estimate = |extra: &[&str]| {
+        let mut args = vec![
+            "estimate",
+            "--preset",
+            "tinyllama-1.1b",
+            "--lora-r",
+            "16",
+            "--nf4",
+            "--double-quant",
+            "--seq-len",
+            "1024",
+        ];
+        args.extend(extra);
+        let (ok, stdout, stderr) = napkin(&args);
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = extra.to_vec();
+        args.push("--json");
+        serde_json::from_str(&estimate(&args)).unwrap()
+    };
+    let line = |text: &str, start: &str| -> String {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no `{start}` line in\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let plain = estimate(&[]);
+    assert_eq!(
+        line(&plain, "saved_activations"),
+        "saved_activations 10.76 GB 9.8 GB"
+    );
+    assert!(!plain.contains("recomputed"), "{plain}");
+    let ckpt = estimate(&["--checkpointing"]);
+    assert_eq!(
+        line(&ckpt, "saved_activations, kept"),
+        "saved_activations, kept 18.29 KB —"
+    );
+    assert_eq!(
+        line(&ckpt, "checkpoint_inputs"),
+        "checkpoint_inputs 176.0 MB 176.0 MB"
+    );
+    assert_eq!(
+        line(&ckpt, "recomputed, one block"),
+        "recomputed, one block 500.6 MB 456.0 MB"
+    );
+    assert!(
+        ckpt.contains("10.76 GB recomputed per micro-batch"),
+        "{ckpt}"
+    );
+    assert!(line(&ckpt, "step peak:").starts_with("step peak: 1.95 GB at"));
+    assert_eq!(
+        line(&ckpt, "layers.21"),
+        "layers.21 0.02 21.67 2.19 2.19 4.38 8.00 500.60"
+    );
+
+    let (p, c) = (json(&[]), json(&["--checkpointing"]));
+    let (pa, ca) = (
+        &p["inventory"]["activations"],
+        &c["inventory"]["activations"],
+    );
+    let saved = p["inventory"]["inventory_bytes_by_kind"]["saved_activations"].as_u64();
+    assert_eq!(pa["kept_through_step"].as_u64(), saved);
+    assert!(pa["recomputed_block"].is_null());
+    assert_eq!(ca["checkpoint_inputs"].as_u64(), Some(22 * 1024 * 2048 * 4));
+    assert_eq!(ca["recomputed_block"]["layer"].as_u64(), Some(21));
+    // The inventory is unchanged: its sum is still there, named as the inventory's.
+    assert_eq!(
+        c["inventory"]["inventory_bytes_by_kind"]["saved_activations"].as_u64(),
+        saved
+    );
+    let outside = ca["kept_through_step"].as_u64().unwrap() - 22 * 1024 * 2048 * 4;
+    assert_eq!(
+        ca["recomputed_per_micro_batch"]
+            .as_u64()
+            .map(|r| r + outside),
+        saved
+    );
+}
+
+/// `napkin measure` on a fixture checkpoint (QLoRA): the JSON report puts each measured kind
+/// and the step peak within 5 % of the prediction, and the trace is Chrome Trace Event JSON.
 #[test]
 fn measure_reports_prediction_beside_measurement_and_writes_a_trace() {
     let model = fixture("tiny-smol");

@@ -1,7 +1,8 @@
 // End-to-end test of the sandbox in real headless Chromium (Debian's /usr/bin/chromium,
 // driven by playwright-core; no browser download). Serves web/dist, then checks: the page
 // renders; turning NF4 on lowers a block's predicted weight bytes by the ratio napkin math
-// gives; a run in the page trains a tiny Llama with falling losses and shows measured
+// gives; checkpointing draws each block's recomputed activations as an outline, with the
+// numbers `napkin estimate --json` gives; a run in the page trains a tiny Llama with falling losses and shows measured
 // per-layer numbers beside the predictions; a dropped config.json and a `napkin measure`
 // report and a `napkin train` run's metrics.jsonl load (its curves drawn with axes); the
 // exercise mode checks an answer; no request leaves 127.0.0.1 and the CSP
@@ -10,7 +11,7 @@
 // Writes artifacts/sandbox.png and artifacts/e2e-report.json.
 //
 // Usage: node sandbox.test.mjs
-//   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_CONFIG_JSON, NAPKIN_METRICS_JSONL, NAPKIN_WEBGPU=0
+//   (env: CHROMIUM, NAPKIN_MEASURE_JSON, NAPKIN_ESTIMATE_JSON, NAPKIN_CONFIG_JSON, NAPKIN_METRICS_JSONL, NAPKIN_WEBGPU=0
 //   without that module)
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -161,6 +162,36 @@ try {
   assert.ok(Math.abs(report.efficient_attention_removed - removed) < 0.01 * removed,
     `efficient attention removed ${report.efficient_attention_removed} vs ${removed}`);
   await page.uncheck('#efficient-attention');
+  step('checkpointing draws the recomputed activations as outlines, with napkin estimate\'s numbers');
+  // `napkin estimate --preset smollm2-135m --lora-r 16 --seq-len 256 --checkpointing --json`:
+  // the page's default settings with checkpointing on.
+  const estimate = JSON.parse(await readFile(process.env.NAPKIN_ESTIMATE_JSON, 'utf8')).inventory;
+  const layerNumbers = () => page.$$eval('g.layer', (gs) => gs.map((g) =>
+    [g.dataset.layer, Number(g.dataset.activations), Number(g.dataset.recomputed)]));
+  assert.equal(await page.$$eval('#layer-chart rect.k-recomputed', (r) => r.length), 0,
+    'no recomputed outline without checkpointing');
+  const plainLayers = await layerNumbers();
+  await page.check('#ckpt');
+  await page.waitForSelector('#layer-chart rect.k-recomputed');
+  const ckptLayers = await layerNumbers();
+  assert.deepEqual(ckptLayers, estimate.per_layer.map((l) => [l.layer, l.activations, l.recomputed]),
+    'the chart\'s kept and recomputed bytes are the JSON\'s');
+  const blocks = estimate.per_layer.filter((l) => l.recomputed > 0).length;
+  assert.equal(blocks, 30, 'every SmolLM2 block recomputes');
+  assert.equal(await page.$$eval('#layer-chart rect.k-recomputed', (r) => r.length), blocks);
+  // The plain chart's kept activations of a block are the checkpointed one's recompute: the
+  // inventory is the same, only how long the tensors live differs.
+  assert.equal(plainLayers[1][1], ckptLayers[1][2]);
+  assert.equal(plainLayers[1][2], 0);
+  const outlineFill = await page.$eval('#layer-chart rect.k-recomputed',
+    (r) => getComputedStyle(r).fill);
+  assert.equal(outlineFill, 'none', 'the recomputed bytes are an outline, not a kept segment');
+  const block = estimate.activations.recomputed_block;
+  assert.match(await page.textContent('#seed-vs-inventory'),
+    new RegExp(`recomputed, one block \\(layers\\.${block.layer}\\)`));
+  report.checkpointing_recomputed_block = block;
+  await page.uncheck('#ckpt');
+  await page.waitForSelector('#layer-chart rect.k-recomputed', { state: 'detached' });
   const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
   assert.equal(recipes, 9, 'one precision-table row per recipe');
 

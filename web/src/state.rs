@@ -460,6 +460,31 @@ mod tests {
         assert!(!reduce(&dq, Action::SetNf4(false)).double_quant);
     }
 
+    /// Checkpointing moves a block's saved activations from kept to recomputed: each block
+    /// then keeps its input (T·d f32) and recomputes exactly what it kept without
+    /// checkpointing (the inventory is the same; how long the tensors live differs).
+    #[test]
+    fn checkpointing_shows_the_recomputed_activations_apart_from_the_kept() {
+        let s = SandboxState::default();
+        let plain = s.view();
+        let ckpt = reduce(&s, Action::SetCheckpointing(true)).view();
+        let blocks = plain.report.per_layer.len() - 1;
+        for (p, c) in plain
+            .report
+            .per_layer
+            .iter()
+            .zip(&ckpt.report.per_layer)
+            .take(blocks)
+        {
+            assert_eq!(p.recomputed, 0, "{}", p.layer);
+            assert_eq!(c.activations, 256 * 576 * 4, "{}", c.layer);
+            assert_eq!(c.recomputed, p.activations, "{}", c.layer);
+        }
+        assert!(plain.report.activations.recomputed_block.is_none());
+        let block = ckpt.report.activations.recomputed_block.expect("a block");
+        assert_eq!(block.layer, 29);
+    }
+
     /// At T = 2048 the eager attention's kept probabilities dominate SmolLM2's activations;
     /// the efficient attention removes them (3 score-sized copies per block, 30 blocks).
     #[test]

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::activations::{LinearCompute, Trainable, kept_activations};
+use super::recompute::is_recomputed;
 use super::row_layout::{RowLayout, Size};
 use super::workspace;
 use crate::config::{
@@ -466,8 +467,12 @@ pub struct LayerBytes {
     pub gradients: u64,
     /// Optimizer state.
     pub optimizer_state: u64,
-    /// Activations kept for the backward (and checkpointed block inputs).
+    /// Activations alive from the forward to the backward: what the block keeps for its
+    /// backward, or with checkpointing its input alone.
     pub activations: u64,
+    /// With checkpointing: the activations its backward recomputes, alive only while that
+    /// backward runs (0 without checkpointing; see `recompute`).
+    pub recomputed: u64,
 }
 
 /// Bytes per decoder block, then outside the blocks.
@@ -476,13 +481,14 @@ pub fn per_layer(entries: &[Entry], layers: usize) -> Vec<LayerBytes> {
         .map(Some)
         .chain([None])
         .map(|layer| {
-            let sum = |kinds: &[Kind]| -> u64 {
+            let sum_if = |keep: &dyn Fn(&Entry) -> bool| -> u64 {
                 entries
                     .iter()
-                    .filter(|e| e.layer == layer && kinds.contains(&e.kind))
+                    .filter(|e| e.layer == layer && keep(e))
                     .map(|e| e.bytes)
                     .sum()
             };
+            let sum = |kinds: &[Kind]| sum_if(&|e| kinds.contains(&e.kind));
             LayerBytes {
                 layer: layer.map_or("outside blocks".to_string(), |l| format!("layers.{l}")),
                 weights: sum(&[Kind::Weights]),
@@ -490,7 +496,9 @@ pub fn per_layer(entries: &[Entry], layers: usize) -> Vec<LayerBytes> {
                 adapters: sum(&[Kind::Adapters]),
                 gradients: sum(&[Kind::Gradients]),
                 optimizer_state: sum(&[Kind::OptimizerState]),
-                activations: sum(&[Kind::SavedActivations, Kind::CheckpointInputs]),
+                activations: sum(&[Kind::CheckpointInputs])
+                    + sum_if(&|e| e.kind == Kind::SavedActivations && !is_recomputed(e)),
+                recomputed: sum_if(&is_recomputed),
             }
         })
         .collect()

@@ -15,6 +15,7 @@
 //! - `link`: what a step sends over the host link on a GPU when the weights are resident.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
 //! - `precision`: bytes per parameter of the mixed-precision recipes (fp32 … FP8, MS-AMP O1–O3).
+//! - `recompute`: what checkpointing keeps through the step and what it recomputes per block.
 //! - `report`: everything the predictor says about one step, one type for the CLI and the page.
 //! - `row_layout`: how a device lays rows out (CUDA pads each row to an aligned pitch).
 //! - `timeline`: one optimizer step replayed event by event; the peak and what makes it.
@@ -29,6 +30,7 @@ pub mod offload;
 pub mod precision;
 pub mod preflight;
 pub mod pytorch;
+pub mod recompute;
 pub mod report;
 pub mod row_layout;
 pub mod rules;

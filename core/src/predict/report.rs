@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::inventory::{Entry, Kind, LayerBytes, Scenario, inventory, per_layer, totals_by_kind};
 use super::offload::{host_links, host_transfer};
+use super::recompute::{ActivationSplit, activation_split};
 use super::seed::{SeedEstimate, scenario_seed_estimate};
 use super::sharding::{Offload, ShardedMemory, Strategy, sharded_memory};
 use super::time::{RooflineTime, StepWork, device_presets, roofline, step_work};
@@ -39,6 +40,10 @@ pub struct Report {
     /// step's short-lived buffers exist one at a time (their sum over the blocks is no amount
     /// of memory the step ever holds).
     pub inventory_bytes_by_kind: BTreeMap<Kind, u64>,
+    /// The saved activations and checkpoint inputs split by how long they live: kept through
+    /// the step, one recomputed block, their sum over the blocks. `inventory_bytes_by_kind`
+    /// keeps the inventory's sums, recomputed tensors included.
+    pub activations: ActivationSplit,
     /// Bytes per block (the last row: outside the blocks) by the kinds a learner compares.
     pub per_layer: Vec<LayerBytes>,
     /// One step, event by event.
@@ -166,6 +171,7 @@ pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
             trainable_parameters: s.trainable_parameters(),
         },
         inventory_bytes_by_kind: by_kind_at_once(&entries),
+        activations: activation_split(&entries),
         per_layer: per_layer(&entries, s.config.num_hidden_layers),
         seed_formulas: scenario_seed_estimate(s, Precision::Fp32),
         time: StepTime {

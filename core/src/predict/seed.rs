@@ -23,12 +23,16 @@ pub struct SeedEstimate {
     pub gradients: f64,
     /// Optimizer state (of the trainable parameters).
     pub optimizer: f64,
-    /// Activations of all layers.
+    /// Activations of all layers (with full recomputation: all layers' inputs).
     pub activations: f64,
+    /// One layer's activations without recomputation, the formula's per-layer figure: what a
+    /// checkpointed block holds while its backward recomputes it.
+    pub one_layer_activations: f64,
 }
 
 impl SeedEstimate {
     /// The sum.
+    /// The sum of what is kept through the step (one recomputed layer is not counted).
     pub fn total(&self) -> f64 {
         self.weights + self.gradients + self.optimizer + self.activations
     }
@@ -86,6 +90,14 @@ pub fn seed_estimate(
         gradients: trainable as f64 * gradient_bytes_per_param(precision),
         optimizer: trainable as f64 * optimizer_bytes_per_param(optimizer, precision),
         activations: activation_bytes(shape, precision, recompute),
+        one_layer_activations: activation_bytes(
+            ActivationShape {
+                layers: 1.0,
+                ..shape
+            },
+            precision,
+            false,
+        ),
     }
 }
 

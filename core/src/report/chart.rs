@@ -18,6 +18,13 @@ pub const STACK_KINDS: [(&str, &str); 6] = [
     ("activations (logits outside blocks)", "k-acts"),
 ];
 
+/// The kind drawn outlined above the stack: with checkpointing, a block's activations that
+/// exist only while its backward recomputes them, one block at a time (not kept bytes).
+pub const RECOMPUTED_KIND: (&str, &str) = (
+    "recomputed during the block's backward (one block at a time)",
+    "k-recomputed",
+);
+
 /// One rectangle of a stacked bar, in chart units (y grows downwards, as in SVG).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rect {
@@ -42,6 +49,8 @@ pub struct Bar {
     pub label: String,
     /// Predicted, stacked.
     pub segments: Vec<Rect>,
+    /// With checkpointing: the recomputed activations, an outline above the stack.
+    pub recomputed: Option<Rect>,
     /// The measured activations, drawn beside the predicted stack.
     pub measured: Option<Rect>,
 }
@@ -66,9 +75,22 @@ fn kinds_of(row: &LayerBytes) -> [u64; 6] {
     ]
 }
 
-/// Bars for `rows` in a `width` × `height` box. `measured` are the per-block comparisons of a
-/// measurement (named `layers.N`, activations kept for the backward); each is drawn beside
-/// the matching bar's activations segment, on the same base.
+/// Where a block's measured activations start: above the other kinds, or with
+/// checkpointing above the whole kept stack (the block input), beside the recomputed outline.
+fn measured_base(row: &LayerBytes) -> u64 {
+    let kinds = kinds_of(row);
+    if row.recomputed > 0 {
+        kinds.iter().sum()
+    } else {
+        kinds[..5].iter().sum()
+    }
+}
+
+/// Bars for `rows` in a `width` × `height` box. A block's recomputed activations (with
+/// checkpointing) are an outline above its stack. `measured` are the per-block comparisons of
+/// a measurement (named `layers.N`: the activations one plain forward keeps for the
+/// backward); each is drawn beside what it compares with, on the same base: the activations
+/// segment, or with checkpointing the recomputed outline.
 pub fn stacked_bars(
     rows: &[LayerBytes],
     measured: &[Comparison],
@@ -79,10 +101,9 @@ pub fn stacked_bars(
     let max_bytes = rows
         .iter()
         .map(|r| {
-            let kinds = kinds_of(r);
-            let stack: u64 = kinds.iter().sum();
-            let others: u64 = kinds[..5].iter().sum();
-            stack.max(others + measured_of(&r.layer).map_or(0, |c| c.measured))
+            let stack: u64 = kinds_of(r).iter().sum();
+            let measured = measured_of(&r.layer).map_or(0, |c| c.measured);
+            (stack + r.recomputed).max(measured_base(r) + measured)
         })
         .max()
         .unwrap_or(0)
@@ -113,9 +134,20 @@ pub fn stacked_bars(
                     }
                 })
                 .collect();
-            // The measured activations stand beside the predicted activations segment: on
-            // the same base (the stack of the other kinds), so the two heights compare.
-            let base = height - (kinds_of(row)[..5].iter().sum::<u64>() as f64 * scale);
+            let recomputed = (row.recomputed > 0).then(|| {
+                let h = row.recomputed as f64 * scale;
+                Rect {
+                    x,
+                    y: top - h,
+                    width: bar_width,
+                    height: h,
+                    class: RECOMPUTED_KIND.1,
+                    bytes: row.recomputed,
+                }
+            });
+            // The measured activations stand beside what they compare with, on the same
+            // base, so the two heights compare.
+            let base = height - measured_base(row) as f64 * scale;
             let measured = measured_of(&row.layer).map(|c| {
                 let h = c.measured as f64 * scale;
                 Rect {
@@ -130,6 +162,7 @@ pub fn stacked_bars(
             Bar {
                 label: row.layer.clone(),
                 segments,
+                recomputed,
                 measured,
             }
         })
@@ -355,6 +388,7 @@ mod tests {
             gradients: 0,
             optimizer_state: 0,
             activations,
+            recomputed: 0,
         }
     }
 
@@ -382,6 +416,43 @@ mod tests {
         assert!(m.y.abs() < 1e-9);
         assert!(m.x >= first.segments[0].x + first.segments[0].width);
         assert!(chart.bars[1].measured.is_none());
+    }
+
+    /// A checkpointed block: its input is a kept segment, its recomputed activations an
+    /// outline above the stack, and the measured bar (one plain forward's saved activations)
+    /// starts where the outline does.
+    #[test]
+    fn recomputed_activations_are_an_outline_the_measured_bar_stands_beside() {
+        let rows = [LayerBytes {
+            recomputed: 500,
+            ..row("layers.0", 300, 10)
+        }];
+        let measured = [Comparison {
+            name: "layers.0".into(),
+            predicted: 500,
+            measured: 490,
+            ratio: 0.98,
+        }];
+        let chart = stacked_bars(&rows, &measured, 100.0, 810.0);
+        assert_eq!(chart.max_bytes, 810);
+        let bar = &chart.bars[0];
+        assert_eq!(
+            bar.segments.len(),
+            2,
+            "the recomputed bytes are not a kept segment"
+        );
+        let outline = bar.recomputed.as_ref().unwrap();
+        assert_eq!(outline.class, RECOMPUTED_KIND.1);
+        assert!((outline.height - 500.0).abs() < 1e-9 && outline.y.abs() < 1e-9);
+        assert!((outline.y + outline.height - bar.segments[1].y).abs() < 1e-9);
+        let m = bar.measured.as_ref().unwrap();
+        assert!((m.y + m.height - (outline.y + outline.height)).abs() < 1e-9);
+        assert!((m.height - 490.0).abs() < 1e-9);
+        assert!(
+            stacked_bars(&[row("layers.0", 1, 1)], &[], 1.0, 1.0).bars[0]
+                .recomputed
+                .is_none()
+        );
     }
 
     #[test]

@@ -332,47 +332,94 @@ fn print_report(r: &Report) {
         s.lora_r,
         if s.nf4 { ", NF4 base" } else { "" }
     );
+    let split = &r.activations;
+    let ckpt = split.recomputed_block.is_some();
     println!(
-        "  {:<18} {:>12}   {:>12}",
+        "  {:<24} {:>12}   {:>12}",
         "kind", "inventory", "seed formula"
     );
     let seed = &r.seed_formulas;
-    for (kind, seed_bytes) in [
-        (Kind::Weights, Some(seed.weights)),
-        (Kind::QuantCodes, None),
-        (Kind::QuantScales, None),
-        (Kind::Adapters, None),
-        (Kind::Gradients, Some(seed.gradients)),
-        (Kind::OptimizerState, Some(seed.optimizer)),
-        (Kind::SavedActivations, Some(seed.activations)),
-        (Kind::CheckpointInputs, None),
-        (Kind::Logits, None),
-        (Kind::Workspace, None),
-    ] {
-        let inv_bytes = r.inventory_bytes_by_kind.get(&kind).map(|&b| b as f64);
-        if inv_bytes.is_none() && seed_bytes.is_none() {
+    // The seed's activation rule sits beside what it describes: all layers' activations, or
+    // with recomputation all layers' inputs (the checkpoint inputs).
+    let (seed_saved, seed_inputs) = if ckpt {
+        (None, Some(seed.activations))
+    } else {
+        (Some(seed.activations), None)
+    };
+    let saved_kept = split.kept_through_step - split.checkpoint_inputs;
+    let by_kind = |kind: Kind| r.inventory_bytes_by_kind.get(&kind).copied();
+    let rows: Vec<(String, Option<u64>, Option<f64>)> = vec![
+        ("weights".into(), by_kind(Kind::Weights), Some(seed.weights)),
+        ("quant_codes".into(), by_kind(Kind::QuantCodes), None),
+        ("quant_scales".into(), by_kind(Kind::QuantScales), None),
+        ("adapters".into(), by_kind(Kind::Adapters), None),
+        (
+            "gradients".into(),
+            by_kind(Kind::Gradients),
+            Some(seed.gradients),
+        ),
+        (
+            "optimizer_state".into(),
+            by_kind(Kind::OptimizerState),
+            Some(seed.optimizer),
+        ),
+        (
+            if ckpt {
+                "saved_activations, kept".into()
+            } else {
+                "saved_activations".into()
+            },
+            by_kind(Kind::SavedActivations).map(|_| saved_kept),
+            seed_saved,
+        ),
+        (
+            "checkpoint_inputs".into(),
+            (split.checkpoint_inputs > 0).then_some(split.checkpoint_inputs),
+            seed_inputs,
+        ),
+        (
+            "recomputed, one block".into(),
+            split.recomputed_block.map(|b| b.bytes),
+            ckpt.then_some(seed.one_layer_activations),
+        ),
+        ("logits".into(), by_kind(Kind::Logits), None),
+        // One at a time: the largest, not their sum.
+        ("workspace (largest)".into(), by_kind(Kind::Workspace), None),
+    ];
+    for (name, inventory, seed_bytes) in rows {
+        if inventory.is_none() && seed_bytes.is_none() {
             continue;
         }
         let show = |x: Option<f64>| x.map_or("—".to_string(), accelerate_units);
-        let name = match kind {
-            // One at a time: the largest, not their sum.
-            Kind::Workspace => "workspace (largest)".to_string(),
-            _ => serde_name(&kind),
-        };
         println!(
-            "  {:<18} {:>12}   {:>12}",
+            "  {:<24} {:>12}   {:>12}",
             name,
-            show(inv_bytes),
+            show(inventory.map(|b| b as f64)),
             show(seed_bytes)
         );
     }
+    if let Some(block) = split.recomputed_block {
+        println!(
+            "  checkpointing keeps each block's input through the step; its other activations exist only\n  \
+             while its backward recomputes them, one block at a time (the largest: layers.{}). Summed over\n  \
+             the blocks they are {} recomputed per micro-batch, not memory held at once.",
+            block.layer,
+            accelerate_units(split.recomputed_per_micro_batch as f64),
+        );
+    }
+    let recomputed_column = if ckpt { "  recomputed" } else { "" };
     println!(
-        "\n  per layer (MiB)   weights  NF4 codes+scales  adapters  gradients  optimizer  activations"
+        "\n  per layer (MiB)   weights  NF4 codes+scales  adapters  gradients  optimizer  activations{recomputed_column}"
     );
     for row in &r.per_layer {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let recomputed = if ckpt {
+            format!(" {:>12.2}", mib(row.recomputed))
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<16} {:>8.2} {:>17.2} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
+            "  {:<16} {:>8.2} {:>17.2} {:>9.2} {:>10.2} {:>10.2} {:>12.2}{recomputed}",
             row.layer,
             mib(row.weights),
             mib(row.quant),

@@ -10,7 +10,9 @@ use yew::prelude::*;
 
 use super::format::bytes;
 use crate::state::View;
-use napkin_core::report::chart::{STACK_KINDS, Series, line_chart, stacked_bars, timeline};
+use napkin_core::report::chart::{
+    RECOMPUTED_KIND, STACK_KINDS, Series, line_chart, stacked_bars, timeline,
+};
 use napkin_core::report::svg::line_chart_svg;
 
 const W: f64 = 640.0;
@@ -87,6 +89,7 @@ pub struct LayerChartProps {
 pub fn layer_chart(props: &LayerChartProps) -> Html {
     let measured = props.run.as_ref().map_or(&[][..], |r| &r.layers[..]);
     let chart = stacked_bars(&props.view.report.per_layer, measured, W, H);
+    let checkpointed = props.view.report.activations.recomputed_block.is_some();
     html! {
         <section class="panel">
             <h2>{ "Memory per layer" }</h2>
@@ -95,7 +98,8 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                 { hatch_defs() }
                 { for chart.bars.iter().zip(&props.view.report.per_layer).map(|(bar, row)| html! {
                     <g class="layer" data-layer={row.layer.clone()} data-weights={row.weights.to_string()}
-                       data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}>
+                       data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}
+                       data-recomputed={row.recomputed.to_string()}>
                         { for bar.segments.iter().map(|r| html! {
                             <>
                                 <rect class={r.class} x={r.x.to_string()} y={r.y.to_string()}
@@ -109,6 +113,12 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                                 }
                             </>
                         }) }
+                        if let Some(r) = &bar.recomputed {
+                            <rect class={r.class} x={r.x.to_string()} y={r.y.to_string()}
+                                  width={r.width.to_string()} height={r.height.to_string()}>
+                                <title>{ format!("{}: {} recomputed during its backward (not kept)", bar.label, bytes(r.bytes as f64)) }</title>
+                            </rect>
+                        }
                         if let Some(m) = &bar.measured {
                             <rect class="k-measured" x={m.x.to_string()} y={m.y.to_string()}
                                   width={m.width.to_string()} height={m.height.to_string()}>
@@ -121,9 +131,16 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                 <text x={W.to_string()} y={(H + 16.0).to_string()} class="axis end">{ "outside blocks (embeddings, head, logits)" }</text>
                 <text x="0" y="0" class="axis">{ format!("top: {}", bytes(chart.max_bytes as f64)) }</text>
             </svg>
-            <p class="note">{ "Activations: what each block's forward keeps for its backward. With checkpointing a block keeps only its input between forward and backward and holds these bytes one block at a time, while it is recomputed: the step timeline and the peak show that." }</p>
+            <p class="note">{ if checkpointed {
+                "Activations: with checkpointing a block keeps only its input between forward and backward (the solid segment). The dashed outline is what its backward recomputes: those bytes exist for one block at a time, while it runs, and are not kept; the step timeline and the peak show when."
+            } else {
+                "Activations: what each block's forward keeps for its backward."
+            } }</p>
             <ul class="legend">
                 { for STACK_KINDS.iter().map(|(name, class)| html! { <li><span class={format!("swatch {class}")}></span>{ *name }</li> }) }
+                if checkpointed {
+                    <li><span class={format!("swatch {}", RECOMPUTED_KIND.1)}></span>{ RECOMPUTED_KIND.0 }</li>
+                }
                 <li><span class="swatch k-measured"></span>{ "measured activations (after a run)" }</li>
             </ul>
             <details id="layer-table">
@@ -132,7 +149,10 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                     <thead><tr>
                         <th scope="col">{ "layer" }</th><th scope="col">{ "weights" }</th><th scope="col">{ "NF4 codes + scales" }</th>
                         <th scope="col">{ "LoRA adapters" }</th><th scope="col">{ "gradients" }</th><th scope="col">{ "optimizer state" }</th>
-                        <th scope="col">{ "activations" }</th>
+                        <th scope="col">{ "activations kept" }</th>
+                        if checkpointed {
+                            <th scope="col">{ "recomputed during its backward" }</th>
+                        }
                     </tr></thead>
                     <tbody>
                         { for props.view.report.per_layer.iter().map(|r| html! {
@@ -140,6 +160,9 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                                 <th scope="row">{ r.layer.clone() }</th>
                                 <td>{ bytes(r.weights as f64) }</td><td>{ bytes(r.quant as f64) }</td><td>{ bytes(r.adapters as f64) }</td>
                                 <td>{ bytes(r.gradients as f64) }</td><td>{ bytes(r.optimizer_state as f64) }</td><td>{ bytes(r.activations as f64) }</td>
+                                if checkpointed {
+                                    <td>{ bytes(r.recomputed as f64) }</td>
+                                }
                             </tr>
                         }) }
                     </tbody>

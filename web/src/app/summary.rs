@@ -38,24 +38,42 @@ pub fn summary(props: &SummaryProps) -> Html {
     let sum = |f: fn(&napkin_core::predict::inventory::LayerBytes) -> u64| -> f64 {
         r.per_layer.iter().map(f).sum::<u64>() as f64
     };
+    let recomputed = r.activations.recomputed_block.map(|b| {
+        (
+            format!("recomputed, one block (layers.{})", b.layer),
+            r.seed_formulas.one_layer_activations,
+            b.bytes as f64,
+        )
+    });
     let rows = [
         (
-            "weights",
+            "weights".to_string(),
             r.seed_formulas.weights,
             sum(|l| l.weights + l.quant + l.adapters),
         ),
-        ("gradients", r.seed_formulas.gradients, sum(|l| l.gradients)),
         (
-            "optimizer state",
+            "gradients".to_string(),
+            r.seed_formulas.gradients,
+            sum(|l| l.gradients),
+        ),
+        (
+            "optimizer state".to_string(),
             r.seed_formulas.optimizer,
             sum(|l| l.optimizer_state),
         ),
         (
-            "activations",
+            if recomputed.is_some() {
+                "activations kept (block inputs)".to_string()
+            } else {
+                "activations".to_string()
+            },
             r.seed_formulas.activations,
             sum(|l| l.activations),
         ),
-    ];
+    ]
+    .into_iter()
+    .chain(recomputed)
+    .collect::<Vec<_>>();
     html! {
         <section class="panel summary">
             <h2>{ "Prediction" }</h2>
@@ -97,13 +115,13 @@ pub fn summary(props: &SummaryProps) -> Html {
                 <thead><tr><th>{ "" }</th><th>{ "seed formula" }</th><th>{ "napkin inventory" }</th></tr></thead>
                 <tbody>
                     { for rows.iter().map(|(name, seed, exact)| html! {
-                        <tr><td>{ *name }</td><td>{ bytes(*seed) }</td><td>{ bytes(*exact) }</td></tr>
+                        <tr><td>{ name.clone() }</td><td>{ bytes(*seed) }</td><td>{ bytes(*exact) }</td></tr>
                     }) }
                 </tbody>
             </table>
             <p class="note">
                 { format!("Seed formulas: weights 4 B/param, gradients and optimizer state per trainable parameter, activations L·s·b·h·(34 + 5·a·s/h)·2 (Korthikanti, f32){}. The inventory counts every tensor the engine keeps{}.",
-                    if s.checkpointing { ", block inputs only when recomputing" } else { "" },
+                    if s.checkpointing { "; when recomputing, the block inputs L·2·s·b·h·2 beside what is kept, and one layer's s·b·h·(34 + 5·a·s/h)·2 beside one recomputed block" } else { "" },
                     if s.nf4 { ", with the NF4 base at ~0.5 B/param" } else { "" }) }
             </p>
             <table id="precision-table">

@@ -8,6 +8,7 @@ use super::{
 use crate::config::AttentionKind;
 use crate::exercises::answer::{Dimension, Expected};
 use crate::predict::inventory::{Scenario, inventory, per_layer};
+use crate::predict::recompute::activation_split;
 use crate::predict::rules::Precision;
 use crate::predict::seed::{ActivationShape, activation_bytes};
 use crate::predict::time::step_work;
@@ -139,6 +140,58 @@ pub(super) fn exercises() -> Vec<Exercise> {
                     sandbox: Some(SandboxSettings {
                         checkpointing: true,
                         ..sandbox(id, 16, false, s as usize)
+                    }),
+                }
+            },
+        },
+        Exercise {
+            id: "checkpointing-recompute-sum",
+            title: "One recomputed block, not all of them",
+            make: |d| {
+                let (id, name, c) = model(d, &PRESETS);
+                let t = d.pick(&[512usize, 1024, 2048]);
+                let layers = c.num_hidden_layers;
+                let s = Scenario {
+                    lora: Some(lora(16)),
+                    checkpointing: true,
+                    ..Scenario::new(c, 1, t)
+                };
+                let split = activation_split(&inventory(&s));
+                let sum = split.recomputed_per_micro_batch as f64;
+                let block = split.recomputed_block.map_or(0.0, |b| b.bytes as f64);
+                let overstated = sum - block;
+                Drawn {
+                    question: format!(
+                        "{name} with LoRA r = 16, B = 1, T = {t}, f32, gradient checkpointing. \
+                            napkin's inventory lists every tensor that exists at some moment: \
+                            summed over the {layers} blocks, the activations the backward \
+                            recomputes come to {} per micro-batch, and the largest block's \
+                            come to {}. Each block's exist only while its own backward runs. A \
+                            learner who counts the sum as memory the step holds overstates \
+                            what is ever alive of them at once. By how many bytes?",
+                        mb(sum),
+                        mb(block)
+                    ),
+                    expected: with_mistakes(
+                        expected(Dimension::Bytes, overstated, mb(overstated)),
+                        &[
+                            ("gave the sum over the blocks", sum),
+                            ("gave one block's recompute", block),
+                        ],
+                    ),
+                    hint: "One block is recomputed at a time: what the sum has beyond one block \
+                        is never alive together with it."
+                        .into(),
+                    explanation: format!(
+                        "{} − {} = {}: the step holds one block's recompute at its peak; the \
+                            sum is the bytes the backward computes a second time, not memory.",
+                        mb(sum),
+                        mb(block),
+                        mb(overstated)
+                    ),
+                    sandbox: Some(SandboxSettings {
+                        checkpointing: true,
+                        ..sandbox(id, 16, false, t)
                     }),
                 }
             },
