@@ -176,9 +176,9 @@ try {
   const ckptLayers = await layerNumbers();
   assert.deepEqual(ckptLayers, estimate.per_layer.map((l) => [l.layer, l.activations, l.recomputed]),
     'the chart\'s kept and recomputed bytes are the JSON\'s');
-  const blocks = estimate.per_layer.filter((l) => l.recomputed > 0).length;
-  assert.equal(blocks, 30, 'every SmolLM2 block recomputes');
-  assert.equal(await page.$$eval('#layer-chart rect.k-recomputed', (r) => r.length), blocks);
+  const recomputing = estimate.per_layer.filter((l) => l.recomputed > 0).length;
+  assert.equal(recomputing, 30, 'every SmolLM2 block recomputes');
+  assert.equal(await page.$$eval('#layer-chart rect.k-recomputed', (r) => r.length), recomputing);
   // The plain chart's kept activations of a block are the checkpointed one's recompute: the
   // inventory is the same, only how long the tensors live differs.
   assert.equal(plainLayers[1][1], ckptLayers[1][2]);
@@ -186,10 +186,10 @@ try {
   const outlineFill = await page.$eval('#layer-chart rect.k-recomputed',
     (r) => getComputedStyle(r).fill);
   assert.equal(outlineFill, 'none', 'the recomputed bytes are an outline, not a kept segment');
-  const block = estimate.activations.recomputed_block;
+  const recomputedBlock = estimate.activations.recomputed_block;
   assert.match(await page.textContent('#seed-vs-inventory'),
-    new RegExp(`recomputed, one block \\(layers\\.${block.layer}\\)`));
-  report.checkpointing_recomputed_block = block;
+    new RegExp(`recomputed, one block \\(layers\\.${recomputedBlock.layer}\\)`));
+  report.checkpointing_recomputed_block = recomputedBlock;
   await page.uncheck('#ckpt');
   await page.waitForSelector('#layer-chart rect.k-recomputed', { state: 'detached' });
   const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
