@@ -487,10 +487,13 @@ pub struct TrainArgs {
     /// LoRA alpha. Default 32.
     #[arg(long)]
     pub lora_alpha: Option<f64>,
-    /// LoRA dropout. Default 0. Not yet with --checkpointing (refused: the recompute would draw
-    /// other masks).
+    /// LoRA dropout. Default 0. With --checkpointing a block's recomputation drops what its
+    /// first forward dropped (the masks are numbered draws of the step's seed).
     #[arg(long)]
     pub lora_dropout: Option<f64>,
+    /// rsLoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (peft's use_rslora).
+    #[arg(long)]
+    pub rslora: bool,
     /// Adapted linears: all-linear (default) or a list such as q,v.
     #[arg(long)]
     pub targets: Option<String>,
@@ -503,8 +506,7 @@ pub struct TrainArgs {
     /// With --nf4: weights per absmax block. Default 64.
     #[arg(long, value_name = "N")]
     pub nf4_block_size: Option<usize>,
-    /// Recompute decoder blocks in the backward (gradient checkpointing). Not yet with
-    /// --lora-dropout above 0 (refused).
+    /// Recompute decoder blocks in the backward (gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
     /// eager (default; keeps the T×T attention probabilities) or efficient (tiled online

@@ -137,6 +137,52 @@ fn a_killed_run_resumes_to_the_same_losses() {
     );
 }
 
+/// The QLoRA recipe with dropout 0.1 (the small run above) trains with `--checkpointing` to
+/// the plain run's losses, since each recomputed block draws its first forward's masks; and
+/// `--rslora` writes peft's `use_rslora`, scales the adapters by α/√r (the same first loss, B
+/// being 0, then others), and a run continuing that adapter adopts the rule.
+#[test]
+fn checkpointing_keeps_dropouts_losses_and_rslora_trains() {
+    const STEPS: u64 = 3;
+    let run_with = |tag: &str, extra: &[&str]| {
+        let out = Scratch::new(tag);
+        let mut args = train_args(&out.0, STEPS);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (ok, stderr) = run(&args);
+        assert!(ok, "{tag}: {stderr}");
+        let l = losses(&out.0);
+        assert_eq!(l.len(), STEPS as usize, "{tag}: {stderr}");
+        (out, l, stderr)
+    };
+    let (_plain, plain, _) = run_with("dropout-plain", &[]);
+    let (_ckpt, ckpt, _) = run_with("dropout-ckpt", &["--checkpointing"]);
+    for ((step, a), (_, b)) in plain.iter().zip(&ckpt) {
+        assert!(
+            (a - b).abs() <= 1e-4,
+            "step {step}: plain {a} vs checkpointed {b}"
+        );
+    }
+
+    let (rs, rslora, _) = run_with("rslora", &["--rslora"]);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rs.0.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["use_rslora"], serde_json::json!(true));
+    assert!(
+        (rslora[0].1 - plain[0].1).abs() <= 1e-6,
+        "B = 0: the same first loss"
+    );
+    assert!(
+        (rslora[2].1 - plain[2].1).abs() > 1e-3,
+        "α/√r = 11.3 against α/r = 4: {rslora:?} vs {plain:?}"
+    );
+    let (_more, _, stderr) = run_with("rslora-continued", &["--adapter", rs.0.to_str().unwrap()]);
+    assert!(
+        stderr.contains("scale α/√r replace the run's r 8, α 32, scale α/r"),
+        "{stderr}"
+    );
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Kill {
     /// Once this many steps are in metrics.jsonl.

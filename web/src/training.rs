@@ -342,7 +342,9 @@ pub(crate) async fn train_step(
     let unread = forward_backward(
         &model,
         micro,
-        &StepOptions::default().with_checkpointing(checkpointing),
+        &StepOptions::default()
+            .with_checkpointing(checkpointing)
+            .with_dropout_key(step as u64),
     )?;
     let mean_loss = unread.mean_loss();
     let UnreadStep {

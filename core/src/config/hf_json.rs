@@ -113,6 +113,15 @@ impl LlamaConfig {
             }
         };
 
+        // Mistral's window (null in Mistral-7B v0.2 and later). Qwen2 writes one beside
+        // `use_sliding_window: false`, which turns it off.
+        let sliding_window = match obj.get("sliding_window") {
+            None | Some(Value::Null) => None,
+            Some(_) if obj.get("use_sliding_window").and_then(Value::as_bool) == Some(false) => {
+                None
+            }
+            Some(_) => Some(fields.usize("sliding_window")?),
+        };
         let config = LlamaConfig {
             vocab_size: fields.usize("vocab_size")?,
             hidden_size,
@@ -128,6 +137,7 @@ impl LlamaConfig {
             tie_word_embeddings: fields.bool_or("tie_word_embeddings", false)?,
             bos_token_id,
             eos_token_ids,
+            sliding_window,
         };
         config.validate(source_name)?;
         Ok(config)
@@ -162,9 +172,15 @@ impl LlamaConfig {
             [one] => (*one).into(),
             many => many.iter().map(|&id| Value::from(id)).collect(),
         };
+        // A windowed model stays a Mistral: transformers' Llama has no window.
+        let (architecture, model_type) = match self.sliding_window {
+            Some(_) => ("MistralForCausalLM", "mistral"),
+            None => ("LlamaForCausalLM", "llama"),
+        };
         serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [architecture],
+            "model_type": model_type,
+            "sliding_window": self.sliding_window,
             "hidden_act": "silu",
             "attention_bias": false,
             "mlp_bias": false,
@@ -288,6 +304,35 @@ mod tests {
         let mut nested = base();
         nested["rope_parameters"] = serde_json::json!({"rope_theta": 1e5, "rope_type": "default"});
         assert_eq!(parse(nested).unwrap().rope_theta, 1e5);
+    }
+
+    /// Mistral v0.1's window is read (and written back as a Mistral), a null one or one that
+    /// `use_sliding_window: false` turns off is none, and a sequence longer than the window is
+    /// refused by name: napkin's attention is not windowed.
+    #[test]
+    fn a_sliding_window_is_kept_and_longer_sequences_are_refused() {
+        let mut mistral = base();
+        mistral["model_type"] = "mistral".into();
+        mistral["sliding_window"] = 8.into();
+        let c = parse(mistral.clone()).unwrap();
+        assert_eq!(c.sliding_window, Some(8));
+        assert!(c.check_positions(8).is_ok());
+        let message = c.check_positions(9).unwrap_err().to_string();
+        assert!(
+            message.contains("9 positions") && message.contains("sliding window of 8"),
+            "{message}"
+        );
+        let written = c.to_hf_json();
+        assert_eq!(written["model_type"], "mistral");
+        assert_eq!(parse(written).unwrap(), c);
+        mistral["sliding_window"] = Value::Null;
+        assert_eq!(parse(mistral.clone()).unwrap().sliding_window, None);
+        mistral["sliding_window"] = 8.into();
+        mistral["use_sliding_window"] = false.into();
+        assert_eq!(parse(mistral).unwrap().sliding_window, None);
+        let llama = parse(base()).unwrap();
+        assert!(llama.check_positions(1 << 20).is_ok());
+        assert_eq!(llama.to_hf_json()["model_type"], "llama");
     }
 
     #[test]

@@ -58,9 +58,28 @@ pub struct LlamaConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence token id(s), if the checkpoint names them.
     pub eos_token_ids: Vec<u32>,
+    /// Mistral's `sliding_window`: each token attends to this many positions at most. napkin's
+    /// attention is not windowed, so it runs such a model on sequences no longer than the
+    /// window only, where the window changes nothing ([`LlamaConfig::check_positions`]).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 impl LlamaConfig {
+    /// Refuses a sequence of `positions` tokens longer than the model's sliding window:
+    /// there the model's attention would skip the oldest positions, and napkin's does not.
+    pub fn check_positions(&self, positions: usize) -> Result<()> {
+        match self.sliding_window {
+            Some(window) if positions > window => Err(Error::Input(format!(
+                "a sequence of {positions} positions is longer than the model's sliding window of \
+                 {window} (`sliding_window` in its config.json): napkin does not implement \
+                 windowed attention yet, so it runs this model on at most {window} positions \
+                 (a shorter --seq-len, prompt or generation)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks that the numbers describe a model that can be built.
     pub fn validate(&self, source_name: &str) -> Result<()> {
         let err = |message: String| Err(Error::config(source_name, message));

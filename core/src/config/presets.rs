@@ -24,6 +24,7 @@ impl LlamaConfig {
             tie_word_embeddings: true,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -44,6 +45,7 @@ impl LlamaConfig {
             tie_word_embeddings: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -64,6 +66,7 @@ impl LlamaConfig {
             tie_word_embeddings: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -84,6 +87,7 @@ impl LlamaConfig {
             tie_word_embeddings: false,
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001],
+            sliding_window: None,
         }
     }
 
@@ -109,6 +113,7 @@ impl LlamaConfig {
             tie_word_embeddings: true,
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001, 128_008, 128_009],
+            sliding_window: None,
         }
     }
 
@@ -130,6 +135,7 @@ impl LlamaConfig {
             tie_word_embeddings: false,
             bos_token_id: None,
             eos_token_ids: vec![],
+            sliding_window: None,
         }
     }
 
@@ -176,6 +182,7 @@ impl LlamaConfig {
             tie_word_embeddings,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
+            sliding_window: None,
         }
     }
 

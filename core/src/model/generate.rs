@@ -73,6 +73,7 @@ impl Llama {
         }
         let mut batch = TokenBatch::single(new_ids)?;
         batch.check_vocab(self.config.vocab_size)?;
+        self.config.check_positions(past + t)?;
         batch.positions = (past as u32..(past + t) as u32).collect();
         let device = self.device();
         let rope = RopeTables::new(

@@ -8,6 +8,7 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 
 use super::autocast::linear_matmul;
+use super::dropout_draw;
 
 /// The low-rank pair of one adapted linear layer.
 #[derive(Module, Debug)]
@@ -87,7 +88,31 @@ impl LoraAdapter {
     /// # Shapes
     /// - `x`: `[N, in]` → `[N, r]`
     pub fn down(&self, x: Tensor<2>) -> Tensor<2> {
-        linear_matmul(self.dropout.forward(x), self.lora_a.val())
+        linear_matmul(self.dropped(x), self.lora_a.val())
+    }
+
+    /// Dropout on the adapter's input. In a training step ([`dropout_draw::drawing`]) the mask
+    /// is the stream's next draw, so a checkpointed block's recomputation drops what its first
+    /// forward dropped; the step's graph-free forward drops too (its model is `valid()`, whose
+    /// dropout flag burn clears). Elsewhere burn's `Dropout`: a mask only where a backward is
+    /// possible. The ops are burn's, in its order (`x · mask`, then `· 1/(1 − p)`): what they
+    /// keep for the backward is what the predictor replays.
+    ///
+    /// # Shapes
+    /// - `x`: `[N, in]` → `[N, in]`
+    fn dropped(&self, x: Tensor<2>) -> Tensor<2> {
+        let p = self.dropout.prob;
+        if p == 0.0 {
+            return x;
+        }
+        match dropout_draw::next_seed() {
+            Some(seed) => {
+                x.device().seed(seed);
+                let keep = x.random_like(Distribution::Bernoulli(1.0 - p));
+                x * keep * (1.0 / (1.0 - p))
+            }
+            None => self.dropout.forward(x),
+        }
     }
 
     /// s · B A: the dense `[out, in]` update that merging adds to the base weight.

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod autocast;
 pub mod batch;
 pub mod block;
+pub mod dropout_draw;
 pub mod generate;
 pub mod kv_cache;
 pub mod linear;

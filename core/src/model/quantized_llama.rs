@@ -392,6 +392,7 @@ impl QuantizedLlama {
                 c.vocab_size
             )));
         }
+        c.check_positions(cache.len() + new_ids.len())?;
         // The whole forward pass as one team: the other threads spin between its parallel
         // passes (four products and the attention a block) instead of sleeping and being woken
         // for each (`kernels/team.rs`).

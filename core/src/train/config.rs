@@ -115,6 +115,9 @@ pub struct TrainConfig {
     pub lora_alpha: f64,
     /// Dropout on the adapters' input.
     pub lora_dropout: f64,
+    /// rsLoRA: scale the adapter output by α / √r instead of α / r (peft's `use_rslora`), so
+    /// the update's size stops shrinking as the rank grows.
+    pub rslora: bool,
     /// Adapted linears: `all-linear` or a list such as `q,v`.
     pub targets: String,
     /// Quantize the frozen base to NF4 (QLoRA).
@@ -198,6 +201,7 @@ impl Default for TrainConfig {
             lora_r: 16,
             lora_alpha: 32.0,
             lora_dropout: 0.0,
+            rslora: false,
             targets: "all-linear".into(),
             nf4: false,
             double_quant: false,
@@ -240,7 +244,7 @@ impl TrainConfig {
                     alpha: self.lora_alpha,
                     dropout: self.lora_dropout,
                     targets: LoraTarget::parse_list(&self.targets)?,
-                    use_rslora: false,
+                    use_rslora: self.rslora,
                 })
             })
             .transpose()
@@ -404,8 +408,9 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// With `adapter`, takes the adapter's rank, α and targets as the run's (the
-    /// adapter's tensors have those shapes). Returns what changed, in words, when anything did.
+    /// With `adapter`, takes the adapter's rank, α, targets and scaling rule (rsLoRA or not)
+    /// as the run's (the adapter's tensors have those shapes, and were trained under that
+    /// scale). Returns what changed, in words, when anything did.
     pub fn adopt_adapter(&mut self) -> Result<Option<String>> {
         let Some(dir) = &self.adapter else {
             return Ok(None);
@@ -417,20 +422,31 @@ impl TrainConfig {
             self.lora_r,
             self.lora_alpha,
             LoraTarget::parse_list(&self.targets).ok(),
+            self.rslora,
         );
-        let changed = before != (lora.r, lora.alpha, Some(lora.targets.clone()));
+        let changed = before
+            != (
+                lora.r,
+                lora.alpha,
+                Some(lora.targets.clone()),
+                lora.use_rslora,
+            );
         self.lora_r = lora.r;
         self.lora_alpha = lora.alpha;
         self.targets = targets.clone();
+        self.rslora = lora.use_rslora;
+        let rule = |rslora: bool| if rslora { "α/√r" } else { "α/r" };
         Ok(changed.then(|| {
             format!(
-                "continuing the adapter in {}: its r {}, α {}, targets {} replace the run's r {}, α {}",
+                "continuing the adapter in {}: its r {}, α {}, targets {}, scale {} replace the run's r {}, α {}, scale {}",
                 dir.display(),
                 lora.r,
                 lora.alpha,
                 targets,
+                rule(lora.use_rslora),
                 before.0,
-                before.1
+                before.1,
+                rule(before.3)
             )
         }))
     }

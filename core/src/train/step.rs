@@ -10,6 +10,7 @@ use super::grads::ParamGrads;
 use crate::data::MicroBatch;
 use crate::error::{Error, Result};
 use crate::kernels::values::scalar;
+use crate::model::dropout_draw::{drawing, micro_batch_key};
 use crate::model::{Llama, causal_lm_loss};
 
 /// How micro-batch losses are combined into the step's gradient.
@@ -74,6 +75,9 @@ pub struct StepOptions {
     /// The loss is multiplied by this before each backward (f16 loss scaling: small gradients
     /// stay representable); the gradients come back scaled, the loss does not. 1 for none.
     pub loss_scale: f64,
+    /// The step's LoRA dropout stream: micro-batch `i` draws its masks from
+    /// `dropout_draw::micro_batch_key(dropout_key, i)`, with or without checkpointing.
+    pub dropout_key: u64,
 }
 
 impl Default for StepOptions {
@@ -83,6 +87,7 @@ impl Default for StepOptions {
             checkpointing: false,
             accumulation: Accumulation::TokenWeighted,
             loss_scale: 1.0,
+            dropout_key: 0,
         }
     }
 }
@@ -107,6 +112,15 @@ impl StepOptions {
     /// These options with the loss scaled by `loss_scale` before each backward.
     pub fn with_loss_scale(self, loss_scale: f64) -> Self {
         StepOptions { loss_scale, ..self }
+    }
+
+    /// These options with LoRA dropout drawing from stream `dropout_key` (the trainer gives
+    /// each step its own, from the run's seed and the step's number).
+    pub fn with_dropout_key(self, dropout_key: u64) -> Self {
+        StepOptions {
+            dropout_key,
+            ..self
+        }
     }
 }
 
@@ -135,7 +149,11 @@ pub fn forward_backward_marked(
         checkpointing,
         accumulation,
         loss_scale,
+        dropout_key,
     } = *options;
+    for micro in micro_batches {
+        model.config.check_positions(micro.batch.seq)?;
+    }
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
         return Err(Error::Input(
@@ -144,7 +162,8 @@ pub fn forward_backward_marked(
     }
     let mut grads = ParamGrads::new();
     let mut loss_sum: Option<Tensor<1>> = None;
-    for micro in micro_batches {
+    for (index, micro) in micro_batches.iter().enumerate() {
+        let key = micro_batch_key(dropout_key, index);
         // The factor that turns this micro-batch's summed loss into its share of the step's.
         let scale = match accumulation {
             Accumulation::TokenWeighted => loss_scale / total as f64,
@@ -153,9 +172,9 @@ pub fn forward_backward_marked(
             }
         };
         let (micro_grads, micro_loss_sum) = if checkpointing {
-            checkpointed_backward(model, micro, scale, mark)?
+            checkpointed_backward(model, micro, scale, key, mark)?
         } else {
-            plain_backward(model, micro, scale, mark)?
+            plain_backward(model, micro, scale, key, mark)?
         };
         grads.add(micro_grads);
         loss_sum = Some(match loss_sum {
@@ -183,6 +202,7 @@ fn plain_backward(
     model: &Llama,
     micro: &MicroBatch,
     scale: f64,
+    dropout_key: u64,
     mark: &mut dyn FnMut(),
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let batch = &micro.batch;
@@ -193,10 +213,12 @@ fn plain_backward(
         let embedded = Tensor::from_inner(embedding(table, ids.clone())).require_grad();
         (ids, embedded)
     });
-    let logits = match &looked_up {
+    // The blocks draw their dropout masks in order from the micro-batch's stream, as the
+    // checkpointed path's graph-free forward does.
+    let (logits, _) = drawing(dropout_key, 0, || match &looked_up {
         Some((_, embedded)) => model.forward_embedded(embedded.clone(), batch),
         None => model.forward(batch),
-    };
+    });
     let loss = causal_lm_loss(logits, &micro.labels)?;
     let loss_sum = loss.sum.clone().inner();
     mark();
@@ -226,39 +248,37 @@ fn plain_backward(
 
 /// Block-level gradient checkpointing.
 ///
-/// 1. Forward without a graph, keeping only each block's input `xᵢ` (`[B, T, D]` each).
+/// 1. Forward without a graph, keeping only each block's input `xᵢ` (`[B, T, D]` each) and
+///    the dropout draw it started at.
 /// 2. Head: rebuild the graph from `x_L` through the final norm, LM head and loss; backward gives
 ///    the head's gradients and `∂loss/∂x_L`.
 /// 3. For each block from the top: recompute it with a graph from its saved input and
 ///    backward `Σ(output ⊙ upstream)`, which yields the block's parameter gradients and the
-///    gradient for the block below. Only one block's working set exists at a time.
+///    gradient for the block below. Only one block's working set exists at a time. The
+///    recomputation draws its LoRA dropout masks from the draw its first forward started at,
+///    so it drops what that forward dropped (`model::dropout_draw`), as PyTorch's checkpoint
+///    does by restoring the RNG state.
 /// 4. The embedding gets `∂E[idsᵢ] += upstreamᵢ` (nothing when it is frozen).
 fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
     scale: f64,
+    dropout_key: u64,
     mark: &mut dyn FnMut(),
 ) -> Result<(ParamGrads, Tensor<1>)> {
-    if model
-        .lora_adapters()
-        .iter()
-        .any(|(_, _, a)| a.dropout.prob > 0.0)
-    {
-        // The graph-free forward runs without dropout; its recomputation would draw a mask.
-        return Err(Error::Input(
-            "gradient checkpointing with LoRA dropout > 0 is not supported yet; use --lora-dropout 0".into(),
-        ));
-    }
     let batch = &micro.batch;
     // 1. Graph-free forward: the same weights, outside autodiff.
     let frozen = model.valid();
     let ctx = frozen.context(batch);
-    let mut inputs: Vec<Tensor<3>> = Vec::with_capacity(model.layers.len() + 1);
+    let mut inputs: Vec<(Tensor<3>, u64)> = Vec::with_capacity(model.layers.len() + 1);
     let mut x = frozen.embed(batch); // [B, T, D]
+    let mut draw = 0;
     for block in &frozen.layers {
-        let next = block.forward(x.clone(), &ctx.rope, &ctx.mask);
-        inputs.push(x);
-        x = next;
+        let (next, after) = drawing(dropout_key, draw, || {
+            block.forward(x.clone(), &ctx.rope, &ctx.mask)
+        });
+        inputs.push((x, draw));
+        (x, draw) = (next, after);
     }
     drop(frozen);
     mark();
@@ -280,9 +300,11 @@ fn checkpointed_backward(
     drop(head_grads);
 
     // 3. Blocks, top down, one recomputation at a time.
-    for (block, input) in model.layers.iter().zip(inputs).rev() {
+    for (block, (input, draw)) in model.layers.iter().zip(inputs).rev() {
         let input = Tensor::from_inner(input).require_grad();
-        let output = block.forward(input.clone(), &ctx.rope, &ctx.mask);
+        let (output, _) = drawing(dropout_key, draw, || {
+            block.forward(input.clone(), &ctx.rope, &ctx.mask)
+        });
         mark();
         let mut block_grads = (output * Tensor::from_inner(upstream)).sum().backward();
         upstream = input

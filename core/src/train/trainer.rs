@@ -255,13 +255,13 @@ impl Trainer {
 
     fn unguarded_step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
-        // Dropout draws from the device's generator: seeding it per step makes a resumed run
-        // draw the same masks as an uninterrupted one.
-        self.device.seed(
-            self.config
-                .seed
-                .wrapping_add(self.step.wrapping_mul(1_000_003)),
-        );
+        // LoRA dropout draws from a stream keyed by the seed and the step: a resumed run draws
+        // the same masks as an uninterrupted one, and a checkpointed block's recomputation
+        // the masks of its first forward.
+        let dropout_key = self
+            .config
+            .seed
+            .wrapping_add(self.step.wrapping_mul(1_000_003));
         // 1. K micro-batches.
         let micro: Vec<_> = (0..self.config.accum)
             .map(|_| self.loader.next_batch())
@@ -277,7 +277,8 @@ impl Trainer {
                 &micro,
                 &StepOptions::default()
                     .with_checkpointing(self.config.checkpointing)
-                    .with_loss_scale(loss_scale),
+                    .with_loss_scale(loss_scale)
+                    .with_dropout_key(dropout_key),
             )?
             .read()
         };

@@ -202,6 +202,135 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
     }
 }
 
+/// A model with a sliding window (Mistral v0.1's `sliding_window`) trains and generates on
+/// sequences up to the window, where the window changes nothing, and refuses longer ones by
+/// name instead of attending past the window.
+#[test]
+fn sequences_longer_than_a_sliding_window_are_refused_by_name() {
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let (micro, _) = masked_micro_batches(&reference);
+        let t = micro[0].batch.seq;
+        let mut model = lora_model(&dir);
+        model.config.sliding_window = Some(t);
+        let fits = forward_backward(&model, &micro, &StepOptions::default());
+        assert!(fits.is_ok(), "{}: T = window", reference.name);
+        model.config.sliding_window = Some(t - 1);
+        for checkpointing in [false, true] {
+            let refused = forward_backward(
+                &model,
+                &micro,
+                &StepOptions::default().with_checkpointing(checkpointing),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                refused.contains(&format!("sliding window of {}", t - 1)),
+                "{}: {refused}",
+                reference.name
+            );
+        }
+        let mut cache = napkin_core::model::generate::KvCache::default();
+        let ids: Vec<u32> = (0..t as u32 - 1).collect();
+        assert!(model.next_token_logits(&ids, &mut cache).is_ok());
+        let refused = model.next_token_logits(&[1], &mut cache).unwrap_err();
+        assert!(
+            refused.to_string().contains("sliding_window"),
+            "{}: {refused}",
+            reference.name
+        );
+    }
+}
+
+/// `model` with LoRA dropout `p` on every adapter.
+fn with_dropout(mut model: Llama, p: f64) -> Llama {
+    for named in model.block_linears_mut() {
+        if let Some(adapter) = &mut named.linear.lora {
+            adapter.dropout = burn::nn::DropoutConfig::new(p).init();
+        }
+    }
+    model
+}
+
+/// LoRA dropout 0.1 under checkpointing (peft's and the QLoRA paper's recipe): each block's
+/// recomputation drops what its graph-free forward dropped, so every adapter gradient equals
+/// the plain step's with the same dropout stream, with the eager and the efficient attention.
+/// The masks are real: another stream, or no dropout, moves the gradients by far more than
+/// the tolerance.
+#[test]
+fn checkpointing_with_lora_dropout_recomputes_the_first_forwards_masks() {
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let (micro, _) = masked_micro_batches(&reference);
+        let model = with_dropout(lora_model(&dir), 0.1);
+        let step = |model: &Llama, checkpointing: bool, key: u64| {
+            forward_backward(
+                model,
+                &micro,
+                &StepOptions::default()
+                    .with_checkpointing(checkpointing)
+                    .with_dropout_key(key),
+            )
+            .unwrap()
+            .read()
+        };
+        let largest_difference = |a: &ParamGrads, b: &ParamGrads| -> f32 {
+            adapter_grads(&model, a)
+                .into_iter()
+                .zip(adapter_grads(&model, b))
+                .flat_map(|((_, x), (_, y))| x.into_iter().zip(y).map(|(x, y)| (x - y).abs()))
+                .fold(0.0, f32::max)
+        };
+        let plain = step(&model, false, 5);
+        for attention in [AttentionKind::Eager, AttentionKind::Efficient] {
+            let mut variant = model.clone();
+            variant.attention = attention;
+            let ckpt = step(&variant, true, 5);
+            assert!(
+                (plain.loss - ckpt.loss).abs() <= 1e-6,
+                "{}: {} vs {}",
+                reference.name,
+                plain.loss,
+                ckpt.loss
+            );
+            let mut worst = 0.0f32;
+            for ((name, g), (_, c)) in adapter_grads(&model, &plain.grads)
+                .into_iter()
+                .zip(adapter_grads(&model, &ckpt.grads))
+            {
+                worst = worst.max(assert_close(
+                    &format!(
+                        "{}: dropout 0.1, {attention} checkpointed {name}",
+                        reference.name
+                    ),
+                    &c,
+                    &g,
+                    1e-5,
+                    1e-4,
+                ));
+            }
+            eprintln!(
+                "{} dropout 0.1, {attention} attention, checkpointing: max gradient diff {worst:.2e}",
+                reference.name
+            );
+        }
+        let other_stream = largest_difference(&plain.grads, &step(&model, false, 6).grads);
+        let no_dropout = largest_difference(
+            &plain.grads,
+            &step(&with_dropout(model.clone(), 0.0), false, 5).grads,
+        );
+        eprintln!(
+            "{}: another stream moves a gradient by {other_stream:.2e}, no dropout by {no_dropout:.2e}",
+            reference.name
+        );
+        assert!(
+            other_stream > 1e-3 && no_dropout > 1e-3,
+            "{}",
+            reference.name
+        );
+    }
+}
+
 /// Gradients of the adapters if any, else of every base parameter (by HF name).
 fn adapter_or_all(model: &Llama, grads: &ParamGrads) -> Vec<(String, Vec<f32>)> {
     if !model.lora_adapters().is_empty() {

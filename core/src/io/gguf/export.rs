@@ -113,9 +113,13 @@ pub fn export_gguf(
         ),
         ("general.quantization_version".into(), MetaValue::U32(2)),
         ("llama.vocab_size".into(), u32_of(c.vocab_size)),
+        // GGUF's llama has no window: a windowed model (Mistral v0.1) is exact up to its
+        // window only, so that is the context the file states (llama.cpp warns past it).
         (
             "llama.context_length".into(),
-            u32_of(c.max_position_embeddings),
+            u32_of(c.sliding_window.map_or(c.max_position_embeddings, |w| {
+                w.min(c.max_position_embeddings)
+            })),
         ),
         ("llama.embedding_length".into(), u32_of(c.hidden_size)),
         ("llama.block_count".into(), u32_of(c.num_hidden_layers)),

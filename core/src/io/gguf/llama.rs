@@ -86,6 +86,8 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
         tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        // llama.cpp's converter writes no window for an arch `llama` file.
+        sliding_window: None,
     };
     config.validate(&gguf.path.display().to_string())?;
     Ok(config)

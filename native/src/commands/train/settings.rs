@@ -99,6 +99,7 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     c.nf4 |= args.nf4;
     c.double_quant |= args.double_quant;
     c.checkpointing |= args.checkpointing;
+    c.rslora |= args.rslora;
     if let Some(a) = &args.attention {
         c.attention = a.parse().context("--attention")?;
     }
