@@ -377,7 +377,13 @@ fn measure_reports_prediction_beside_measurement_and_writes_a_trace() {
     // A toy model's parameters are small beside the allocator's bookkeeping of loading it.
     let parameters = report["kinds"][0]["ratio"].as_f64().unwrap();
     assert!((0.95..1.15).contains(&parameters), "{}", report["kinds"][0]);
-    assert_eq!(report["layers"].as_array().unwrap().len(), 4 + 1);
+    let layers = report["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 4 + 1);
+    // Every block, the first included (its input, from the frozen embedding, is not its own).
+    for c in layers {
+        let ratio = c["ratio"].as_f64().unwrap();
+        assert!((ratio - 1.0).abs() <= 0.05, "{c}");
+    }
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();

@@ -198,6 +198,10 @@ fn kept_per_block(
     let mut last = meter.live();
     for (l, block) in model.layers.iter().enumerate() {
         let tl = rec.now_us();
+        // The block's input stays held until its bytes are read: where nothing keeps it (block
+        // 0's, under LoRA, comes from the frozen embedding) the forward would free it, and
+        // the block's growth would come out one `[B, T, D]` short of what the block keeps.
+        let input = x.clone();
         x = block.forward(x, &ctx.rope, &ctx.mask);
         let now = meter.live();
         rec.span(format!("forward.layers.{l}"), tl);
@@ -207,7 +211,8 @@ fn kept_per_block(
             kept.get(&Some(l)).copied().unwrap_or(0),
             now.saturating_sub(last),
         ));
-        last = now;
+        drop(input);
+        last = meter.live();
     }
     let loss = causal_lm_loss(model.head(x), &micro.labels)?;
     drop(ctx);
