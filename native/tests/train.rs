@@ -328,21 +328,24 @@ fn a_preset_trains_from_seeded_random_weights() {
     let (ok, stderr) = run(&args);
     assert!(!ok && stderr.contains("give --tokenizer FILE"), "{stderr}");
     let smollm2 = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if smollm2.is_file() {
-        let mut args = preset_args(&refused.0, 1);
-        let i = args.iter().position(|a| a == "--tokenizer").unwrap();
-        args[i + 1] = smollm2.to_str().unwrap().into();
-        let (ok, stderr) = run(&args);
-        assert!(!ok && stderr.contains("embeds 512"), "{stderr}");
-        assert_eq!(
-            stderr
-                .trim()
-                .lines()
-                .last()
-                .map(|l| l.starts_with("error: ")),
-            Some(true)
-        );
-    }
+    assert!(
+        smollm2.is_file(),
+        "{} missing: run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+        smollm2.display()
+    );
+    let mut args = preset_args(&refused.0, 1);
+    let i = args.iter().position(|a| a == "--tokenizer").unwrap();
+    args[i + 1] = smollm2.to_str().unwrap().into();
+    let (ok, stderr) = run(&args);
+    assert!(!ok && stderr.contains("embeds 512"), "{stderr}");
+    assert_eq!(
+        stderr
+            .trim()
+            .lines()
+            .last()
+            .map(|l| l.starts_with("error: ")),
+        Some(true)
+    );
 }
 
 #[test]

@@ -31,11 +31,22 @@ pub fn own_fixture_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// The model folders each fixture root promises (`../shared/fixtures/README.md` and
+/// `tests/fixtures/README.md`): a root that lacks one fails every test that reads the models,
+/// rather than running on fewer.
+const PROMISED: [&[&str]; 2] = [
+    &["tiny-gqa", "tiny-mha", "tiny-smol"],
+    &["nk-gqa4-qv", "nk-hd64", "nk-mqa-odd"],
+];
+
 /// Every model folder (a `config.json` with a `reference.safetensors`) under the fixture root
-/// and under napkin's own fixtures; each root must hold at least one.
+/// and under napkin's own fixtures; each root must hold the ones it promises, and may hold more.
 pub fn model_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    for root in [fixture_root(), own_fixture_root()] {
+    for (root, promised) in [fixture_root(), own_fixture_root()]
+        .into_iter()
+        .zip(PROMISED)
+    {
         let found: Vec<PathBuf> = std::fs::read_dir(&root)
             .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -43,11 +54,15 @@ pub fn model_dirs() -> Vec<PathBuf> {
                 p.join("config.json").is_file() && p.join("reference.safetensors").is_file()
             })
             .collect();
-        assert!(
-            !found.is_empty(),
-            "no model folders under {}",
-            root.display()
-        );
+        for name in promised {
+            assert!(
+                found
+                    .iter()
+                    .any(|p| p.file_name() == Some(std::ffi::OsStr::new(name))),
+                "{}: the model folder `{name}` (config.json and reference.safetensors) is missing",
+                root.display()
+            );
+        }
         dirs.extend(found);
     }
     dirs.sort_by_key(|p| p.file_name().map(|n| n.to_os_string()));

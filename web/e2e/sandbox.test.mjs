@@ -58,6 +58,11 @@ const context = await chromium.launchPersistentContext(profile, {
     '--enable-unsafe-webgpu'],
 });
 const withWebGpu = process.env.NAPKIN_WEBGPU !== '0';
+// The files scripts/test-web.sh writes for the imports: without them the checks that read
+// them would not run, so their absence fails the test rather than passing it quietly.
+for (const name of ['NAPKIN_MEASURE_JSON', 'NAPKIN_ESTIMATE_JSON', 'NAPKIN_CONFIG_JSON', 'NAPKIN_METRICS_JSONL']) {
+  assert.ok(process.env[name], `${name} is not set: run this test through scripts/test-web.sh`);
+}
 const report = {};
 const step = (name) => console.log(`e2e: ${name}`);
 
@@ -274,27 +279,21 @@ try {
   }
 
   step('files: a config.json becomes the model; a napkin measure report loads; junk is named');
-  if (process.env.NAPKIN_CONFIG_JSON) {
-    await page.setInputFiles('#config-file', process.env.NAPKIN_CONFIG_JSON);
-    await page.waitForFunction(() => document.querySelector('#preset').value === 'config.json');
-  }
-  if (process.env.NAPKIN_MEASURE_JSON) {
-    await page.setInputFiles('#measurement-file', process.env.NAPKIN_MEASURE_JSON);
-    await page.waitForSelector('#files .measured-row');
-  }
-  if (process.env.NAPKIN_METRICS_JSONL) {
-    step('a napkin train run\'s metrics.jsonl is drawn with axes');
-    await page.setInputFiles('#metrics-file', process.env.NAPKIN_METRICS_JSONL);
-    await page.waitForSelector('#imported-loss svg');
-    const curves = await page.$$eval('#imported-loss polyline.c-series',
-      (lines) => lines.map((l) => ({ class: l.getAttribute('class'), points: l.points.numberOfItems,
-        width: l.getBoundingClientRect().width })));
-    assert.deepEqual(curves.map((c) => c.class), ['c-series c-train', 'c-series c-eval']);
-    assert.ok(curves.every((c) => c.points >= 2 && c.width > 100), JSON.stringify(curves));
-    assert.ok(await page.$$eval('#imported-loss .c-tick', (t) => t.length) >= 4, 'axis ticks');
-    assert.ok(await page.$$eval('#loss-chart .c-tick', (t) => t.length) >= 4, 'the page run\'s loss has axes too');
-    report.imported_run = await page.textContent('#imported-run');
-  }
+  await page.setInputFiles('#config-file', process.env.NAPKIN_CONFIG_JSON);
+  await page.waitForFunction(() => document.querySelector('#preset').value === 'config.json');
+  await page.setInputFiles('#measurement-file', process.env.NAPKIN_MEASURE_JSON);
+  await page.waitForSelector('#files .measured-row');
+  step('a napkin train run\'s metrics.jsonl is drawn with axes');
+  await page.setInputFiles('#metrics-file', process.env.NAPKIN_METRICS_JSONL);
+  await page.waitForSelector('#imported-loss svg');
+  const curves = await page.$$eval('#imported-loss polyline.c-series',
+    (lines) => lines.map((l) => ({ class: l.getAttribute('class'), points: l.points.numberOfItems,
+      width: l.getBoundingClientRect().width })));
+  assert.deepEqual(curves.map((c) => c.class), ['c-series c-train', 'c-series c-eval']);
+  assert.ok(curves.every((c) => c.points >= 2 && c.width > 100), JSON.stringify(curves));
+  assert.ok(await page.$$eval('#imported-loss .c-tick', (t) => t.length) >= 4, 'axis ticks');
+  assert.ok(await page.$$eval('#loss-chart .c-tick', (t) => t.length) >= 4, 'the page run\'s loss has axes too');
+  report.imported_run = await page.textContent('#imported-run');
   await page.setInputFiles('#measurement-file',
     { name: 'junk.json', mimeType: 'application/json', buffer: Buffer.from('{"kinds": 1}') });
   await page.waitForSelector('#import-error');

@@ -435,10 +435,9 @@ mod tests {
         let qlora = view.pytorch.expect("asked for");
         assert!(qlora.peak_allocated() < lora.peak_allocated());
         assert!(qlora.alive_after_forward * 2 < lora.alive_after_forward);
-        // The whole process holds at least the step's peak, and reserves at least that.
+        // The whole process holds at least the step's peak.
         let process = view.pytorch_process.expect("asked for");
         assert!(process.max_allocated >= qlora.peak_allocated());
-        assert!(process.max_reserved >= process.max_allocated);
     }
 
     fn total_weights(v: &View) -> u64 {

@@ -13,7 +13,7 @@ use napkin_core::device::DeviceKind;
 use napkin_core::exercises::{check, instance};
 use napkin_core::io::load_model;
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_tests::model_dirs;
+use napkin_tests::{fixture_root, model_dirs};
 
 use super::gguf_files::fixture_as_gguf;
 
@@ -179,8 +179,14 @@ fn mutated_model_files_never_panic() {
     });
     std::fs::write(&config_path, &good).unwrap();
 
-    // A peft adapter folder: adapter_config.json and the adapter tensors.
-    if dir.join("lora/adapter_config.json").is_file() {
+    // A peft adapter folder: adapter_config.json and the adapter tensors (every fixture model
+    // has one: a missing one fails rather than skipping the adapter's files).
+    {
+        assert!(
+            dir.join("lora/adapter_config.json").is_file(),
+            "{}: no lora/adapter_config.json",
+            dir.display()
+        );
         let lora = work.join("lora");
         copy_dir(&dir.join("lora"), &lora);
         let model = load_model(dir, &device.clone().autodiff()).unwrap();
@@ -199,20 +205,21 @@ fn mutated_model_files_never_panic() {
 
 #[test]
 fn mutated_text_inputs_never_panic() {
-    let fixtures = model_dirs()[0].parent().unwrap().to_path_buf();
+    // The shared root's tokenizer (the first model folder by name may be one of napkin's own
+    // fixtures, beside which there is none: this part used to be skipped then).
+    let fixtures = fixture_root();
     let work = scratch("text");
     let tokenizer = fixtures.join("tokenizer/tokenizer.json");
-    if tokenizer.is_file() {
-        let good = std::fs::read(&tokenizer).unwrap();
-        let path = work.join("tokenizer.json");
-        survive("tokenizer.json", &good, good.len(), 400, &|bytes| {
-            std::fs::write(&path, bytes).unwrap();
-            match TextTokenizer::from_file(&path) {
-                Ok(t) => t.encode("héllo wörld 123").is_ok(),
-                Err(_) => false,
-            }
-        });
-    }
+    assert!(tokenizer.is_file(), "{}: missing", tokenizer.display());
+    let good = std::fs::read(&tokenizer).unwrap();
+    let path = work.join("tokenizer.json");
+    survive("tokenizer.json", &good, good.len(), 400, &|bytes| {
+        std::fs::write(&path, bytes).unwrap();
+        match TextTokenizer::from_file(&path) {
+            Ok(t) => t.encode("héllo wörld 123").is_ok(),
+            Err(_) => false,
+        }
+    });
     let data =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/napkin-instruct.jsonl");
     let text = std::fs::read_to_string(&data).unwrap();
