@@ -1,6 +1,6 @@
 //! The sandbox's state as plain data, the actions a learner can take, a reducer, and the view
 //! model the charts draw — all computed by napkin-core's predictor, none of it copied. The
-//! components (to come) only render a `View` and dispatch `Action`s; this file compiles and is
+//! components (`app/`) only render a `View` and dispatch `Action`s; this file compiles and is
 //! tested natively.
 
 use napkin_core::config::{

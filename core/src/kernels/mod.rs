@@ -9,8 +9,9 @@
 //!   backward.
 //! - `cpu_gemm.rs`: f32 GEMM split over rayon's threads (OpenBLAS builds).
 //! - `efficient_attention.rs`: memory-efficient attention as a custom autodiff op on every backend.
-//! - `quantized/`: products with weights kept in ggml's Q4_0/Q4_1/Q8_0 blocks and 8-bit
-//!   activations (integer SIMD dot products, as llama.cpp), for generation from a GGUF;
+//! - `quantized/`: products with weights kept in ggml's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
+//!   blocks or as NF4 codes, and 16- or 8-bit activations (integer SIMD dot products, as
+//!   llama.cpp), for generation from a GGUF or a QLoRA base;
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there (cubecl), bit-exact with the CPU;
 //! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes (cubecl),
@@ -22,7 +23,8 @@
 //! - `attention_rows.rs`: generation's attention of a few new queries over the KV cache in one
 //!   launch (cubecl), instead of nine;
 //! - `cube_reduce.rs`: the 64-unit halving reduction (sum or maximum) those kernels share;
-//! - `adamw.rs`: AdamW's update of one parameter in one launch (cubecl), instead of ~13 ops.
+//! - `adamw.rs`: AdamW's update of four parameters in one launch (cubecl; one a launch where
+//!   a device offers too few bindings), instead of ~13 ops each.
 //! - `cached_attention.rs`: generation's attention of new queries over a host KV cache (SSE2
 //!   or AVX2, the same bits).
 //! - `team.rs`: compute threads kept spinning between the parallel passes of one forward pass
