@@ -112,7 +112,8 @@ impl RopeTables {
 
     /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
     /// ([`crate::kernels::fused::rope`]), for generation's few rows on a GPU
-    /// ([`crate::kernels::rope_rows`]) and for the rest on a GPU (`kernels::cube_fused::rope`),
+    /// ([`crate::kernels::rope_rows`]) and for the rest on a GPU (`kernels::cube_fused::rope`,
+    /// which writes the heads contiguous, so no copy precedes the products that read them),
     /// [`RopeTables::apply`] elsewhere.
     ///
     /// # Shapes
@@ -128,10 +129,11 @@ impl RopeTables {
             Ok(rotated) => return heads_of(rotated),
             Err(y) => y,
         };
-        // The GPU backends: the same rotation and keeps as a cubecl kernel.
+        // The GPU backends: the same rotation and keeps as a cubecl kernel, which writes the
+        // heads' layout itself (no copy before the products read them).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let y = match crate::kernels::cube_fused::rope::rope(y, &self.cos, &self.sin) {
-            Ok(rotated) => return heads_of(rotated),
+        let y = match crate::kernels::cube_fused::rope::rope_heads(y, &self.cos, &self.sin, heads) {
+            Ok(rotated) => return rotated,
             Err(y) => y,
         };
         self.apply(heads_of(y))

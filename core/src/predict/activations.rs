@@ -440,7 +440,8 @@ pub fn kept_activations(
                     };
                     r.scoped(name, |r| {
                         if r.kernels.fuses_rope() {
-                            // The projection's own layout: `[B, T, n·Dh]`. On a GPU the
+                            // The projection's bytes: `[B, T, n·Dh]` on the CPU, the heads'
+                            // `[B, n, T, Dh]` on a GPU (its kernel splits them). There the
                             // kernel's backward reads the batch's device tables, so the graph
                             // keeps them (once for every layer); the CPU's reads host copies.
                             if r.kernels == Kernels::FusedGpu && x.tracked {

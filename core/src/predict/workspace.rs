@@ -160,7 +160,15 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
             let output = F32 * b * t * h * dh;
             let backward = match s.kernels {
                 crate::config::Kernels::BurnOps | crate::config::Kernels::FusedGpu => {
-                    efficient_backward_with_tensor_ops(b, t, h, hkv, dh, ATTENTION_TILE as u64)
+                    // napkin's GPU RoPE writes the queries as contiguous heads
+                    // (`kernels/cube_fused/rope.rs`), unless the device pads their rows.
+                    let contiguous_queries =
+                        s.kernels == crate::config::Kernels::FusedGpu && !s.rows.pads(dh, F32);
+                    efficient_backward_with_tensor_ops(
+                        [b, t, h, hkv, dh],
+                        ATTENTION_TILE as u64,
+                        contiguous_queries,
+                    )
                 }
                 // napkin's fused CPU kernel (`kernels/fused/tiled_attention.rs`) walks the tiles
                 // head by head on the thread pool, so its score blocks are per thread (two of
@@ -192,7 +200,8 @@ const F32: u64 = 4;
 /// - the loop over query tiles `i` (`tq` rows each): [`EFFICIENT_BACKWARD_BLOCKS`] blocks of
 ///   `[B, H, tq, min(T, tile)]`; when heads share K/V, the query tile's rows of `q` and `∂o`
 ///   copied to fold the groups into rows (`[B, H, tq, Dh]` is not a view of
-///   `[B, Hkv, G·tq, Dh]` for permuted or sliced rows); past one tile, the tile's rows of the
+///   `[B, Hkv, G·tq, Dh]` for permuted or sliced rows; `q` is neither when it arrives as
+///   contiguous heads, `contiguous_queries`, and one tile holds every row); past one tile, the tile's rows of the
 ///   log-sum-exp and `δ` copied too; and the gradients summed so far: `∂q` of the earlier
 ///   query tiles and, past the first key tile, this tile's running sum, `∂k` and `∂v` of the
 ///   earlier key tiles;
@@ -203,15 +212,25 @@ const F32: u64 = 4;
 /// byte (tiny-smol, tiny-gqa and tiny-mha at T = 128 to 512, B = 1 to 3), and the reading at
 /// the attention's backward is the replay within 0.05 % (a few hundred bytes that are not the
 /// kernel's); `tests/tests/gpu/device_pool.rs` checks it on shapes not used to write it.
-fn efficient_backward_with_tensor_ops(b: u64, t: u64, h: u64, hkv: u64, dh: u64, tile: u64) -> u64 {
+fn efficient_backward_with_tensor_ops(
+    [b, t, h, hkv, dh]: [u64; 5],
+    tile: u64,
+    contiguous_queries: bool,
+) -> u64 {
     let grouped = h > hkv;
     let tiles = t.div_ceil(tile);
+    // Copied to fold the groups: `∂o` always, `q` unless it is a view already.
+    let folded_copies = if contiguous_queries && tiles == 1 {
+        1
+    } else {
+        2
+    };
     let key_tile = t.min(tile);
     let loop_peak = (0..tiles)
         .map(|i| {
             let rows = (t - i * tile).min(tile);
             let blocks = EFFICIENT_BACKWARD_BLOCKS * F32 * b * h * rows * key_tile;
-            let folded = if grouped { 2 * dh } else { 0 };
+            let folded = if grouped { folded_copies * dh } else { 0 };
             let sliced = if tiles > 1 { 2 } else { 0 };
             let copies = F32 * b * h * rows * (folded + sliced);
             let running = if i > 0 { rows } else { 0 };

@@ -10,7 +10,7 @@
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Distribution, Tensor};
 use napkin_core::kernels::cube_fused::launches;
-use napkin_core::kernels::cube_fused::rope::rope;
+use napkin_core::kernels::cube_fused::rope::rope_heads;
 use napkin_core::kernels::fused::rms_norm::rms_norm;
 use napkin_core::kernels::fused::swiglu::swiglu;
 use napkin_core::kernels::values::to_f32_vec;
@@ -296,28 +296,32 @@ fn untracked_fused_forwards_are_one_launch_each() {
     );
 }
 
-/// One RoPE case fused or as burn's ops (`RopeTables::apply` on the heads): the rotated heads
-/// and `∂x`, as `[B, n, T, Dh]` and `[B, T, n·Dh]` values. With `held`, a copy of the
-/// projection's handle is alive, so the forward cannot write over it.
+/// One RoPE case fused (rotated and split into heads in one launch) or as burn's ops
+/// (`RopeTables::apply` on the heads): the rotated heads and `∂x`, as `[B, n, T, Dh]` and
+/// `[B, T, n·Dh]` values. With `strided`, the loss reads the heads through a transposed view,
+/// so the gradient reaches the backward with other strides (as a product's does).
 fn run_rope(
     x0: &Tensor<3>,
     tables: &RopeTables,
     up: &Tensor<4>,
     heads: usize,
     fused: bool,
-    held: bool,
+    strided: bool,
 ) -> (Vec<f32>, Vec<f32>) {
     let [b, t, width] = x0.dims();
     let leaf = x0.clone().require_grad();
     let x = leaf.clone() * 1.0;
-    let holder = held.then(|| x.clone().inner());
     let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, width / heads]).swap_dims(1, 2);
     let y = match fused {
-        true => heads_of(rope(x, &tables.cos, &tables.sin).expect("f32 on wgpu")),
+        true => rope_heads(x, &tables.cos, &tables.sin, heads).expect("f32 on wgpu"),
         false => tables.apply(heads_of(x)),
     };
-    let grads = (y.clone() * up.clone()).sum().backward();
-    drop(holder);
+    assert_eq!(y.dims(), [b, heads, t, width / heads]);
+    let loss = match strided {
+        true => (y.clone().swap_dims(1, 2) * up.clone().swap_dims(1, 2)).sum(),
+        false => (y.clone() * up.clone()).sum(),
+    };
+    let grads = loss.backward();
     (
         to_f32_vec(y.inner()),
         to_f32_vec(leaf.grad(&grads).expect("∂x")),
@@ -369,16 +373,16 @@ fn fused_rope_forward_and_backward_equal_burns_ops_and_f64() {
                 }
             }
         }
-        for held in [false, true] {
+        for strided in [false, true] {
             let before = launches();
-            let (y, dx) = run_rope(&x0, &tables, &up, heads, true, held);
+            let (y, dx) = run_rope(&x0, &tables, &up, heads, true, strided);
             assert_eq!(
                 launches() - before,
                 2,
                 "({b}, {t}, {heads}, {dh}): fused launches"
             );
             let before = launches();
-            let (y_ref, dx_ref) = run_rope(&x0, &tables, &up, heads, false, held);
+            let (y_ref, dx_ref) = run_rope(&x0, &tables, &up, heads, false, strided);
             assert_eq!(launches(), before, "the reference is burn's ops");
             let to_f64 = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
             vs_f64[0] = vs_f64[0].max(worst(&y, &y64));

@@ -1,18 +1,22 @@
-//! Rotary position embedding of a whole projection on the cubecl backends, the formula and the
-//! keeps of `kernels/fused/rope.rs`: per head, with `lo = x[..Dh/2]`, `hi = x[Dh/2..]` and the
-//! table values `c`, `s` of the position,
+//! Rotary position embedding of a whole projection on the cubecl backends, split into heads in
+//! the same launch: the formula and the keeps of `kernels/fused/rope.rs`, the layout attention
+//! multiplies in. Per head, with `lo = x[..Dh/2]`, `hi = x[Dh/2..]` and the table values `c`,
+//! `s` of the position,
 //!
-//! - forward, one launch: `y_lo = lo·c_lo − hi·s_lo`, `y_hi = hi·c_hi + lo·s_hi`, written over
-//!   `x` when nothing else holds it (burn's ops cut, negate, concatenate, multiply and add);
+//! - forward, one launch: `y_lo = lo·c_lo − hi·s_lo`, `y_hi = hi·c_hi + lo·s_hi`, read from the
+//!   projection's rows and written as heads `[B, n, T, Dh]` (burn's ops cut, negate,
+//!   concatenate, multiply and add, and the split into heads copies once more before a product
+//!   can read it);
 //! - backward, one launch, the transposed rotation: `∂lo = ∂y_lo·c_lo + ∂y_hi·s_hi`,
-//!   `∂hi = ∂y_hi·c_hi − ∂y_lo·s_lo`, written over `∂y` likewise.
+//!   `∂hi = ∂y_hi·c_hi − ∂y_lo·s_lo`, read from the heads (any strides: a product's gradient
+//!   arrives reshaped) and written as the projection's rows.
 //!
 //! One unit a `(lo, hi)` pair, so a unit reads and writes only its own two values. It keeps
 //! the batch's tables (shared by every layer), nothing of the projection.
 //!
 //! # Shapes
 //! - `x`: `[B, T, n·Dh]` f32 (rows anywhere in its buffer, the last axis unit-stride);
-//!   `cos`, `sin`: `[B, 1, T, Dh]` f32, contiguous → `[B, T, n·Dh]`
+//!   `cos`, `sin`: `[B, 1, T, Dh]` f32, contiguous → `[B, n, T, Dh]`
 
 use burn::backend::Cube;
 use burn::tensor::Tensor as BurnTensor;
@@ -23,38 +27,37 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::DType;
 use burn_backend::tensor::FloatTensor;
-use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::{into_contiguous, untile};
+use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::count_launch;
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
-use super::{count_launch, over_or_new};
 
-/// Rotates every head of `x` when it is f32 on a cubecl device with tables of `B·T` rows of
-/// `Dh` values; `x` back otherwise.
-pub fn rope(
+/// Rotates every head of `x` and splits it into `heads` heads when it is f32 on a cubecl device
+/// with tables of `B·T` rows of `Dh` values; `x` back otherwise.
+pub fn rope_heads(
     x: BurnTensor<3>,
     cos: &BurnTensor<4>,
     sin: &BurnTensor<4>,
-) -> Result<BurnTensor<3>, BurnTensor<3>> {
+    heads: usize,
+) -> Result<BurnTensor<4>, BurnTensor<3>> {
     let [b, t, width] = x.dims();
     let [tb, _, tt, dh] = cos.dims();
-    let fits = x.dtype() == DType::F32 && dh % 2 == 0 && width % dh == 0 && [tb, tt] == [b, t];
+    let fits = x.dtype() == DType::F32 && dh % 2 == 0 && heads * dh == width && [tb, tt] == [b, t];
     let tables = fits.then(|| Some((table(cos)?, table(sin)?))).flatten();
     let Some((cos, sin)) = tables else {
         return Err(x);
     };
     if let Ok(x) = x.clone().try_into_primitive::<Autodiff<Cube>>() {
         return Ok(BurnTensor::from_primitive::<Autodiff<Cube>>(tracked(
-            x, cos, sin,
+            x, cos, sin, heads,
         )));
     }
     match x.clone().try_into_primitive::<Cube>() {
-        Ok(x) => Ok(BurnTensor::from_primitive::<Cube>(turn(
-            unit_stride_rows(x),
-            cos,
-            sin,
-            false,
+        Ok(x) => Ok(BurnTensor::from_primitive::<Cube>(into_heads(
+            x, &cos, &sin, heads,
         ))),
         Err(_) => Err(x),
     }
@@ -69,83 +72,149 @@ fn table(t: &BurnTensor<4>) -> Option<CubeTensor> {
     plain.try_into_primitive::<Cube>().ok().map(into_contiguous)
 }
 
-/// One unit a pair: `x`'s row `row` holds `n` heads of `dh`; the pair `(lo, hi)` is
-/// `(j, j + dh/2)` of a head. `backward` turns the other way (the transpose). With `in_place`,
-/// `x` is not read (`y` holds the values).
+/// Where value `j` of head `head` of row `row = b·T + t` of a heads tensor `[B, n, T, Dh]` is,
+/// whatever its strides.
+#[cube]
+fn head_at(y: &Tensor<f32>, row: usize, head: usize, j: usize) -> usize {
+    let t = y.shape(2);
+    (row / t) * y.stride(0) + head * y.stride(1) + (row % t) * y.stride(2) + j * y.stride(3)
+}
+
+/// [`head_at`] of a heads tensor the kernel writes.
+#[cube]
+fn head_at_mut(y: &mut Tensor<f32>, row: usize, head: usize, j: usize) -> usize {
+    let t = y.shape(2);
+    (row / t) * y.stride(0) + head * y.stride(1) + (row % t) * y.stride(2) + j * y.stride(3)
+}
+
+/// The forward, one unit a pair: the pair `(j, j + Dh/2)` of head `head` of `x`'s row `row`,
+/// rotated, into the heads tensor `y`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-fn rope_pairs(
+fn rope_into_heads(
     x: &Tensor<f32>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
     y: &mut Tensor<f32>,
     pairs: usize,
     dh: usize,
-    #[comptime] backward: bool,
-    #[comptime] in_place: bool,
 ) {
     let at = ABSOLUTE_POS;
     if at < pairs {
         let half = dh / 2;
-        let width = y.shape(2);
-        let pairs_a_row = width / 2;
+        let pairs_a_row = y.shape(1) * half;
         let row = at / pairs_a_row;
-        let in_row = at % pairs_a_row;
-        let head = in_row / half;
-        let j = in_row % half;
-        let col = head * dh + j;
-        let to = row_start_mut(y, row) + col;
-        let (l, h) = if in_place {
-            (y[to], y[to + half])
-        } else {
-            let from = row_start(x, row) + col;
-            (x[from], x[from + half])
-        };
+        let head = (at % pairs_a_row) / half;
+        let j = (at % pairs_a_row) % half;
+        let from = row_start(x, row) + head * dh + j;
+        let (l, h) = (x[from], x[from + half]);
         let table = row * dh;
         let (c_lo, c_hi) = (cos[table + j], cos[table + j + half]);
         let (s_lo, s_hi) = (sin[table + j], sin[table + j + half]);
-        if backward {
-            y[to] = l * c_lo + h * s_hi;
-            y[to + half] = h * c_hi - l * s_lo;
-        } else {
-            y[to] = l * c_lo - h * s_lo;
-            y[to + half] = h * c_hi + l * s_hi;
-        }
+        let lo = head_at_mut(y, row, head, j);
+        let hi = head_at_mut(y, row, head, j + half);
+        y[lo] = l * c_lo - h * s_lo;
+        y[hi] = h * c_hi + l * s_hi;
     }
 }
 
-/// `x` turned by the tables (the transpose with `backward`), over its own buffer when nothing
-/// else holds it.
-fn turn(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, backward: bool) -> CubeTensor {
+/// The backward, one unit a pair: the pair of the heads gradient `g`, turned back, into the
+/// projection's rows `dx`.
+#[cube(launch_unchecked)]
+fn rope_from_heads(
+    g: &Tensor<f32>,
+    cos: &Tensor<f32>,
+    sin: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    pairs: usize,
+    dh: usize,
+) {
+    let at = ABSOLUTE_POS;
+    if at < pairs {
+        let half = dh / 2;
+        let pairs_a_row = g.shape(1) * half;
+        let row = at / pairs_a_row;
+        let head = (at % pairs_a_row) / half;
+        let j = (at % pairs_a_row) % half;
+        let (l, h) = (
+            g[head_at(g, row, head, j)],
+            g[head_at(g, row, head, j + half)],
+        );
+        let table = row * dh;
+        let (c_lo, c_hi) = (cos[table + j], cos[table + j + half]);
+        let (s_lo, s_hi) = (sin[table + j], sin[table + j + half]);
+        let to = row_start_mut(dx, row) + head * dh + j;
+        dx[to] = l * c_lo + h * s_hi;
+        dx[to + half] = h * c_hi - l * s_lo;
+    }
+}
+
+/// `x` `[B, T, n·Dh]` rotated into `heads` heads `[B, n, T, Dh]` (a new buffer).
+fn into_heads(x: CubeTensor, cos: &CubeTensor, sin: &CubeTensor, heads: usize) -> CubeTensor {
     let x = unit_stride_rows(x);
-    let shape = x.meta.shape().clone();
-    let dh = cos.meta.shape()[3];
-    let pairs = shape.num_elements() / 2;
+    let [b, t, width] = x.meta.shape().dims::<3>();
+    let dh = width / heads;
+    let pairs = b * t * width / 2;
     let client = x.client.clone();
-    // In place the table stands in for `x`, which is `y` itself.
-    let (x, y, in_place) = over_or_new(x, &cos);
+    let y = empty_device_dtype(
+        client.clone(),
+        x.device.clone(),
+        [b, heads, t, dh].into(),
+        DType::F32,
+    );
     let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, pairs);
-    // Safety: unit `at` < pairs reads the pair `(j, j + Dh/2)` of one head of one row of `x` (or
-    // of `y` in place) and that row's table values at `j` and `j + Dh/2` (`B·T` rows of Dh),
-    // and writes the same pair of `y` (x's shape, unit-stride along the width); in place, each
-    // value is read and then written by its own unit only.
+    // Safety: unit `at` < pairs reads the pair `(j, j + Dh/2)` of one head of one row of `x`
+    // (unit-stride along the width) and that row's table values at `j` and `j + Dh/2` (`B·T`
+    // rows of Dh), and writes the same pair of that head and position of `y` (`[B, n, T, Dh]`,
+    // its own strides): every value of `y` by exactly one unit.
     unsafe {
-        rope_pairs::launch_unchecked(
+        rope_into_heads::launch_unchecked(
             &client,
             cube_count,
             cube_dim,
             x.into_tensor_arg(),
-            cos.into_tensor_arg(),
-            sin.into_tensor_arg(),
+            cos.clone().into_tensor_arg(),
+            sin.clone().into_tensor_arg(),
             y.clone().into_tensor_arg(),
             pairs,
             dh,
-            backward,
-            in_place,
         );
     }
     count_launch();
     y
+}
+
+/// The heads gradient `g` `[B, n, T, Dh]` turned back into the projection's rows
+/// `[B, T, n·Dh]` (a new buffer).
+fn from_heads(g: CubeTensor, cos: &CubeTensor, sin: &CubeTensor) -> CubeTensor {
+    let g = untile(g);
+    let [b, heads, t, dh] = g.meta.shape().dims::<4>();
+    let pairs = b * heads * t * dh / 2;
+    let client = g.client.clone();
+    let dx = empty_device_dtype(
+        client.clone(),
+        g.device.clone(),
+        [b, t, heads * dh].into(),
+        DType::F32,
+    );
+    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, pairs);
+    // Safety: unit `at` < pairs reads one pair of one head and position of `g` (through its
+    // strides) and the position's table values, and writes that pair of the row of `dx`
+    // (`[B, T, n·Dh]`, unit-stride along the width): every value of `dx` by exactly one unit.
+    unsafe {
+        rope_from_heads::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            g.into_tensor_arg(),
+            cos.clone().into_tensor_arg(),
+            sin.clone().into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            pairs,
+            dh,
+        );
+    }
+    count_launch();
+    dx
 }
 
 #[derive(Debug)]
@@ -158,7 +227,7 @@ impl Backward<Cube, 1> for RopeBackward {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (cos, sin) = ops.state;
         unary::<Cube, _>(ops.parents, ops.node, grads, |grad| {
-            turn(grad, cos, sin, true)
+            from_heads(grad, &cos, &sin)
         });
     }
 }
@@ -167,12 +236,13 @@ fn tracked(
     x: FloatTensor<Autodiff<Cube>>,
     cos: CubeTensor,
     sin: CubeTensor,
+    heads: usize,
 ) -> FloatTensor<Autodiff<Cube>> {
     let prep = RopeBackward
         .prepare::<NoCheckpointing>([x.node()])
         .compute_bound()
         .stateful();
-    let y = turn(x.into_primitive(), cos.clone(), sin.clone(), false);
+    let y = into_heads(x.into_primitive(), &cos, &sin, heads);
     match prep {
         OpsKind::Tracked(prep) => prep.finish((cos, sin), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
