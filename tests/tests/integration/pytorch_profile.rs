@@ -99,11 +99,14 @@ fn ratio(predicted: u64, measured: u64) -> String {
 
 #[test]
 fn the_pytorch_profile_matches_pytorch_measured_on_the_cpu() {
-    check_against(&corpus("measured.json"), TorchDevice::Cpu);
+    check_against(&corpus("measured.json"), TorchDevice::Cpu, 0);
 }
 
-/// Every figure of every case in `corpus` within ±5 % of the profile's for `device`.
-fn check_against(corpus: &Value, device: TorchDevice) {
+/// Every figure of every case in `corpus` within ±5 % of the profile's for `device`, and the
+/// saved tensors (per layer and outside the layers) within `saved_slack` bytes: 0 on the CPU;
+/// on CUDA the two bf16 LoRA cases save 16 B a layer more than the profile (the rest to the
+/// byte), which it does not explain.
+fn check_against(corpus: &Value, device: TorchDevice, saved_slack: u64) {
     let mut failures = vec![];
     for case in corpus["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -148,19 +151,21 @@ fn check_against(corpus: &Value, device: TorchDevice) {
         for (what, predicted, measured) in figures {
             let line = format!("{name}: {what} {}", ratio(predicted, measured));
             println!("{line}");
-            if !within(predicted, measured) {
+            let saved = what.starts_with("saved");
+            if (saved && predicted.abs_diff(measured) > saved_slack) || !within(predicted, measured)
+            {
                 failures.push(line);
             }
         }
     }
     assert!(
         failures.is_empty(),
-        "outside ±5 %:\n{}",
+        "outside ±5 % (saved tensors: beyond {saved_slack} B):\n{}",
         failures.join("\n")
     );
 }
 
 #[test]
 fn the_pytorch_profile_matches_pytorch_measured_on_cuda() {
-    check_against(&corpus("measured-cuda.json"), TorchDevice::Cuda);
+    check_against(&corpus("measured-cuda.json"), TorchDevice::Cuda, 16);
 }
