@@ -58,9 +58,10 @@ pub struct LlamaConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence token id(s), if the checkpoint names them.
     pub eos_token_ids: Vec<u32>,
-    /// Mistral's `sliding_window`: each token attends to this many positions at most. napkin's
-    /// attention is not windowed, so it runs such a model on sequences no longer than the
-    /// window only, where the window changes nothing ([`LlamaConfig::check_positions`]).
+    /// Mistral's `sliding_window`: each token attends to this many positions at most (itself
+    /// included). napkin's eager attention applies it in its mask; the efficient attention and
+    /// the KV-cached generation do not, so they run such a model on sequences no longer than
+    /// the window only, where the window changes nothing ([`LlamaConfig::check_positions`]).
     #[serde(default)]
     pub sliding_window: Option<usize>,
 }
@@ -72,9 +73,10 @@ impl LlamaConfig {
         match self.sliding_window {
             Some(window) if positions > window => Err(Error::Input(format!(
                 "a sequence of {positions} positions is longer than the model's sliding window of \
-                 {window} (`sliding_window` in its config.json): napkin does not implement \
-                 windowed attention yet, so it runs this model on at most {window} positions \
-                 (a shorter --seq-len, prompt or generation)"
+                 {window} (`sliding_window` in its config.json): napkin applies the window in \
+                 the eager attention only (`--attention eager` for training and eval), so the \
+                 efficient attention and generation run this model on at most {window} \
+                 positions"
             ))),
             _ => Ok(()),
         }

@@ -79,17 +79,20 @@ impl TokenBatch {
         )
     }
 
-    /// The additive attention mask: 0 where query i may see key j (j ≤ i, same segment),
-    /// [`MASKED`] elsewhere. `[1, 1, T, T]` for unpacked batches, `[B, 1, T, T]` when packed.
-    pub fn attention_mask(&self, device: &Device) -> Tensor<4> {
+    /// The additive attention mask: 0 where query i may see key j (j ≤ i, same segment, and
+    /// with a sliding `window`, i − j < window), [`MASKED`] elsewhere. `[1, 1, T, T]` for
+    /// unpacked batches, `[B, 1, T, T]` when packed.
+    pub fn attention_mask(&self, device: &Device, window: Option<usize>) -> Tensor<4> {
         let t = self.seq;
         let rows = if self.is_packed() { self.batch } else { 1 };
+        // A sliding window: query i sees keys i − window < j ≤ i (transformers' Mistral).
+        let too_far = |i: usize, j: usize| window.is_some_and(|w| i - j >= w);
         let mut mask = vec![0.0f32; rows * t * t];
         for b in 0..rows {
             let seg = &self.segments[b * t..(b + 1) * t];
             for i in 0..t {
                 for j in 0..t {
-                    if j > i || seg[j] != seg[i] {
+                    if j > i || seg[j] != seg[i] || too_far(i, j) {
                         mask[(b * t + i) * t + j] = MASKED;
                     }
                 }

@@ -94,13 +94,25 @@ impl Llama {
         ForwardContext {
             rope: RopeTables::new(&inv_freq, &batch.positions, batch.batch, batch.seq, &device),
             mask: match self.attention {
-                AttentionKind::Eager => AttentionMask::Dense(batch.attention_mask(&device)),
+                AttentionKind::Eager => {
+                    AttentionMask::Dense(batch.attention_mask(&device, self.config.sliding_window))
+                }
                 AttentionKind::Efficient => AttentionMask::Tiled(TiledMask::new(
                     batch.batch,
                     batch.seq,
                     batch.is_packed().then_some(batch.segments.as_slice()),
                 )),
             },
+        }
+    }
+
+    /// Refuses a sequence of `positions` tokens that this model's attention cannot run as the
+    /// checkpoint means it: longer than a sliding window, except on the eager attention,
+    /// whose mask applies the window ([`TokenBatch::attention_mask`]).
+    pub fn check_positions(&self, positions: usize) -> crate::error::Result<()> {
+        match self.attention {
+            AttentionKind::Eager => Ok(()),
+            AttentionKind::Efficient => self.config.check_positions(positions),
         }
     }
 

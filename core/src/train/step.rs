@@ -152,7 +152,7 @@ pub fn forward_backward_marked(
         dropout_key,
     } = *options;
     for micro in micro_batches {
-        model.config.check_positions(micro.batch.seq)?;
+        model.check_positions(micro.batch.seq)?;
     }
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {

@@ -46,6 +46,7 @@ mod pytorch_profile;
 mod quantized_adapters;
 mod quantized_checkpoint;
 mod seed_figures;
+mod sliding_window;
 mod smollm2;
 mod smollm2_reference;
 mod tinyllama_layout;

@@ -202,33 +202,37 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
     }
 }
 
-/// A model with a sliding window (Mistral v0.1's `sliding_window`) trains and generates on
-/// sequences up to the window, where the window changes nothing, and refuses longer ones by
+/// A model with a sliding window (Mistral v0.1's `sliding_window`) shorter than the sequence:
+/// the eager attention trains on it (its mask applies the window, checked against transformers
+/// in `sliding_window.rs`); the efficient attention and generation past the window refuse it by
 /// name instead of attending past the window.
 #[test]
-fn sequences_longer_than_a_sliding_window_are_refused_by_name() {
+fn sequences_longer_than_a_sliding_window_are_refused_where_not_windowed() {
     for dir in model_dirs() {
         let reference = Reference::open(&dir);
         let (micro, _) = masked_micro_batches(&reference);
         let t = micro[0].batch.seq;
         let mut model = lora_model(&dir);
-        model.config.sliding_window = Some(t);
-        let fits = forward_backward(&model, &micro, &StepOptions::default());
-        assert!(fits.is_ok(), "{}: T = window", reference.name);
         model.config.sliding_window = Some(t - 1);
         for checkpointing in [false, true] {
-            let refused = forward_backward(
-                &model,
-                &micro,
-                &StepOptions::default().with_checkpointing(checkpointing),
-            )
-            .unwrap_err()
-            .to_string();
+            let options = StepOptions::default().with_checkpointing(checkpointing);
+            assert!(
+                forward_backward(&model, &micro, &options).is_ok(),
+                "{}: the eager attention windows",
+                reference.name
+            );
+            let mut efficient = model.clone();
+            efficient.attention = AttentionKind::Efficient;
+            let refused = forward_backward(&efficient, &micro, &options)
+                .unwrap_err()
+                .to_string();
             assert!(
                 refused.contains(&format!("sliding window of {}", t - 1)),
                 "{}: {refused}",
                 reference.name
             );
+            efficient.config.sliding_window = Some(t);
+            assert!(forward_backward(&efficient, &micro, &options).is_ok());
         }
         let mut cache = napkin_core::model::generate::KvCache::default();
         let ids: Vec<u32> = (0..t as u32 - 1).collect();
