@@ -26,6 +26,9 @@ echo "== a short LoRA run on $base, merged in f32"
 "$napkin" train --model "$base" --data data/napkin-instruct.jsonl --out "$work/run" \
     --lora-r 8 --lr 2e-3 --steps 4 --seq-len 96 --save-every 0 --plain \
     --merge --merge-dtype f32 2>&1 | tail -n 3
+echo "== a short rsLoRA run (alpha/sqrt(r), peft's use_rslora)"
+"$napkin" train --model "$base" --data data/napkin-instruct.jsonl --out "$work/rslora" \
+    --lora-r 8 --rslora --lr 2e-3 --steps 4 --seq-len 96 --save-every 0 --plain 2>&1 | tail -n 1
 echo "== exports"
 "$napkin" export --model "$base" --adapter "$work/run" --format gguf --quant f32 \
     --out "$work/merged.f32.gguf"
@@ -34,5 +37,5 @@ echo "== exports"
 echo "== compared"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 TRANSFORMERS_VERBOSITY=error
 .venv/bin/python scripts/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
-    --gguf-f32 "$work/merged.f32.gguf"
+    --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora"
 "${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"
