@@ -20,6 +20,8 @@
 
 use std::cell::Cell;
 
+use crate::rng::SplitMix64;
+
 thread_local! {
     /// The stream being drawn from: its key and the next draw's number.
     static STREAM: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
@@ -58,14 +60,10 @@ pub fn micro_batch_key(step: u64, index: usize) -> u64 {
     mix(step, index as u64)
 }
 
-/// SplitMix64's finaliser of `a` and `b`: nearby inputs give unrelated seeds.
+/// A seed from `a` and `b` through napkin's generator (`rng.rs`): nearby inputs give
+/// unrelated seeds.
 fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b
-        .wrapping_add(0x9E37_79B9_7F4A_7C15)
-        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    SplitMix64(a ^ b.wrapping_mul(0xBF58_476D_1CE4_E5B9)).next_u64()
 }
 
 #[cfg(test)]
