@@ -30,14 +30,19 @@ impl LlamaConfig {
             .ok_or_else(|| err("expected a JSON object at top level".into()))?;
         let fields = Fields { obj, err: &err };
 
-        if let Some(model_type) = obj.get("model_type").and_then(Value::as_str)
-            && !matches!(model_type, "llama" | "mistral" | "smollm2")
+        let model_type = obj.get("model_type").and_then(Value::as_str);
+        if let Some(model_type) = model_type
+            && !matches!(model_type, "llama" | "mistral" | "smollm2" | "qwen2")
         {
-            // Other architectures differ in ways this Llama does not model (biases, norms...).
+            // Other architectures differ in ways this Llama does not model (norms, fused
+            // projections, activations...).
             return Err(err(format!(
-                "model_type `{model_type}` is not supported; napkin implements LlamaForCausalLM (model_type `llama`)"
+                "model_type `{model_type}` is not supported; napkin implements the Llama \
+                 family: `llama`, `mistral`, `qwen2`"
             )));
         }
+        // Qwen2 is a Llama with a bias on q, k and v (always: its config has no flag for it).
+        let qwen2 = model_type == Some("qwen2");
         if let Some(act) = obj.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -48,7 +53,8 @@ impl LlamaConfig {
         for flag in ["attention_bias", "mlp_bias"] {
             if obj.get(flag).and_then(Value::as_bool) == Some(true) {
                 return Err(err(format!(
-                    "`{flag}: true` is not supported: napkin's Llama has no biases"
+                    "`{flag}: true` is not supported: of the biases, napkin implements Qwen2's \
+                     on q, k and v only (model_type `qwen2`)"
                 )));
             }
         }
@@ -114,19 +120,62 @@ impl LlamaConfig {
         };
 
         // Mistral's window (null in Mistral-7B v0.2 and later). Qwen2 writes one beside
-        // `use_sliding_window: false`, which turns it off.
+        // `use_sliding_window: false`, which turns it off; when on, it windows the layers from
+        // `max_window_layers` on. transformers 5 states each layer's kind in `layer_types`,
+        // which wins. napkin windows every layer or none.
+        let window_on = obj.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
+        let layers = fields.usize("num_hidden_layers")?;
+        let windowed_layers = match obj.get("layer_types") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(kinds)) => {
+                let mut windowed = 0;
+                for kind in kinds {
+                    match kind.as_str() {
+                        Some("full_attention") => {}
+                        Some("sliding_attention") => windowed += 1,
+                        _ => {
+                            return Err(err(format!(
+                                "`layer_types` holds {kind}: napkin implements \
+                                 `full_attention` and `sliding_attention`"
+                            )));
+                        }
+                    }
+                }
+                Some(windowed)
+            }
+            Some(other) => {
+                return Err(err(format!("`layer_types` must be a list, found {other}")));
+            }
+        };
         let sliding_window = match obj.get("sliding_window") {
             None | Some(Value::Null) => None,
-            Some(_) if obj.get("use_sliding_window").and_then(Value::as_bool) == Some(false) => {
-                None
+            Some(_) if !window_on => None,
+            Some(_) => {
+                let windowed = match windowed_layers {
+                    Some(n) => n,
+                    None if qwen2 => {
+                        layers.saturating_sub(fields.usize_or("max_window_layers", 28)?)
+                    }
+                    None => layers,
+                };
+                match windowed {
+                    0 => None,
+                    n if n == layers => Some(fields.usize("sliding_window")?),
+                    n => {
+                        return Err(err(format!(
+                            "a sliding window on {n} of the {layers} layers \
+                             (`layer_types` / `max_window_layers`): napkin windows every layer \
+                             or none"
+                        )));
+                    }
+                }
             }
-            Some(_) => Some(fields.usize("sliding_window")?),
         };
         let config = LlamaConfig {
             vocab_size: fields.usize("vocab_size")?,
             hidden_size,
             intermediate_size: fields.usize("intermediate_size")?,
-            num_hidden_layers: fields.usize("num_hidden_layers")?,
+            num_hidden_layers: layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -138,6 +187,7 @@ impl LlamaConfig {
             bos_token_id,
             eos_token_ids,
             sliding_window,
+            qkv_bias: qwen2,
         };
         config.validate(source_name)?;
         Ok(config)
@@ -172,12 +222,14 @@ impl LlamaConfig {
             [one] => (*one).into(),
             many => many.iter().map(|&id| Value::from(id)).collect(),
         };
-        // A windowed model stays a Mistral: transformers' Llama has no window.
-        let (architecture, model_type) = match self.sliding_window {
-            Some(_) => ("MistralForCausalLM", "mistral"),
-            None => ("LlamaForCausalLM", "llama"),
+        // A windowed model stays a Mistral (transformers' Llama has no window), a biased one a
+        // Qwen2 (windowed on every layer: `max_window_layers` 0).
+        let (architecture, model_type) = match (self.qkv_bias, self.sliding_window) {
+            (true, _) => ("Qwen2ForCausalLM", "qwen2"),
+            (false, Some(_)) => ("MistralForCausalLM", "mistral"),
+            (false, None) => ("LlamaForCausalLM", "llama"),
         };
-        serde_json::json!({
+        let mut config = serde_json::json!({
             "architectures": [architecture],
             "model_type": model_type,
             "sliding_window": self.sliding_window,
@@ -199,7 +251,12 @@ impl LlamaConfig {
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
-        })
+        });
+        if self.qkv_bias {
+            config["use_sliding_window"] = self.sliding_window.is_some().into();
+            config["max_window_layers"] = 0.into();
+        }
+        config
     }
 }
 
@@ -333,6 +390,46 @@ mod tests {
         let llama = parse(base()).unwrap();
         assert!(llama.check_positions(1 << 20).is_ok());
         assert_eq!(llama.to_hf_json()["model_type"], "llama");
+    }
+
+    /// Qwen2 is read as a Llama with q, k and v biases and written back as a Qwen2; its window
+    /// counts only when `use_sliding_window` is on, on every layer or on none.
+    #[test]
+    fn qwen2_has_qkv_biases_and_its_window_rules() {
+        let mut qwen = base();
+        qwen["model_type"] = "qwen2".into();
+        qwen["sliding_window"] = 8.into();
+        qwen["use_sliding_window"] = false.into();
+        qwen["max_window_layers"] = 1.into();
+        let c = parse(qwen.clone()).unwrap();
+        assert!(c.qkv_bias && c.sliding_window.is_none());
+        assert!(c.linear_has_bias("self_attn.v_proj") && !c.linear_has_bias("self_attn.o_proj"));
+        let written = c.to_hf_json();
+        assert_eq!(written["architectures"][0], "Qwen2ForCausalLM");
+        assert_eq!(parse(written).unwrap(), c);
+        qwen["use_sliding_window"] = true.into();
+        let message = parse(qwen.clone()).unwrap_err().to_string();
+        assert!(message.contains("on 1 of the 2 layers"), "{message}");
+        let mut typed = qwen.clone();
+        typed["layer_types"] = serde_json::json!(["sliding_attention", "sliding_attention"]);
+        assert_eq!(parse(typed.clone()).unwrap().sliding_window, Some(8));
+        typed["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"]);
+        let message = parse(typed).unwrap_err().to_string();
+        assert!(message.contains("chunked_attention"), "{message}");
+        qwen["max_window_layers"] = 0.into();
+        let windowed = parse(qwen.clone()).unwrap();
+        assert_eq!(windowed.sliding_window, Some(8));
+        assert_eq!(parse(windowed.to_hf_json()).unwrap(), windowed);
+        qwen["max_window_layers"] = 2.into();
+        assert_eq!(parse(qwen).unwrap().sliding_window, None);
+        let mut llama = base();
+        llama["attention_bias"] = true.into();
+        let message = parse(llama).unwrap_err().to_string();
+        assert!(message.contains("`attention_bias: true`"), "{message}");
+        let mut gemma = base();
+        gemma["model_type"] = "gemma".into();
+        let message = parse(gemma).unwrap_err().to_string();
+        assert!(message.contains("model_type `gemma`"), "{message}");
     }
 
     #[test]

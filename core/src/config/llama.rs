@@ -64,6 +64,11 @@ pub struct LlamaConfig {
     /// the window only, where the window changes nothing ([`LlamaConfig::check_positions`]).
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Qwen2's bias on the query, key and value projections (`[H·Dh]`, `[Hkv·Dh]`, `[Hkv·Dh]`),
+    /// added after `x·Wᵀ` and after LoRA's term. It stays f32 under NF4 and is frozen under
+    /// LoRA, as peft's `bias="none"` and bitsandbytes' `Linear4bit` keep it.
+    #[serde(default)]
+    pub qkv_bias: bool,
 }
 
 impl LlamaConfig {
@@ -172,14 +177,33 @@ impl LlamaConfig {
         ]
     }
 
-    /// Parameters of one decoder block: the seven linears and two RMSNorm weights.
+    /// Whether the block linear at this HF module path (`self_attn.q_proj`, ...) has a bias.
+    pub fn linear_has_bias(&self, module: &str) -> bool {
+        self.qkv_bias
+            && matches!(
+                module,
+                "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj"
+            )
+    }
+
+    /// Bias values of one decoder block (q, k and v's for Qwen2; 0 for Llama).
+    pub fn block_bias_parameters(&self) -> u64 {
+        self.block_linears()
+            .iter()
+            .filter(|(name, _, _)| self.linear_has_bias(name))
+            .map(|&(_, out, _)| out as u64)
+            .sum()
+    }
+
+    /// Parameters of one decoder block: the seven linears (with their biases, if any) and two
+    /// RMSNorm weights.
     pub fn block_parameters(&self) -> u64 {
         let linears: u64 = self
             .block_linears()
             .iter()
             .map(|&(_, out, inp)| (out * inp) as u64)
             .sum();
-        linears + 2 * self.hidden_size as u64
+        linears + self.block_bias_parameters() + 2 * self.hidden_size as u64
     }
 
     /// Parameters of the token embedding (V·D).
@@ -206,6 +230,9 @@ impl LlamaConfig {
             out.push((format!("{prefix}.input_layernorm.weight"), vec![d]));
             for (name, rows, cols) in self.block_linears() {
                 out.push((format!("{prefix}.{name}.weight"), vec![rows, cols]));
+                if self.linear_has_bias(name) {
+                    out.push((format!("{prefix}.{name}.bias"), vec![rows]));
+                }
             }
             out.push((format!("{prefix}.post_attention_layernorm.weight"), vec![d]));
         }
@@ -234,9 +261,10 @@ mod tests {
     #[test]
     fn hf_parameter_shapes_sum_to_the_parameter_count() {
         for base in [LlamaConfig::tiny_gqa(), LlamaConfig::tiny_llama_1_1b()] {
-            for tied in [true, false] {
+            for (tied, qkv_bias) in [(true, false), (false, false), (true, true)] {
                 let config = LlamaConfig {
                     tie_word_embeddings: tied,
+                    qkv_bias,
                     ..base.clone()
                 };
                 let total: u64 = config

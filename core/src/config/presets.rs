@@ -25,6 +25,7 @@ impl LlamaConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -46,6 +47,7 @@ impl LlamaConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -67,6 +69,7 @@ impl LlamaConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -88,6 +91,7 @@ impl LlamaConfig {
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -114,6 +118,7 @@ impl LlamaConfig {
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001, 128_008, 128_009],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -136,6 +141,7 @@ impl LlamaConfig {
             bos_token_id: None,
             eos_token_ids: vec![],
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 
@@ -183,6 +189,7 @@ impl LlamaConfig {
             bos_token_id: None,
             eos_token_ids: Vec::new(),
             sliding_window: None,
+            qkv_bias: false,
         }
     }
 

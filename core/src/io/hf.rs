@@ -1,4 +1,5 @@
-//! Loading a Hugging Face `LlamaForCausalLM` folder (`config.json` + safetensors) into [`Llama`].
+//! Loading a Hugging Face `LlamaForCausalLM` (or Mistral, Qwen2) folder (`config.json` +
+//! safetensors) into [`Llama`].
 //!
 //! Every tensor the config implies must be present with the right shape; anything else in the
 //! file is an error too (it usually means another architecture), except buffers HF itself
@@ -69,8 +70,8 @@ pub fn llama_from_checkpoint_with(
 }
 
 /// Assembles a [`Llama`] from three loaders called with HF tensor names and shapes: `matrix` for
-/// the embedding and an untied LM head, `vector` for norm gains, `linear` for the seven linears of
-/// each block (which decides dense or NF4). Every loader error is passed on unchanged.
+/// the embedding and an untied LM head, `vector` for norm gains and biases, `linear` for the
+/// seven linears of each block (which decides dense or NF4). Every loader error is passed on unchanged.
 pub fn build_llama(
     config: &LlamaConfig,
     matrix: &dyn Fn(&str, usize, usize) -> Result<Tensor<2>>,
@@ -88,8 +89,12 @@ pub fn build_llama(
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let linear = |name: &str, rows: usize, cols: usize| {
-            linear(&format!("{p}.{name}.weight"), rows, cols)
+        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+            let layer = linear(&format!("{p}.{name}.weight"), rows, cols)?;
+            Ok(match config.linear_has_bias(name) {
+                true => layer.with_bias(vector(&format!("{p}.{name}.bias"), rows)?),
+                false => layer,
+            })
         };
         layers.push(DecoderBlock {
             input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,

@@ -46,14 +46,22 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// Fresh projections with HF's N(0, 0.02) initialisation.
+    /// Fresh projections with HF's initialisation: weights N(0, 0.02), biases (Qwen2's q, k,
+    /// v) zero.
     pub fn init(config: &LlamaConfig, device: &Device) -> Self {
         let d = config.hidden_size;
+        let linear = |module: &str, out: usize, inp: usize| {
+            let layer = Linear::init(out, inp, device);
+            match config.linear_has_bias(module) {
+                true => layer.with_bias(Tensor::zeros([out], device)),
+                false => layer,
+            }
+        };
         Attention {
-            q_proj: Linear::init(config.q_dim(), d, device),
-            k_proj: Linear::init(config.kv_dim(), d, device),
-            v_proj: Linear::init(config.kv_dim(), d, device),
-            o_proj: Linear::init(d, config.q_dim(), device),
+            q_proj: linear("self_attn.q_proj", config.q_dim(), d),
+            k_proj: linear("self_attn.k_proj", config.kv_dim(), d),
+            v_proj: linear("self_attn.v_proj", config.kv_dim(), d),
+            o_proj: linear("self_attn.o_proj", d, config.q_dim()),
             num_heads: config.num_attention_heads,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,

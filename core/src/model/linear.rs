@@ -1,6 +1,7 @@
-//! A bias-free linear layer in Hugging Face layout, `y = x Wᵀ` with `W: [out, in]`, whose base
+//! A linear layer in Hugging Face layout, `y = x Wᵀ (+ b)` with `W: [out, in]`, whose base
 //! weight is either dense or NF4-quantized, optionally with a LoRA adapter on top:
-//! `y = x Wᵀ + s · (dropout(x) Aᵀ) Bᵀ`.
+//! `y = x Wᵀ + s · (dropout(x) Aᵀ) Bᵀ + b`. Llama's linears have no bias; Qwen2's q, k and v
+//! do (`LlamaConfig::qkv_bias`), and it is always a float `[out]` vector, NF4 base or not.
 //!
 //! burn's own `nn::Linear` stores `[in, out]`; keeping HF's layout means checkpoints load
 //! without a transpose and LoRA/NF4 shapes read the same as in peft and bitsandbytes.
@@ -32,6 +33,8 @@ pub struct Linear {
     pub base: BaseWeight,
     /// The optional low-rank adapter.
     pub lora: Option<LoraAdapter>,
+    /// b: `[out]`, added last (Qwen2's q, k, v).
+    pub bias: Option<Param<Tensor<1>>>,
 }
 
 impl Linear {
@@ -40,6 +43,7 @@ impl Linear {
         Linear {
             base: BaseWeight::Dense(Param::from_tensor(weight)),
             lora: None,
+            bias: None,
         }
     }
 
@@ -62,6 +66,7 @@ impl Linear {
         Linear {
             base: BaseWeight::Nf4(Nf4Weight::new(quantized, device)),
             lora: None,
+            bias: None,
         }
     }
 
@@ -73,6 +78,12 @@ impl Linear {
             device,
         );
         Self::from_weight(weight)
+    }
+
+    /// The same layer with a bias `[out]` added after the product.
+    pub fn with_bias(mut self, bias: Tensor<1>) -> Self {
+        self.bias = Some(Param::from_tensor(bias));
+        self
     }
 
     /// `[out, in]`.
@@ -99,18 +110,30 @@ impl Linear {
         // One 2-D GEMM over all tokens is faster than a batched one on every backend.
         let x = x.reshape([b * t, d_in]); // [B·T, in]
         // Generation's few rows on a GPU: base and adapter in one launch from the codes.
-        if let (BaseWeight::Nf4(w), Some(lora)) = (&self.base, &self.lora)
-            && let Some(y) = nf4_lora_from_codes(&x, w, lora)
-        {
-            return y.reshape([b, t, d_out]);
-        }
-        let mut y = match &self.base {
-            BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
-            BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),
-        }; // [B·T, out]
-        if let Some(lora) = &self.lora {
-            y = lora.add_to(y, x);
-        }
+        let fused = match (&self.base, &self.lora) {
+            (BaseWeight::Nf4(w), Some(lora)) => nf4_lora_from_codes(&x, w, lora),
+            _ => None,
+        };
+        let y = match fused {
+            Some(y) => y,
+            None => {
+                let y = match &self.base {
+                    BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
+                    BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),
+                }; // [B·T, out]
+                match &self.lora {
+                    Some(lora) => lora.add_to(y, x),
+                    None => y,
+                }
+            }
+        };
+        let y = match &self.bias {
+            Some(bias) => {
+                let dtype = y.dtype();
+                y + bias.val().unsqueeze_dim::<2>(0).cast(dtype) // [1, out]
+            }
+            None => y,
+        };
         y.reshape([b, t, d_out])
     }
 }

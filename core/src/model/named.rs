@@ -8,7 +8,7 @@ use super::llama::Llama;
 use crate::config::LoraTarget;
 use crate::kernels::values::to_f32_vec;
 
-/// A parameter tensor of rank 1 (norm gains) or 2 (matrices).
+/// A parameter tensor of rank 1 (norm gains, biases) or 2 (matrices).
 #[derive(Debug, Clone)]
 pub enum ParamTensor {
     /// `[D]`.
@@ -77,26 +77,31 @@ impl Llama {
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
         let block = self.layers.get(layer.parse::<usize>().ok()?)?;
-        let module = rest.strip_suffix(".weight")?;
-        match module {
+        if let Some(module) = rest.strip_suffix(".bias") {
+            let bias = block_linear(block, module)?.bias.as_ref()?;
+            return Some(Vector(bias.val()));
+        }
+        match rest.strip_suffix(".weight")? {
             "input_layernorm" => Some(Vector(block.input_layernorm.weight.val())),
             "post_attention_layernorm" => Some(Vector(block.post_attention_layernorm.weight.val())),
-            _ => {
-                let (a, m) = (&block.self_attn, &block.mlp);
-                let linear = match module {
-                    "self_attn.q_proj" => &a.q_proj,
-                    "self_attn.k_proj" => &a.k_proj,
-                    "self_attn.v_proj" => &a.v_proj,
-                    "self_attn.o_proj" => &a.o_proj,
-                    "mlp.gate_proj" => &m.gate_proj,
-                    "mlp.up_proj" => &m.up_proj,
-                    "mlp.down_proj" => &m.down_proj,
-                    _ => return None,
-                };
-                Some(Matrix(linear_value(linear)))
-            }
+            module => Some(Matrix(linear_value(block_linear(block, module)?))),
         }
     }
+}
+
+/// A block's linear by its HF module path within the block (`self_attn.q_proj`, ...).
+fn block_linear<'a>(block: &'a super::block::DecoderBlock, module: &str) -> Option<&'a Linear> {
+    let (a, m) = (&block.self_attn, &block.mlp);
+    Some(match module {
+        "self_attn.q_proj" => &a.q_proj,
+        "self_attn.k_proj" => &a.k_proj,
+        "self_attn.v_proj" => &a.v_proj,
+        "self_attn.o_proj" => &a.o_proj,
+        "mlp.gate_proj" => &m.gate_proj,
+        "mlp.up_proj" => &m.up_proj,
+        "mlp.down_proj" => &m.down_proj,
+        _ => return None,
+    })
 }
 
 /// A decoder-block linear layer with its HF module path (`model.layers.3.self_attn.q_proj`).

@@ -65,6 +65,14 @@ impl QuantizedLlama {
             .map(|b| QuantizedBlockWeights {
                 attn_norm: vector(&b.input_layernorm.weight),
                 ffn_norm: vector(&b.post_attention_layernorm.weight),
+                qkv_bias: match (
+                    &b.self_attn.q_proj.bias,
+                    &b.self_attn.k_proj.bias,
+                    &b.self_attn.v_proj.bias,
+                ) {
+                    (Some(q), Some(k), Some(v)) => Some([vector(q), vector(k), vector(v)]),
+                    _ => None,
+                },
                 q: base_matrix(b.self_attn.q_proj),
                 k: base_matrix(b.self_attn.k_proj),
                 v: base_matrix(b.self_attn.v_proj),

@@ -30,6 +30,9 @@ pub struct QuantizedBlockWeights {
     pub k: QuantizedMatrix,
     /// `[Hkv·Dh, D]`.
     pub v: QuantizedMatrix,
+    /// Qwen2's q, k and v biases, `[H·Dh]`, `[Hkv·Dh]`, `[Hkv·Dh]` (q's and k's in HF's row
+    /// order); `None` for a Llama.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
     /// `[D, H·Dh]`.
     pub o: QuantizedMatrix,
     /// `[D]`.
@@ -70,6 +73,8 @@ struct QuantizedBlock {
     attn_norm: Vec<f32>,
     /// Q, K, V: they read the same input.
     qkv: [QuantizedMatrix; 3],
+    /// Their biases (Qwen2).
+    qkv_bias: Option<[Vec<f32>; 3]>,
     o: QuantizedMatrix,
     ffn_norm: Vec<f32>,
     /// Gate, up: they read the same input.
@@ -236,9 +241,41 @@ impl QuantizedLlama {
             check(&name("down"), &b.down, d, f)?;
             check_norm(&name("attn_norm"), &b.attn_norm)?;
             check_norm(&name("ffn_norm"), &b.ffn_norm)?;
+            match &b.qkv_bias {
+                Some(biases) if c.qkv_bias => {
+                    let parts = [("q", q_rows), ("k", kv_rows), ("v", kv_rows)];
+                    for ((part, rows), bias) in parts.into_iter().zip(biases) {
+                        if bias.len() != rows {
+                            return Err(Error::Input(format!(
+                                "{source}: `{}` has {} values, not {rows}",
+                                name(&format!("{part}.bias")),
+                                bias.len()
+                            )));
+                        }
+                    }
+                }
+                None if !c.qkv_bias => {}
+                _ => {
+                    return Err(Error::Input(format!(
+                        "{source}: `{}` q, k and v biases are {}, the config says {}",
+                        name("self_attn"),
+                        if b.qkv_bias.is_some() {
+                            "given"
+                        } else {
+                            "missing"
+                        },
+                        if c.qkv_bias {
+                            "they exist"
+                        } else {
+                            "there are none"
+                        }
+                    )));
+                }
+            }
             layers.push(QuantizedBlock {
                 attn_norm: b.attn_norm,
                 qkv: [b.q, b.k, b.v],
+                qkv_bias: b.qkv_bias,
                 o: b.o,
                 ffn_norm: b.ffn_norm,
                 gate_up: [b.gate, b.up],
@@ -461,6 +498,12 @@ impl QuantizedLlama {
         lead.warm(layer.qkv[0].stored_bytes());
         let h = self.quantized(&normed(x, &layer.attn_norm, d, eps), d);
         let mut qkv = layer.project(&layer.qkv, 0, &h);
+        if let Some(biases) = &layer.qkv_bias {
+            for (y, bias) in qkv.iter_mut().zip(biases) {
+                y.chunks_exact_mut(bias.len())
+                    .for_each(|row| row.iter_mut().zip(bias).for_each(|(y, b)| *y += b));
+            }
+        }
         let v = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]

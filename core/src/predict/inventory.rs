@@ -247,9 +247,17 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                 trainable(&mut out, &name, l, Size::flat(d));
             }
         }
-        for (&(_, rows, cols), target) in c.block_linears().iter().zip(LoraTarget::ALL) {
+        for (&(module, rows, cols), target) in c.block_linears().iter().zip(LoraTarget::ALL) {
             let name = format!("layers.{layer}.{}", target.block_path());
             let (rows, cols) = (rows as u64, cols as u64);
+            // Qwen2's q, k, v biases: f32 `[out]` under NF4 and a 16-bit base too.
+            if c.linear_has_bias(module) {
+                let bias = format!("{name}.bias");
+                out.push(weight(&bias, l, Size::flat(rows)));
+                if full {
+                    trainable(&mut out, &bias, l, Size::flat(rows));
+                }
+            }
             let n = rows * cols;
             match &s.nf4 {
                 Some(nf4) => {

@@ -11,16 +11,21 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
 
-/// The fixture model as llama.cpp's converter would write it (F32).
+/// The fixture model as llama.cpp's converter would write it (F32): arch `llama` with Q and K
+/// rows permuted, or a Qwen2 as arch `qwen2` with HF's rows (what its converter does, checked
+/// against the converter's own file in qwen2.rs).
 pub(crate) fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
     let config = LlamaConfig::from_hf_file(&dir.join("config.json")).unwrap();
     let ckpt = SafetensorsCheckpoint::open(dir).unwrap();
+    let arch = if config.qkv_bias { "qwen2" } else { "llama" };
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = config
         .hf_parameter_shapes()
         .into_iter()
         .map(|(hf, shape)| {
             let values = ckpt.read_f32(&hf, &shape).unwrap();
-            let values = if hf.ends_with("q_proj.weight") {
+            let values = if arch == "qwen2" {
+                values
+            } else if hf.ends_with("q_proj.weight") {
                 permute_rows(&values, config.num_attention_heads, shape[1])
             } else if hf.ends_with("k_proj.weight") {
                 permute_rows(&values, config.num_key_value_heads, shape[1])
@@ -32,32 +37,45 @@ pub(crate) fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
         .collect();
     use GgufTestValue::{F32, Str, U32};
     let metadata = [
-        ("general.architecture", Str("llama".into())),
-        ("llama.embedding_length", U32(config.hidden_size as u32)),
+        ("general.architecture".to_string(), Str(arch.into())),
         (
-            "llama.feed_forward_length",
+            format!("{arch}.embedding_length"),
+            U32(config.hidden_size as u32),
+        ),
+        (
+            format!("{arch}.feed_forward_length"),
             U32(config.intermediate_size as u32),
         ),
-        ("llama.block_count", U32(config.num_hidden_layers as u32)),
         (
-            "llama.attention.head_count",
+            format!("{arch}.block_count"),
+            U32(config.num_hidden_layers as u32),
+        ),
+        (
+            format!("{arch}.attention.head_count"),
             U32(config.num_attention_heads as u32),
         ),
         (
-            "llama.attention.head_count_kv",
+            format!("{arch}.attention.head_count_kv"),
             U32(config.num_key_value_heads as u32),
         ),
-        ("llama.rope.freq_base", F32(config.rope_theta as f32)),
         (
-            "llama.attention.layer_norm_rms_epsilon",
+            format!("{arch}.rope.freq_base"),
+            F32(config.rope_theta as f32),
+        ),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
             F32(config.rms_norm_eps as f32),
         ),
         (
-            "llama.context_length",
+            format!("{arch}.context_length"),
             U32(config.max_position_embeddings as u32),
         ),
-        ("llama.vocab_size", U32(config.vocab_size as u32)),
+        (format!("{arch}.vocab_size"), U32(config.vocab_size as u32)),
     ];
+    let metadata: Vec<(&str, GgufTestValue)> = metadata
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.clone()))
+        .collect();
     write_gguf(path, &metadata, &tensors);
 }
 

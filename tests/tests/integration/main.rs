@@ -45,6 +45,7 @@ mod optimizers;
 mod pytorch_profile;
 mod quantized_adapters;
 mod quantized_checkpoint;
+mod qwen2;
 mod seed_figures;
 mod sliding_window;
 mod smollm2;

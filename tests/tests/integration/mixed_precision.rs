@@ -75,8 +75,10 @@ fn half_precision_moves_results_by_its_rounding_only() {
                 "{}: {dtype:?}: loss {loss} vs {loss32} (rel {loss_err:.1e}), grads rel L2 {grad_err:.1e}",
                 dir.display()
             );
+            // Either moves when the trick acts: nk-qwen2's f16 loss rounds to the f32 one's
+            // exact value while its gradients move by 8.5e-4.
             assert!(
-                loss_err > 0.0,
+                loss_err > 0.0 || grad_err > 0.0,
                 "{dtype:?} changed nothing: the trick is not acting"
             );
             assert!(loss_err < loss_tol, "{dtype:?}: loss off by {loss_err}");

@@ -1,5 +1,6 @@
 //! A model as a llama.cpp GGUF file: llama.cpp's tensor names, Q and K rows permuted the way
-//! its converter permutes them, the architecture keys, Llama 3's RoPE schedule as its divisors
+//! its converter permutes them (arch `llama`; a Qwen2 is written as arch `qwen2`, rows as they
+//! are, with its biases), the architecture keys, Llama 3's RoPE schedule as its divisors
 //! (`rope_freqs.weight`), the caller's tokenizer metadata, and the 2-D weights in the chosen type
 //! (norms stay F32). Tensors are made one at a time
 //! ([`Llama::hf_tensor`]; LoRA adapters folded in when asked), so the model is never held whole.
@@ -9,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::dequant::GgmlType;
-use super::llama::{gguf_name, permute_rows};
+use super::llama::{gguf_arch, gguf_name, permute_rows, permuted_heads};
 use super::quantize::quantize;
 use super::rope_factors::{ROPE_FREQS, llama3_divisors};
 use super::writer::{MetaValue, TensorEntry, write_gguf};
@@ -87,7 +88,7 @@ pub struct ExportSummary {
     pub file_bytes: u64,
 }
 
-/// Writes `model` to `path` as a llama GGUF with `tokenizer` metadata (`tokenizer.ggml.*`,
+/// Writes `model` to `path` as a llama (or qwen2) GGUF with `tokenizer` metadata (`tokenizer.ggml.*`,
 /// from [`crate::tokenizer::TextTokenizer::gguf_metadata`]), named `name`.
 pub fn export_gguf(
     model: &Llama,
@@ -101,49 +102,41 @@ pub fn export_gguf(
     // Llama 3's schedule as llama.cpp's converter writes it: divisors, no parameters.
     let rope_divisors = llama3_divisors(&c.rope_scaling, c.rope_theta, c.head_dim);
     let u32_of = |v: usize| MetaValue::U32(v as u32);
+    let arch = gguf_arch(c);
+    let key = |k: &str| format!("{arch}.{k}");
     let mut metadata: Vec<(String, MetaValue)> = vec![
-        (
-            "general.architecture".into(),
-            MetaValue::Str("llama".into()),
-        ),
+        ("general.architecture".into(), MetaValue::Str(arch.into())),
         ("general.name".into(), MetaValue::Str(name.into())),
         (
             "general.file_type".into(),
             MetaValue::U32(quant.file_type()),
         ),
         ("general.quantization_version".into(), MetaValue::U32(2)),
-        ("llama.vocab_size".into(), u32_of(c.vocab_size)),
+        (key("vocab_size"), u32_of(c.vocab_size)),
         // GGUF's llama has no window: a windowed model (Mistral v0.1) is exact up to its
         // window only, so that is the context the file states (llama.cpp warns past it).
         (
-            "llama.context_length".into(),
+            key("context_length"),
             u32_of(c.sliding_window.map_or(c.max_position_embeddings, |w| {
                 w.min(c.max_position_embeddings)
             })),
         ),
-        ("llama.embedding_length".into(), u32_of(c.hidden_size)),
-        ("llama.block_count".into(), u32_of(c.num_hidden_layers)),
+        (key("embedding_length"), u32_of(c.hidden_size)),
+        (key("block_count"), u32_of(c.num_hidden_layers)),
+        (key("feed_forward_length"), u32_of(c.intermediate_size)),
+        (key("rope.dimension_count"), u32_of(c.head_dim)),
+        (key("attention.key_length"), u32_of(c.head_dim)),
+        (key("attention.value_length"), u32_of(c.head_dim)),
+        (key("attention.head_count"), u32_of(c.num_attention_heads)),
         (
-            "llama.feed_forward_length".into(),
-            u32_of(c.intermediate_size),
-        ),
-        ("llama.rope.dimension_count".into(), u32_of(c.head_dim)),
-        (
-            "llama.attention.head_count".into(),
-            u32_of(c.num_attention_heads),
-        ),
-        (
-            "llama.attention.head_count_kv".into(),
+            key("attention.head_count_kv"),
             u32_of(c.num_key_value_heads),
         ),
         (
-            "llama.attention.layer_norm_rms_epsilon".into(),
+            key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(c.rms_norm_eps as f32),
         ),
-        (
-            "llama.rope.freq_base".into(),
-            MetaValue::F32(c.rope_theta as f32),
-        ),
+        (key("rope.freq_base"), MetaValue::F32(c.rope_theta as f32)),
     ];
     metadata.extend(tokenizer);
 
@@ -197,10 +190,8 @@ pub fn export_gguf(
             .ok_or_else(|| Error::Internal(format!("the model has no tensor `{hf}`")))?;
         let mut values = tensor.to_vec();
         let cols = entry.shape.last().copied().unwrap_or(1);
-        if hf.ends_with("self_attn.q_proj.weight") {
-            values = permute_rows(&values, c.num_attention_heads, cols);
-        } else if hf.ends_with("self_attn.k_proj.weight") {
-            values = permute_rows(&values, c.num_key_value_heads, cols);
+        if let Some(heads) = permuted_heads(c, hf) {
+            values = permute_rows(&values, heads, cols);
         }
         quantize(entry.ggml_type, &values)
             .map_err(|e| Error::Input(format!("tensor `{}`: {e}", entry.name)))

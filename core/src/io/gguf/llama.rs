@@ -1,11 +1,13 @@
-//! A llama-architecture GGUF as a [`Llama`]: the config from `llama.*` metadata (Llama 3's RoPE
-//! schedule from `rope_freqs.weight`), llama.cpp's tensor names mapped to HF ones, and the Q/K
-//! row permutation undone.
+//! A llama- or qwen2-architecture GGUF as a [`Llama`]: the config from the `llama.*` or
+//! `qwen2.*` metadata (Llama 3's RoPE schedule from `rope_freqs.weight`), llama.cpp's tensor
+//! names mapped to HF ones (Qwen2's `attn_q.bias`, ... included), and the Q/K row permutation
+//! undone.
 //!
-//! llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
+//! For arch `llama`, llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
 //! "rotate half" layout (first half of the head's dims, then second) to interleaved pairs, for its
 //! own RoPE kernel. Undoing it here keeps one RoPE implementation (HF's) in napkin:
-//! `hf[h·Dh + j·Dh/2 + i] = gguf[h·Dh + 2i + j]` for head h, i < Dh/2, j ∈ {0, 1}.
+//! `hf[h·Dh + j·Dh/2 + i] = gguf[h·Dh + 2i + j]` for head h, i < Dh/2, j ∈ {0, 1}. For arch
+//! `qwen2` it writes HF's rows as they are (llama.cpp runs Qwen2 with rotate-half RoPE).
 
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -17,24 +19,48 @@ use crate::io::hf::build_llama;
 use crate::model::Llama;
 use crate::model::linear::Linear;
 
-/// The HF config of a llama-architecture GGUF.
+/// llama.cpp's architecture name for a model of `config`: Qwen2's biases make it `qwen2`.
+pub fn gguf_arch(config: &LlamaConfig) -> &'static str {
+    if config.qkv_bias { "qwen2" } else { "llama" }
+}
+
+/// Whether llama.cpp's converter reorders this architecture's Q and K rows (arch `llama` only).
+pub fn permutes_qk(config: &LlamaConfig) -> bool {
+    gguf_arch(config) == "llama"
+}
+
+/// Which permutation, if any, the converter applied to the HF tensor `hf`: the head count of
+/// its rows for Q's and K's weights of arch `llama`.
+pub fn permuted_heads(config: &LlamaConfig, hf: &str) -> Option<usize> {
+    if !permutes_qk(config) {
+        None
+    } else if hf.ends_with("self_attn.q_proj.weight") {
+        Some(config.num_attention_heads)
+    } else if hf.ends_with("self_attn.k_proj.weight") {
+        Some(config.num_key_value_heads)
+    } else {
+        None
+    }
+}
+
+/// The HF config of a llama- or qwen2-architecture GGUF.
 pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
     let arch = gguf
         .require("general.architecture")?
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if arch != "llama" {
+    if !matches!(arch.as_str(), "llama" | "qwen2") {
         return Err(Error::checkpoint(
             &gguf.path,
-            format!("architecture `{arch}` is not supported (llama only)"),
+            format!("architecture `{arch}` is not supported (llama and qwen2 only)"),
         ));
     }
-    let u =
-        |key: &str| -> Result<usize> { Ok(gguf.require_u64(&format!("llama.{key}"))? as usize) };
-    let f = |key: &str, default: f64| -> f64 {
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |k: &str| -> Result<usize> { Ok(gguf.require_u64(&key(k))? as usize) };
+    let f = |k: &str, default: f64| -> f64 {
         gguf.metadata
-            .get(&format!("llama.{key}"))
+            .get(&key(k))
             .and_then(|v| v.as_f64())
             .unwrap_or(default)
     };
@@ -42,7 +68,7 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
     let heads = u("attention.head_count")?;
     let vocab_size = match gguf
         .metadata
-        .get("llama.vocab_size")
+        .get(&key("vocab_size"))
         .and_then(|v| v.as_u64())
     {
         Some(v) => v as usize,
@@ -58,14 +84,36 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
             .and_then(|v| v.as_u64())
             .and_then(|v| u32::try_from(v).ok())
     };
-    let head_dim = match gguf
-        .metadata
-        .get("llama.rope.dimension_count")
-        .and_then(|v| v.as_u64())
-    {
-        Some(d) => d as usize,
-        None => hidden_size / heads.max(1),
+    // A head's width: the converter states it as the key length (Qwen2) or the rotary
+    // dimension (Llama); napkin rotates whole heads of equal key and value widths.
+    let optional = |k: &str| {
+        gguf.metadata
+            .get(&key(k))
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
     };
+    let (key_length, value_length, rotary) = (
+        optional("attention.key_length"),
+        optional("attention.value_length"),
+        optional("rope.dimension_count"),
+    );
+    let head_dim = key_length.or(rotary).unwrap_or(hidden_size / heads.max(1));
+    for (name, found) in [
+        ("attention.value_length", value_length),
+        ("rope.dimension_count", rotary),
+    ] {
+        if let Some(found) = found
+            && found != head_dim
+        {
+            return Err(Error::checkpoint(
+                &gguf.path,
+                format!(
+                    "`{arch}.{name}` is {found}, the heads are {head_dim} wide: napkin \
+                     implements equal key and value widths and RoPE on the whole head"
+                ),
+            ));
+        }
+    }
     let rope_theta = f("rope.freq_base", 10_000.0);
     let config = LlamaConfig {
         vocab_size,
@@ -75,19 +123,20 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
         num_attention_heads: heads,
         num_key_value_heads: gguf
             .metadata
-            .get("llama.attention.head_count_kv")
+            .get(&key("attention.head_count_kv"))
             .and_then(|v| v.as_u64())
             .map_or(heads, |v| v as usize),
         head_dim,
         rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta,
-        rope_scaling: rope_scaling(gguf, rope_theta, head_dim)?,
+        rope_scaling: rope_scaling(gguf, &arch, rope_theta, head_dim)?,
         max_position_embeddings: u("context_length").unwrap_or(2048),
         tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        // llama.cpp's converter writes no window for an arch `llama` file.
+        // llama.cpp's converter writes no window for an arch `llama` or `qwen2` file.
         sliding_window: None,
+        qkv_bias: arch == "qwen2",
     };
     config.validate(&gguf.path.display().to_string())?;
     Ok(config)
@@ -95,7 +144,7 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
 
 /// The RoPE schedule: plain, or Llama 3's from `rope_freqs.weight` (`rope_factors.rs`). The
 /// scalings llama.cpp names in metadata (linear, YaRN, LongRoPE) are refused by name.
-fn rope_scaling(gguf: &GgufFile, theta: f64, head_dim: usize) -> Result<RopeScaling> {
+fn rope_scaling(gguf: &GgufFile, arch: &str, theta: f64, head_dim: usize) -> Result<RopeScaling> {
     let refuse = |what: String| {
         Err(Error::checkpoint(
             &gguf.path,
@@ -104,13 +153,18 @@ fn rope_scaling(gguf: &GgufFile, theta: f64, head_dim: usize) -> Result<RopeScal
     };
     let text = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_str());
     let number = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_f64());
-    match text("llama.rope.scaling.type") {
+    match text(&format!("{arch}.rope.scaling.type")) {
         None | Some("none") => {}
-        Some(kind) => return refuse(format!("RoPE scaling `{kind}` (llama.rope.scaling.type)")),
+        Some(kind) => {
+            return refuse(format!("RoPE scaling `{kind}` ({arch}.rope.scaling.type)"));
+        }
     }
     // Without a type, llama.cpp reads a factor as linear scaling.
-    for key in ["llama.rope.scaling.factor", "llama.rope.scale_linear"] {
-        if let Some(factor) = number(key)
+    for key in [
+        format!("{arch}.rope.scaling.factor"),
+        format!("{arch}.rope.scale_linear"),
+    ] {
+        if let Some(factor) = number(&key)
             && factor != 0.0
             && factor != 1.0
         {
@@ -148,19 +202,23 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, module) = rest.split_once('.')?;
+    let (module, kind) = module.rsplit_once('.')?;
+    if !matches!(kind, "weight" | "bias") {
+        return None;
+    }
     let short = match module {
-        "input_layernorm.weight" => "attn_norm",
-        "self_attn.q_proj.weight" => "attn_q",
-        "self_attn.k_proj.weight" => "attn_k",
-        "self_attn.v_proj.weight" => "attn_v",
-        "self_attn.o_proj.weight" => "attn_output",
-        "post_attention_layernorm.weight" => "ffn_norm",
-        "mlp.gate_proj.weight" => "ffn_gate",
-        "mlp.up_proj.weight" => "ffn_up",
-        "mlp.down_proj.weight" => "ffn_down",
+        "input_layernorm" => "attn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "post_attention_layernorm" => "ffn_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
         _ => return None,
     };
-    Some(format!("blk.{layer}.{short}.weight"))
+    Some(format!("blk.{layer}.{short}.{kind}"))
 }
 
 /// Undoes llama.cpp's Q/K permutation of a `[heads·Dh, cols]` row-major matrix.
@@ -252,7 +310,7 @@ pub fn hf_row_order(rows: usize, heads: usize) -> Vec<usize> {
     order
 }
 
-/// Loads a llama GGUF into a float [`Llama`] on `device` (quantized tensors are dequantized).
+/// Loads a llama or qwen2 GGUF into a float [`Llama`] on `device` (quantized tensors are dequantized).
 pub fn load_gguf_llama(gguf: &GgufFile, device: &Device) -> Result<Llama> {
     load_gguf_llama_with(gguf, device, None)
 }
@@ -276,12 +334,9 @@ pub fn load_gguf_llama_with(
             ));
         }
         // Undo the converter's rotary reordering of the query and key rows.
-        Ok(if hf.ends_with("self_attn.q_proj.weight") {
-            unpermute_rows(&values, config.num_attention_heads, shape[1])
-        } else if hf.ends_with("self_attn.k_proj.weight") {
-            unpermute_rows(&values, config.num_key_value_heads, shape[1])
-        } else {
-            values
+        Ok(match permuted_heads(&config, hf) {
+            Some(heads) => unpermute_rows(&values, heads, shape[1]),
+            None => values,
         })
     };
     let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {

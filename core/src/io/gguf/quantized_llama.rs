@@ -1,4 +1,4 @@
-//! A llama-architecture GGUF as a [`QuantizedLlama`]:
+//! A llama- or qwen2-architecture GGUF as a [`QuantizedLlama`]:
 //! - Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors keep their blocks, read in place from the
 //!   file's memory map (no copy; the Q/K rows' HF order is a row order the products apply to
 //!   their results): the formats of llama.cpp's common `Q4_0`, `Q4_K_M`, `Q5_K_M`, `Q6_K` and
@@ -18,7 +18,8 @@
 
 use super::dequant::GgmlType;
 use super::llama::{
-    find_tensor, gguf_config, hf_row_order, refuse_unexpected_tensors, unpermute_rows,
+    find_tensor, gguf_config, hf_row_order, permuted_heads, refuse_unexpected_tensors,
+    unpermute_rows,
 };
 use super::quantize::quantize;
 use super::reader::GgufFile;
@@ -28,7 +29,7 @@ use crate::kernels::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
 use crate::tricks::nf4::Nf4Tensor;
 
-/// Loads a llama GGUF for generation with its weights kept quantized.
+/// Loads a llama or qwen2 GGUF for generation with its weights kept quantized.
 pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
     load_gguf_quantized_with(gguf, None)
 }
@@ -64,12 +65,9 @@ pub fn load_gguf_quantized_with(
                 format!("tensor `{name}` holds a non-finite value at {i}"),
             ));
         }
-        let values = if hf.ends_with("self_attn.q_proj.weight") {
-            unpermute_rows(&values, h, cols)
-        } else if hf.ends_with("self_attn.k_proj.weight") {
-            unpermute_rows(&values, hkv, cols)
-        } else {
-            values
+        let values = match permuted_heads(&config, hf) {
+            Some(heads) => unpermute_rows(&values, heads, cols),
+            None => values,
         };
         let tensor = Nf4Tensor::quantize(&values, &[rows, cols], nf4)
             .map_err(|e| Error::Input(format!("{name}: {e}")))?;
@@ -115,23 +113,33 @@ pub fn load_gguf_quantized_with(
             }
         };
         // Undo the converter's rotary reordering of the query and key rows.
-        Ok(if hf.ends_with("self_attn.q_proj.weight") {
-            matrix.with_rows_in_order(&hf_row_order(rows, h))
-        } else if hf.ends_with("self_attn.k_proj.weight") {
-            matrix.with_rows_in_order(&hf_row_order(rows, hkv))
-        } else {
-            matrix
+        Ok(match permuted_heads(&config, hf) {
+            Some(heads) => matrix.with_rows_in_order(&hf_row_order(rows, heads)),
+            None => matrix,
         })
     };
-    let vector = |hf: &str| -> Result<Vec<f32>> {
-        let (name, _) = find_tensor(gguf, hf, &[d])?;
+    let vector_of = |hf: &str, len: usize| -> Result<Vec<f32>> {
+        let (name, _) = find_tensor(gguf, hf, &[len])?;
         Ok(gguf.read_f32(&name)?.1)
     };
+    let vector = |hf: &str| vector_of(hf, d);
     let blocks = (0..config.num_hidden_layers)
         .map(|i| {
             let p = |part: &str| format!("model.layers.{i}.{part}.weight");
+            let bias = |part: &str, len: usize| {
+                vector_of(&format!("model.layers.{i}.self_attn.{part}.bias"), len)
+            };
+            let qkv_bias = match config.qkv_bias {
+                true => Some([
+                    bias("q_proj", h * dh)?,
+                    bias("k_proj", hkv * dh)?,
+                    bias("v_proj", hkv * dh)?,
+                ]),
+                false => None,
+            };
             Ok(QuantizedBlockWeights {
                 attn_norm: vector(&p("input_layernorm"))?,
+                qkv_bias,
                 q: matrix(&p("self_attn.q_proj"), h * dh, d)?,
                 k: matrix(&p("self_attn.k_proj"), hkv * dh, d)?,
                 v: matrix(&p("self_attn.v_proj"), hkv * dh, d)?,
