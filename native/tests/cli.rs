@@ -49,6 +49,23 @@ fn quantized(model: &Path, label: &str, extra: &[&str]) -> (PathBuf, String) {
     (out, stdout)
 }
 
+/// A Qwen2 folder (tests/corpus/qwen2) is named as one, and its biases are counted: the total
+/// is the checkpoint's 115,264 values (summed by safetensors in Python).
+#[test]
+fn inspect_names_a_qwen2_and_counts_its_biases() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/qwen2/hf");
+    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("family         Qwen2ForCausalLM; q, k, v biases"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("total                            115,264"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn inspect_json_counts_parameters_and_bytes() {
     let model = fixture("");

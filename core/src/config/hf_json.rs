@@ -222,13 +222,7 @@ impl LlamaConfig {
             [one] => (*one).into(),
             many => many.iter().map(|&id| Value::from(id)).collect(),
         };
-        // A windowed model stays a Mistral (transformers' Llama has no window), a biased one a
-        // Qwen2 (windowed on every layer: `max_window_layers` 0).
-        let (architecture, model_type) = match (self.qkv_bias, self.sliding_window) {
-            (true, _) => ("Qwen2ForCausalLM", "qwen2"),
-            (false, Some(_)) => ("MistralForCausalLM", "mistral"),
-            (false, None) => ("LlamaForCausalLM", "llama"),
-        };
+        let (architecture, model_type) = self.hf_family();
         let mut config = serde_json::json!({
             "architectures": [architecture],
             "model_type": model_type,

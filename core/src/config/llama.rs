@@ -72,6 +72,17 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The Hugging Face class and `model_type` these switches make: a biased model is a
+    /// Qwen2 (windowed on every layer or none), a windowed one a Mistral (transformers' Llama
+    /// has no window), else a Llama.
+    pub fn hf_family(&self) -> (&'static str, &'static str) {
+        match (self.qkv_bias, self.sliding_window) {
+            (true, _) => ("Qwen2ForCausalLM", "qwen2"),
+            (false, Some(_)) => ("MistralForCausalLM", "mistral"),
+            (false, None) => ("LlamaForCausalLM", "llama"),
+        }
+    }
+
     /// Refuses a sequence of `positions` tokens longer than the model's sliding window:
     /// there the model's attention would skip the oldest positions, and napkin's does not.
     pub fn check_positions(&self, positions: usize) -> Result<()> {

@@ -83,6 +83,15 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         config.head_dim,
         config.vocab_size
     );
+    let (class, _) = config.hf_family();
+    let mut family = class.to_string();
+    if config.qkv_bias {
+        family.push_str("; q, k, v biases");
+    }
+    if let Some(window) = config.sliding_window {
+        family.push_str(&format!("; sliding window {window}"));
+    }
+    println!("family         {family}");
     println!(
         "rope           theta={} scaling={:?}; max positions {}",
         config.rope_theta, config.rope_scaling, config.max_position_embeddings
