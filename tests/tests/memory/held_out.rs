@@ -195,9 +195,10 @@ fn cases() -> Vec<HeldOut> {
         },
         // Qwen2's family (biases on q, k and v), run once with no constant changed: the
         // QLoRA case 1.019. A full fine-tuning case chosen with it, on the efficient attention
-        // (tiny-smol, B = 1, T = 96), measured 1.069, and 1.065 as a plain Llama: a miss of
-        // the predictor's full fine-tuning on the efficient attention, not of the biases, left
-        // out of this list until that backward is derived. Its eager twin, run next: 1.015.
+        // (tiny-smol, B = 1, T = 96), measured 1.069, and the same model without biases 1.035
+        // in the same run: the trainable biases' backward holds 0.14 MiB the predictor does
+        // not have (the efficient attention's full fine-tuning misses by 3.5 % without them).
+        // Left out of this list until that is derived; its eager twin, run next: 1.015.
         HeldOut {
             label: "tiny-gqa as a Qwen2 B=2 T=128 QLoRA r16 q,k,v ckpt eager",
             config: qwen2(LlamaConfig::tiny_gqa()),
