@@ -122,6 +122,29 @@ impl LlamaConfig {
         }
     }
 
+    /// Qwen/Qwen2.5-0.5B: 494,032,768 parameters (transformers' count of this config), tied,
+    /// biases on q, k and v.
+    pub fn qwen2_5_0_5b() -> Self {
+        LlamaConfig {
+            vocab_size: 151_936,
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_hidden_layers: 24,
+            num_attention_heads: 14,
+            num_key_value_heads: 2,
+            head_dim: 64,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            rope_scaling: RopeScaling::Default,
+            max_position_embeddings: 32_768,
+            tie_word_embeddings: true,
+            bos_token_id: Some(151_643),
+            eos_token_ids: vec![151_643],
+            sliding_window: None,
+            qkv_bias: true,
+        }
+    }
+
     /// A small Llama where weights dominate bookkeeping: 4 blocks, D=256, F=688, 8 heads / 4 KV
     /// heads, V=4096, untied (the memory tests' and the performance suite's small model).
     pub fn small() -> Self {
@@ -202,6 +225,7 @@ impl LlamaConfig {
             ("smollm2-135m", Self::smollm2_135m()),
             ("tinyllama-1.1b", Self::tiny_llama_1_1b()),
             ("llama-3.2-1b", Self::llama3_2_1b()),
+            ("qwen2.5-0.5b", Self::qwen2_5_0_5b()),
             ("llama-2-7b", Self::llama2_7b()),
             ("llama-3-8b", Self::llama3_8b()),
         ]
@@ -242,6 +266,7 @@ mod tests {
         assert_eq!(LlamaConfig::llama2_7b().num_parameters(), 6_738_415_616);
         assert_eq!(LlamaConfig::llama3_8b().num_parameters(), 8_030_261_248);
         assert_eq!(LlamaConfig::llama3_2_1b().num_parameters(), 1_235_814_400);
+        assert_eq!(LlamaConfig::qwen2_5_0_5b().num_parameters(), 494_032_768);
     }
 
     #[test]
