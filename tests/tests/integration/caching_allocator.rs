@@ -199,14 +199,13 @@ fn traced_cases() -> Vec<(Value, String, Vec<usize>)> {
     for case in measured["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let path = corpus().join("allocator").join(format!("{name}.txt"));
-        let Ok(trace) = std::fs::read_to_string(&path) else {
-            continue;
-        };
+        let trace = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{name}: its trace {}: {e}", path.display()));
         let starts = forward_starts(case, &parse(&trace));
         assert_eq!(starts.len(), 3, "{name}: forwards found at {starts:?}");
         cases.push((case.clone(), trace, starts));
     }
-    assert!(cases.len() >= 10, "only {} traces found", cases.len());
+    assert!(!cases.is_empty(), "no case in measured-cuda.json");
     cases
 }
 
@@ -314,21 +313,38 @@ fn load_then_step<'a>(events: &[Event<'a>], starts: &[usize]) -> (Vec<Event<'a>>
     (kept, starts[0])
 }
 
+/// What a replay holds when the step begins and after it.
+struct StepReplay {
+    reserved: u64,
+    max_allocated: u64,
+    /// Allocated when the step begins: cuBLAS's workspaces, the weights, what the load left.
+    allocated_before: u64,
+}
+
+impl StepReplay {
+    /// The step's own peak: its maximum allocated above what it began with.
+    fn step_bytes(&self) -> u64 {
+        self.max_allocated - self.allocated_before
+    }
+}
+
 /// Replays `events` up to `step`, resets the peaks there, then replays `step_events` (the
-/// recorded rest, or the profile's step): (reserved, the step's max allocated).
+/// recorded rest, or the profile's step).
 fn replay_with_step(
     events: &[Event<'_>],
     step: usize,
     step_events: impl IntoIterator<Item = Allocation>,
-) -> (u64, u64) {
+) -> StepReplay {
     let mut r = Replay::default();
     events[..step].iter().for_each(|&e| r.event(e));
     r.device.allocator.reset_peak_stats();
+    let allocated_before = r.device.allocator.allocated();
     step_events.into_iter().for_each(|a| r.allocation(a));
-    (
-        r.device.allocator.reserved(),
-        r.device.allocator.max_allocated(),
-    )
+    StepReplay {
+        reserved: r.device.allocator.reserved(),
+        max_allocated: r.device.allocator.max_allocated(),
+        allocated_before,
+    }
 }
 
 /// The recorded events from `step` on, as allocations (ids made unique by their line).
@@ -366,33 +382,50 @@ fn the_profiles_step_order_leaves_what_pytorch_reserved() {
         let recorded = llama::record(&config, &setup);
         let (events, step) = load_then_step(&parse(&trace), &starts);
         let tail = recorded_step(&events, step);
-        let (reserved, max_allocated) = replay_with_step(&events[..step], step, tail);
-        let (predicted_reserved, predicted_max) = replay_with_step(
+        let measured = replay_with_step(&events[..step], step, tail);
+        let predicted = replay_with_step(
             &events[..step],
             step,
             recorded.tape.step_allocations(recorded.loss).all(),
         );
+        // cuBLAS's workspaces and the weights are most of both figures (more than 95 % of the
+        // smaller cases'), so the tolerance is 5 % of the step's own bytes above them.
+        let step_bytes = measured.step_bytes();
         let line = format!(
-            "{name:<26} reserved {predicted_reserved:>11} / {reserved:>11} = {:.3}; step's max allocated {predicted_max:>11} / {max_allocated:>11} = {:.3}; reserved over max {:.3}",
-            predicted_reserved as f64 / reserved as f64,
-            predicted_max as f64 / max_allocated as f64,
-            reserved as f64 / max_allocated as f64,
+            "{name:<26} step's own peak {:>10} / {step_bytes:>10} = {:.3}; reserved {:>11} / {:>11}, off by {:.3} of the step",
+            predicted.step_bytes(),
+            predicted.step_bytes() as f64 / step_bytes as f64,
+            predicted.reserved,
+            measured.reserved,
+            predicted.reserved.abs_diff(measured.reserved) as f64 / step_bytes as f64,
         );
         println!("{line}");
-        if !within(predicted_reserved, reserved) || !within(predicted_max, max_allocated) {
+        if !within_step(predicted.max_allocated, measured.max_allocated, step_bytes)
+            || !reserved_within(predicted.reserved, measured.reserved, step_bytes)
+        {
             failures.push(line);
         }
     }
     assert!(
         failures.is_empty(),
-        "outside ±5 %:\n{}",
+        "the step's peak outside 5 % of its own bytes, or reserved outside `reserved_within`:\n{}",
         failures.join("\n")
     );
 }
 
-/// The profile's own tolerance (`pytorch_profile.rs`).
-fn within(predicted: u64, measured: u64) -> bool {
-    (predicted as f64 / measured as f64 - 1.0).abs() <= 0.05
+/// Reserved bytes within 5 % of the step's own bytes, but never finer than one of PyTorch's
+/// 2 MiB small-block segments: on the tiny models a segment is a third of the step. Measured:
+/// 14 of the 20 cases exact; qlora-nf4-eval, -dq-train, -ckpt and smollm2-qlora-eval one 2 MiB
+/// segment short; TinyLlama's QLoRA 4 MiB over (1.1 % of its step) and bf16 LoRA one 20 MiB
+/// segment short (1.8 %).
+fn reserved_within(predicted: u64, measured: u64, step_bytes: u64) -> bool {
+    predicted.abs_diff(measured) as f64 <= (0.05 * step_bytes as f64).max((2 << 20) as f64)
+}
+
+/// The profile's tolerance (`pytorch_profile.rs`: ±5 %), taken of the step's own bytes (its
+/// peak above what it began with), not of totals that cuBLAS's workspaces dominate.
+fn within_step(predicted: u64, measured: u64, step_bytes: u64) -> bool {
+    predicted.abs_diff(measured) as f64 <= 0.05 * step_bytes as f64
 }
 
 /// The load as `loading.rs` tells it, against the recorded one: each trace up to cuBLAS's
@@ -429,7 +462,8 @@ fn the_predicted_load_and_step_leave_what_pytorch_reserved() {
         let process = device_process::replay(&config, &setup, workspace, Workspaces::BeforeLoad);
         let (events, step_at) = load_then_step(&events, &starts);
         let tail = recorded_step(&events, step_at);
-        let (reserved, _) = replay_with_step(&events[..step_at], step_at, tail);
+        let measured = replay_with_step(&events[..step_at], step_at, tail);
+        let reserved = measured.reserved;
         let line = format!(
             "{name:<26} after the load: reserved {loaded_reserved:>11} / {:>11} = {:.3}, allocated {loaded_allocated:>11} / {:>11} = {:.4}; after the step: reserved {:>11} / {reserved:>11} = {:.3}",
             recorded.reserved(),
@@ -441,11 +475,12 @@ fn the_predicted_load_and_step_leave_what_pytorch_reserved() {
         );
         println!("{line}");
         // The load's segments exactly; its blocks but a few small tables and the token ids
-        // (allocated before the first forward); the whole process within the profile's ±5 %.
+        // (allocated before the first forward); the whole process's reserved bytes as the
+        // step's (`reserved_within`).
         let allocated_off = loaded_allocated.abs_diff(recorded.allocated());
         if loaded_reserved != recorded.reserved()
             || allocated_off * 1000 > recorded.allocated()
-            || !within(process.reserved, reserved)
+            || !reserved_within(process.reserved, reserved, measured.step_bytes())
         {
             failures.push(line);
         }
