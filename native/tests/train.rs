@@ -384,6 +384,39 @@ fn bad_training_settings_are_one_line_errors() {
     }
 }
 
+/// A `--tokenizer` whose ids pass the model's embedding (the shared fixtures' 512-token
+/// tokenizer on tests/corpus/qwen2's 256-token Qwen2) is refused in one line; it used to panic
+/// in the embedding lookup.
+#[test]
+fn a_tokenizer_beyond_the_models_vocabulary_is_refused() {
+    let out = Scratch::new("vocab");
+    let f = fixtures();
+    let args: Vec<String> = vec![
+        "train".to_string(),
+        "--model".into(),
+        repo().join("tests/corpus/qwen2/hf").display().to_string(),
+        "--tokenizer".into(),
+        f.join("tokenizer/tokenizer.json").display().to_string(),
+        "--data".into(),
+        f.join("corpus.txt").display().to_string(),
+        "--out".into(),
+        out.0.display().to_string(),
+        "--lora-r".into(),
+        "4".into(),
+        "--seq-len".into(),
+        "32".into(),
+        "--steps".into(),
+        "1".into(),
+    ];
+    let (ok, stderr) = run(&args);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("--tokenizer") && stderr.contains("the model embeds 256 tokens"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn a_toml_config_is_read_and_flags_win() {
     let out = Scratch::new("toml");

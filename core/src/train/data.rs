@@ -35,6 +35,8 @@ pub(super) struct TrainingData {
     pub(super) eval_batches: Vec<MicroBatch>,
     pub(super) sample_prompts: Option<SamplePrompts>,
     pub(super) report: DataReport,
+    /// The largest token id of the training and held-out samples (None: no tokens).
+    pub(super) largest_id: Option<u32>,
 }
 
 impl TrainingData {
@@ -57,6 +59,11 @@ impl TrainingData {
             None => (samples, Vec::new()),
         };
         let held_out_samples = held_out.len();
+        let largest_id = samples
+            .iter()
+            .chain(&held_out)
+            .filter_map(|sample| sample.ids.iter().max().copied())
+            .max();
         let eval_batches =
             ordered_batches(held_out, config.seq_len, config.micro_batch, config.pack);
         if config.has_eval() && eval_batches.is_empty() {
@@ -97,6 +104,7 @@ impl TrainingData {
             eval_batches,
             sample_prompts,
             report,
+            largest_id,
         })
     }
 }

@@ -120,6 +120,30 @@ pub(super) fn check_vocabulary(config: &TrainConfig, tokenizer: &TextTokenizer) 
     Ok(())
 }
 
+/// Every token id of the data must have a row in the model's embedding: a `--tokenizer` that
+/// is not the checkpoint's can give ids past it.
+pub(super) fn check_ids_fit(
+    config: &TrainConfig,
+    largest_id: Option<u32>,
+    vocab_size: usize,
+) -> Result<()> {
+    match largest_id {
+        Some(id) if id as usize >= vocab_size => Err(Error::config(
+            if config.tokenizer.is_some() {
+                "--tokenizer"
+            } else {
+                "--data"
+            },
+            format!(
+                "the data tokenizes to id {id}, but the model embeds {vocab_size} tokens (ids \
+                 0 to {}): use the checkpoint's own tokenizer",
+                vocab_size - 1
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The optimizer the settings name, in device memory or offloaded to the host.
 pub(super) fn optimizer_for(config: &TrainConfig) -> Optimizer {
     let optimizer_config = OptimizerConfig {

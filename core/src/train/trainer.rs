@@ -31,8 +31,8 @@ use super::optimizer::{Optimizer, trainable_ids};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
 use super::setup::{
-    Progress, check_device, check_same_run, check_vocabulary, model_with_tricks, optimizer_for,
-    schedule_for,
+    Progress, check_device, check_ids_fit, check_same_run, check_vocabulary, model_with_tricks,
+    optimizer_for, schedule_for,
 };
 use super::step::{StepOptions, forward_backward};
 use crate::config::LoraConfig;
@@ -123,9 +123,11 @@ impl Trainer {
             eval_batches,
             sample_prompts,
             report: data,
+            largest_id,
         } = TrainingData::read(&config)?;
         check_vocabulary(&config, &tokenizer)?;
         let (model, lora) = model_with_tricks(&config, &device, compute, found.as_ref())?;
+        check_ids_fit(&config, largest_id, model.config.vocab_size)?;
         let mut optimizer = optimizer_for(&config);
         let mut progress = Progress::start(compute);
         if let Some((dir, state)) = &found {
