@@ -140,8 +140,11 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// torch 2.15, transformers 5.23, peft 0.21, bitsandbytes 0.50: the releases the fixtures
-    /// were measured with.
+    /// Today's releases, as the fixtures were measured with them: the CPU cases with torch
+    /// 2.15, transformers 5.23, peft 0.21.2 and bitsandbytes 0.50.2 (`measured.json`), the CUDA
+    /// cases with torch 2.11, transformers 5.17, peft 0.21.0 and bitsandbytes 0.50.2
+    /// (`measured-cuda.json`, an H200). The profile's tests hold both corpora with this one
+    /// stack.
     pub const MEASURED: Stack = Stack {
         name: "current",
         bnb_keeps_input: false,
