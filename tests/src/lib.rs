@@ -203,6 +203,17 @@ pub fn max_errors(got: &[f32], want: &[f32]) -> (f32, f32) {
         })
 }
 
+/// The largest `|got − want|` over the largest `|want|`: a normwise gap, "of the scale".
+pub fn relative_gap(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "compared slices differ in length");
+    let gap = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0, f32::max);
+    gap / want.iter().map(|w| w.abs()).fold(0.0, f32::max)
+}
+
 /// Asserts `got ≈ want` element-wise: every element within `abs` OR within `rel` relative.
 /// Returns the largest absolute error, so tests can print how close they came.
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -> f32 {

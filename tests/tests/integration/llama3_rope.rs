@@ -15,7 +15,7 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::model::quantized_llama::QuantizedKvCache;
 use napkin_core::model::rope::inverse_frequencies;
-use napkin_tests::{GgufTestValue, Reference, write_gguf};
+use napkin_tests::{GgufTestValue, Reference, relative_gap, write_gguf};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/llama3_rope")
@@ -23,15 +23,6 @@ fn corpus() -> PathBuf {
 
 fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("napkin-llama3-rope-{}-{name}", std::process::id()))
-}
-
-/// The largest difference over the largest magnitude of `want`.
-fn gap(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
 }
 
 /// transformers' logits are f32 too: what is left is summation order.
@@ -46,7 +37,11 @@ fn llama3_rope_from_an_hf_folder_and_its_gguf_gives_transformers_logits() {
     let (_, want) = reference.f32("logits");
     let (_, unscaled) = reference.f32("logits_unscaled");
     // The schedule matters at these positions: plain RoPE is far off.
-    assert!(gap(&unscaled, &want) > 0.1, "{}", gap(&unscaled, &want));
+    assert!(
+        relative_gap(&unscaled, &want) > 0.1,
+        "{}",
+        relative_gap(&unscaled, &want)
+    );
     let device = DeviceKind::Cpu.open().unwrap();
     let hf = load_model(&corpus().join("hf"), &device).unwrap();
     let gguf_path = corpus().join("model.gguf");
@@ -57,7 +52,7 @@ fn llama3_rope_from_an_hf_folder_and_its_gguf_gives_transformers_logits() {
             "{what}: {:?}",
             model.config.rope_scaling
         );
-        let g = gap(&to_f32_vec(model.forward(&batch)), &want);
+        let g = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
         eprintln!("{what}: logits within {g:.1e} of the largest of transformers'");
         assert!(
             g <= TOLERANCE,
@@ -77,10 +72,10 @@ fn llama3_rope_from_an_hf_folder_and_its_gguf_gives_transformers_logits() {
     let got = quantized
         .every_token_logits(&ids, &mut QuantizedKvCache::default())
         .unwrap();
-    let g = gap(&got, &want);
+    let g = relative_gap(&got, &want);
     eprintln!(
         "quantized engine: within {g:.1e}; plain RoPE: {:.3}; schedule read from the GGUF: {:?}",
-        gap(&unscaled, &want),
+        relative_gap(&unscaled, &want),
         from_gguf.config.rope_scaling
     );
     assert!(g <= TOLERANCE, "quantized engine: {g:e} of the largest");
@@ -107,7 +102,7 @@ fn napkin_writes_llama3_rope_as_llama_cpps_converter_does() {
     let (_, ids) = reference.i64("input_ids");
     let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
     let batch = TokenBatch::from_rows(&[ids]).unwrap();
-    let g = gap(
+    let g = relative_gap(
         &to_f32_vec(back.forward(&batch)),
         &to_f32_vec(hf.forward(&batch)),
     );

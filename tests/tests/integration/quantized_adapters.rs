@@ -16,7 +16,7 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::model::generate::{KvCache, NextToken};
 use napkin_core::model::quantized_llama::{QuantizedKvCache, QuantizedLlama};
-use napkin_tests::model_dirs;
+use napkin_tests::{model_dirs, relative_gap};
 
 fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("napkin-qadapters-{}-{name}", std::process::id()))
@@ -25,15 +25,6 @@ fn scratch(name: &str) -> PathBuf {
 /// F16 blocks are held as f32 with f32 activations: nothing rounds but f16 itself, so the two
 /// engines agree to float precision with the same adapter on either side.
 const TOLERANCE: f32 = 1e-5;
-
-/// The largest difference over the largest magnitude of `want`.
-fn gap(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
-}
 
 /// The adapter's own targets, then each alone, then every other one from the first and from
 /// the second: subsets with unadapted projections before, between and after adapted ones.
@@ -106,7 +97,7 @@ fn an_adapter_on_any_subset_of_the_projections_gives_the_float_models_logits() {
             let batch = TokenBatch::from_rows(std::slice::from_ref(&ids)).unwrap();
             let want = to_f32_vec(float.forward(&batch)); // [1, T, V]
             for (t, (got, want)) in prompt.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
-                let g = gap(got, want);
+                let g = relative_gap(got, want);
                 assert!(
                     g <= TOLERANCE,
                     "{what}, prompt position {t}: {g:e} of the scale"
@@ -124,12 +115,12 @@ fn an_adapter_on_any_subset_of_the_projections_gives_the_float_models_logits() {
                 let q = QuantizedLlama::next_token_logits(&quantized, &[*id], &mut qc).unwrap();
                 let f = NextToken::next_token_logits(&float, &[*id], &mut fc).unwrap();
                 let p = QuantizedLlama::next_token_logits(&plain, &[*id], &mut pc).unwrap();
-                let g = gap(&q, &f);
+                let g = relative_gap(&q, &f);
                 assert!(
                     g <= TOLERANCE,
                     "{what}, decoded position {t}: {g:e} of the scale"
                 );
-                effect = effect.max(gap(&p, &f));
+                effect = effect.max(relative_gap(&p, &f));
             }
             // The adapter moves the logits far more than the engines differ.
             assert!(

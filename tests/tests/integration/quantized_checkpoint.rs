@@ -135,7 +135,7 @@ fn an_nf4_model_as_a_quantized_llama_keeps_its_codes_and_its_logits() {
         for id in ids {
             let q = NextToken::next_token_logits(&quantized, &[id], &mut qc).unwrap();
             let f = NextToken::next_token_logits(&float, &[id], &mut fc).unwrap();
-            worst = worst.max(super::smollm2::relative_gap(&q, &f));
+            worst = worst.max(napkin_tests::relative_gap(&q, &f));
             decoded.extend(q);
         }
         // Scoring a text (`eval --activation-bits`) reads every position's logits from one

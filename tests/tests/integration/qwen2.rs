@@ -17,21 +17,10 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::model::quantized_llama::QuantizedKvCache;
 use napkin_core::train::{AdamW, AdamWConfig, StepOptions, forward_backward};
-use napkin_tests::Reference;
+use napkin_tests::{Reference, relative_gap};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/qwen2")
-}
-
-/// The largest difference over the largest magnitude of `want`.
-fn gap(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    worst / scale
 }
 
 fn ids(reference: &Reference, name: &str) -> Vec<Vec<u32>> {
@@ -50,9 +39,9 @@ fn a_qwen2_gives_transformers_logits_from_its_folder_and_from_llama_cpps_gguf() 
     let device = DeviceKind::Cpu.open().unwrap();
     let mut model = load_hf_llama(&corpus().join("hf"), &device).unwrap();
     assert!(model.config.qkv_bias && model.config.sliding_window.is_none());
-    let eager = gap(&to_f32_vec(model.forward(&batch)), &want);
+    let eager = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
     model.attention = AttentionKind::Efficient;
-    let efficient = gap(&to_f32_vec(model.forward(&batch)), &want);
+    let efficient = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
     let mut unbiased = model.clone();
     for layer in &mut unbiased.layers {
         let a = &mut layer.self_attn;
@@ -60,16 +49,16 @@ fn a_qwen2_gives_transformers_logits_from_its_folder_and_from_llama_cpps_gguf() 
             linear.bias = None;
         }
     }
-    let without = gap(&to_f32_vec(unbiased.forward(&batch)), &want);
+    let without = relative_gap(&to_f32_vec(unbiased.forward(&batch)), &want);
 
     let gguf = GgufFile::open(&corpus().join("model.f32.gguf")).unwrap();
     let from_gguf = load_gguf_llama(&gguf, &device).unwrap();
     assert_eq!(from_gguf.config.head_dim, 16);
-    let gguf_gap = gap(&to_f32_vec(from_gguf.forward(&batch)), &want);
+    let gguf_gap = relative_gap(&to_f32_vec(from_gguf.forward(&batch)), &want);
     let engine = load_gguf_quantized(&gguf).unwrap();
     let mut cache = QuantizedKvCache::default();
     let engine_logits = engine.every_token_logits(&rows[0], &mut cache).unwrap();
-    let engine_gap = gap(&engine_logits, &want);
+    let engine_gap = relative_gap(&engine_logits, &want);
     eprintln!(
         "256 positions, logits off transformers' (of their scale): folder eager {eager:.1e}, \
          efficient {efficient:.1e}; llama.cpp's GGUF {gguf_gap:.1e}, on the quantized engine \
@@ -150,26 +139,18 @@ fn three_qlora_steps_follow_bitsandbytes_and_peft() {
         eps: 1e-8,
         weight_decay: 0.0,
     });
+    let loss_and_grads = |model: &napkin_core::model::Llama| {
+        forward_backward(model, std::slice::from_ref(&micro), &StepOptions::default())
+            .unwrap()
+            .read()
+    };
     let mut losses = Vec::new();
     for _ in 0..3 {
-        let step = forward_backward(
-            &model,
-            std::slice::from_ref(&micro),
-            &StepOptions::default(),
-        )
-        .unwrap()
-        .read();
+        let step = loss_and_grads(&model);
         losses.push(step.loss);
         model = adamw.step(model, &step.grads, 1e-2);
     }
-    let last = forward_backward(
-        &model,
-        std::slice::from_ref(&micro),
-        &StepOptions::default(),
-    )
-    .unwrap()
-    .read();
-    losses.push(last.loss);
+    losses.push(loss_and_grads(&model).loss);
     let worst = losses
         .iter()
         .zip(&want)

@@ -12,20 +12,10 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
 use napkin_core::model::generate::KvCache;
-use napkin_tests::Reference;
+use napkin_tests::{Reference, relative_gap};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/sliding_window")
-}
-
-/// The largest difference over the largest magnitude of `want`.
-fn gap(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    worst / scale
 }
 
 #[test]
@@ -39,11 +29,11 @@ fn the_eager_attention_applies_mistrals_window_as_transformers_does() {
     assert_eq!(model.config.sliding_window, Some(5));
     let batch = TokenBatch::single(&ids).unwrap();
     assert!(model.check_positions(ids.len()).is_ok());
-    let windowed = gap(&to_f32_vec(model.forward(&batch)), &want);
+    let windowed = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
 
     let mut unwindowed = model.clone();
     unwindowed.config.sliding_window = None;
-    let full = gap(&to_f32_vec(unwindowed.forward(&batch)), &want);
+    let full = relative_gap(&to_f32_vec(unwindowed.forward(&batch)), &want);
     eprintln!(
         "16 positions, window 5: logits {windowed:.1e} of their scale off transformers'; \
          without the window {full:.1e}"

@@ -7,6 +7,7 @@ use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, gguf_config, load_gguf_llama};
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
+use napkin_tests::relative_gap;
 
 pub fn smollm2_path() -> PathBuf {
     let path =
@@ -120,16 +121,6 @@ fn smollm2_chat_answers_paris_greedily() {
         .unwrap();
     let answer = tokenizer.decode(&ids).unwrap();
     assert!(answer.contains("Paris"), "answer: {answer}");
-}
-
-/// The largest |a − b| over the largest |b|.
-pub(crate) fn relative_gap(a: &[f32], b: &[f32]) -> f32 {
-    let gap = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
-    gap / b.iter().map(|v| v.abs()).fold(0.0, f32::max)
 }
 
 #[test]
