@@ -66,6 +66,23 @@ fn inspect_names_a_qwen2_and_counts_its_biases() {
     );
 }
 
+/// A Qwen3 folder (tests/corpus/qwen3) is named as one with its head norms: the total is the
+/// checkpoint's 156,096 values (summed by safetensors in Python).
+#[test]
+fn inspect_names_a_qwen3_and_counts_its_head_norms() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/qwen3/hf");
+    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("family         Qwen3ForCausalLM; q, k head norms"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("total                            156,096"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn inspect_json_counts_parameters_and_bytes() {
     let model = fixture("");

@@ -36,7 +36,13 @@ pub fn own_fixture_root() -> PathBuf {
 /// rather than running on fewer.
 const PROMISED: [&[&str]; 2] = [
     &["tiny-gqa", "tiny-mha", "tiny-smol"],
-    &["nk-gqa4-qv", "nk-hd64", "nk-mqa-odd", "nk-qwen2"],
+    &[
+        "nk-gqa4-qv",
+        "nk-hd64",
+        "nk-mqa-odd",
+        "nk-qwen2",
+        "nk-qwen3",
+    ],
 ];
 
 /// Every model folder (a `config.json` with a `reference.safetensors`) under the fixture root

@@ -32,17 +32,22 @@ impl LlamaConfig {
 
         let model_type = obj.get("model_type").and_then(Value::as_str);
         if let Some(model_type) = model_type
-            && !matches!(model_type, "llama" | "mistral" | "smollm2" | "qwen2")
+            && !matches!(
+                model_type,
+                "llama" | "mistral" | "smollm2" | "qwen2" | "qwen3"
+            )
         {
             // Other architectures differ in ways this Llama does not model (norms, fused
             // projections, activations...).
             return Err(err(format!(
                 "model_type `{model_type}` is not supported; napkin implements the Llama \
-                 family: `llama`, `mistral`, `qwen2`"
+                 family: `llama`, `mistral`, `qwen2`, `qwen3`"
             )));
         }
         // Qwen2 is a Llama with a bias on q, k and v (always: its config has no flag for it).
         let qwen2 = model_type == Some("qwen2");
+        // Qwen3 is a Llama with an RMSNorm on each query and key head (again without a flag).
+        let qwen3 = model_type == Some("qwen3");
         if let Some(act) = obj.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -153,7 +158,7 @@ impl LlamaConfig {
             Some(_) => {
                 let windowed = match windowed_layers {
                     Some(n) => n,
-                    None if qwen2 => {
+                    None if qwen2 || qwen3 => {
                         layers.saturating_sub(fields.usize_or("max_window_layers", 28)?)
                     }
                     None => layers,
@@ -188,6 +193,7 @@ impl LlamaConfig {
             eos_token_ids,
             sliding_window,
             qkv_bias: qwen2,
+            qk_norm: qwen3,
         };
         config.validate(source_name)?;
         Ok(config)
@@ -246,7 +252,7 @@ impl LlamaConfig {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
         });
-        if self.qkv_bias {
+        if self.qkv_bias || self.qk_norm {
             config["use_sliding_window"] = self.sliding_window.is_some().into();
             config["max_window_layers"] = 0.into();
         }
@@ -424,6 +430,31 @@ mod tests {
         gemma["model_type"] = "gemma".into();
         let message = parse(gemma).unwrap_err().to_string();
         assert!(message.contains("model_type `gemma`"), "{message}");
+    }
+
+    /// Qwen3 is read as a Llama with q/k norms (no biases) and written back as a Qwen3, under
+    /// Qwen2's window rules; its `attention_bias: true` (on o too) is refused.
+    #[test]
+    fn qwen3_has_head_norms_and_qwen2s_window_rules() {
+        let mut qwen = base();
+        qwen["model_type"] = "qwen3".into();
+        qwen["head_dim"] = 8.into();
+        qwen["sliding_window"] = 8.into();
+        qwen["use_sliding_window"] = true.into();
+        qwen["max_window_layers"] = 2.into();
+        let c = parse(qwen.clone()).unwrap();
+        assert!(c.qk_norm && !c.qkv_bias && c.sliding_window.is_none());
+        assert_eq!(c.head_dim, 8);
+        let written = c.to_hf_json();
+        assert_eq!(written["architectures"][0], "Qwen3ForCausalLM");
+        assert_eq!(parse(written).unwrap(), c);
+        qwen["max_window_layers"] = 1.into();
+        let message = parse(qwen.clone()).unwrap_err().to_string();
+        assert!(message.contains("on 1 of the 2 layers"), "{message}");
+        qwen["max_window_layers"] = 2.into();
+        qwen["attention_bias"] = true.into();
+        let message = parse(qwen).unwrap_err().to_string();
+        assert!(message.contains("`attention_bias: true`"), "{message}");
     }
 
     #[test]

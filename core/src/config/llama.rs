@@ -69,17 +69,23 @@ pub struct LlamaConfig {
     /// LoRA, as peft's `bias="none"` and bitsandbytes' `Linear4bit` keep it.
     #[serde(default)]
     pub qkv_bias: bool,
+    /// Qwen3's RMSNorm on each query and key head: a `[Dh]` gain each (`q_norm`, `k_norm`),
+    /// applied to every head of the projection's output before RoPE, with the model's ε.
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 impl LlamaConfig {
-    /// The Hugging Face class and `model_type` these switches make: a biased model is a
-    /// Qwen2 (windowed on every layer or none), a windowed one a Mistral (transformers' Llama
-    /// has no window), else a Llama.
+    /// The Hugging Face class and `model_type` these switches make: a model with q/k norms is
+    /// a Qwen3, a biased one a Qwen2 (both windowed on every layer or none), a windowed one a
+    /// Mistral (transformers' Llama has no window), else a Llama. No family has both the
+    /// norms and the biases ([`LlamaConfig::validate`] refuses them together).
     pub fn hf_family(&self) -> (&'static str, &'static str) {
-        match (self.qkv_bias, self.sliding_window) {
-            (true, _) => ("Qwen2ForCausalLM", "qwen2"),
-            (false, Some(_)) => ("MistralForCausalLM", "mistral"),
-            (false, None) => ("LlamaForCausalLM", "llama"),
+        match (self.qk_norm, self.qkv_bias, self.sliding_window) {
+            (true, _, _) => ("Qwen3ForCausalLM", "qwen3"),
+            (false, true, _) => ("Qwen2ForCausalLM", "qwen2"),
+            (false, false, Some(_)) => ("MistralForCausalLM", "mistral"),
+            (false, false, None) => ("LlamaForCausalLM", "llama"),
         }
     }
 
@@ -122,6 +128,13 @@ impl LlamaConfig {
                 "num_attention_heads {} must be a multiple of num_key_value_heads {} (grouped-query attention)",
                 self.num_attention_heads, self.num_key_value_heads
             ));
+        }
+        if self.qk_norm && self.qkv_bias {
+            return err(
+                "q/k norms (Qwen3) and q, k, v biases (Qwen2) together: no model family napkin \
+                 implements has both"
+                    .into(),
+            );
         }
         if !self.head_dim.is_multiple_of(2) {
             return err(format!("head_dim {} must be even for RoPE", self.head_dim));
@@ -206,15 +219,26 @@ impl LlamaConfig {
             .sum()
     }
 
-    /// Parameters of one decoder block: the seven linears (with their biases, if any) and two
-    /// RMSNorm weights.
+    /// Gains of one decoder block's q/k norms (Qwen3's two `[Dh]`; 0 for Llama).
+    pub fn block_head_norm_parameters(&self) -> u64 {
+        match self.qk_norm {
+            true => 2 * self.head_dim as u64,
+            false => 0,
+        }
+    }
+
+    /// Parameters of one decoder block: the seven linears (with their biases, if any), two
+    /// RMSNorm weights and the q/k norms' gains, if any.
     pub fn block_parameters(&self) -> u64 {
         let linears: u64 = self
             .block_linears()
             .iter()
             .map(|&(_, out, inp)| (out * inp) as u64)
             .sum();
-        linears + self.block_bias_parameters() + 2 * self.hidden_size as u64
+        linears
+            + self.block_bias_parameters()
+            + 2 * self.hidden_size as u64
+            + self.block_head_norm_parameters()
     }
 
     /// Parameters of the token embedding (V·D).
@@ -244,6 +268,15 @@ impl LlamaConfig {
                 if self.linear_has_bias(name) {
                     out.push((format!("{prefix}.{name}.bias"), vec![rows]));
                 }
+                // Qwen3Attention declares its norms after o_proj.
+                if name == "self_attn.o_proj" && self.qk_norm {
+                    for norm in ["q_norm", "k_norm"] {
+                        out.push((
+                            format!("{prefix}.self_attn.{norm}.weight"),
+                            vec![self.head_dim],
+                        ));
+                    }
+                }
             }
             out.push((format!("{prefix}.post_attention_layernorm.weight"), vec![d]));
         }
@@ -272,10 +305,16 @@ mod tests {
     #[test]
     fn hf_parameter_shapes_sum_to_the_parameter_count() {
         for base in [LlamaConfig::tiny_gqa(), LlamaConfig::tiny_llama_1_1b()] {
-            for (tied, qkv_bias) in [(true, false), (false, false), (true, true)] {
+            for (tied, qkv_bias, qk_norm) in [
+                (true, false, false),
+                (false, false, false),
+                (true, true, false),
+                (false, false, true),
+            ] {
                 let config = LlamaConfig {
                     tie_word_embeddings: tied,
                     qkv_bias,
+                    qk_norm,
                     ..base.clone()
                 };
                 let total: u64 = config

@@ -26,6 +26,7 @@ impl LlamaConfig {
             eos_token_ids: vec![2],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -48,6 +49,7 @@ impl LlamaConfig {
             eos_token_ids: vec![2],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -70,6 +72,7 @@ impl LlamaConfig {
             eos_token_ids: vec![2],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -92,6 +95,7 @@ impl LlamaConfig {
             eos_token_ids: vec![128_001],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -119,6 +123,7 @@ impl LlamaConfig {
             eos_token_ids: vec![128_001, 128_008, 128_009],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -142,6 +147,31 @@ impl LlamaConfig {
             eos_token_ids: vec![151_643],
             sliding_window: None,
             qkv_bias: true,
+            qk_norm: false,
+        }
+    }
+
+    /// Qwen/Qwen3-0.6B: 596,049,920 parameters (transformers' count of this config), tied, an
+    /// RMSNorm on each query and key head, heads of 128 (wider than D / H).
+    pub fn qwen3_0_6b() -> Self {
+        LlamaConfig {
+            vocab_size: 151_936,
+            hidden_size: 1024,
+            intermediate_size: 3072,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            rope_scaling: RopeScaling::Default,
+            max_position_embeddings: 40_960,
+            tie_word_embeddings: true,
+            bos_token_id: Some(151_643),
+            eos_token_ids: vec![151_645],
+            sliding_window: None,
+            qkv_bias: false,
+            qk_norm: true,
         }
     }
 
@@ -165,6 +195,7 @@ impl LlamaConfig {
             eos_token_ids: vec![],
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -213,6 +244,7 @@ impl LlamaConfig {
             eos_token_ids: Vec::new(),
             sliding_window: None,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -226,6 +258,7 @@ impl LlamaConfig {
             ("tinyllama-1.1b", Self::tiny_llama_1_1b()),
             ("llama-3.2-1b", Self::llama3_2_1b()),
             ("qwen2.5-0.5b", Self::qwen2_5_0_5b()),
+            ("qwen3-0.6b", Self::qwen3_0_6b()),
             ("llama-2-7b", Self::llama2_7b()),
             ("llama-3-8b", Self::llama3_8b()),
         ]
@@ -267,6 +300,7 @@ mod tests {
         assert_eq!(LlamaConfig::llama3_8b().num_parameters(), 8_030_261_248);
         assert_eq!(LlamaConfig::llama3_2_1b().num_parameters(), 1_235_814_400);
         assert_eq!(LlamaConfig::qwen2_5_0_5b().num_parameters(), 494_032_768);
+        assert_eq!(LlamaConfig::qwen3_0_6b().num_parameters(), 596_049_920);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Loading a Hugging Face `LlamaForCausalLM` (or Mistral, Qwen2) folder (`config.json` +
+//! Loading a Hugging Face `LlamaForCausalLM` (or Mistral, Qwen2, Qwen3) folder (`config.json` +
 //! safetensors) into [`Llama`].
 //!
 //! Every tensor the config implies must be present with the right shape; anything else in the
@@ -96,6 +96,18 @@ pub fn build_llama(
                 false => layer,
             })
         };
+        let head_norm = |name: &str| -> Result<Option<RmsNorm>> {
+            if !config.qk_norm {
+                return Ok(None);
+            }
+            Ok(Some(RmsNorm {
+                weight: Param::from_tensor(vector(
+                    &format!("{p}.self_attn.{name}.weight"),
+                    config.head_dim,
+                )?),
+                eps: config.rms_norm_eps,
+            }))
+        };
         layers.push(DecoderBlock {
             input_layernorm: norm(&format!("{p}.input_layernorm.weight"))?,
             self_attn: Attention {
@@ -103,6 +115,8 @@ pub fn build_llama(
                 k_proj: linear("self_attn.k_proj", kv, d)?,
                 v_proj: linear("self_attn.v_proj", kv, d)?,
                 o_proj: linear("self_attn.o_proj", d, q)?,
+                q_norm: head_norm("q_norm")?,
+                k_norm: head_norm("k_norm")?,
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_key_value_heads,
                 head_dim: config.head_dim,

@@ -12,6 +12,7 @@ use burn::tensor::{Device, Tensor, activation::softmax};
 
 pub use super::kv_cache::LayerKvCache;
 use super::linear::Linear;
+use super::rms_norm::RmsNorm;
 use super::rope::RopeTables;
 use crate::config::LlamaConfig;
 use crate::kernels::efficient_attention::{TiledMask, efficient_attention};
@@ -37,6 +38,10 @@ pub struct Attention {
     pub v_proj: Linear,
     /// `[D, H·Dh]`.
     pub o_proj: Linear,
+    /// Qwen3's RMSNorm of each query head (`[Dh]` gain), before RoPE; `None` for a Llama.
+    pub q_norm: Option<RmsNorm>,
+    /// Qwen3's RMSNorm of each key head (`[Dh]` gain), before RoPE; `None` for a Llama.
+    pub k_norm: Option<RmsNorm>,
     /// H.
     pub num_heads: usize,
     /// Hkv.
@@ -47,7 +52,7 @@ pub struct Attention {
 
 impl Attention {
     /// Fresh projections with HF's initialisation: weights N(0, 0.02), biases (Qwen2's q, k,
-    /// v) zero.
+    /// v) zero, head norms (Qwen3's) ones.
     pub fn init(config: &LlamaConfig, device: &Device) -> Self {
         let d = config.hidden_size;
         let linear = |module: &str, out: usize, inp: usize| {
@@ -57,11 +62,18 @@ impl Attention {
                 false => layer,
             }
         };
+        let head_norm = || {
+            config
+                .qk_norm
+                .then(|| RmsNorm::init(config.head_dim, config.rms_norm_eps, device))
+        };
         Attention {
             q_proj: linear("self_attn.q_proj", config.q_dim(), d),
             k_proj: linear("self_attn.k_proj", config.kv_dim(), d),
             v_proj: linear("self_attn.v_proj", config.kv_dim(), d),
             o_proj: linear("self_attn.o_proj", d, config.q_dim()),
+            q_norm: head_norm(),
+            k_norm: head_norm(),
             num_heads: config.num_attention_heads,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
@@ -85,7 +97,8 @@ impl Attention {
         }
     }
 
-    /// Queries, keys and values split into heads, RoPE applied to the first two.
+    /// Queries, keys and values split into heads, the head norms (Qwen3's) and RoPE applied
+    /// to the first two.
     ///
     /// # Shapes
     /// - `x`: `[B, T, D]` → q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`
@@ -93,8 +106,10 @@ impl Attention {
         let [b, t, _] = x.dims();
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
-        let q = rope.rotate_heads(self.q_proj.forward(x.clone()), h);
-        let k = rope.rotate_heads(self.k_proj.forward(x.clone()), hkv);
+        let q = norm_heads(self.q_norm.as_ref(), self.q_proj.forward(x.clone()), h);
+        let k = norm_heads(self.k_norm.as_ref(), self.k_proj.forward(x.clone()), hkv);
+        let q = rope.rotate_heads(q, h);
+        let k = rope.rotate_heads(k, hkv);
         let v = heads(self.v_proj.forward(x), hkv);
         (q, k, v)
     }
@@ -162,4 +177,16 @@ fn scaled_masked_softmax(scores: Tensor<4>, scale: f64, mask: &Tensor<4>) -> Ten
             Err(scores) => scores,
         };
     softmax(scores * scale + mask.clone(), 3)
+}
+
+/// Qwen3's RMSNorm over each head's `Dh` values, if the model has one: the projection's rows
+/// viewed as one row per (token, head).
+///
+/// # Shapes
+/// - `y`: `[B, T, n·Dh]` → `[B, T, n·Dh]`
+fn norm_heads(norm: Option<&RmsNorm>, y: Tensor<3>, heads: usize) -> Tensor<3> {
+    let Some(norm) = norm else { return y };
+    let [b, t, width] = y.dims();
+    norm.forward(y.reshape([b, t * heads, width / heads])) // [B, T·n, Dh]
+        .reshape([b, t, width])
 }

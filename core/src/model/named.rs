@@ -84,6 +84,8 @@ impl Llama {
         match rest.strip_suffix(".weight")? {
             "input_layernorm" => Some(Vector(block.input_layernorm.weight.val())),
             "post_attention_layernorm" => Some(Vector(block.post_attention_layernorm.weight.val())),
+            "self_attn.q_norm" => Some(Vector(block.self_attn.q_norm.as_ref()?.weight.val())),
+            "self_attn.k_norm" => Some(Vector(block.self_attn.k_norm.as_ref()?.weight.val())),
             module => Some(Matrix(linear_value(block_linear(block, module)?))),
         }
     }

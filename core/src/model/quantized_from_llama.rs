@@ -73,6 +73,10 @@ impl QuantizedLlama {
                     (Some(q), Some(k), Some(v)) => Some([vector(q), vector(k), vector(v)]),
                     _ => None,
                 },
+                qk_norm: match (&b.self_attn.q_norm, &b.self_attn.k_norm) {
+                    (Some(q), Some(k)) => Some([vector(&q.weight), vector(&k.weight)]),
+                    _ => None,
+                },
                 q: base_matrix(b.self_attn.q_proj),
                 k: base_matrix(b.self_attn.k_proj),
                 v: base_matrix(b.self_attn.v_proj),

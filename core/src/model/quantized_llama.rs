@@ -33,6 +33,8 @@ pub struct QuantizedBlockWeights {
     /// Qwen2's q, k and v biases, `[H·Dh]`, `[Hkv·Dh]`, `[Hkv·Dh]` (q's and k's in HF's row
     /// order); `None` for a Llama.
     pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Qwen3's q and k head norms, `[Dh]` each; `None` for a Llama.
+    pub qk_norm: Option<[Vec<f32>; 2]>,
     /// `[D, H·Dh]`.
     pub o: QuantizedMatrix,
     /// `[D]`.
@@ -75,6 +77,8 @@ struct QuantizedBlock {
     qkv: [QuantizedMatrix; 3],
     /// Their biases (Qwen2).
     qkv_bias: Option<[Vec<f32>; 3]>,
+    /// The q and k head norms' gains (Qwen3), `[Dh]` each.
+    qk_norm: Option<[Vec<f32>; 2]>,
     o: QuantizedMatrix,
     ffn_norm: Vec<f32>,
     /// Gate, up: they read the same input.
@@ -272,10 +276,42 @@ impl QuantizedLlama {
                     )));
                 }
             }
+            match &b.qk_norm {
+                Some(norms) if c.qk_norm => {
+                    for (part, gain) in ["q_norm", "k_norm"].into_iter().zip(norms) {
+                        if gain.len() != c.head_dim {
+                            return Err(Error::Input(format!(
+                                "{source}: `{}` has {} values, not {}",
+                                name(&format!("self_attn.{part}")),
+                                gain.len(),
+                                c.head_dim
+                            )));
+                        }
+                    }
+                }
+                None if !c.qk_norm => {}
+                _ => {
+                    return Err(Error::Input(format!(
+                        "{source}: `{}` q and k head norms are {}, the config says {}",
+                        name("self_attn"),
+                        if b.qk_norm.is_some() {
+                            "given"
+                        } else {
+                            "missing"
+                        },
+                        if c.qk_norm {
+                            "they exist"
+                        } else {
+                            "there are none"
+                        }
+                    )));
+                }
+            }
             layers.push(QuantizedBlock {
                 attn_norm: b.attn_norm,
                 qkv: [b.q, b.k, b.v],
                 qkv_bias: b.qkv_bias,
+                qk_norm: b.qk_norm,
                 o: b.o,
                 ffn_norm: b.ffn_norm,
                 gate_up: [b.gate, b.up],
@@ -508,6 +544,11 @@ impl QuantizedLlama {
         let mut k = qkv.pop().unwrap_or_default(); // [T, Hkv·Dh]
         let mut q = qkv.pop().unwrap_or_default(); // [T, H·Dh]
         lead.warm(layer.o.stored_bytes());
+        if let Some([q_norm, k_norm]) = &layer.qk_norm {
+            // Qwen3: each head's Dh values normed on their own, before RoPE.
+            q = normed(&q, q_norm, dh, eps);
+            k = normed(&k, k_norm, dh, eps);
+        }
         rotate(&mut q, cos, sin, dh);
         rotate(&mut k, cos, sin, dh);
         cache.keys.extend_from_slice(&k);

@@ -390,7 +390,7 @@ pub fn kept_activations(
             stored_half: compute.half_base && !trainable.block_linears,
         }
     };
-    let frozen_norms = trainable.embedding_and_norms;
+    let norms_trainable = trainable.embedding_and_norms;
     let lora_of = |target: LoraTarget, inp: usize| -> Lora {
         trainable
             .lora
@@ -418,7 +418,7 @@ pub fn kept_activations(
     for layer in 0..c.num_hidden_layers {
         r.layer = Some(layer);
         x = r.scoped(&format!("layers.{layer}"), |r| {
-            let h1 = r.scoped("input_layernorm", |r| r.rms_norm(x, n, d, frozen_norms));
+            let h1 = r.scoped("input_layernorm", |r| r.rms_norm(x, n, d, norms_trainable));
             let attn = r.scoped("self_attn", |r| {
                 let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
                     let lora = lora_of(target, inp);
@@ -427,6 +427,15 @@ pub fn kept_activations(
                 let q = linear(r, "q_proj", LoraTarget::QProj, h1, h * dh, c.hidden_size);
                 let k = linear(r, "k_proj", LoraTarget::KProj, h1, hkv * dh, c.hidden_size);
                 let v = linear(r, "v_proj", LoraTarget::VProj, h1, hkv * dh, c.hidden_size);
+                // Qwen3's head norms: RMSNorm over each (token, head) row of Dh, on a view of
+                // the projection, before RoPE.
+                let (q, k) = match c.qk_norm {
+                    true => (
+                        r.scoped("q_norm", |r| r.rms_norm(q, n * h, dh, norms_trainable)),
+                        r.scoped("k_norm", |r| r.rms_norm(k, n * hkv, dh, norms_trainable)),
+                    ),
+                    false => (q, k),
+                };
                 // rope(x) = x·cos + cat(−x₂, x₁)·sin. Fused: one op on the projection that
                 // keeps nothing (its backward is the inverse rotation, from the shared
                 // tables). burn's ops: the products keep the tables (once per forward).
@@ -526,7 +535,7 @@ pub fn kept_activations(
             });
             let x2 = r.stateless("attention_residual", &[x, attn], Size::rows(n, d));
             let h2 = r.scoped("post_attention_layernorm", |r| {
-                r.rms_norm(x2, n, d, frozen_norms)
+                r.rms_norm(x2, n, d, norms_trainable)
             });
             let mlp = r.scoped("mlp", |r| {
                 let linear = |r: &mut Replay, name: &str, target, x, out, inp| {
@@ -549,7 +558,7 @@ pub fn kept_activations(
         });
     }
     r.layer = None;
-    let normed = r.scoped("norm", |r| r.rms_norm(x, n, d, frozen_norms));
+    let normed = r.scoped("norm", |r| r.rms_norm(x, n, d, norms_trainable));
     let head_trainable = trainable.embedding_and_norms;
     let logits = r.scoped("lm_head", |r| {
         let normed = r.merge_rows(normed, n, d);

@@ -240,11 +240,19 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
     }
     for layer in 0..c.num_hidden_layers {
         let l = Some(layer);
-        for norm in ["input_layernorm", "post_attention_layernorm"] {
+        // The block's norms: two `[D]`, and Qwen3's `[Dh]` q and k head norms.
+        let head_norms = match c.qk_norm {
+            true => &["self_attn.q_norm", "self_attn.k_norm"][..],
+            false => &[],
+        };
+        let norms = [("input_layernorm", d), ("post_attention_layernorm", d)]
+            .into_iter()
+            .chain(head_norms.iter().map(|&n| (n, c.head_dim as u64)));
+        for (norm, width) in norms {
             let name = format!("layers.{layer}.{norm}");
-            out.push(weight(&name, l, Size::flat(d)));
+            out.push(weight(&name, l, Size::flat(width)));
             if full {
-                trainable(&mut out, &name, l, Size::flat(d));
+                trainable(&mut out, &name, l, Size::flat(width));
             }
         }
         for (&(module, rows, cols), target) in c.block_linears().iter().zip(LoraTarget::ALL) {

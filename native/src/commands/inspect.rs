@@ -88,6 +88,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     if config.qkv_bias {
         family.push_str("; q, k, v biases");
     }
+    if config.qk_norm {
+        family.push_str("; q, k head norms");
+    }
     if let Some(window) = config.sliding_window {
         family.push_str(&format!("; sliding window {window}"));
     }

@@ -12,18 +12,22 @@ use napkin_core::model::TokenBatch;
 use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
 
 /// The fixture model as llama.cpp's converter would write it (F32): arch `llama` with Q and K
-/// rows permuted, or a Qwen2 as arch `qwen2` with HF's rows (what its converter does, checked
-/// against the converter's own file in qwen2.rs).
+/// rows permuted, or a Qwen2 / Qwen3 as arch `qwen2` / `qwen3` with HF's rows (what its
+/// converter does, checked against the converter's own files in families.rs).
 pub(crate) fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
     let config = LlamaConfig::from_hf_file(&dir.join("config.json")).unwrap();
     let ckpt = SafetensorsCheckpoint::open(dir).unwrap();
-    let arch = if config.qkv_bias { "qwen2" } else { "llama" };
+    let arch = match (config.qkv_bias, config.qk_norm) {
+        (true, _) => "qwen2",
+        (_, true) => "qwen3",
+        _ => "llama",
+    };
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = config
         .hf_parameter_shapes()
         .into_iter()
         .map(|(hf, shape)| {
             let values = ckpt.read_f32(&hf, &shape).unwrap();
-            let values = if arch == "qwen2" {
+            let values = if arch != "llama" {
                 values
             } else if hf.ends_with("q_proj.weight") {
                 permute_rows(&values, config.num_attention_heads, shape[1])
@@ -71,6 +75,15 @@ pub(crate) fn fixture_as_gguf(dir: &std::path::Path, path: &std::path::Path) {
             U32(config.max_position_embeddings as u32),
         ),
         (format!("{arch}.vocab_size"), U32(config.vocab_size as u32)),
+        // The head width, which Qwen3's is not D / H.
+        (
+            format!("{arch}.attention.key_length"),
+            U32(config.head_dim as u32),
+        ),
+        (
+            format!("{arch}.attention.value_length"),
+            U32(config.head_dim as u32),
+        ),
     ];
     let metadata: Vec<(&str, GgufTestValue)> = metadata
         .iter()

@@ -7,6 +7,8 @@
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order).
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
+//! - `families`: Qwen2 and Qwen3 (and any family in `tests/corpus`'s layout) against
+//!   transformers, llama.cpp's converter and bitsandbytes + peft.
 //! - `gguf_export`: models written as GGUF and read back (every weight type).
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `gguf_tokenizers`: tokenizers built from GGUF metadata against llama.cpp's tokenizer tests.
@@ -29,6 +31,7 @@ mod caching_allocator;
 mod chat_templates;
 mod checkpoints;
 mod data;
+mod families;
 mod floors;
 mod gguf_export;
 mod gguf_files;
@@ -45,7 +48,6 @@ mod optimizers;
 mod pytorch_profile;
 mod quantized_adapters;
 mod quantized_checkpoint;
-mod qwen2;
 mod seed_figures;
 mod sliding_window;
 mod smollm2;

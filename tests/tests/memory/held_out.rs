@@ -245,7 +245,48 @@ fn cases() -> Vec<HeldOut> {
             attention: AttentionKind::Eager,
             drove_a_change: false,
         },
+        // Qwen3's family (an RMSNorm on each query and key head, heads wider than D / H),
+        // chosen before the first run: LoRA on q and k (their gradients pass through the head
+        // norms, which keep the projections' outputs), and full fine-tuning (the norms train).
+        HeldOut {
+            label: "tiny-smol as a Qwen3 (Dh 32) B=2 T=96 LoRA r8 q,k,o eager",
+            config: qwen3(LlamaConfig::tiny_smol(), 32),
+            lora: Some(LoraConfig {
+                r: 8,
+                alpha: 16.0,
+                targets: vec![LoraTarget::QProj, LoraTarget::KProj, LoraTarget::OProj],
+                ..Default::default()
+            }),
+            nf4: None,
+            batch: 2,
+            seq: 96,
+            checkpointing: false,
+            accumulation: 1,
+            attention: AttentionKind::Eager,
+            drove_a_change: false,
+        },
+        HeldOut {
+            label: "tiny-mha as a Qwen3 (Dh 32) B=1 T=64 full eager",
+            config: qwen3(LlamaConfig::tiny_mha(), 32),
+            lora: None,
+            nf4: None,
+            batch: 1,
+            seq: 64,
+            checkpointing: false,
+            accumulation: 1,
+            attention: AttentionKind::Eager,
+            drove_a_change: false,
+        },
     ]
+}
+
+/// `config` with Qwen3's q and k head norms and heads `head_dim` wide.
+fn qwen3(config: LlamaConfig, head_dim: usize) -> LlamaConfig {
+    LlamaConfig {
+        qk_norm: true,
+        head_dim,
+        ..config
+    }
 }
 
 /// `config` with Qwen2's q, k and v biases.

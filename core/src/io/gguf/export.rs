@@ -1,6 +1,6 @@
 //! A model as a llama.cpp GGUF file: llama.cpp's tensor names, Q and K rows permuted the way
 //! its converter permutes them (arch `llama`; a Qwen2 is written as arch `qwen2`, rows as they
-//! are, with its biases), the architecture keys, Llama 3's RoPE schedule as its divisors
+//! are, with its biases, a Qwen3 as arch `qwen3` with its head norms), the architecture keys, Llama 3's RoPE schedule as its divisors
 //! (`rope_freqs.weight`), the caller's tokenizer metadata, and the 2-D weights in the chosen type
 //! (norms stay F32). Tensors are made one at a time
 //! ([`Llama::hf_tensor`]; LoRA adapters folded in when asked), so the model is never held whole.

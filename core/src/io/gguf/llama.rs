@@ -1,13 +1,14 @@
-//! A llama- or qwen2-architecture GGUF as a [`Llama`]: the config from the `llama.*` or
-//! `qwen2.*` metadata (Llama 3's RoPE schedule from `rope_freqs.weight`), llama.cpp's tensor
-//! names mapped to HF ones (Qwen2's `attn_q.bias`, ... included), and the Q/K row permutation
-//! undone.
+//! A llama-, qwen2- or qwen3-architecture GGUF as a [`Llama`]: the config from the `llama.*`,
+//! `qwen2.*` or `qwen3.*` metadata (Llama 3's RoPE schedule from `rope_freqs.weight`),
+//! llama.cpp's tensor names mapped to HF ones (Qwen2's `attn_q.bias`, Qwen3's
+//! `attn_q_norm.weight`, ... included), and the Q/K row permutation undone.
 //!
 //! For arch `llama`, llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
 //! "rotate half" layout (first half of the head's dims, then second) to interleaved pairs, for its
 //! own RoPE kernel. Undoing it here keeps one RoPE implementation (HF's) in napkin:
 //! `hf[h·Dh + j·Dh/2 + i] = gguf[h·Dh + 2i + j]` for head h, i < Dh/2, j ∈ {0, 1}. For arch
-//! `qwen2` it writes HF's rows as they are (llama.cpp runs Qwen2 with rotate-half RoPE).
+//! `qwen2` and `qwen3` it writes HF's rows as they are (llama.cpp runs both with rotate-half
+//! RoPE).
 
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -19,9 +20,14 @@ use crate::io::hf::build_llama;
 use crate::model::Llama;
 use crate::model::linear::Linear;
 
-/// llama.cpp's architecture name for a model of `config`: Qwen2's biases make it `qwen2`.
+/// llama.cpp's architecture name for a model of `config`: Qwen2's biases make it `qwen2`,
+/// Qwen3's head norms `qwen3`.
 pub fn gguf_arch(config: &LlamaConfig) -> &'static str {
-    if config.qkv_bias { "qwen2" } else { "llama" }
+    match (config.qkv_bias, config.qk_norm) {
+        (_, true) => "qwen3",
+        (true, false) => "qwen2",
+        (false, false) => "llama",
+    }
 }
 
 /// Whether llama.cpp's converter reorders this architecture's Q and K rows (arch `llama` only).
@@ -43,17 +49,17 @@ pub fn permuted_heads(config: &LlamaConfig, hf: &str) -> Option<usize> {
     }
 }
 
-/// The HF config of a llama- or qwen2-architecture GGUF.
+/// The HF config of a llama-, qwen2- or qwen3-architecture GGUF.
 pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
     let arch = gguf
         .require("general.architecture")?
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if !matches!(arch.as_str(), "llama" | "qwen2") {
+    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
         return Err(Error::checkpoint(
             &gguf.path,
-            format!("architecture `{arch}` is not supported (llama and qwen2 only)"),
+            format!("architecture `{arch}` is not supported (llama, qwen2 and qwen3 only)"),
         ));
     }
     let key = |k: &str| format!("{arch}.{k}");
@@ -134,9 +140,10 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
         tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        // llama.cpp's converter writes no window for an arch `llama` or `qwen2` file.
+        // llama.cpp's converter writes no window for an arch `llama`, `qwen2` or `qwen3` file.
         sliding_window: None,
         qkv_bias: arch == "qwen2",
+        qk_norm: arch == "qwen3",
     };
     config.validate(&gguf.path.display().to_string())?;
     Ok(config)
@@ -212,6 +219,8 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
         "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
         "post_attention_layernorm" => "ffn_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",

@@ -137,9 +137,17 @@ pub fn load_gguf_quantized_with(
                 ]),
                 false => None,
             };
+            let qk_norm = match config.qk_norm {
+                true => Some([
+                    vector_of(&p("self_attn.q_norm"), dh)?,
+                    vector_of(&p("self_attn.k_norm"), dh)?,
+                ]),
+                false => None,
+            };
             Ok(QuantizedBlockWeights {
                 attn_norm: vector(&p("input_layernorm"))?,
                 qkv_bias,
+                qk_norm,
                 q: matrix(&p("self_attn.q_proj"), h * dh, d)?,
                 k: matrix(&p("self_attn.k_proj"), hkv * dh, d)?,
                 v: matrix(&p("self_attn.v_proj"), hkv * dh, d)?,

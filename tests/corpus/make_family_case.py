@@ -1,9 +1,10 @@
-"""A tiny Qwen2 (biases on q, k and v) with references from the Python stack over 256
-positions, three QLoRA steps, and the GGUF llama.cpp's own converter writes for it.
+"""A tiny model of one Llama-family architecture (`qwen2`: biases on q, k and v; `qwen3`: an
+RMSNorm on each query and key head) with references from the Python stack over 256 positions,
+three QLoRA steps, and the GGUF llama.cpp's own converter writes for it.
 
-Writes, beside this script:
-- `hf/`: the model (`Qwen2ForCausalLM`, f32; biases and norms drawn, since HF's zeros and ones
-  would hide a bias or a norm applied twice or not at all);
+Writes, into `tests/corpus/<family>/`:
+- `hf/`: the model (`Qwen2ForCausalLM` or `Qwen3ForCausalLM`, f32; biases and norms drawn,
+  since HF's zeros and ones would hide a bias or a norm applied twice or not at all);
 - `lora/`: a peft adapter (r 8, alpha 16, on q, v, o and down; A and B drawn N(0, 0.05^2));
 - `model.f32.gguf`: `hf/` converted by llama.cpp's `convert_hf_to_gguf.py` (`--outtype f32`),
   from the llama-cpp-python 0.3.36 source on PyPI. The converter's tensor and metadata code runs
@@ -13,10 +14,13 @@ Writes, beside this script:
   attention); `qlora.input_ids` [2, 32] and `qlora.losses` [4]: the loss before each of three
   AdamW steps (lr 1e-2, weight decay 0, torch's single-tensor update) and after the last, with
   the base loaded by bitsandbytes in NF4 with double quantization (blocks of 64, f32 compute)
-  and the adapter above trained by peft.
+  and the adapter above trained by peft; `qlora.absmax_codes_set_to_nearest` [1]: how many
+  8-bit absmax codes bitsandbytes' CPU lookup put next to the nearest one, set to the nearest
+  before training (napkin's choice, `tests/corpus/nf4_dq`).
 
     scripts/interop.sh sets up .venv (torch, transformers, peft, bitsandbytes); then:
-    .venv/bin/python tests/corpus/qwen2/make_case.py
+    .venv/bin/python tests/corpus/make_family_case.py qwen2
+    .venv/bin/python tests/corpus/make_family_case.py qwen3
 """
 
 import hashlib
@@ -33,25 +37,45 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-HERE = Path(__file__).parent
+FAMILIES = {
+    # Qwen2.5-0.5B's shape at toy size: heads of hidden / heads, tied.
+    "qwen2": dict(classes=("Qwen2Config", "Qwen2ForCausalLM"), seed=7401,
+                  config=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              tie_word_embeddings=True)),
+    # Qwen3's: heads wider than hidden / heads, untied (as Qwen3-8B).
+    "qwen3": dict(classes=("Qwen3Config", "Qwen3ForCausalLM"), seed=7501,
+                  config=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              tie_word_embeddings=False, attention_bias=False)),
+}
+FAMILY = sys.argv[1] if len(sys.argv) > 1 else ""
+if FAMILY not in FAMILIES:
+    sys.exit(f"usage: make_family_case.py {{{'|'.join(FAMILIES)}}}")
+SPEC = FAMILIES[FAMILY]
+SEED = SPEC["seed"]
+HERE = Path(__file__).parent / FAMILY
 VOCAB = 256
 LLAMA_CPP_PYTHON = "0.3.36"
 torch.set_num_threads(2)
 torch.use_deterministic_algorithms(True)
 
 
-def make_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def model_class():
+    import transformers
+    return getattr(transformers, SPEC["classes"][1])
 
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=512, rope_theta=1e6, rms_norm_eps=1e-6,
-                         tie_word_embeddings=True, use_sliding_window=False, initializer_range=0.05,
-                         hidden_act="silu")
+
+def make_model():
+    import transformers
+
+    config = getattr(transformers, SPEC["classes"][0])(
+        vocab_size=VOCAB, **SPEC["config"], max_position_embeddings=512, rope_theta=1e6,
+        rms_norm_eps=1e-6, use_sliding_window=False, initializer_range=0.05, hidden_act="silu")
     config._attn_implementation = "eager"
-    torch.manual_seed(7401)
-    model = Qwen2ForCausalLM(config)
-    g = torch.Generator().manual_seed(7402)
+    torch.manual_seed(SEED)
+    model = model_class()(config)
+    g = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -110,19 +134,36 @@ def convert(hf_dir, out):
 
 def qlora_losses(ids):
     from peft import LoraConfig, get_peft_model
-    from transformers import BitsAndBytesConfig, Qwen2ForCausalLM
+    from transformers import BitsAndBytesConfig
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32,
                                bnb_4bit_quant_storage=torch.uint8)
-    base = Qwen2ForCausalLM.from_pretrained(HERE / "hf", quantization_config=quant,
+    base = model_class().from_pretrained(HERE / "hf", quantization_config=quant,
                                             dtype=torch.float32, attn_implementation="eager")
     import bitsandbytes.functional as F
 
+    from safetensors.torch import load_file
+
+    float_weights = load_file(str(HERE / "hf" / "model.safetensors"))
     codebook = F.get_4bit_type("nf4", device="cpu").float()
+    replaced = 0
     for name, module in base.named_modules():
         if type(module).__name__ == "Linear4bit":
             w, state = module.weight, module.weight.quant_state
+            # bitsandbytes' CPU lookup for the 8-bit absmax codes sometimes takes a neighbour of
+            # the nearest code (tests/corpus/nf4_dq); napkin takes the nearest. Those codes are
+            # set to the nearest here, so that both sides start from the same base, and counted.
+            blocks = float_weights[f"{name}.weight"].reshape(-1, 64).abs().amax(dim=1)
+            scale2 = state.state2.absmax[torch.arange(blocks.numel()) // 256]
+            scaled = (blocks - state.offset) * (1.0 / scale2)
+            nearest = (scaled[:, None] - state.state2.code[None, :]).abs().argmin(dim=1)
+            differs = nearest.to(torch.uint8) != state.absmax
+            for j in differs.nonzero().flatten().tolist():
+                ours, theirs = int(nearest[j]), int(state.absmax[j])
+                assert (scaled[j] - state.state2.code[ours]).abs() <= (scaled[j] - state.state2.code[theirs]).abs()
+                state.absmax[j] = ours
+                replaced += 1
             packed = w.data.reshape(-1)
             codes = torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1).long()
             absmax = (F.dequantize_blockwise(state.absmax, state.state2) + state.offset).float()
@@ -132,7 +173,7 @@ def qlora_losses(ids):
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, bias="none",
                                             target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
                                             task_type="CAUSAL_LM"))
-    g = torch.Generator().manual_seed(7404)
+    g = torch.Generator().manual_seed(SEED + 3)
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     with torch.no_grad():
         for p in params:
@@ -159,22 +200,24 @@ def qlora_losses(ids):
         optimizer.step()
     with torch.no_grad():
         losses.append(model(input_ids=ids, labels=ids).loss.item())
-    return losses
+    return losses, replaced
 
 
 def main():
     config, model = make_model()
-    ids = torch.randint(0, VOCAB, (1, 256), generator=torch.Generator().manual_seed(7403))
+    ids = torch.randint(0, VOCAB, (1, 256), generator=torch.Generator().manual_seed(SEED + 2))
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     converter = convert(HERE / "hf", HERE / "model.f32.gguf")
-    train_ids = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(7405))
-    losses = qlora_losses(train_ids)
+    train_ids = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(SEED + 4))
+    losses, replaced = qlora_losses(train_ids)
     save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(),
                "qlora.input_ids": train_ids.contiguous(),
-               "qlora.losses": torch.tensor(losses, dtype=torch.float32)},
+               "qlora.losses": torch.tensor(losses, dtype=torch.float32),
+               "qlora.absmax_codes_set_to_nearest": torch.tensor([replaced], dtype=torch.int64)},
               str(HERE / "reference.safetensors"), metadata={"format": "oracle-v1"})
-    print("converter", converter, "logits", tuple(logits.shape), "qlora losses", losses)
+    print("converter", converter, "logits", tuple(logits.shape), "qlora losses", losses,
+          "absmax codes set to the nearest", replaced)
 
 
 if __name__ == "__main__":
