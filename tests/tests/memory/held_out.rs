@@ -248,6 +248,8 @@ fn cases() -> Vec<HeldOut> {
         // Qwen3's family (an RMSNorm on each query and key head, heads wider than D / H),
         // chosen before the first run: LoRA on q and k (their gradients pass through the head
         // norms, which keep the projections' outputs), and full fine-tuning (the norms train).
+        // First run, no constant changed: LoRA 0.999 / 1.000 / 1.008 (peak, gradients, kept);
+        // full fine-tuning 1.022 / 1.000 / 1.037, the widest of the held-out figures.
         HeldOut {
             label: "tiny-smol as a Qwen3 (Dh 32) B=2 T=96 LoRA r8 q,k,o eager",
             config: qwen3(LlamaConfig::tiny_smol(), 32),
