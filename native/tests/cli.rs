@@ -49,38 +49,37 @@ fn quantized(model: &Path, label: &str, extra: &[&str]) -> (PathBuf, String) {
     (out, stdout)
 }
 
+/// `napkin inspect` on the corpus folder `tests/corpus/<family>/hf` prints `family` and the
+/// parameter total `total`.
+fn inspect_names_the_family(corpus: &str, family: &str, total: &str) {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/corpus")
+        .join(corpus)
+        .join("hf");
+    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!("family         {family}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("total                            {total}")),
+        "{stdout}"
+    );
+}
+
 /// A Qwen2 folder (tests/corpus/qwen2) is named as one, and its biases are counted: the total
 /// is the checkpoint's 115,264 values (summed by safetensors in Python).
 #[test]
 fn inspect_names_a_qwen2_and_counts_its_biases() {
-    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/qwen2/hf");
-    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap()]);
-    assert!(ok, "{stderr}");
-    assert!(
-        stdout.contains("family         Qwen2ForCausalLM; q, k, v biases"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("total                            115,264"),
-        "{stdout}"
-    );
+    inspect_names_the_family("qwen2", "Qwen2ForCausalLM; q, k, v biases", "115,264");
 }
 
 /// A Qwen3 folder (tests/corpus/qwen3) is named as one with its head norms: the total is the
 /// checkpoint's 156,096 values (summed by safetensors in Python).
 #[test]
 fn inspect_names_a_qwen3_and_counts_its_head_norms() {
-    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/qwen3/hf");
-    let (ok, stdout, stderr) = napkin(&["inspect", "--model", model.to_str().unwrap()]);
-    assert!(ok, "{stderr}");
-    assert!(
-        stdout.contains("family         Qwen3ForCausalLM; q, k head norms"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("total                            156,096"),
-        "{stdout}"
-    );
+    inspect_names_the_family("qwen3", "Qwen3ForCausalLM; q, k head norms", "156,096");
 }
 
 #[test]

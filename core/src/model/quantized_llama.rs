@@ -245,68 +245,24 @@ impl QuantizedLlama {
             check(&name("down"), &b.down, d, f)?;
             check_norm(&name("attn_norm"), &b.attn_norm)?;
             check_norm(&name("ffn_norm"), &b.ffn_norm)?;
-            match &b.qkv_bias {
-                Some(biases) if c.qkv_bias => {
-                    let parts = [("q", q_rows), ("k", kv_rows), ("v", kv_rows)];
-                    for ((part, rows), bias) in parts.into_iter().zip(biases) {
-                        if bias.len() != rows {
-                            return Err(Error::Input(format!(
-                                "{source}: `{}` has {} values, not {rows}",
-                                name(&format!("{part}.bias")),
-                                bias.len()
-                            )));
-                        }
-                    }
-                }
-                None if !c.qkv_bias => {}
-                _ => {
-                    return Err(Error::Input(format!(
-                        "{source}: `{}` q, k and v biases are {}, the config says {}",
-                        name("self_attn"),
-                        if b.qkv_bias.is_some() {
-                            "given"
-                        } else {
-                            "missing"
-                        },
-                        if c.qkv_bias {
-                            "they exist"
-                        } else {
-                            "there are none"
-                        }
-                    )));
-                }
-            }
-            match &b.qk_norm {
-                Some(norms) if c.qk_norm => {
-                    for (part, gain) in ["q_norm", "k_norm"].into_iter().zip(norms) {
-                        if gain.len() != c.head_dim {
-                            return Err(Error::Input(format!(
-                                "{source}: `{}` has {} values, not {}",
-                                name(&format!("self_attn.{part}")),
-                                gain.len(),
-                                c.head_dim
-                            )));
-                        }
-                    }
-                }
-                None if !c.qk_norm => {}
-                _ => {
-                    return Err(Error::Input(format!(
-                        "{source}: `{}` q and k head norms are {}, the config says {}",
-                        name("self_attn"),
-                        if b.qk_norm.is_some() {
-                            "given"
-                        } else {
-                            "missing"
-                        },
-                        if c.qk_norm {
-                            "they exist"
-                        } else {
-                            "there are none"
-                        }
-                    )));
-                }
-            }
+            let biases = [("q", q_rows), ("k", kv_rows), ("v", kv_rows)]
+                .map(|(part, rows)| (name(&format!("{part}.bias")), rows));
+            check_family_vectors(
+                source,
+                &name("self_attn"),
+                "q, k and v biases",
+                b.qkv_bias.as_ref().map(|v| &v[..]),
+                c.qkv_bias.then_some(&biases[..]),
+            )?;
+            let norms =
+                ["q_norm", "k_norm"].map(|part| (name(&format!("self_attn.{part}")), c.head_dim));
+            check_family_vectors(
+                source,
+                &name("self_attn"),
+                "q and k head norms",
+                b.qk_norm.as_ref().map(|v| &v[..]),
+                c.qk_norm.then_some(&norms[..]),
+            )?;
             layers.push(QuantizedBlock {
                 attn_norm: b.attn_norm,
                 qkv: [b.q, b.k, b.v],
@@ -579,6 +535,40 @@ impl QuantizedLlama {
         let act = self.quantized(&act, f);
         let down = layer.project(std::slice::from_ref(&layer.down), 6, &act); // [T, D]
         x.iter_mut().zip(&down[0]).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// Checks a block's vectors of a family switch (Qwen2's biases, Qwen3's head norms): given
+/// exactly when the config has them (`wanted`), each as long as its `(name, length)` says.
+fn check_family_vectors(
+    source: &str,
+    block: &str,
+    what: &str,
+    given: Option<&[Vec<f32>]>,
+    wanted: Option<&[(String, usize)]>,
+) -> Result<()> {
+    match (given, wanted) {
+        (Some(values), Some(parts)) => {
+            for (values, (part, len)) in values.iter().zip(parts) {
+                if values.len() != *len {
+                    return Err(Error::Input(format!(
+                        "{source}: `{part}` has {} values, not {len}",
+                        values.len()
+                    )));
+                }
+            }
+            Ok(())
+        }
+        (None, None) => Ok(()),
+        _ => Err(Error::Input(format!(
+            "{source}: `{block}` {what} are {}, the config says {}",
+            if given.is_some() { "given" } else { "missing" },
+            if wanted.is_some() {
+                "they exist"
+            } else {
+                "there are none"
+            }
+        ))),
     }
 }
 
