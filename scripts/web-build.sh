@@ -24,10 +24,13 @@ if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
 fi
 
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$bindgen_version" ]; then
-    echo "installing wasm-bindgen-cli $bindgen_version (matches the crate; several minutes, once)..."
+    echo "installing wasm-bindgen-cli $bindgen_version (matches the crate; about a minute, once)..."
     # Not --locked: one of its locked dependencies (webpki-roots 1.0.11) is not on every
     # registry mirror; the same version resolves with the newest compatible ones.
-    cargo install --quiet wasm-bindgen-cli --version "$bindgen_version"
+    # --debug: unoptimised it compiles in 112 s of a 2-core machine instead of 570 s (488 s at
+    # opt-level 1) and binds a 19 MB module in 19 s instead of 2 s, to the same bytes
+    # (docs/ci.md): CI installs it on every fresh machine and binds three modules at most.
+    cargo install --quiet --debug wasm-bindgen-cli --version "$bindgen_version"
 fi
 
 tmp=$(mktemp -d "$root/web/.dist.XXXXXX")
