@@ -91,6 +91,9 @@ bash scripts/test-gpu.sh
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
 env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
 
+step "the book (docs/ with mdBook, installed from crates.io on first use; a warning fails it)"
+bash scripts/book.sh
+
 step "the browser sandbox (bundle budget, headless Chromium end to end)"
 if ! wait "$web_build"; then
     cat target/web-build.log

@@ -130,6 +130,37 @@ fn describe(e: &minijinja::Error) -> String {
     }
 }
 
+/// A chat format napkin writes itself, for a model without a template (`--chat-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltInChat {
+    /// ChatML, as SmolLM2 and Qwen.
+    ChatMl,
+    /// Llama-2 chat.
+    Llama2,
+    /// Zephyr / TinyLlama-Chat.
+    Zephyr,
+}
+
+crate::config::spellings! {
+    BuiltInChat, "chat format", "chat_format", serde;
+    ChatMl => "chatml" []: "<|im_start|>role ... <|im_end|>, as SmolLM2 and Qwen",
+    Llama2 => "llama2" []: "<s>[INST] <<SYS>> ... <</SYS>> user [/INST] assistant </s>",
+    Zephyr => "zephyr" []: "<|system|> ... </s> <|user|> ... </s> <|assistant|>, as TinyLlama-Chat",
+}
+
+impl BuiltInChat {
+    /// The format it names (ChatML without a default system prompt).
+    pub fn format(self) -> ChatFormat {
+        match self {
+            BuiltInChat::ChatMl => ChatFormat::ChatMl {
+                default_system: None,
+            },
+            BuiltInChat::Llama2 => ChatFormat::Llama2,
+            BuiltInChat::Zephyr => ChatFormat::Zephyr,
+        }
+    }
+}
+
 /// How a conversation becomes text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChatFormat {

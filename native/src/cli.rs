@@ -2,45 +2,25 @@
 
 use std::path::PathBuf;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
-use clap::{Args, Parser, Subcommand};
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use napkin_core::chat::BuiltInChat;
+use napkin_core::config::{AttentionKind, Kernels, OptimizerKind};
+use napkin_core::data::DataFormat;
+use napkin_core::device::DeviceKind;
+use napkin_core::io::gguf::export::GgufQuant;
+use napkin_core::io::hf_writer::WeightDtype;
 use napkin_core::kernels::quantized::ActivationBits;
+use napkin_core::predict::pytorch::{ModuleMode, Quant4bit, TorchDevice};
+use napkin_core::predict::row_layout::RowLayout;
+use napkin_core::predict::sharding::Strategy;
+use napkin_core::train::{ComputeDtype, ScheduleKind, TrainConfig};
 
-/// A flag's values, each with the other spellings it accepts: listed in `--help`, offered by
-/// shell completion, and checked before anything runs.
-fn one_of(values: &'static [(&'static str, &'static [&'static str])]) -> PossibleValuesParser {
-    PossibleValuesParser::new(
-        values
-            .iter()
-            .map(|&(name, aliases)| PossibleValue::new(name).aliases(aliases.iter().copied())),
-    )
+/// The defaults of `napkin train`, shown by `--help` (a `--config` file may change them; a
+/// flag given on the command line wins over both).
+fn train_defaults() -> TrainConfig {
+    TrainConfig::default()
 }
-
-const DEVICES: &[(&str, &[&str])] = &[
-    ("cpu", &[]),
-    ("wgpu", &["gpu"]),
-    ("cuda", &[]),
-    ("flex", &[]),
-    ("ndarray", &["openblas"]),
-];
-const OPTIMIZERS: &[(&str, &[&str])] = &[
-    ("adamw", &[]),
-    ("adamw8bit", &["adamw-8bit", "adamw_8bit"]),
-    ("sgd", &[]),
-];
-const DTYPES: &[(&str, &[&str])] = &[
-    ("f32", &["fp32", "float32"]),
-    ("bf16", &["bfloat16"]),
-    ("f16", &["fp16", "float16"]),
-];
-const WEIGHT_DTYPES: &[(&str, &[&str])] = &[
-    ("f32", &["fp32", "float32"]),
-    ("f16", &["fp16", "float16"]),
-    ("bf16", &["bfloat16"]),
-];
-const ATTENTION: &[(&str, &[&str])] = &[("eager", &[]), ("efficient", &["flash"])];
-const CHAT_FORMATS: &[(&str, &[&str])] = &[("chatml", &[]), ("llama2", &[]), ("zephyr", &[])];
-const OFFLOAD: &[(&str, &[&str])] = &[("none", &[]), ("optimizer", &[])];
 
 const TRAIN_EXAMPLES: &str = "\
 Examples:
@@ -156,9 +136,9 @@ pub struct EvalArgs {
     /// A tokenizer.json to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
-    /// Compute device: cpu, wgpu or cuda (the latter two only when built with their feature).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Compute device (wgpu and cuda only when built with their feature).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -216,10 +196,10 @@ pub struct BenchArgs {
     /// compilation, is reported apart and never timed.
     #[arg(long)]
     pub reference_compile: bool,
-    /// `suite`: the napkin device (cpu, flex, ndarray, or wgpu/cuda when built with them);
-    /// the reference always runs torch on the CPU.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// `suite`, `gpu`: the napkin device (`gpu` picks the first GPU backend compiled in
+    /// unless this names one); the reference always runs torch on the CPU.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
     /// `suite`, `gpu`, `products`: only the cases (`products`: formats) whose name contains
     /// this text.
     #[arg(long, value_name = "TEXT")]
@@ -245,8 +225,8 @@ pub struct BenchArgs {
     pub gpu_preset: Option<String>,
     /// `gpu`: the products' precision: f32, or bf16/f16 autocast (bf16 where the device has
     /// it, else f16).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ComputeDtype::F32)]
+    pub dtype: ComputeDtype,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -290,14 +270,15 @@ Examples:
   napkin export --model models/SmolLM2-135M-Instruct.Q4_1.gguf --adapter runs/smol \\
       --format hf --dtype bf16 --max-shard-size 2GB --out smol-tuned/";
 
-const EXPORT_FORMATS: &[(&str, &[&str])] = &[("gguf", &[]), ("hf", &["safetensors"])];
-const GGUF_QUANTS: &[(&str, &[&str])] = &[
-    ("f32", &[]),
-    ("f16", &[]),
-    ("q8_0", &[]),
-    ("q4_0", &[]),
-    ("q4_k", &["q4_k_s"]),
-];
+/// `export --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// One file, for llama.cpp and Ollama.
+    Gguf,
+    /// A Hugging Face folder: safetensors, config, tokenizer.
+    #[value(alias = "safetensors")]
+    Hf,
+}
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
@@ -307,19 +288,19 @@ pub struct ExportArgs {
     /// base settings) folded into the weights.
     #[arg(long, value_name = "DIR")]
     pub adapter: Option<PathBuf>,
-    /// `gguf` (one file, for llama.cpp) or `hf` (a folder: safetensors, config, tokenizer).
-    #[arg(long, value_parser = one_of(EXPORT_FORMATS), ignore_case = true, default_value = "gguf")]
-    pub format: String,
+    /// What to write.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ExportFormat::Gguf)]
+    pub format: ExportFormat,
     /// The output file (gguf) or folder (hf).
     #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
     /// gguf: the type of the 2-D weights (norms stay f32; a row that is not whole blocks
     /// falls back to q8_0, then f16).
-    #[arg(long, value_parser = one_of(GGUF_QUANTS), ignore_case = true, default_value = "f16")]
-    pub quant: String,
+    #[arg(long, value_enum, ignore_case = true, default_value_t = GgufQuant::F16)]
+    pub quant: GgufQuant,
     /// hf: the weights' dtype. Default: the base's own (f16 for a quantized GGUF).
-    #[arg(long, value_parser = one_of(WEIGHT_DTYPES), ignore_case = true)]
-    pub dtype: Option<String>,
+    #[arg(long, value_enum, ignore_case = true)]
+    pub dtype: Option<WeightDtype>,
     /// hf: split the weights into shards of at most this size, with an index (`2GB`).
     #[arg(long, value_name = "SIZE", default_value = "5GB")]
     pub max_shard_size: String,
@@ -364,9 +345,9 @@ pub struct GenerateArgs {
     /// A tokenizer.json to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
-    /// Compute device: cpu, wgpu or cuda.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Compute device (wgpu and cuda only when built with their feature).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
     /// Run the float model (every weight dequantized to f32) instead of keeping a GGUF's
     /// quantized blocks or an NF4 base's codes (the default on the CPU: ~4× faster decoding on
     /// SmolLM2, ~12× on a 1.1B NF4 base). An NF4 base (a napkin NF4 checkpoint, or the one an
@@ -409,7 +390,8 @@ impl From<ActivationBitsArg> for ActivationBits {
     }
 }
 
-/// Every flag overrides the same key of `--config FILE` (TOML), which overrides the defaults.
+/// Every flag given on the command line overrides the same key of `--config FILE` (TOML),
+/// which overrides the defaults `--help` shows (`commands/train/settings.rs`).
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// A TOML file with the run's settings (keys as the flags, with underscores).
@@ -426,10 +408,10 @@ pub struct TrainArgs {
     /// text), or plain `.txt` / `.md`.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
-    /// The records' format (default auto: the first record's).
-    #[arg(long, value_name = "FORMAT",
-          value_parser = clap::builder::PossibleValuesParser::new(napkin_core::data::DataFormat::NAMES))]
-    pub data_format: Option<String>,
+    /// The records' format (auto: the first record's).
+    #[arg(long, value_name = "FORMAT", value_enum, ignore_case = true,
+          default_value_t = train_defaults().data_format)]
+    pub data_format: DataFormat,
     /// Learn the prompts too, not only the replies / completions.
     #[arg(long)]
     pub train_on_inputs: bool,
@@ -437,23 +419,23 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "val_fraction")]
     pub eval_data: Option<PathBuf>,
     /// Hold out this fraction of --data for evaluation (seeded).
-    #[arg(long, value_name = "F")]
-    pub val_fraction: Option<f64>,
-    /// Evaluate every N steps and after the last (0: only after the last). Default 50.
-    #[arg(long, value_name = "N")]
-    pub eval_every: Option<u64>,
+    #[arg(long, value_name = "F", default_value_t = train_defaults().val_fraction)]
+    pub val_fraction: f64,
+    /// Evaluate every N steps and after the last (0: only after the last).
+    #[arg(long, value_name = "N", default_value_t = train_defaults().eval_every)]
+    pub eval_every: u64,
     /// Stop after N evaluations without a lower held-out loss; the best step's weights are
-    /// kept in OUT/best. Default 0 (never).
-    #[arg(long, value_name = "N")]
-    pub early_stopping: Option<usize>,
+    /// kept in OUT/best (0: never).
+    #[arg(long, value_name = "N", default_value_t = train_defaults().early_stopping)]
+    pub early_stopping: usize,
     /// A prompt answered greedily at each evaluation (through the chat template), logged to
     /// metrics.jsonl and printed; repeatable. With no held-out data, answered every
     /// --eval-every steps.
     #[arg(long = "sample-prompt", value_name = "TEXT")]
     pub sample_prompts: Vec<String>,
-    /// Most tokens generated per sample prompt. Default 48.
-    #[arg(long, value_name = "N")]
-    pub sample_tokens: Option<usize>,
+    /// Most tokens generated per sample prompt.
+    #[arg(long, value_name = "N", default_value_t = train_defaults().sample_tokens)]
+    pub sample_tokens: usize,
     /// Output folder: checkpoints, metrics.jsonl, run_config.toml, the final adapter.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -465,116 +447,118 @@ pub struct TrainArgs {
     #[arg(long)]
     pub merge: bool,
     /// The merged weights' dtype. Default: the base's own (f16 for a quantized GGUF).
-    #[arg(long, value_parser = one_of(WEIGHT_DTYPES), ignore_case = true)]
-    pub merge_dtype: Option<String>,
+    #[arg(long, value_enum, ignore_case = true)]
+    pub merge_dtype: Option<WeightDtype>,
     /// Split the merged weights into shards of at most this size, with an index
-    /// (`500MB`, `2GiB`). Default 5GB.
-    #[arg(long, value_name = "SIZE")]
-    pub max_shard_size: Option<String>,
+    /// (`500MB`, `2GiB`).
+    #[arg(long, value_name = "SIZE", default_value = "5GB")]
+    pub max_shard_size: String,
     /// A tokenizer.json, or a .gguf's vocabulary, instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// A chat format instead of the model's chat template.
-    #[arg(long, value_parser = one_of(CHAT_FORMATS), ignore_case = true)]
-    pub chat_format: Option<String>,
+    #[arg(long, value_enum, ignore_case = true)]
+    pub chat_format: Option<BuiltInChat>,
     /// Continue training this LoRA adapter (a peft folder: a finished run's OUT, say); its
     /// rank, alpha and targets become the run's.
     #[arg(long, value_name = "DIR")]
     pub adapter: Option<PathBuf>,
-    /// LoRA rank (0: full fine-tuning). Default 16.
-    #[arg(long)]
-    pub lora_r: Option<usize>,
-    /// LoRA alpha. Default 32.
-    #[arg(long)]
-    pub lora_alpha: Option<f64>,
-    /// LoRA dropout. Default 0. With --checkpointing a block's recomputation drops what its
-    /// first forward dropped (the masks are numbered draws of the step's seed).
-    #[arg(long)]
-    pub lora_dropout: Option<f64>,
+    /// LoRA rank (0: full fine-tuning).
+    #[arg(long, default_value_t = train_defaults().lora_r)]
+    pub lora_r: usize,
+    /// LoRA alpha (the adapters' scale is alpha / r).
+    #[arg(long, default_value_t = train_defaults().lora_alpha)]
+    pub lora_alpha: f64,
+    /// LoRA dropout. With --checkpointing a block's recomputation drops what its first
+    /// forward dropped (the masks are numbered draws of the step's seed).
+    #[arg(long, default_value_t = train_defaults().lora_dropout)]
+    pub lora_dropout: f64,
     /// rsLoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (peft's use_rslora).
     #[arg(long)]
     pub rslora: bool,
-    /// Adapted linears: all-linear (default) or a list such as q,v.
-    #[arg(long)]
-    pub targets: Option<String>,
+    /// The adapted linears: all-linear or a list such as q,v (q, k, v, o, gate, up, down).
+    #[arg(long, value_name = "LIST", visible_alias = "targets",
+          default_value_t = train_defaults().lora_targets)]
+    pub lora_targets: String,
     /// Quantize the frozen base to NF4 (QLoRA).
     #[arg(long)]
     pub nf4: bool,
     /// With --nf4: quantize the scales too.
     #[arg(long)]
     pub double_quant: bool,
-    /// With --nf4: weights per absmax block. Default 64.
-    #[arg(long, value_name = "N")]
-    pub nf4_block_size: Option<usize>,
+    /// With --nf4: weights per absmax block.
+    #[arg(long, value_name = "N", default_value_t = train_defaults().nf4_block_size)]
+    pub nf4_block_size: usize,
     /// Recompute decoder blocks in the backward (gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
-    /// eager (default; keeps the T×T attention probabilities) or efficient (tiled online
-    /// softmax: keeps none, recomputes them in the backward).
-    #[arg(long, value_name = "KIND", value_parser = one_of(ATTENTION), ignore_case = true)]
-    pub attention: Option<String>,
-    /// Rows per micro-batch. Default 1.
-    #[arg(long)]
-    pub micro_batch: Option<usize>,
-    /// Micro-batches per optimizer step (gradient accumulation). Default 1.
-    #[arg(long)]
-    pub accum: Option<usize>,
-    /// Tokens per row. Default 256.
-    #[arg(long)]
-    pub seq_len: Option<usize>,
+    /// How the attention's softmax is computed.
+    #[arg(long, value_name = "KIND", value_enum, ignore_case = true,
+          default_value_t = train_defaults().attention)]
+    pub attention: AttentionKind,
+    /// B: rows per micro-batch.
+    #[arg(long, default_value_t = train_defaults().micro_batch)]
+    pub micro_batch: usize,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    #[arg(long, visible_alias = "accum", default_value_t = train_defaults().accumulation)]
+    pub accumulation: usize,
+    /// T: tokens per row.
+    #[arg(long, default_value_t = train_defaults().seq_len)]
+    pub seq_len: usize,
     /// One sample per row, padded, instead of packing.
     #[arg(long)]
     pub no_pack: bool,
-    /// The optimizer. Default adamw.
-    #[arg(long, value_parser = one_of(OPTIMIZERS), ignore_case = true)]
-    pub optimizer: Option<String>,
-    /// SGD momentum. Default 0.9.
-    #[arg(long)]
-    pub momentum: Option<f64>,
-    /// Peak learning rate. Default 2e-4.
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Weight decay. Default 0.
-    #[arg(long)]
-    pub weight_decay: Option<f64>,
-    /// Warm-up steps. Default 5.
-    #[arg(long)]
-    pub warmup_steps: Option<u64>,
+    /// The optimizer.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = train_defaults().optimizer)]
+    pub optimizer: OptimizerKind,
+    /// SGD momentum.
+    #[arg(long, default_value_t = train_defaults().momentum)]
+    pub momentum: f64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = train_defaults().lr)]
+    pub lr: f64,
+    /// Weight decay.
+    #[arg(long, default_value_t = train_defaults().weight_decay)]
+    pub weight_decay: f64,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = train_defaults().warmup_steps)]
+    pub warmup_steps: u64,
     /// Warm-up as a fraction of the run's steps (wins over --warmup-steps).
     #[arg(long, value_name = "R")]
     pub warmup_ratio: Option<f64>,
-    /// The decay after the warm-up. Default cosine.
-    #[arg(long, value_name = "KIND",
-          value_parser = clap::builder::PossibleValuesParser::new(napkin_core::train::ScheduleKind::NAMES))]
-    pub lr_scheduler: Option<String>,
-    /// Optimizer steps.
+    /// The decay after the warm-up.
+    #[arg(long, value_name = "KIND", value_enum, ignore_case = true,
+          default_value_t = train_defaults().lr_scheduler)]
+    pub lr_scheduler: ScheduleKind,
+    /// Optimizer steps (default: --epochs passes over the data).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Passes over the data (when --steps is not given). Default 1.
+    /// Passes over the data when --steps is not given (default 1).
     #[arg(long)]
     pub epochs: Option<f64>,
-    /// Clip the global gradient norm (0: off). Default 1.
-    #[arg(long)]
-    pub max_grad_norm: Option<f64>,
-    /// Seed of the adapters, the data order and dropout. Default 42.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Compute precision: f32 (default), or bf16 / f16 mixed precision.
-    #[arg(long, value_parser = one_of(DTYPES), ignore_case = true)]
-    pub dtype: Option<String>,
-    /// Where to train. Default cpu.
-    #[arg(long, value_parser = one_of(DEVICES), ignore_case = true)]
-    pub device: Option<String>,
+    /// Clip the global gradient norm (0: off).
+    #[arg(long, default_value_t = train_defaults().max_grad_norm)]
+    pub max_grad_norm: f64,
+    /// Seed of the adapters, the data order and dropout.
+    #[arg(long, default_value_t = train_defaults().seed)]
+    pub seed: u64,
+    /// Compute precision: f32, or bf16 / f16 mixed precision.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = train_defaults().dtype)]
+    pub dtype: ComputeDtype,
+    /// Where to train.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = train_defaults().device)]
+    pub device: DeviceKind,
     /// `optimizer`: keep the optimizer state and f32 master weights in host memory and
-    /// update there (wgpu / cuda only); `none` (default).
-    #[arg(long, value_name = "WHAT", value_parser = one_of(OFFLOAD), ignore_case = true)]
-    pub offload: Option<String>,
-    /// Checkpoint every N steps (0: only at the end). Default 50.
-    #[arg(long)]
-    pub save_every: Option<u64>,
-    /// How many checkpoints to keep (the newest). Default 2.
-    #[arg(long, value_name = "N")]
-    pub keep_checkpoints: Option<usize>,
+    /// update there (wgpu / cuda only).
+    #[arg(long, value_name = "WHAT", value_enum, ignore_case = true,
+          default_value_t = Offload::None)]
+    pub offload: Offload,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = train_defaults().save_every)]
+    pub save_every: u64,
+    /// How many checkpoints to keep (the newest).
+    #[arg(long, value_name = "N", default_value_t = train_defaults().keep_checkpoints)]
+    pub keep_checkpoints: usize,
     /// Print one line per step instead of a progress bar (the default when stderr is not a
     /// terminal).
     #[arg(long)]
@@ -586,6 +570,18 @@ pub struct TrainArgs {
     /// available memory; on GPU devices no check unless given).
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
+}
+
+/// `--offload`: what moves to host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Offload {
+    /// Nothing.
+    None,
+    /// The optimizer state and the f32 master weights (ZeRO-Offload).
+    Optimizer,
+    /// The parameters too (`napkin estimate` only: the engine offloads the optimizer).
+    #[value(name = "params", alias = "parameters", alias = "params,optimizer")]
+    Params,
 }
 
 #[derive(Debug, Args)]
@@ -605,24 +601,25 @@ pub struct EstimateArgs {
     /// Print the rows `accelerate estimate-memory` prints for this config.
     #[arg(long)]
     pub accelerate: bool,
-    /// adamw (default), adamw8bit or sgd.
-    #[arg(long, default_value = "adamw")]
-    pub optimizer: String,
+    /// The optimizer.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = OptimizerKind::AdamW)]
+    pub optimizer: OptimizerKind,
     /// f32, or bf16 / f16 mixed precision.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ComputeDtype::F32)]
+    pub dtype: ComputeDtype,
     /// GPUs per node (ZeRO estimates).
     #[arg(long, default_value_t = 1)]
     pub gpus: u64,
     /// Nodes (ZeRO estimates).
     #[arg(long, default_value_t = 1)]
     pub nodes: u64,
-    /// zero2 or zero3: DeepSpeed's model-state estimate per GPU and per node's CPU.
-    #[arg(long)]
-    pub shard: Option<String>,
-    /// What ZeRO offloads to the CPU: optimizer, or params,optimizer.
-    #[arg(long)]
-    pub offload: Option<String>,
+    /// How the model state is split over the GPUs (--gpus × --nodes); zero2 and zero3 also
+    /// print DeepSpeed's model-state estimate per GPU and per node's CPU.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub shard: Option<Strategy>,
+    /// What goes to the host's memory.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub offload: Option<Offload>,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
     #[command(flatten)]
@@ -635,25 +632,25 @@ pub struct EstimateArgs {
 /// `napkin estimate --engine pytorch`: the step as transformers + peft + bitsandbytes spend it.
 #[derive(Debug, Args)]
 pub struct PyTorchArgs {
-    /// napkin (napkin's own engine, default) or pytorch (a Hugging Face training step:
-    /// transformers, peft, bitsandbytes; with --lora-r, --nf4, --micro-batch, --seq-len,
-    /// --checkpointing, --attention eager|sdpa, --dtype).
-    #[arg(long, default_value = "napkin")]
-    pub engine: String,
-    /// pytorch: cuda (default) or cpu (the kernels save different things).
-    #[arg(long, value_name = "DEVICE", default_value = "cuda")]
-    pub torch_device: String,
-    /// pytorch: train (model.train()), eval, or as-loaded (no train() call: the model in
-    /// from_pretrained's eval mode, so HF skips checkpointing, the new adapters in train mode).
-    #[arg(long, value_name = "MODE", default_value = "train")]
-    pub torch_mode: String,
-    /// pytorch: current (torch 2.15, transformers 5, bitsandbytes 0.50) or spring-2024
-    /// (transformers 4.40, bitsandbytes 0.43.1).
-    #[arg(long, value_name = "RELEASES", default_value = "current")]
-    pub torch_releases: String,
-    /// pytorch with --nf4: bitsandbytes' 4-bit type, nf4 or fp4 (bitsandbytes' own default).
-    #[arg(long, value_name = "TYPE", default_value = "nf4")]
-    pub quant_type: String,
+    /// Whose training step to predict.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Engine::Napkin)]
+    pub engine: Engine,
+    /// pytorch: where the step runs (the kernels save different things).
+    #[arg(long, value_name = "DEVICE", value_enum, ignore_case = true,
+          default_value_t = TorchDevice::Cuda)]
+    pub torch_device: TorchDevice,
+    /// pytorch: which modules are in training mode.
+    #[arg(long, value_name = "MODE", value_enum, ignore_case = true,
+          default_value_t = ModuleMode::Train)]
+    pub torch_mode: ModuleMode,
+    /// pytorch: the releases of the stack.
+    #[arg(long, value_name = "RELEASES", value_enum, ignore_case = true,
+          default_value_t = Releases::Current)]
+    pub torch_releases: Releases,
+    /// pytorch with --nf4: bitsandbytes' 4-bit type.
+    #[arg(long, value_name = "TYPE", value_enum, ignore_case = true,
+          default_value_t = Quant4bit::Nf4)]
+    pub quant_type: Quant4bit,
     /// pytorch: peft's lora_dropout.
     #[arg(long, default_value_t = 0.05)]
     pub lora_dropout: f64,
@@ -670,6 +667,26 @@ pub struct PyTorchArgs {
     pub cublas_workspace_mib: u64,
 }
 
+/// `estimate --engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// napkin's own engine.
+    Napkin,
+    /// A Hugging Face training step: transformers, peft, bitsandbytes (with --lora-r, --nf4,
+    /// --micro-batch, --seq-len, --checkpointing, --attention eager|sdpa, --dtype).
+    Pytorch,
+}
+
+/// `estimate --torch-releases`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Releases {
+    /// torch 2.15, transformers 5, bitsandbytes 0.50.
+    Current,
+    /// transformers 4.40, bitsandbytes 0.43.1.
+    #[value(name = "spring-2024")]
+    Spring2024,
+}
+
 #[derive(Debug, Args)]
 pub struct MeasureArgs {
     /// A model file or folder (as for `napkin train`).
@@ -680,23 +697,23 @@ pub struct MeasureArgs {
     pub preset: Option<String>,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
-    /// adamw, adamw8bit or sgd.
-    #[arg(long, default_value = "adamw")]
-    pub optimizer: String,
+    /// The optimizer.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = OptimizerKind::AdamW)]
+    pub optimizer: OptimizerKind,
     /// Optimizer steps to run.
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
     /// f32, or bf16 / f16 mixed precision (autocast: the linear layers in 16 bits; bf16 where
     /// the device has it, else f16).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
-    /// Compute device: cpu, flex, ndarray, wgpu or cuda.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ComputeDtype::F32)]
+    pub dtype: ComputeDtype,
+    /// Compute device.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
     /// `optimizer`: run the optimizer offloaded (state and f32 master weights in host memory;
-    /// wgpu / cuda only) and report device and host bytes apart; `none` (default).
-    #[arg(long, value_name = "WHAT", default_value = "none")]
-    pub offload: String,
+    /// wgpu / cuda only) and report device and host bytes apart.
+    #[arg(long, value_name = "WHAT", value_enum, ignore_case = true, default_value_t = Offload::None)]
+    pub offload: Offload,
     /// Print the report as JSON (the shape the browser app reads).
     #[arg(long)]
     pub json: bool,
@@ -759,13 +776,13 @@ pub struct ScenarioArgs {
     /// r 16; it changes no byte or FLOP.
     #[arg(long)]
     pub lora_alpha: Option<f64>,
-    /// With --lora-r: the adapted linears, all-linear (default) or a list such as q,v (peft's
-    /// default for Llama), for both engines.
+    /// With --lora-r: the adapted linears, all-linear or a list such as q,v (peft's default
+    /// for Llama), for both engines.
     #[arg(
         long,
         value_name = "LIST",
         default_value = "all-linear",
-        alias = "targets"
+        visible_alias = "targets"
     )]
     pub lora_targets: String,
     /// Quantize the block linears to NF4 (QLoRA with --lora-r).
@@ -787,22 +804,57 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub checkpointing: bool,
     /// Micro-batches per optimizer step (gradient accumulation).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, visible_alias = "accum", default_value_t = 1)]
     pub accumulation: usize,
-    /// eager (keeps the T×T attention probabilities; the default) or efficient (tiled: keeps
-    /// none). With `--engine pytorch`: eager or sdpa, and sdpa by default (Hugging Face's
-    /// default attention for Llama).
-    #[arg(long, value_name = "KIND")]
-    pub attention: Option<String>,
+    /// How the attention's softmax is computed (default eager; with `--engine pytorch`
+    /// sdpa, Hugging Face's default for Llama).
+    #[arg(long, value_name = "KIND", value_enum, ignore_case = true)]
+    pub attention: Option<ScenarioAttention>,
     /// The element-wise layers' implementation the prediction replays: fused-cpu (napkin's
     /// CPU kernels), fused-gpu (the GPU backends in f32: napkin's RMSNorm, RoPE, SwiGLU,
     /// softmax and loss kernels, burn's ops for the rest) or burn-ops (burn's ops alone, which keep more
     /// for the backward). `measure` takes it from its device.
-    #[arg(long, value_name = "KIND", default_value = "fused-cpu")]
-    pub kernels: String,
+    #[arg(long, value_name = "KIND", value_enum, ignore_case = true, default_value_t = Kernels::FusedCpu)]
+    pub kernels: Kernels,
     /// How the device lays rows out: contiguous (the CPU backends, wgpu, Metal) or cuda (burn's
     /// CUDA backend pads each row to an aligned pitch: 576-wide f32 rows cost 11 % more).
     /// `measure` and `train` take it from their device.
-    #[arg(long, value_name = "LAYOUT", default_value = "contiguous")]
-    pub rows: String,
+    #[arg(
+        long,
+        value_name = "LAYOUT",
+        value_enum,
+        ignore_case = true,
+        default_value = "contiguous"
+    )]
+    pub rows: RowLayout,
+}
+
+/// `--attention` of `estimate` and `measure`: napkin's two, and PyTorch's sdpa for
+/// `--engine pytorch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScenarioAttention {
+    /// One of napkin's attentions (with `--engine pytorch`: eager, or efficient as sdpa).
+    Napkin(AttentionKind),
+    /// `--engine pytorch`: `scaled_dot_product_attention`.
+    Sdpa,
+}
+
+impl ValueEnum for ScenarioAttention {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            ScenarioAttention::Napkin(AttentionKind::Eager),
+            ScenarioAttention::Napkin(AttentionKind::Efficient),
+            ScenarioAttention::Sdpa,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        match self {
+            ScenarioAttention::Napkin(kind) => kind.to_possible_value(),
+            ScenarioAttention::Sdpa => Some(
+                PossibleValue::new("sdpa")
+                    .help("--engine pytorch: scaled_dot_product_attention, one fused kernel"),
+            ),
+        }
+    }
 }

@@ -252,9 +252,78 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
     wrong.extend(["--lora-r", "8", "--torch-mode", "training"]);
     let (ok, _, stderr) = napkin(&wrong);
     assert!(
-        !ok && stderr.contains("--torch-mode `training`"),
+        !ok && stderr.contains("invalid value 'training' for '--torch-mode <MODE>'")
+            && stderr.contains("[possible values: train, eval, as-loaded]"),
         "{stderr}"
     );
+}
+
+/// A flag with a set of values lists them in `--help` with what each does, accepts their
+/// other spellings, and refuses anything else before any work starts, naming the flag and
+/// the values.
+#[test]
+fn flags_with_a_set_of_values_list_them_and_refuse_the_rest() {
+    let (ok, stdout, stderr) = napkin(&["train", "--help"]);
+    assert!(ok, "{stderr}");
+    for listed in [
+        "--dtype <DTYPE>",
+        "f32:  everything in f32",
+        "adamw8bit:",
+        "--accumulation <ACCUMULATION>",
+        "[alias: --accum]",
+        "[default: 16]",
+    ] {
+        assert!(
+            stdout.contains(listed),
+            "`train --help` lacks {listed:?}:\n{stdout}"
+        );
+    }
+    for (args, message) in [
+        (
+            &["train", "--dtype", "fp64"][..],
+            "invalid value 'fp64' for '--dtype <DTYPE>'",
+        ),
+        (
+            &["measure", "--preset", "tiny", "--device", "tpu"][..],
+            "[possible values: cpu, flex, ndarray, wgpu, cuda]",
+        ),
+        (
+            &[
+                "estimate",
+                "--preset",
+                "smollm2-135m",
+                "--optimizer",
+                "adam",
+            ][..],
+            "[possible values: adamw, adamw8bit, sgd]",
+        ),
+        (
+            &["export", "--model", "m", "--out", "o", "--quant", "q3_k"][..],
+            "invalid value 'q3_k' for '--quant <QUANT>'",
+        ),
+    ] {
+        let (ok, _, stderr) = napkin(args);
+        assert!(!ok && stderr.contains(message), "{args:?}: {stderr}");
+    }
+    // The other spellings, and the old flag names, are still read.
+    let (ok, stdout, stderr) = napkin(&[
+        "estimate",
+        "--preset",
+        "smollm2-135m",
+        "--dtype",
+        "BFloat16",
+        "--optimizer",
+        "adamw_8bit",
+        "--accum",
+        "2",
+        "--targets",
+        "q,v",
+        "--lora-r",
+        "8",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("\"parameters\""), "{stdout}");
 }
 
 /// `--lora-targets` reaches napkin's own engine: TinyLlama-1.1B with r 16 on q and v trains

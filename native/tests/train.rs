@@ -370,7 +370,11 @@ fn bad_training_settings_are_one_line_errors() {
             "csv",
             "possible values: auto, alpaca, sharegpt",
         ),
-        ("--device", "tpu", "possible values: cpu, wgpu, cuda"),
+        (
+            "--device",
+            "tpu",
+            "possible values: cpu, flex, ndarray, wgpu, cuda",
+        ),
     ] {
         let mut args = train_args(&out.0, 2);
         match args.iter().position(|a| a == flag) {
@@ -473,13 +477,19 @@ fn a_toml_config_is_read_and_flags_win() {
     for (line, needle) in [
         (
             "device = \"tpu\"",
-            "expected one of `cpu`, `flex`, `ndarray`",
+            "device: unknown device `tpu`: expected cpu, flex, ndarray, wgpu or cuda",
         ),
-        ("dtype = \"f8\"", "expected one of `f32`"),
-        ("data_format = \"csv\"", "expected one of `auto`, `alpaca`"),
+        (
+            "dtype = \"f8\"",
+            "dtype: unknown precision `f8`: expected f32, bf16 or f16",
+        ),
+        (
+            "data_format = \"csv\"",
+            "unknown format `csv`: expected auto, alpaca, sharegpt",
+        ),
         (
             "lr_scheduler = \"step\"",
-            "expected one of `constant`, `linear`, `cosine`",
+            "unknown schedule `step`: expected constant, linear or cosine",
         ),
     ] {
         std::fs::write(&config, format!("model = \"x\"\n{line}\n")).unwrap();
@@ -866,7 +876,9 @@ fn the_example_configs_parse_and_the_cpu_one_runs() {
     assert!(out.0.join("report.html").is_file());
 }
 
-/// `napkin completions` writes each shell's script with the flags and their fixed values.
+/// `napkin completions` writes each shell's script with the flags, and for the shells whose
+/// completion offers values (bash, zsh, fish; clap_complete's PowerShell and Elvish scripts
+/// complete flags only) their fixed values.
 #[test]
 fn completions_list_the_flags_and_their_values() {
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
@@ -876,13 +888,14 @@ fn completions_list_the_flags_and_their_values() {
             .unwrap();
         assert!(out.status.success(), "{shell}");
         let script = String::from_utf8_lossy(&out.stdout);
-        for needle in [
-            "data-format",
-            "early-stopping",
-            "sharegpt",
-            "adamw8bit",
-            "efficient",
-        ] {
+        let values: &[&str] = match shell {
+            "bash" | "zsh" | "fish" => &["prompt-completion", "adamw8bit", "efficient", "bf16"],
+            _ => &[],
+        };
+        for needle in ["data-format", "early-stopping", "lora-targets"]
+            .iter()
+            .chain(values)
+        {
             assert!(script.contains(needle), "{shell}: {needle}");
         }
     }

@@ -17,6 +17,7 @@ use napkin_core::predict::pytorch::{
     TorchDevice, TorchDtype,
 };
 use napkin_core::predict::report::{Report, ReportOptions, report};
+use napkin_core::predict::settings::StepSettings;
 use napkin_core::predict::sharding::{Offload, Strategy};
 use napkin_core::predict::time::{DevicePreset, RooflineTime, device_preset, roofline};
 use serde::{Deserialize, Serialize};
@@ -296,16 +297,14 @@ impl SandboxState {
         }
     }
 
-    /// The predictor's scenario.
-    pub fn scenario(&self) -> Scenario {
-        let config = self.config();
-        Scenario {
-            lora: self.lora.then(|| LoraConfig {
-                r: self.rank,
-                alpha: self.alpha,
-                targets: self.lora_targets.clone(),
-                ..LoraConfig::default()
-            }),
+    /// The step's settings as the controls hold them.
+    pub fn settings(&self) -> StepSettings {
+        StepSettings {
+            micro_batch: self.micro_batch,
+            seq_len: self.seq_len,
+            lora_r: if self.lora { self.rank } else { 0 },
+            lora_alpha: Some(self.alpha),
+            lora_targets: self.lora_targets.clone(),
             nf4: self.nf4.then_some(Nf4Config {
                 block_size: self.nf4_block,
                 double_quant: self.double_quant,
@@ -317,8 +316,14 @@ impl SandboxState {
             // bf16 autocast also stores a LoRA run's frozen float base in bf16
             // (`Scenario::half_base`).
             half_compute: self.precision == Precision::Bf16Autocast,
-            ..Scenario::new(config, self.micro_batch, self.seq_len)
+            ..StepSettings::default()
         }
+    }
+
+    /// The predictor's scenario. The controls accept only what `StepSettings::check` does
+    /// (whole numbers from 1, an even NF4 block), so the settings are built unchecked.
+    pub fn scenario(&self) -> Scenario {
+        self.settings().build(self.config())
     }
 
     /// The step as a Hugging Face user would run it on CUDA with `model.train()`: peft LoRA on
@@ -418,6 +423,30 @@ impl SandboxState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The controls bound every value, so the settings `scenario` builds unchecked always pass
+    /// the checks the CLI and the trainer apply: try the extremes each control sends.
+    #[test]
+    fn every_state_the_controls_reach_passes_the_settings_checks() {
+        let extremes = [
+            Action::SetRank(0),
+            Action::SetRank(usize::MAX),
+            Action::SetMicroBatch(0),
+            Action::SetAccumulation(0),
+            Action::SetSeqLen(0),
+            Action::SetSeqLen(usize::MAX),
+            Action::SetNf4Block(3),
+            Action::SetNf4(true),
+            Action::SetLora(true),
+            Action::SetLora(false),
+        ];
+        let mut s = SandboxState::default();
+        for action in extremes {
+            s = reduce(&s, action);
+            let settings = s.settings();
+            assert!(settings.check().is_ok(), "{settings:?}");
+        }
+    }
 
     /// The PyTorch comparison appears only when asked for; QLoRA with checkpointing is far
     /// below plain LoRA there too, and the 4-bit weights are a quarter of f32's or less.

@@ -1,12 +1,7 @@
 //! Which attention the model runs: a plain name, shared by the trainer, the predictor and the
 //! browser app.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
+use super::spellings;
 
 /// Query and key positions per tile of the memory-efficient attention.
 pub const ATTENTION_TILE: usize = 128;
@@ -15,8 +10,7 @@ pub const ATTENTION_TILE: usize = 128;
 pub const MASKED: f32 = -1.0e9;
 
 /// How the attention softmax is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKind {
     /// HF "eager": the `[B, H, T, T]` scores and probabilities are materialised and kept for
     /// the backward.
@@ -28,27 +22,10 @@ pub enum AttentionKind {
     Efficient,
 }
 
-impl FromStr for AttentionKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "eager" => Ok(AttentionKind::Eager),
-            "efficient" | "flash" => Ok(AttentionKind::Efficient),
-            _ => Err(Error::Input(format!(
-                "unknown attention `{s}`: expected eager or efficient"
-            ))),
-        }
-    }
-}
-
-impl fmt::Display for AttentionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            AttentionKind::Eager => "eager",
-            AttentionKind::Efficient => "efficient",
-        })
-    }
+spellings! {
+    AttentionKind, "attention", "attention", serde;
+    Eager => "eager" []: "keeps the T×T attention probabilities for the backward (HF's eager)",
+    Efficient => "efficient" ["flash"]: "tiled online softmax: keeps none, recomputes them in the backward",
 }
 
 #[cfg(test)]

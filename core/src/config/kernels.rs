@@ -1,16 +1,10 @@
 //! Which implementation runs the element-wise layers (RMSNorm, SwiGLU, the loss): it decides
 //! what they keep for the backward, so the predictor must know it.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
+use super::spellings;
 
 /// The element-wise layers' implementation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernels {
     /// napkin's fused kernels (`kernels/fused/`, f32 on Flex or NdArray): one op each, keeping
     /// its inputs and one statistic per row.
@@ -75,32 +69,25 @@ impl Kernels {
     }
 }
 
-impl fmt::Display for Kernels {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Kernels {
+    /// What runs the element-wise layers, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
             Kernels::FusedCpu => "napkin's fused CPU kernels",
             Kernels::FusedGpu => {
                 "napkin's fused GPU kernels (RMSNorm, RoPE, SwiGLU, softmax, loss, LoRA sum) and \
                  burn's ops"
             }
             Kernels::BurnOps => "burn's ops",
-        })
+        }
     }
 }
 
-impl FromStr for Kernels {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "fused-cpu" | "fused" | "cpu" => Ok(Kernels::FusedCpu),
-            "fused-gpu" | "gpu" => Ok(Kernels::FusedGpu),
-            "burn-ops" | "burn" => Ok(Kernels::BurnOps),
-            _ => Err(Error::Input(format!(
-                "unknown kernels `{s}`: expected fused-cpu, fused-gpu or burn-ops"
-            ))),
-        }
-    }
+spellings! {
+    Kernels, "kernels", "kernels", serde;
+    FusedCpu => "fused-cpu" ["fused", "cpu"]: "napkin's CPU kernels",
+    FusedGpu => "fused-gpu" ["gpu"]: "the GPU backends in f32: napkin's RMSNorm, RoPE, SwiGLU, softmax and loss kernels, burn's ops for the rest",
+    BurnOps => "burn-ops" ["burn"]: "burn's ops alone, which keep more for the backward",
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod lora;
 mod nf4;
 mod optimizer;
 mod presets;
+mod spelling;
 
 pub use attention::{ATTENTION_TILE, AttentionKind, MASKED};
 pub use kernels::Kernels;
@@ -17,3 +18,4 @@ pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};
 pub use optimizer::OptimizerKind;
+pub(crate) use spelling::spellings;

@@ -1,14 +1,9 @@
 //! Which optimizer a run uses: a plain name, shared by the trainer and the predictor.
 
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
+use super::spellings;
 
 /// Which optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OptimizerKind {
     /// AdamW, f32 moments (8 bytes of state per trainable value).
     #[default]
@@ -19,17 +14,9 @@ pub enum OptimizerKind {
     Sgd,
 }
 
-impl FromStr for OptimizerKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "adamw" => Ok(OptimizerKind::AdamW),
-            "adamw8bit" => Ok(OptimizerKind::AdamW8bit),
-            "sgd" => Ok(OptimizerKind::Sgd),
-            _ => Err(Error::Input(format!(
-                "unknown optimizer `{s}`: expected adamw, adamw8bit or sgd"
-            ))),
-        }
-    }
+spellings! {
+    OptimizerKind, "optimizer", "optimizer", serde;
+    AdamW => "adamw" []: "AdamW, f32 moments (8 bytes of state per trainable value)",
+    AdamW8bit => "adamw8bit" ["adamw-8bit", "adamw_8bit"]: "AdamW with blockwise 8-bit moments (about 2.03 bytes a value)",
+    Sgd => "sgd" []: "SGD with momentum (4 bytes a value)",
 }

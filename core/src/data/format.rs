@@ -12,19 +12,15 @@
 //! record of another shape is an error naming its line — a mixed file is more often a mistake
 //! than a wish.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::instruct::Conversation;
 use crate::chat::Message;
+use crate::config::spellings;
 use crate::error::{Error, Result};
 
 /// The shape of a data file's records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataFormat {
     /// Detected from the first record.
     #[default]
@@ -41,32 +37,17 @@ pub enum DataFormat {
     Text,
 }
 
+spellings! {
+    DataFormat, "format", "data_format", serde;
+    Auto => "auto" []: "the first record's",
+    Alpaca => "alpaca" []: "instruction, optional input, output",
+    Sharegpt => "sharegpt" []: "conversations of from / value turns",
+    Messages => "messages" []: "messages of role / content turns",
+    PromptCompletion => "prompt-completion" ["prompt_completion"]: "prompt and completion, raw text, no template",
+    Text => "text" []: "text, every token learned",
+}
+
 impl DataFormat {
-    /// Every name `--data-format` accepts.
-    pub const NAMES: [&'static str; 6] = [
-        "auto",
-        "alpaca",
-        "sharegpt",
-        "messages",
-        "prompt-completion",
-        "text",
-    ];
-
-    const ALL: [DataFormat; 6] = [
-        DataFormat::Auto,
-        DataFormat::Alpaca,
-        DataFormat::Sharegpt,
-        DataFormat::Messages,
-        DataFormat::PromptCompletion,
-        DataFormat::Text,
-    ];
-
-    /// The name of the format.
-    pub fn name(self) -> &'static str {
-        let i = Self::ALL.iter().position(|&f| f == self).unwrap_or(0);
-        Self::NAMES[i]
-    }
-
     /// The format a record looks like, by its keys (None: none of them).
     pub fn of(record: &Value) -> Option<DataFormat> {
         let has = |key: &str| record.get(key).is_some();
@@ -154,30 +135,6 @@ impl DataFormat {
             out.push(conversation);
         }
         Ok((format, out))
-    }
-}
-
-impl fmt::Display for DataFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for DataFormat {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        let wanted = s.to_ascii_lowercase().replace('_', "-");
-        Self::NAMES
-            .iter()
-            .position(|&n| n == wanted)
-            .map(|i| Self::ALL[i])
-            .ok_or_else(|| {
-                Error::config(
-                    "--data-format",
-                    format!("unknown format `{s}`: expected {}", Self::NAMES.join(", ")),
-                )
-            })
     }
 }
 

@@ -14,17 +14,14 @@ mod pinning;
 pub use out_of_memory::guard_device_memory;
 pub use pinning::{PIN_THREADS_VAR, process_cpu_count, spawn_unpinned, with_process_cpus};
 
-use std::fmt;
-use std::str::FromStr;
-
 use burn::tensor::Device;
 
+use crate::config::spellings;
 use crate::error::{Error, Result};
 use crate::predict::row_layout::RowLayout;
 
 /// A backend the user can ask for with `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceKind {
     /// The fastest CPU backend compiled in.
     #[default]
@@ -32,43 +29,20 @@ pub enum DeviceKind {
     /// burn Flex on the CPU (pure Rust).
     Flex,
     /// burn NdArray with the system OpenBLAS on the CPU.
-    #[serde(alias = "openblas")]
     Ndarray,
     /// burn wgpu (Vulkan, Metal, DX12, WebGPU).
-    #[serde(alias = "gpu")]
     Wgpu,
     /// burn CUDA.
     Cuda,
 }
 
-impl FromStr for DeviceKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceKind::Cpu),
-            "flex" => Ok(DeviceKind::Flex),
-            "ndarray" | "openblas" => Ok(DeviceKind::Ndarray),
-            "wgpu" | "gpu" => Ok(DeviceKind::Wgpu),
-            "cuda" => Ok(DeviceKind::Cuda),
-            other => Err(Error::Device {
-                name: other.to_string(),
-                message: "expected one of cpu, wgpu, cuda (or a CPU backend: flex, ndarray)".into(),
-            }),
-        }
-    }
-}
-
-impl fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Flex => "flex",
-            DeviceKind::Ndarray => "ndarray",
-            DeviceKind::Wgpu => "wgpu",
-            DeviceKind::Cuda => "cuda",
-        })
-    }
+spellings! {
+    DeviceKind, "device", "device", serde;
+    Cpu => "cpu" []: "the fastest CPU backend compiled in",
+    Flex => "flex" []: "burn Flex on the CPU (pure Rust)",
+    Ndarray => "ndarray" ["openblas"]: "burn NdArray with the system OpenBLAS",
+    Wgpu => "wgpu" ["gpu"]: "burn wgpu: Vulkan, Metal, DX12 (built with --features wgpu)",
+    Cuda => "cuda" []: "burn CUDA (built with --features cuda)",
 }
 
 impl DeviceKind {

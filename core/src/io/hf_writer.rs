@@ -12,16 +12,15 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::atomic::{write_atomic, write_atomic_with};
+use crate::config::spellings;
 use crate::error::{Error, Result};
 use crate::model::Llama;
 
 /// The float type weights are stored in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtype {
     /// 32-bit IEEE float.
     F32,
@@ -72,29 +71,11 @@ impl WeightDtype {
     }
 }
 
-impl std::fmt::Display for WeightDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            WeightDtype::F32 => "f32",
-            WeightDtype::F16 => "f16",
-            WeightDtype::Bf16 => "bf16",
-        })
-    }
-}
-
-impl std::str::FromStr for WeightDtype {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "fp32" | "float32" => Ok(WeightDtype::F32),
-            "f16" | "fp16" | "float16" => Ok(WeightDtype::F16),
-            "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
-            other => Err(Error::Input(format!(
-                "weight dtype `{other}`: expected f32, f16 or bf16"
-            ))),
-        }
-    }
+spellings! {
+    WeightDtype, "weight dtype", "dtype", serde;
+    F32 => "f32" ["fp32", "float32"]: "32-bit IEEE float",
+    F16 => "f16" ["fp16", "float16"]: "16-bit IEEE half",
+    Bf16 => "bf16" ["bfloat16"]: "bfloat16, as torch's .to(torch.bfloat16)",
 }
 
 /// How a folder's weights are written.

@@ -129,7 +129,7 @@ pub fn measure(
         method_description: format!(
             "{}; the prediction replays {}",
             meter.method().describe(),
-            s.kernels
+            s.kernels.describe()
         ),
         kinds,
         layers,

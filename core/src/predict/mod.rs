@@ -6,6 +6,7 @@
 //! - `accelerate`: the rows `accelerate estimate-memory` prints, from a config alone.
 //! - `bert`: parameter counts of BERT configs (accelerate's documented example).
 //! - `activations`: what the forward keeps for the backward, replayed op by op with burn's rules.
+//! - `settings`: a step's settings as a user chooses them, turned into a scenario in one place.
 //! - `inventory`: the named tensors of a training scenario, with kind, bytes and phases.
 //! - `weights`: resident weight bytes (float, NF4 codes, NF4 scales).
 //! - `preflight`: the predicted peak against the memory available, before a run starts.
@@ -35,6 +36,7 @@ pub mod report;
 pub mod row_layout;
 pub mod rules;
 pub mod seed;
+pub mod settings;
 pub mod sharding;
 pub mod time;
 pub mod timeline;

@@ -114,6 +114,26 @@ impl FromStr for RowLayout {
     }
 }
 
+/// `--rows`: the two layouts a device has, by the names `FromStr` reads.
+#[cfg(feature = "clap")]
+impl clap::ValueEnum for RowLayout {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[RowLayout::Contiguous, RowLayout::CUDA]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            RowLayout::Contiguous => PossibleValue::new("contiguous")
+                .aliases(["cpu", "wgpu", "metal"])
+                .help("rows end to end (the CPU backends, wgpu, Metal)"),
+            RowLayout::Pitched { .. } => PossibleValue::new("cuda")
+                .alias("pitched")
+                .help("burn's CUDA backend: each row padded to an aligned pitch"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use super::inventory::{Kind, Scenario, inventory};
 use super::timeline::step_timeline;
+use crate::config::spellings;
 
 /// A data-parallel strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -45,20 +46,22 @@ pub enum Strategy {
     HybridShard,
 }
 
+spellings! {
+    Strategy, "sharding strategy", "shard";
+    Ddp => "ddp" []: "PyTorch DistributedDataParallel: every GPU holds everything",
+    NoShard => "none" ["no-shard", "no_shard"]: "FSDP NO_SHARD",
+    Zero1 => "zero1" []: "DeepSpeed ZeRO stage 1: the optimizer state sharded",
+    Zero2 => "zero2" []: "DeepSpeed ZeRO stage 2: optimizer state and gradients sharded",
+    ShardGradOp => "grad-op" ["shard-grad-op", "shard_grad_op"]: "FSDP SHARD_GRAD_OP",
+    Zero3 => "zero3" []: "DeepSpeed ZeRO stage 3: parameters too",
+    FullShard => "full" ["full-shard", "full_shard"]: "FSDP FULL_SHARD",
+    HybridShard => "hybrid" ["hybrid-shard", "hybrid_shard"]: "FSDP HYBRID_SHARD: full sharding inside a node, replicas across nodes",
+}
+
 impl Strategy {
-    /// Parses `ddp`, `none`, `zero1`, `zero2`, `grad-op`, `zero3`, `full`, `hybrid`.
+    /// Parses any spelling `--shard` accepts (None: not a strategy).
     pub fn parse(s: &str) -> Option<Strategy> {
-        Some(match s.to_ascii_lowercase().replace('_', "-").as_str() {
-            "ddp" => Strategy::Ddp,
-            "none" | "no-shard" => Strategy::NoShard,
-            "zero1" => Strategy::Zero1,
-            "zero2" => Strategy::Zero2,
-            "grad-op" | "shard-grad-op" => Strategy::ShardGradOp,
-            "zero3" => Strategy::Zero3,
-            "full" | "full-shard" => Strategy::FullShard,
-            "hybrid" | "hybrid-shard" => Strategy::HybridShard,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 
     fn shards_optimizer(self) -> bool {

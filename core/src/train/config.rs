@@ -8,27 +8,33 @@ use serde::{Deserialize, Serialize};
 
 use super::optimizer::OptimizerKind;
 use super::schedule::ScheduleKind;
+use crate::chat::BuiltInChat;
+use crate::config::spellings;
 use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf_writer::WeightDtype;
 use crate::predict::inventory::Scenario;
+use crate::predict::settings::StepSettings;
 
 /// The precision the linear layers compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ComputeDtype {
     /// Everything in f32.
     #[default]
-    #[serde(alias = "fp32", alias = "float32")]
     F32,
     /// bf16 autocast: f32 parameters and optimizer state, bf16 products.
-    #[serde(alias = "bfloat16")]
     Bf16,
     /// f16 autocast, with dynamic loss scaling.
-    #[serde(alias = "fp16", alias = "float16")]
     F16,
+}
+
+spellings! {
+    ComputeDtype, "precision", "dtype", serde;
+    F32 => "f32" ["fp32", "float32"]: "everything in f32",
+    Bf16 => "bf16" ["bfloat16"]: "bf16 autocast: f32 parameters and optimizer state, bf16 products",
+    F16 => "f16" ["fp16", "float16"]: "f16 autocast, with dynamic loss scaling",
 }
 
 impl ComputeDtype {
@@ -38,32 +44,6 @@ impl ComputeDtype {
             ComputeDtype::F32 => None,
             ComputeDtype::Bf16 => Some(FloatDType::BF16),
             ComputeDtype::F16 => Some(FloatDType::F16),
-        }
-    }
-}
-
-impl std::fmt::Display for ComputeDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ComputeDtype::F32 => "f32",
-            ComputeDtype::Bf16 => "bf16",
-            ComputeDtype::F16 => "f16",
-        })
-    }
-}
-
-impl std::str::FromStr for ComputeDtype {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "fp32" | "float32" => Ok(ComputeDtype::F32),
-            "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
-            "f16" | "fp16" | "float16" => Ok(ComputeDtype::F16),
-            other => Err(Error::config(
-                "--dtype",
-                format!("unknown precision `{other}`: expected f32, bf16 or f16"),
-            )),
         }
     }
 }
@@ -105,7 +85,7 @@ pub struct TrainConfig {
     /// A `tokenizer.json` instead of the model's own.
     pub tokenizer: Option<PathBuf>,
     /// `chatml`, `llama2` or `zephyr` instead of the model's chat template.
-    pub chat_format: Option<String>,
+    pub chat_format: Option<BuiltInChat>,
     /// A LoRA adapter folder (peft's files) to continue training; its rank, α and targets
     /// become the run's.
     pub adapter: Option<PathBuf>,
@@ -119,7 +99,8 @@ pub struct TrainConfig {
     /// the update's size stops shrinking as the rank grows.
     pub rslora: bool,
     /// Adapted linears: `all-linear` or a list such as `q,v`.
-    pub targets: String,
+    #[serde(alias = "targets")]
+    pub lora_targets: String,
     /// Quantize the frozen base to NF4 (QLoRA).
     pub nf4: bool,
     /// Quantize the NF4 scales too.
@@ -133,7 +114,8 @@ pub struct TrainConfig {
     /// B: rows per micro-batch.
     pub micro_batch: usize,
     /// K: micro-batches per optimizer step.
-    pub accum: usize,
+    #[serde(alias = "accum")]
+    pub accumulation: usize,
     /// T: tokens per row.
     pub seq_len: usize,
     /// Pack several samples into each row (positions and attention kept per sample).
@@ -202,14 +184,14 @@ impl Default for TrainConfig {
             lora_alpha: 32.0,
             lora_dropout: 0.0,
             rslora: false,
-            targets: "all-linear".into(),
+            lora_targets: "all-linear".into(),
             nf4: false,
             double_quant: false,
             nf4_block_size: 64,
             checkpointing: false,
             attention: AttentionKind::Eager,
             micro_batch: 1,
-            accum: 1,
+            accumulation: 1,
             seq_len: 256,
             pack: true,
             optimizer: OptimizerKind::AdamW,
@@ -237,17 +219,7 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// The LoRA adapters this run trains (None: full fine-tuning).
     pub fn lora_config(&self) -> Result<Option<LoraConfig>> {
-        (self.lora_r > 0)
-            .then(|| -> Result<LoraConfig> {
-                Ok(LoraConfig {
-                    r: self.lora_r,
-                    alpha: self.lora_alpha,
-                    dropout: self.lora_dropout,
-                    targets: LoraTarget::parse_list(&self.targets)?,
-                    use_rslora: self.rslora,
-                })
-            })
-            .transpose()
+        Ok(self.step_settings()?.lora())
     }
 
     /// What the run trains, in words: the model's path or the preset's name.
@@ -268,23 +240,32 @@ impl TrainConfig {
 
     /// The predictor's scenario of this run for a model of `config`.
     pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
-        let lora = self.lora_config()?;
-        Ok(Scenario {
-            half_compute: self.compute_dtype()?.is_some(),
-            lora,
+        self.step_settings()?.scenario(config)
+    }
+
+    /// The step's settings, as the predictor takes them from every front end.
+    pub fn step_settings(&self) -> Result<StepSettings> {
+        Ok(StepSettings {
+            micro_batch: self.micro_batch,
+            seq_len: self.seq_len,
+            lora_r: self.lora_r,
+            lora_alpha: Some(self.lora_alpha),
+            lora_dropout: self.lora_dropout,
+            rslora: self.rslora,
+            lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
             nf4: self.nf4_config(),
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
-            accumulation: self.accum.max(1),
+            accumulation: self.accumulation,
             packed: self.pack,
             attention: self.attention,
+            half_compute: self.dtype.half().is_some(),
             kernels: if self.device.is_cpu() {
                 Kernels::FusedCpu
             } else {
                 Kernels::FusedGpu
             },
             rows: self.device.row_layout(),
-            ..Scenario::new(config, self.micro_batch, self.seq_len)
         })
     }
 
@@ -336,12 +317,12 @@ impl TrainConfig {
         if self.out.as_os_str().is_empty() {
             return bad("--out", "an output folder is required".into());
         }
-        if self.micro_batch == 0 || self.accum == 0 {
+        if self.micro_batch == 0 || self.accumulation == 0 {
             return bad(
-                "--micro-batch/--accum",
+                "--micro-batch/--accumulation",
                 format!(
                     "both must be at least 1, found {} and {}",
-                    self.micro_batch, self.accum
+                    self.micro_batch, self.accumulation
                 ),
             );
         }
@@ -421,7 +402,7 @@ impl TrainConfig {
         let before = (
             self.lora_r,
             self.lora_alpha,
-            LoraTarget::parse_list(&self.targets).ok(),
+            LoraTarget::parse_list(&self.lora_targets).ok(),
             self.rslora,
         );
         let changed = before
@@ -433,7 +414,7 @@ impl TrainConfig {
             );
         self.lora_r = lora.r;
         self.lora_alpha = lora.alpha;
-        self.targets = targets.clone();
+        self.lora_targets = targets.clone();
         self.rslora = lora.use_rslora;
         let rule = |rslora: bool| if rslora { "α/√r" } else { "α/r" };
         Ok(changed.then(|| {

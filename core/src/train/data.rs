@@ -135,16 +135,8 @@ pub fn load_samples(
 }
 
 fn chat_format(config: &TrainConfig, tokenizer: &TextTokenizer, data: &Path) -> Result<ChatFormat> {
-    match config.chat_format.as_deref() {
-        Some("chatml") => Ok(ChatFormat::ChatMl {
-            default_system: None,
-        }),
-        Some("llama2") => Ok(ChatFormat::Llama2),
-        Some("zephyr") => Ok(ChatFormat::Zephyr),
-        Some(other) => Err(Error::config(
-            "--chat-format",
-            format!("unknown format `{other}`: expected chatml, llama2 or zephyr"),
-        )),
+    match config.chat_format {
+        Some(builtin) => Ok(builtin.format()),
         None => ChatFormat::from_template(ChatTemplate::of(tokenizer)).map_err(|e| {
             Error::Input(format!(
                 "{}: chat examples need a chat template: {e} (or pass --chat-format)",

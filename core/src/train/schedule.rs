@@ -6,16 +6,12 @@
 //! - `linear`: `lr · (1 − p)`;
 //! - `cosine`: `lr · ½(1 + cos(π p))`.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::config::spellings;
 
 /// The shape of the decay after the warm-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ScheduleKind {
     /// The peak for the rest of the run.
     Constant,
@@ -26,35 +22,11 @@ pub enum ScheduleKind {
     Cosine,
 }
 
-impl ScheduleKind {
-    /// Every name `--lr-scheduler` accepts.
-    pub const NAMES: [&'static str; 3] = ["constant", "linear", "cosine"];
-}
-
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ScheduleKind::Constant => "constant",
-            ScheduleKind::Linear => "linear",
-            ScheduleKind::Cosine => "cosine",
-        })
-    }
-}
-
-impl FromStr for ScheduleKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "constant" => Ok(ScheduleKind::Constant),
-            "linear" => Ok(ScheduleKind::Linear),
-            "cosine" => Ok(ScheduleKind::Cosine),
-            _ => Err(Error::config(
-                "--lr-scheduler",
-                format!("unknown schedule `{s}`: expected constant, linear or cosine"),
-            )),
-        }
-    }
+spellings! {
+    ScheduleKind, "schedule", "lr_scheduler", serde;
+    Constant => "constant" []: "the peak for the rest of the run",
+    Linear => "linear" []: "straight down to zero at the last step",
+    Cosine => "cosine" []: "half a cosine down to zero at the last step",
 }
 
 /// Warm-up and decay over a run of `total_steps`.

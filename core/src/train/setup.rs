@@ -189,7 +189,7 @@ impl Progress {
 pub(super) fn schedule_for(config: &TrainConfig, loader: &DataLoader) -> LrSchedule {
     let total_steps = config.steps.unwrap_or_else(|| {
         let epochs = config.epochs.unwrap_or(1.0);
-        let per_epoch = loader.batches_per_epoch().div_ceil(config.accum) as f64;
+        let per_epoch = loader.batches_per_epoch().div_ceil(config.accumulation) as f64;
         (epochs * per_epoch).ceil().max(1.0) as u64
     });
     LrSchedule {
@@ -208,11 +208,11 @@ pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<(
         (
             (c.model.clone(), c.preset.clone()),
             c.lora_r,
-            c.targets.clone(),
+            c.lora_targets.clone(),
             c.nf4,
             c.optimizer,
             c.micro_batch,
-            c.accum,
+            c.accumulation,
             c.seq_len,
             c.pack,
             c.seed,

@@ -265,7 +265,7 @@ impl Trainer {
             .seed
             .wrapping_add(self.step.wrapping_mul(1_000_003));
         // 1. K micro-batches.
-        let micro: Vec<_> = (0..self.config.accum)
+        let micro: Vec<_> = (0..self.config.accumulation)
             .map(|_| self.loader.next_batch())
             .collect();
         let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();

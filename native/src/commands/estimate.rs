@@ -22,7 +22,10 @@ use napkin_core::predict::units::{accelerate_units, gib};
 use napkin_core::predict::zero::{Cluster, Zero3Offload, ZeroEstimate, zero2, zero3};
 use serde_json::json;
 
-use crate::cli::EstimateArgs;
+use clap::ValueEnum;
+use napkin_core::train::ComputeDtype;
+
+use crate::cli::{Engine, EstimateArgs, Offload as HostOffload};
 
 /// What the estimate is about.
 struct Subject {
@@ -35,15 +38,11 @@ struct Subject {
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
     let subject = subject(args)?;
-    match args.pytorch.engine.as_str() {
-        "napkin" => {}
-        "pytorch" => {
-            let config = subject.llama.as_ref().context(
-                "--engine pytorch replays a Llama: give --model or --preset (not --params or a BERT config)",
-            )?;
-            return super::estimate_pytorch::run(args, &subject.name, config);
-        }
-        other => bail!("--engine `{other}`: expected napkin or pytorch"),
+    if args.pytorch.engine == Engine::Pytorch {
+        let config = subject.llama.as_ref().context(
+            "--engine pytorch replays a Llama: give --model or --preset (not --params or a BERT config)",
+        )?;
+        return super::estimate_pytorch::run(args, &subject.name, config);
     }
     let (precision, optimizer) = (precision_of(args)?, optimizer_rule_of(args)?);
     let rules = [
@@ -52,19 +51,19 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         ("optimizer", optimizer_bytes_per_param(optimizer, precision)),
     ];
 
-    let zero = match args.shard.as_deref() {
+    let zero = match args.shard {
         None => None,
         Some(stage) => {
             let cluster = Cluster {
                 gpus_per_node: args.gpus.max(1),
                 nodes: args.nodes.max(1),
             };
-            let offload = args.offload.as_deref().unwrap_or("");
-            let offload_optimizer = offload.contains("optimizer");
-            let offload_params = offload.contains("param");
+            let offload = args.offload.unwrap_or(HostOffload::None);
+            let offload_optimizer = offload != HostOffload::None;
+            let offload_params = offload == HostOffload::Params;
             let estimate = match stage {
-                "zero2" => zero2(subject.params, cluster, offload_optimizer),
-                "zero3" => {
+                Strategy::Zero2 => zero2(subject.params, cluster, offload_optimizer),
+                Strategy::Zero3 => {
                     let largest = subject.largest_layer.context(
                         "--shard zero3 needs the largest layer: use --model/--preset, or --largest-layer",
                     )?;
@@ -76,11 +75,6 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
                     zero3(subject.params, largest, cluster, offload, true)
                 }
                 other => {
-                    if Strategy::parse(other).is_none() {
-                        bail!(
-                            "--shard `{other}`: expected ddp, none, zero1, zero2, grad-op, zero3, full or hybrid"
-                        );
-                    }
                     if subject.llama.is_none() {
                         bail!("--shard {other} needs a model configuration (--model or --preset)");
                     }
@@ -104,7 +98,7 @@ fn run_with(
     let total_per_param: f64 = rules.iter().map(|r| r.1).sum();
     let (precision, optimizer) = (precision_of(args)?, optimizer_rule_of(args)?);
 
-    let optimizer_kind: OptimizerKind = args.optimizer.parse()?;
+    let optimizer_kind = args.optimizer;
     let inventory = match &subject.llama {
         Some(config) => Some(engine_report(args, config, optimizer_kind)?),
         None => None,
@@ -167,7 +161,7 @@ fn run_with(
             "\nDeepSpeed {stage} model states, {} GPU(s) × {} node(s), offload: {}: {:.2} GB per GPU, {:.2} GB CPU per node",
             args.gpus,
             args.nodes,
-            args.offload.as_deref().unwrap_or("none"),
+            offload_name(args.offload.unwrap_or(HostOffload::None)),
             gib(e.gpu_bytes as f64),
             gib(e.cpu_bytes as f64)
         );
@@ -209,27 +203,26 @@ fn print_precision_table(params: u64, gpus: u64) {
 }
 
 fn precision_of(args: &EstimateArgs) -> Result<Precision> {
-    Ok(match args.dtype.as_str() {
-        "f32" | "fp32" | "float32" => Precision::Fp32,
-        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => Precision::Mixed,
-        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    Ok(match args.dtype {
+        ComputeDtype::F32 => Precision::Fp32,
+        ComputeDtype::Bf16 | ComputeDtype::F16 => Precision::Mixed,
     })
 }
 
 fn optimizer_rule_of(args: &EstimateArgs) -> Result<OptimizerRule> {
-    Ok(
-        match args
-            .optimizer
-            .to_ascii_lowercase()
-            .replace(['-', '_'], "")
-            .as_str()
-        {
-            "adamw" | "adam" => OptimizerRule::AdamW,
-            "adamw8bit" => OptimizerRule::AdamW8bit,
-            "sgd" => OptimizerRule::SgdMomentum,
-            other => bail!("--optimizer `{other}`: expected adamw, adamw8bit or sgd"),
-        },
-    )
+    Ok(match args.optimizer {
+        OptimizerKind::AdamW => OptimizerRule::AdamW,
+        OptimizerKind::AdamW8bit => OptimizerRule::AdamW8bit,
+        OptimizerKind::Sgd => OptimizerRule::SgdMomentum,
+    })
+}
+
+/// `--offload`'s value as it is spelled.
+fn offload_name(offload: HostOffload) -> String {
+    offload
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
 }
 
 fn subject(args: &EstimateArgs) -> Result<Subject> {
@@ -308,8 +301,11 @@ fn engine_report(
     let options = ReportOptions {
         gpus: args.gpus,
         nodes: args.nodes,
-        strategy: args.shard.as_deref().and_then(Strategy::parse),
-        offload: args.offload.as_deref().map(Offload::from_flag),
+        strategy: args.shard,
+        offload: args.offload.map(|o| Offload {
+            parameters: o == HostOffload::Params,
+            optimizer: o != HostOffload::None,
+        }),
     };
     Ok(report(&scenario, &options))
 }

@@ -11,7 +11,10 @@ use napkin_core::predict::pytorch::{
 use napkin_core::predict::units::accelerate_units;
 use serde_json::json;
 
-use crate::cli::EstimateArgs;
+use napkin_core::config::AttentionKind;
+use napkin_core::train::ComputeDtype;
+
+use crate::cli::{EstimateArgs, Releases, ScenarioAttention};
 
 pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> {
     let setup = setup(args)?;
@@ -56,11 +59,10 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
     if s.micro_batch == 0 || s.seq_len < 2 {
         bail!("--micro-batch must be at least 1 and --seq-len at least 2");
     }
-    let half = match args.dtype.as_str() {
-        "f32" => TorchDtype::F32,
-        "bf16" => TorchDtype::Bf16,
-        "f16" => TorchDtype::F16,
-        other => bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+    let half = match args.dtype {
+        ComputeDtype::F32 => TorchDtype::F32,
+        ComputeDtype::Bf16 => TorchDtype::Bf16,
+        ComputeDtype::F16 => TorchDtype::F16,
     };
     let lora = (s.lora_r > 0)
         .then(|| -> Result<LoraConfig> {
@@ -77,11 +79,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         (false, false) => Method::Full,
         (false, true) => Method::Lora,
         (true, true) => Method::QLora {
-            quant: match p.quant_type.as_str() {
-                "nf4" => Quant4bit::Nf4,
-                "fp4" => Quant4bit::Fp4,
-                other => bail!("--quant-type `{other}`: expected nf4 or fp4"),
-            },
+            quant: p.quant_type,
             double_quant: s.double_quant,
             block_size: 64,
         },
@@ -110,29 +108,20 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         } else {
             TorchDtype::Bf16
         },
-        mode: match p.torch_mode.as_str() {
-            "train" => ModuleMode::Train,
-            "eval" => ModuleMode::Eval,
-            "as-loaded" => ModuleMode::AsLoaded,
-            other => bail!("--torch-mode `{other}`: expected train, eval or as-loaded"),
-        },
+        mode: p.torch_mode,
         checkpointing,
         input_require_grads: PyTorchSetup::input_hooked(s.lora_r > 0, qlora, checkpointing),
         // Unless told otherwise, what transformers picks for Llama: sdpa.
-        attention: match s.attention.as_deref().unwrap_or("sdpa") {
-            "eager" => Attention::Eager,
-            "sdpa" | "efficient" => Attention::Sdpa,
-            other => bail!("--attention `{other}` with --engine pytorch: expected eager or sdpa"),
+        attention: match s.attention {
+            Some(ScenarioAttention::Napkin(AttentionKind::Eager)) => Attention::Eager,
+            Some(ScenarioAttention::Napkin(AttentionKind::Efficient))
+            | Some(ScenarioAttention::Sdpa)
+            | None => Attention::Sdpa,
         },
-        device: match p.torch_device.as_str() {
-            "cuda" => TorchDevice::Cuda,
-            "cpu" => TorchDevice::Cpu,
-            other => bail!("--torch-device `{other}`: expected cuda or cpu"),
-        },
-        stack: match p.torch_releases.as_str() {
-            "current" => Stack::MEASURED,
-            "spring-2024" => Stack::SPRING_2024,
-            other => bail!("--torch-releases `{other}`: expected current or spring-2024"),
+        device: p.torch_device,
+        stack: match p.torch_releases {
+            Releases::Current => Stack::MEASURED,
+            Releases::Spring2024 => Stack::SPRING_2024,
         },
     })
 }

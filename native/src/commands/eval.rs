@@ -24,7 +24,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             ids.len()
         );
     }
-    let device_kind: DeviceKind = args.device.parse()?;
+    let device_kind = args.device;
     let (loss, tokens, engine) = match args.activation_bits {
         Some(bits) => {
             if device_kind != DeviceKind::Cpu {

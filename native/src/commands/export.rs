@@ -6,11 +6,10 @@ use std::io::IsTerminal;
 use anyhow::{Context, Result};
 use napkin_core::device::DeviceKind;
 use napkin_core::export::{write_gguf_file, write_hf_folder};
-use napkin_core::io::gguf::export::GgufQuant;
 use napkin_core::io::hf_writer::{WeightLayout, base_weight_dtype};
 use napkin_core::tokenizer::tokenizer_for_model;
 
-use crate::cli::ExportArgs;
+use crate::cli::{ExportArgs, ExportFormat};
 
 pub fn run(args: &ExportArgs) -> Result<()> {
     let path = &args.model.model;
@@ -22,8 +21,8 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     })?;
     let merge_lora = args.adapter.is_some();
     let out = &args.out;
-    if args.format == "gguf" {
-        let quant: GgufQuant = args.quant.parse()?;
+    if args.format == ExportFormat::Gguf {
+        let quant = args.quant;
         let summary = super::working(&format!("writing {}", out.display()), plain, || {
             write_gguf_file(&model, &tokenizer, out, quant, merge_lora)
         })
@@ -40,8 +39,8 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             types.join(", ")
         );
     } else {
-        let dtype = match &args.dtype {
-            Some(d) => d.parse()?,
+        let dtype = match args.dtype {
+            Some(d) => d,
             None => base_weight_dtype(path)?,
         };
         let max_shard_bytes = super::shard_bytes(&args.max_shard_size)?;

@@ -39,7 +39,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         top_p: args.top_p,
         seed: args.seed,
     };
-    let kind = args.device.parse::<DeviceKind>()?;
+    let kind = args.device;
     if kind == DeviceKind::Cpu && !args.dequantize {
         let bits = ActivationBits::from(args.activation_bits);
         if let Some(model) = block_engine(path, args.adapter.as_deref(), bits)? {

@@ -5,8 +5,8 @@
 use std::io::IsTerminal;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, OptimizerKind};
-use napkin_core::device::{DeviceKind, guard_device_memory};
+use napkin_core::config::LlamaConfig;
+use napkin_core::device::guard_device_memory;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
 use napkin_core::measure::{Comparison, MachineProbe, MeasurementReport, measure, random_model};
@@ -18,9 +18,9 @@ use napkin_core::predict::units::accelerate_units;
 use crate::cli::MeasureArgs;
 
 pub fn run(args: &MeasureArgs) -> Result<()> {
-    let kind: DeviceKind = args.device.parse()?;
+    let kind = args.device;
     let device = kind.open()?;
-    let optimizer: OptimizerKind = args.optimizer.parse()?;
+    let optimizer = args.optimizer;
     let lora = args.scenario.lora()?;
     let nf4 = args.scenario.nf4();
     let (config, path) = match (&args.preset, &args.model) {
@@ -28,7 +28,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         (None, Some(path)) => (super::model_config(path)?, Some(path.clone())),
         (None, None) => bail!("give --model PATH or --preset NAME"),
     };
-    let half = super::half_precision_on(&args.dtype, kind)?;
+    let half = super::half_precision_on(args.dtype, kind)?;
     let scenario = super::with_autocast(args.scenario.scenario(config.clone(), optimizer)?, half);
     let train_device = device.clone().autodiff();
     let build = || -> napkin_core::error::Result<Llama> {
@@ -47,7 +47,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
         Ok(model)
     };
 
-    let offload_to = if super::offload_optimizer(&args.offload)? {
+    let offload_to = if super::offload_optimizer(args.offload)? {
         if kind.is_cpu() {
             bail!(
                 "--offload optimizer on `{}` ({}): the CPU backend computes in host memory, so offload would move nothing; use --device wgpu or cuda, or `napkin estimate --offload optimizer` for the prediction",

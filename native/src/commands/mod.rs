@@ -17,10 +17,15 @@ pub mod train;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind};
+use napkin_core::config::{
+    AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+};
+use napkin_core::device::DeviceKind;
 use napkin_core::predict::inventory::Scenario;
+use napkin_core::predict::settings::StepSettings;
+use napkin_core::train::ComputeDtype;
 
-use crate::cli::ScenarioArgs;
+use crate::cli::{Offload, ScenarioArgs, ScenarioAttention};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 
 /// A model's configuration without reading its weights: GGUF metadata or config.json.
@@ -38,31 +43,46 @@ pub fn model_config(path: &Path) -> Result<LlamaConfig> {
 
 /// `--offload` of `train` and `measure`: whether the optimizer runs offloaded. The engine
 /// offloads the optimizer only; parameter offload is predicted (`napkin estimate --offload`).
-pub fn offload_optimizer(what: &str) -> Result<bool> {
-    match what.to_ascii_lowercase().as_str() {
-        "none" => Ok(false),
-        "optimizer" => Ok(true),
-        "params" | "parameters" | "params,optimizer" => bail!(
-            "--offload {what}: napkin's engine offloads the optimizer state only; parameter offload is predicted by `napkin estimate --offload params`"
+pub fn offload_optimizer(what: Offload) -> Result<bool> {
+    match what {
+        Offload::None => Ok(false),
+        Offload::Optimizer => Ok(true),
+        Offload::Params => bail!(
+            "--offload params: napkin's engine offloads the optimizer state only; parameter offload is predicted by `napkin estimate --offload params`"
         ),
-        _ => bail!("--offload {what}: expected `optimizer` or `none`"),
     }
 }
 
 impl ScenarioArgs {
+    /// The step's settings as the flags ask (f32; see [`with_autocast`]).
+    pub fn settings(&self, optimizer: OptimizerKind) -> Result<StepSettings> {
+        Ok(StepSettings {
+            micro_batch: self.micro_batch,
+            seq_len: self.seq_len,
+            lora_r: self.lora_r,
+            lora_alpha: self.lora_alpha,
+            lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
+            nf4: self.nf4(),
+            optimizer,
+            checkpointing: self.checkpointing,
+            accumulation: self.accumulation,
+            attention: match self.attention {
+                None => AttentionKind::Eager,
+                Some(ScenarioAttention::Napkin(kind)) => kind,
+                Some(ScenarioAttention::Sdpa) => bail!(
+                    "--attention sdpa is PyTorch's (--engine pytorch); napkin's engine runs eager or efficient"
+                ),
+            },
+            kernels: self.kernels,
+            rows: self.rows,
+            ..StepSettings::default()
+        })
+    }
+
     /// LoRA on the linears of `--lora-targets`, as the flags ask (None: full fine-tuning; α
     /// defaults to 2r).
     pub fn lora(&self) -> Result<Option<LoraConfig>> {
-        if self.lora_r == 0 {
-            return Ok(None);
-        }
-        let targets = LoraTarget::parse_list(&self.lora_targets)?;
-        Ok(Some(LoraConfig {
-            r: self.lora_r,
-            alpha: self.lora_alpha.unwrap_or(2.0 * self.lora_r as f64),
-            targets,
-            ..LoraConfig::default()
-        }))
+        Ok(self.settings(OptimizerKind::AdamW)?.lora())
     }
 
     /// NF4 as the flags ask.
@@ -75,53 +95,23 @@ impl ScenarioArgs {
 
     /// The predictor's scenario for a model of `config` (f32; see [`with_autocast`]).
     pub fn scenario(&self, config: LlamaConfig, optimizer: OptimizerKind) -> Result<Scenario> {
-        if self.micro_batch == 0 || self.seq_len < 2 {
-            bail!("--micro-batch must be at least 1 and --seq-len at least 2");
-        }
-        if self.nf4().is_some_and(|nf4| nf4.validate().is_err()) {
-            bail!(
-                "--nf4-block-size {}: expected an even number from 2 to 2^20",
-                self.nf4_block_size
-            );
-        }
-        Ok(Scenario {
-            lora: self.lora()?,
-            nf4: self.nf4(),
-            optimizer,
-            checkpointing: self.checkpointing,
-            accumulation: self.accumulation.max(1),
-            attention: self
-                .attention
-                .as_deref()
-                .unwrap_or("eager")
-                .parse()
-                .context("--attention")?,
-            kernels: self.kernels.parse().context("--kernels")?,
-            rows: self.rows.parse().context("--rows")?,
-            ..Scenario::new(config, self.micro_batch, self.seq_len)
-        })
+        Ok(self.settings(optimizer)?.scenario(config)?)
     }
 }
 
 /// Whether `--dtype` asks for 16-bit autocast on `kind` (f32, or bf16/f16 where the backend
 /// computes in 16 bits).
-pub fn half_precision_on(
-    dtype: &str,
-    kind: napkin_core::device::DeviceKind,
-) -> anyhow::Result<bool> {
-    match dtype {
-        "f32" | "fp32" | "float32" => Ok(false),
-        "bf16" | "f16" | "fp16" | "bfloat16" | "float16" => {
-            if !kind.supports_half_precision() {
-                anyhow::bail!(
-                    "--dtype {dtype}: {} computes in f32 only; use --device flex, wgpu or cuda",
-                    kind.backend_name()
-                );
-            }
-            Ok(true)
-        }
-        other => anyhow::bail!("--dtype `{other}`: expected f32, bf16 or f16"),
+pub fn half_precision_on(dtype: ComputeDtype, kind: DeviceKind) -> Result<bool> {
+    if dtype == ComputeDtype::F32 {
+        return Ok(false);
     }
+    if !kind.supports_half_precision() {
+        bail!(
+            "--dtype {dtype}: {} computes in f32 only; use --device flex, wgpu or cuda",
+            kind.backend_name()
+        );
+    }
+    Ok(true)
 }
 
 /// `s` trained under bf16/f16 autocast when `half`, as `napkin train --dtype` runs it: the linear

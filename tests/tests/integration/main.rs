@@ -6,6 +6,7 @@
 //! - `chat_templates`: real chat templates rendered as transformers renders them.
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
 //! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order).
+//! - `docs`: README's length and first screen, the book's table of contents, every link.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
 //! - `families`: Qwen2 and Qwen3 (and any family in `tests/corpus`'s layout) against
 //!   transformers, llama.cpp's converter and bitsandbytes + peft.
@@ -31,6 +32,7 @@ mod caching_allocator;
 mod chat_templates;
 mod checkpoints;
 mod data;
+mod docs;
 mod families;
 mod floors;
 mod gguf_export;

@@ -7,23 +7,25 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use super::dequant::GgmlType;
 use super::llama::{gguf_arch, gguf_name, permute_rows, permuted_heads};
 use super::quantize::quantize;
 use super::rope_factors::{ROPE_FREQS, llama3_divisors};
 use super::writer::{MetaValue, TensorEntry, write_gguf};
+use crate::config::spellings;
 use crate::error::{Error, Result};
 use crate::model::Llama;
 
 /// The weight type of an exported GGUF.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgufQuant {
+    /// Every weight in f32.
     F32,
+    /// The 2-D weights in f16.
     F16,
+    /// The 2-D weights in Q8_0.
     Q8_0,
+    /// The 2-D weights in Q4_0.
     Q4_0,
     /// Q4_K (the `Q4_K_S` file type: every 2-D weight in Q4_K).
     Q4K,
@@ -62,21 +64,13 @@ impl GgufQuant {
     }
 }
 
-impl std::str::FromStr for GgufQuant {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Ok(GgufQuant::F32),
-            "f16" => Ok(GgufQuant::F16),
-            "q8_0" => Ok(GgufQuant::Q8_0),
-            "q4_0" => Ok(GgufQuant::Q4_0),
-            "q4_k" | "q4_k_s" => Ok(GgufQuant::Q4K),
-            other => Err(Error::Input(format!(
-                "GGUF type `{other}`: expected f32, f16, q8_0, q4_0 or q4_k"
-            ))),
-        }
-    }
+spellings! {
+    GgufQuant, "GGUF type", "quant", serde;
+    F32 => "f32" []: "every weight in f32",
+    F16 => "f16" []: "the 2-D weights in f16",
+    Q8_0 => "q8_0" []: "8-bit blocks of 32",
+    Q4_0 => "q4_0" []: "4-bit blocks of 32",
+    Q4K => "q4_k" ["q4_k_s"]: "4-bit K-quant super-blocks of 256 (llama.cpp's Q4_K_S file type)",
 }
 
 /// What an export wrote: how many tensors of each type.

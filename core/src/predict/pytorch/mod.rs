@@ -22,7 +22,7 @@ pub mod tape;
 
 use serde::Serialize;
 
-use crate::config::{LlamaConfig, LoraConfig, LoraTarget};
+use crate::config::{LlamaConfig, LoraConfig, LoraTarget, spellings};
 
 /// Where the step runs (the kernels differ in what they save).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -31,6 +31,12 @@ pub enum TorchDevice {
     Cpu,
     /// CUDA (flash or memory-efficient attention; dropout keeps a one-byte mask).
     Cuda,
+}
+
+spellings! {
+    TorchDevice, "torch device", "torch_device";
+    Cpu => "cpu" []: "the CPU (flash attention for the CPU; dropout keeps a mask of the input's dtype)",
+    Cuda => "cuda" []: "CUDA (flash or memory-efficient attention; dropout keeps a one-byte mask)",
 }
 
 /// A torch dtype of the hidden states or of the 4-bit compute.
@@ -82,6 +88,12 @@ pub enum Quant4bit {
     Fp4,
 }
 
+spellings! {
+    Quant4bit, "4-bit type", "quant_type";
+    Nf4 => "nf4" []: "NormalFloat4",
+    Fp4 => "fp4" []: "bitsandbytes' 4-bit float, its default bnb_4bit_quant_type",
+}
+
 /// What the step trains.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum Method {
@@ -111,6 +123,13 @@ pub enum ModuleMode {
     /// in eval mode (HF skips checkpointing), the adapters peft added in train mode (their
     /// dropout runs).
     AsLoaded,
+}
+
+spellings! {
+    ModuleMode, "module mode", "torch_mode";
+    Train => "train" []: "model.train(): dropout and checkpointing run",
+    Eval => "eval" []: "model.eval(): neither runs",
+    AsLoaded => "as-loaded" ["as_loaded"]: "no train() call: the model in from_pretrained's eval mode (HF skips checkpointing), the new adapters in train mode",
 }
 
 /// Behaviours that changed between releases of the stack.

@@ -73,7 +73,7 @@ fn cases(smoke: bool) -> Vec<Case> {
 
 /// The device to bench on: `--device` when it names a GPU, else CUDA, then wgpu.
 fn gpu(args: &BenchArgs) -> Result<DeviceKind> {
-    let asked: DeviceKind = args.device.parse()?;
+    let asked = args.device;
     if !asked.is_cpu() {
         return Ok(asked);
     }
@@ -104,7 +104,7 @@ struct CaseFigures<'a> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let kind = gpu(args)?;
     let device = kind.open()?;
-    let half = super::super::half_precision_on(&args.dtype, kind)?;
+    let half = super::super::half_precision_on(args.dtype, kind)?;
     let compute = if half {
         format!("{:?}", half_dtype(&device)).to_lowercase()
     } else {

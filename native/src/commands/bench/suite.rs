@@ -9,7 +9,6 @@ use std::io::IsTerminal;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc;
 use serde::Serialize;
@@ -75,7 +74,7 @@ pub struct SuiteReport {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let kind: DeviceKind = args.device.parse()?;
+    let kind = args.device;
     let device = kind.open()?;
     // burn's CPU backends use rayon's pool (RAYON_NUM_THREADS when set, else every CPU).
     let threads = napkin_core::device::compute_thread_count();

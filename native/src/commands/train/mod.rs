@@ -31,8 +31,9 @@ use settings::{settings, with_absolute_paths};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-pub fn run(args: &TrainArgs) -> Result<()> {
-    let mut config = settings(args)?;
+/// `given(id)`: whether the flag of field `id` was given on the command line.
+pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
+    let mut config = settings(args, given)?;
     if let Some(change) = config.adopt_adapter()? {
         eprintln!("{change}");
     }

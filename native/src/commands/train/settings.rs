@@ -8,8 +8,9 @@ use napkin_core::train::TrainConfig;
 
 use crate::cli::TrainArgs;
 
-/// Defaults, then the TOML file, then the flags.
-pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
+/// Defaults, then the TOML file, then the flags given on the command line (`given` says
+/// which: a flag left at its `--help` default does not override the file).
+pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<TrainConfig> {
     let mut c = match &args.config {
         Some(path) => {
             let text =
@@ -19,12 +20,15 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         }
         None => TrainConfig::default(),
     };
+    // A flag's value where it was given; `$key` is the run file's key when it differs.
     macro_rules! set {
-        ($($field:ident),*) => {$(
-            if let Some(v) = &args.$field {
-                c.$field = v.clone().into();
+        ($($field:ident $(=> $key:ident)?),* $(,)?) => {$(
+            if given(stringify!($field)) {
+                set!(@assign $field $(=> $key)?);
             }
         )*};
+        (@assign $field:ident) => { c.$field = args.$field.clone().into(); };
+        (@assign $field:ident => $key:ident) => { c.$key = args.$field.clone().into(); };
     }
     // --model and --preset replace each other (whichever a TOML file named).
     if let Some(model) = &args.model {
@@ -35,40 +39,44 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
         c.preset = Some(preset.clone());
         c.model = Default::default();
     }
-    set!(
-        data,
-        out,
-        lora_r,
-        lora_alpha,
-        lora_dropout,
-        targets,
-        micro_batch,
-        accum
-    );
-    set!(seq_len, lr, weight_decay, warmup_steps, max_grad_norm, seed);
-    if let Some(d) = &args.dtype {
-        c.dtype = d.parse()?;
+    if let Some(data) = &args.data {
+        c.data = data.clone();
     }
-    if let Some(d) = &args.device {
-        c.device = d.parse()?;
+    if let Some(out) = &args.out {
+        c.out = out.clone();
     }
     set!(
-        save_every,
-        keep_checkpoints,
-        nf4_block_size,
-        momentum,
+        data_format,
         val_fraction,
         eval_every,
         early_stopping,
-        sample_tokens
+        sample_tokens,
+        lora_r,
+        lora_alpha,
+        lora_dropout,
+        lora_targets,
+        nf4_block_size,
+        attention,
+        micro_batch,
+        accumulation,
+        seq_len,
+        optimizer,
+        momentum,
+        lr,
+        weight_decay,
+        warmup_steps,
+        lr_scheduler,
+        max_grad_norm,
+        seed,
+        dtype,
+        device,
+        save_every,
+        keep_checkpoints,
     );
     if !args.sample_prompts.is_empty() {
         c.sample_prompts = args.sample_prompts.clone();
     }
     c.train_on_inputs |= args.train_on_inputs;
-    if let Some(f) = &args.data_format {
-        c.data_format = f.parse()?;
-    }
     if let Some(e) = &args.eval_data {
         c.eval_data = Some(e.clone());
     }
@@ -78,14 +86,11 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     if let Some(r) = args.warmup_ratio {
         c.warmup_ratio = Some(r);
     }
-    if let Some(k) = &args.lr_scheduler {
-        c.lr_scheduler = k.parse()?;
-    }
     if let Some(t) = &args.tokenizer {
         c.tokenizer = Some(t.clone());
     }
-    if let Some(f) = &args.chat_format {
-        c.chat_format = Some(f.clone());
+    if let Some(f) = args.chat_format {
+        c.chat_format = Some(f);
     }
     if let Some(s) = args.steps {
         c.steps = Some(s);
@@ -93,27 +98,21 @@ pub(super) fn settings(args: &TrainArgs) -> Result<TrainConfig> {
     if let Some(e) = args.epochs {
         c.epochs = Some(e);
     }
-    if let Some(o) = &args.optimizer {
-        c.optimizer = o.parse()?;
-    }
     c.nf4 |= args.nf4;
     c.double_quant |= args.double_quant;
     c.checkpointing |= args.checkpointing;
     c.rslora |= args.rslora;
-    if let Some(a) = &args.attention {
-        c.attention = a.parse().context("--attention")?;
-    }
     if args.no_pack {
         c.pack = false;
     }
-    if let Some(what) = &args.offload {
-        c.offload_optimizer = crate::commands::offload_optimizer(what)?;
+    if given("offload") {
+        c.offload_optimizer = crate::commands::offload_optimizer(args.offload)?;
     }
-    if let Some(d) = &args.merge_dtype {
-        c.merge_dtype = Some(d.parse()?);
+    if let Some(d) = args.merge_dtype {
+        c.merge_dtype = Some(d);
     }
-    if let Some(size) = &args.max_shard_size {
-        c.max_shard_bytes = crate::commands::shard_bytes(size)?;
+    if given("max_shard_size") {
+        c.max_shard_bytes = crate::commands::shard_bytes(&args.max_shard_size)?;
     }
     Ok(c)
 }

@@ -1,0 +1,245 @@
+//! A training step's settings as a user chooses them, the same for every front end (the CLI's
+//! flags, a run file, the page's controls), and the one function that turns them into the
+//! predictor's [`Scenario`] and refuses what no step can run.
+
+use crate::config::{
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+};
+use crate::error::{Error, Result};
+use crate::predict::inventory::Scenario;
+use crate::predict::row_layout::RowLayout;
+
+/// The tricks and shapes of one training step, as plain choices (no model yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSettings {
+    /// B: rows per micro-batch.
+    pub micro_batch: usize,
+    /// T: tokens per row.
+    pub seq_len: usize,
+    /// LoRA rank r (0: full fine-tuning).
+    pub lora_r: usize,
+    /// LoRA α (None: 2r).
+    pub lora_alpha: Option<f64>,
+    /// LoRA dropout probability.
+    pub lora_dropout: f64,
+    /// rsLoRA's α/√r scale instead of α/r.
+    pub rslora: bool,
+    /// The adapted linears.
+    pub lora_targets: Vec<LoraTarget>,
+    /// The frozen block linears as NF4 (QLoRA with LoRA), with these settings.
+    pub nf4: Option<Nf4Config>,
+    /// The optimizer.
+    pub optimizer: OptimizerKind,
+    /// Block-level gradient checkpointing.
+    pub checkpointing: bool,
+    /// Micro-batches per optimizer step.
+    pub accumulation: usize,
+    /// Rows packed with several samples (no padding).
+    pub packed: bool,
+    /// The attention's softmax.
+    pub attention: AttentionKind,
+    /// 16-bit autocast of the products.
+    pub half_compute: bool,
+    /// The element-wise layers' implementation.
+    pub kernels: Kernels,
+    /// The device's row layout.
+    pub rows: RowLayout,
+}
+
+impl Default for StepSettings {
+    /// Full fine-tuning of one row of 256 tokens with AdamW, nothing else switched on.
+    fn default() -> Self {
+        StepSettings {
+            micro_batch: 1,
+            seq_len: 256,
+            lora_r: 0,
+            lora_alpha: None,
+            lora_dropout: 0.0,
+            rslora: false,
+            lora_targets: LoraTarget::ALL.to_vec(),
+            nf4: None,
+            optimizer: OptimizerKind::AdamW,
+            checkpointing: false,
+            accumulation: 1,
+            packed: false,
+            attention: AttentionKind::Eager,
+            half_compute: false,
+            kernels: Kernels::FusedCpu,
+            rows: RowLayout::Contiguous,
+        }
+    }
+}
+
+impl StepSettings {
+    /// LoRA as the settings ask (None: full fine-tuning).
+    pub fn lora(&self) -> Option<LoraConfig> {
+        (self.lora_r > 0).then(|| LoraConfig {
+            r: self.lora_r,
+            alpha: self.lora_alpha.unwrap_or(2.0 * self.lora_r as f64),
+            dropout: self.lora_dropout,
+            targets: self.lora_targets.clone(),
+            use_rslora: self.rslora,
+        })
+    }
+
+    /// The predictor's scenario for a model of `config`, or an error naming the setting that
+    /// no step can run with.
+    pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
+        self.check()?;
+        Ok(self.build(config))
+    }
+
+    /// The scenario without [`StepSettings::check`]: for a front end whose inputs are bounded
+    /// where they are entered (the page's controls accept only what `check` accepts).
+    pub fn build(&self, config: LlamaConfig) -> Scenario {
+        Scenario {
+            lora: self.lora(),
+            nf4: self.nf4,
+            optimizer: self.optimizer,
+            half_compute: self.half_compute,
+            checkpointing: self.checkpointing,
+            accumulation: self.accumulation,
+            packed: self.packed,
+            attention: self.attention,
+            kernels: self.kernels,
+            rows: self.rows,
+            ..Scenario::new(config, self.micro_batch, self.seq_len)
+        }
+    }
+
+    /// Refuses, naming the setting, what no step can run with.
+    pub fn check(&self) -> Result<()> {
+        // Named as the flag and as the run file's key, for whichever the user wrote.
+        let bad = |key: &str, message: String| {
+            Err(Error::config(
+                format!("--{} / {key}", key.replace('_', "-")),
+                message,
+            ))
+        };
+        if self.micro_batch == 0 {
+            return bad("micro_batch", "must be at least 1, found 0".into());
+        }
+        if self.seq_len < 2 {
+            return bad(
+                "seq_len",
+                format!(
+                    "must be at least 2 (a token and the one it predicts), found {}",
+                    self.seq_len
+                ),
+            );
+        }
+        if self.accumulation == 0 {
+            return bad("accumulation", "must be at least 1, found 0".into());
+        }
+        if !(0.0..1.0).contains(&self.lora_dropout) {
+            return bad(
+                "lora_dropout",
+                format!("must be in [0, 1), found {}", self.lora_dropout),
+            );
+        }
+        if self.lora_r > 0 && self.lora_targets.is_empty() {
+            return bad(
+                "lora_targets",
+                "LoRA needs at least one target linear".into(),
+            );
+        }
+        if let Some(nf4) = &self.nf4 {
+            nf4.validate()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_settings_become_the_scenario_they_name() {
+        let settings = StepSettings {
+            micro_batch: 2,
+            seq_len: 128,
+            lora_r: 8,
+            lora_targets: vec![LoraTarget::QProj, LoraTarget::VProj],
+            nf4: Some(Nf4Config {
+                block_size: 64,
+                double_quant: true,
+            }),
+            checkpointing: true,
+            accumulation: 4,
+            ..StepSettings::default()
+        };
+        let s = settings.scenario(LlamaConfig::tiny_smol()).unwrap();
+        assert_eq!((s.micro_batch, s.seq_len, s.accumulation), (2, 128, 4));
+        let lora = s.lora.expect("LoRA");
+        assert_eq!((lora.r, lora.alpha), (8, 16.0));
+        assert_eq!(lora.targets, vec![LoraTarget::QProj, LoraTarget::VProj]);
+        assert!(s.checkpointing && s.nf4.is_some_and(|n| n.double_quant));
+        assert!(
+            StepSettings::default()
+                .scenario(LlamaConfig::tiny_smol())
+                .unwrap()
+                .lora
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn settings_no_step_can_run_are_refused_by_name() {
+        for (settings, needle) in [
+            (
+                StepSettings {
+                    micro_batch: 0,
+                    ..StepSettings::default()
+                },
+                "micro_batch: must be at least 1",
+            ),
+            (
+                StepSettings {
+                    seq_len: 1,
+                    ..StepSettings::default()
+                },
+                "seq_len: must be at least 2",
+            ),
+            (
+                StepSettings {
+                    accumulation: 0,
+                    ..StepSettings::default()
+                },
+                "accumulation: must be at least 1",
+            ),
+            (
+                StepSettings {
+                    lora_r: 4,
+                    lora_dropout: 1.0,
+                    ..StepSettings::default()
+                },
+                "lora_dropout: must be in [0, 1)",
+            ),
+            (
+                StepSettings {
+                    lora_r: 4,
+                    lora_targets: Vec::new(),
+                    ..StepSettings::default()
+                },
+                "lora_targets: LoRA needs at least one target",
+            ),
+            (
+                StepSettings {
+                    nf4: Some(Nf4Config {
+                        block_size: 3,
+                        double_quant: false,
+                    }),
+                    ..StepSettings::default()
+                },
+                "NF4 block size must be an even number",
+            ),
+        ] {
+            let error = settings
+                .scenario(LlamaConfig::tiny_smol())
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(needle), "{error}");
+        }
+    }
+}
