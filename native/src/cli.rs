@@ -172,7 +172,7 @@ pub struct BenchArgs {
     /// New tokens per `generate` run (greedy, no early stop).
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
-    /// `suite`: a Python with torch, transformers, peft and bitsandbytes (scripts/bench.sh
+    /// `suite`: a Python with torch, transformers, peft and bitsandbytes (scripts/bench/suite.sh
     /// makes one in .venv); its runs alternate with napkin's.
     #[arg(long, value_name = "PYTHON")]
     pub reference: Option<PathBuf>,
@@ -180,7 +180,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_name = "PATH",
-        default_value = "scripts/bench_reference.py"
+        default_value = "scripts/reference/suite.py"
     )]
     pub reference_script: PathBuf,
     /// `suite`: the reference's environment: `napkin` (its OpenMP threads pinned one per CPU and
@@ -208,7 +208,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// `matmul`: the shapes the browser sandbox times, on burn Flex on one thread (the page's
-    /// backend and thread count), for `scripts/bench-page.sh` to compare with the page's own.
+    /// backend and thread count), for `scripts/bench/page.sh` to compare with the page's own.
     #[arg(long)]
     pub page_shapes: bool,
     /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).

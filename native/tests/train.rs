@@ -330,7 +330,7 @@ fn a_preset_trains_from_seeded_random_weights() {
     let smollm2 = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         smollm2.is_file(),
-        "{} missing: run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+        "{} missing: run scripts/fetch/smollm2.sh (scripts/test.sh does)",
         smollm2.display()
     );
     let mut args = preset_args(&refused.0, 1);
@@ -824,7 +824,7 @@ fn data_files_are_read_by_format_and_refused_clearly() {
 
 /// Every shipped example configuration parses as a run's settings and passes the checks that
 /// need no model; the CPU QLoRA one runs a step from the repository root as its comment says
-/// (its model is the GGUF `scripts/fetch-smollm2.sh` fetches).
+/// (its model is the GGUF `scripts/fetch/smollm2.sh` fetches).
 #[test]
 fn the_example_configs_parse_and_the_cpu_one_runs() {
     let mut names = Vec::new();
@@ -1066,7 +1066,7 @@ fn generate_runs_a_qlora_adapter_on_its_nf4_base_kept_as_codes() {
     let smollm2 = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         smollm2.is_file(),
-        "{} missing: run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+        "{} missing: run scripts/fetch/smollm2.sh (scripts/test.sh does)",
         smollm2.display()
     );
     let out = Scratch::new("nf4-generate");

@@ -18,7 +18,7 @@ Writes, into `tests/corpus/<family>/`:
   8-bit absmax codes bitsandbytes' CPU lookup put next to the nearest one, set to the nearest
   before training (napkin's choice, `tests/corpus/nf4_dq`).
 
-    scripts/interop.sh sets up .venv (torch, transformers, peft, bitsandbytes); then:
+    scripts/ci/interop.sh sets up .venv (torch, transformers, peft, bitsandbytes); then:
     .venv/bin/python tests/corpus/make_family_case.py qwen2
     .venv/bin/python tests/corpus/make_family_case.py qwen3
 """

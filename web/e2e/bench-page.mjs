@@ -61,7 +61,7 @@ async function train(page, run) {
 /// older than the hashed names, napkin_web.js.
 function pageGlue(dist) {
   const glue = readdirSync(dist).find((f) => /^napkin_web(\.[0-9a-f]{12})?\.js$/.test(f));
-  if (!glue) throw new Error(`${dist} holds no napkin_web glue: build it with scripts/web-build.sh`);
+  if (!glue) throw new Error(`${dist} holds no napkin_web glue: build it with scripts/ci/web-build.sh`);
   return glue;
 }
 

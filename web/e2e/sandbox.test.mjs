@@ -58,10 +58,10 @@ const context = await chromium.launchPersistentContext(profile, {
     '--enable-unsafe-webgpu'],
 });
 const withWebGpu = process.env.NAPKIN_WEBGPU !== '0';
-// The files scripts/test-web.sh writes for the imports: without them the checks that read
+// The files scripts/ci/test-web.sh writes for the imports: without them the checks that read
 // them would not run, so their absence fails the test rather than passing it quietly.
 for (const name of ['NAPKIN_MEASURE_JSON', 'NAPKIN_ESTIMATE_JSON', 'NAPKIN_CONFIG_JSON', 'NAPKIN_METRICS_JSONL']) {
-  assert.ok(process.env[name], `${name} is not set: run this test through scripts/test-web.sh`);
+  assert.ok(process.env[name], `${name} is not set: run this test through scripts/ci/test-web.sh`);
 }
 const report = {};
 const step = (name) => console.log(`e2e: ${name}`);

@@ -1,6 +1,6 @@
 // End-to-end test of the real-model mode in headless Chromium: the page fetches
 // SmolLM2-135M-Instruct's GGUF from the sandbox's server (web/dist/models/, linked there by
-// scripts/web-build.sh), a Stop mid-run leaves the page usable, then the shipped lesson is
+// scripts/ci/web-build.sh), a Stop mid-run leaves the page usable, then the shipped lesson is
 // taught with QLoRA on the CPU module: the loss falls, the answer to the question changes to
 // the taught fact, and every block's memory is within 10 % of the prediction. Then, on the
 // page as it stands (the run's answers, tables and charts, the exercises open), axe-core finds

@@ -1,6 +1,6 @@
 //! The page's GEMM benchmark: burn Flex's f32 products at napkin-core's
 //! [`PAGE_GEMM_SHAPES`](napkin_core::measure::PAGE_GEMM_SHAPES), timed in this tab, for
-//! `scripts/bench-page.sh` to put beside the same code built natively on one thread
+//! `scripts/bench/page.sh` to put beside the same code built natively on one thread
 //! (`napkin bench matmul --page-shapes`).
 
 use wasm_bindgen::prelude::*;

@@ -12,7 +12,7 @@
 //! number that says "closer to what it was taught" without reading the text.
 //!
 //! Plain Rust over napkin-core like `training.rs`: the worker runs it on the bytes it fetched,
-//! the native test on the file `scripts/fetch-smollm2.sh` brings.
+//! the native test on the file `scripts/fetch/smollm2.sh` brings.
 
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ use crate::training::{
     AnswerStage, TrainBackend, TrainError, TrainEvent, resident_bytes, train_step,
 };
 
-/// The checkpoint the mode is built for (`scripts/fetch-smollm2.sh` puts it in `models/`).
+/// The checkpoint the mode is built for (`scripts/fetch/smollm2.sh` puts it in `models/`).
 pub const REAL_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where the page asks the sandbox's server for it (relative to the page).

@@ -1,6 +1,6 @@
 // The sandbox's service worker: a page loaded once keeps working when the server is gone (a
 // workshop's laptop closed, a train without network). The modules carry their content's hash
-// in their names (scripts/web-build.sh), so a kept copy of one is always right: they are
+// in their names (scripts/ci/web-build.sh), so a kept copy of one is always right: they are
 // answered from the cache first. Every other same-origin GET goes to the network first — a
 // changed page is never served stale — and its answer is kept; when the network fails, the
 // kept answer is used. The page's shell is kept at install, the WebGPU and real-model modules

@@ -55,7 +55,7 @@ async function fetchBytes(url, what, missing) {
 
 /**
  * A wasm-bindgen module loaded on demand: its glue imported, its wasm fetched with progress.
- * The names are written out in full: scripts/web-build.sh rewrites them to the content-hashed
+ * The names are written out in full: scripts/ci/web-build.sh rewrites them to the content-hashed
  * names of the build.
  */
 async function loadModule(gluePath, wasmPath, what, hint) {
@@ -90,7 +90,7 @@ async function webGpu() {
   const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ');
   if (!gpuModule) {
     gpuModule = await loadModule('./napkin_web_gpu.js', './napkin_web_gpu_bg.wasm', 'the WebGPU module',
-      'scripts/web-build.sh skips it with NAPKIN_WEBGPU=0');
+      'scripts/ci/web-build.sh skips it with NAPKIN_WEBGPU=0');
     if (!gpuModule) return null;
   }
   return { adapter: name || 'unnamed', module: gpuModule };
@@ -110,7 +110,7 @@ async function teach({ request, file, name, url, backend }) {
   } else if (!teachModule) {
     teachModule = await loadModule('./napkin_web_teach.js', './napkin_web_teach_bg.wasm',
       'the real-model module',
-      'scripts/web-build.sh builds it');
+      'scripts/ci/web-build.sh builds it');
     if (!teachModule) return;
   }
   let bytes;
@@ -119,7 +119,7 @@ async function teach({ request, file, name, url, backend }) {
     progress('the model', bytes.length, bytes.length);
   } else {
     bytes = await fetchBytes(url, 'the model', 'the sandbox server has no model file: run ' +
-      'scripts/fetch-smollm2.sh and rebuild with scripts/web-build.sh, or pick the .gguf file from disk');
+      'scripts/fetch/smollm2.sh and rebuild with scripts/ci/web-build.sh, or pick the .gguf file from disk');
     if (!bytes) return;
   }
   if (gpu) {

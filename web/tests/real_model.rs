@@ -17,7 +17,7 @@ fn model_bytes() -> Vec<u8> {
         .join(REAL_MODEL_FILE);
     std::fs::read(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e}; run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+            "{}: {e}; run scripts/fetch/smollm2.sh (scripts/test.sh does)",
             path.display()
         )
     })

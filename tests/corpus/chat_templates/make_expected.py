@@ -2,14 +2,14 @@
 checked against (tests/integration/chat_templates.rs).
 
 The templates are llama.cpp's copies of the models' own (models/llama.cpp/templates/, fetched by
-scripts/fetch-llama-cpp-data.sh), SmolLM2's from its GGUF (scripts/fetch-smollm2.sh) and
+scripts/fetch/llama-cpp-data.sh), SmolLM2's from its GGUF (scripts/fetch/smollm2.sh) and
 TinyLlama-Chat's Zephyr template (tinyllama-zephyr.jinja beside this script); each is rendered on a few conversations with and without the
 generation prompt by `transformers.utils.chat_template_utils.render_jinja_template`, the
 function `apply_chat_template` calls. A template that refuses a conversation (Gemma 2 has no
 system role) records the refusal. `date_string` is fixed so Llama 3.1's date line is the
 template's own default, as napkin renders it (napkin defines no `strftime_now`).
 
-    scripts/interop.sh sets up .venv; then:
+    scripts/ci/interop.sh sets up .venv; then:
     .venv/bin/python tests/corpus/chat_templates/make_expected.py
 """
 

@@ -14,7 +14,7 @@ Files: `hf/` (config.json, model.safetensors), `model.gguf`, `reference.safetens
 (`input_ids` [1, 288], `logits` [1, 288, V] with the schedule, `logits_unscaled` with plain RoPE,
 `rope_freqs` [16]).
 
-    scripts/interop.sh sets up .venv (torch, transformers, gguf); then:
+    scripts/ci/interop.sh sets up .venv (torch, transformers, gguf); then:
     .venv/bin/python tests/corpus/llama3_rope/make_case.py
 """
 

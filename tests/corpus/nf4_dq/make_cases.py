@@ -7,7 +7,7 @@ second-level scales and its dequantized absmax, for tests/integration/nf4_parity
 Files: `cases.json` (shapes, offsets, and where each array starts) and `cases.bin` (the arrays,
 little-endian, one after another).
 
-    scripts/interop.sh sets up .venv (torch, bitsandbytes); then:
+    scripts/ci/interop.sh sets up .venv (torch, bitsandbytes); then:
     .venv/bin/python tests/corpus/nf4_dq/make_cases.py
 """
 

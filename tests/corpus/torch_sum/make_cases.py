@@ -7,7 +7,7 @@ stored. Each length is summed with one thread, and the long ones also with 4 and
 torch splits a sum of 32,768 values or more between threads, which changes the order.
 File: `cases.json`.
 
-    scripts/interop.sh sets up .venv (torch); then:
+    scripts/ci/interop.sh sets up .venv (torch); then:
     .venv/bin/python tests/corpus/torch_sum/make_cases.py
 """
 

@@ -1,4 +1,4 @@
-//! The GPU-backend tests, run by `scripts/test-gpu.sh` on wgpu: with no GPU the script installs
+//! The GPU-backend tests, run by `scripts/ci/test-gpu.sh` on wgpu: with no GPU the script installs
 //! Mesa's lavapipe, a Vulkan driver that runs on the CPU, so the device memory is the driver's
 //! own allocations and the host memory is this program's heap — two meters that do not see each
 //! other's bytes, as on a real GPU.

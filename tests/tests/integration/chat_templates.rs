@@ -1,6 +1,6 @@
 //! Real chat templates (llama.cpp's copies of Llama 3.1/3.2, Qwen2.5, Phi-3.5, Gemma 2,
 //! Mistral NeMo, SmolLM3 and DeepSeek-R1-Distill's own, fetched by
-//! `scripts/fetch-llama-cpp-data.sh`; SmolLM2's from its GGUF; TinyLlama-Chat's Zephyr) rendered by napkin exactly as transformers renders them
+//! `scripts/fetch/llama-cpp-data.sh`; SmolLM2's from its GGUF; TinyLlama-Chat's Zephyr) rendered by napkin exactly as transformers renders them
 //! (`tests/corpus/chat_templates/expected.json`, made by `make_expected.py` beside it): the
 //! same text for every conversation, the same refusal where the template refuses — within a
 //! hundredth of the sandbox's fuel.
@@ -19,7 +19,7 @@ fn template_source(spec: &serde_json::Value) -> String {
     let where_ = spec["source"].as_str().unwrap();
     if let Some(file) = where_.strip_prefix("gguf:") {
         let gguf = napkin_core::io::gguf::GgufFile::open(&root().join(file))
-            .unwrap_or_else(|e| panic!("{file}: {e} (run scripts/fetch-smollm2.sh)"));
+            .unwrap_or_else(|e| panic!("{file}: {e} (run scripts/fetch/smollm2.sh)"));
         return gguf.metadata["tokenizer.chat_template"]
             .as_str()
             .unwrap()
@@ -28,7 +28,7 @@ fn template_source(spec: &serde_json::Value) -> String {
     let path = root().join(where_);
     std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (run scripts/fetch-llama-cpp-data.sh)",
+            "{}: {e} (run scripts/fetch/llama-cpp-data.sh)",
             path.display()
         )
     })

@@ -1,5 +1,5 @@
 //! Tokenizers built from GGUF metadata against llama.cpp's tokenizer tests: for each vocabulary
-//! (`models/llama.cpp/vocab/`, fetched by `scripts/fetch-llama-cpp-data.sh`) the test texts (`.inp`:
+//! (`models/llama.cpp/vocab/`, fetched by `scripts/fetch/llama-cpp-data.sh`) the test texts (`.inp`:
 //! digits, whitespace runs, tabs and newlines, accents, Cyrillic, CJK, emoji, code) must give the
 //! ids Hugging Face's tokenizer for that model gives them (`.out`), and decode back.
 
@@ -22,7 +22,7 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
         let path = base.with_extension(format!("gguf.{ext}"));
         std::fs::read_to_string(&path).unwrap_or_else(|e| {
             panic!(
-                "{}: {e} (run scripts/fetch-llama-cpp-data.sh)",
+                "{}: {e} (run scripts/fetch/llama-cpp-data.sh)",
                 path.display()
             )
         })

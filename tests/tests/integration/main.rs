@@ -22,7 +22,7 @@
 //! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
 //! - `quantized_adapters`: the quantized generation engine with adapters on any projections.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
-//! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch-smollm2.sh).
+//! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch/smollm2.sh).
 //! - `smollm2_reference`: SmolLM2's logits against an independent f64 Llama in plain Rust.
 //! - `tinyllama_layout`: TinyLlama's HF folder layout on a small random checkpoint.
 //! - `tokenizers`: HF tokenizer.json and GGUF-built tokenizers.

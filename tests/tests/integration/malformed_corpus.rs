@@ -271,7 +271,7 @@ fn malformed_corpus_gives_the_exact_errors() {
             "FILE: malformed checkpoint: tensors `output_norm.weight` and `token_embd.weight` overlap",
         ),
         (
-            // Found by `scripts/fuzz.sh gguf` (kept as the fuzzer wrote it).
+            // Found by `scripts/ci/fuzz.sh gguf` (kept as the fuzzer wrote it).
             "gguf/fuzz-data-past-end.gguf",
             "FILE: malformed checkpoint: the tensor data would start at byte 512, past the end of the 494-byte file",
         ),

@@ -1,5 +1,5 @@
 //! The real SmolLM2-135M-Instruct GGUF (Q4_1 / Q8_0 / F32 tensors), fetched by
-//! `scripts/fetch-smollm2.sh` into `models/`: it loads, and it knows where Paris is.
+//! `scripts/fetch/smollm2.sh` into `models/`: it loads, and it knows where Paris is.
 
 use std::path::PathBuf;
 
@@ -14,7 +14,7 @@ pub fn smollm2_path() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         path.is_file(),
-        "{} missing: run scripts/fetch-smollm2.sh (scripts/test.sh does)",
+        "{} missing: run scripts/fetch/smollm2.sh (scripts/test.sh does)",
         path.display()
     );
     path

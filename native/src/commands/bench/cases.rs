@@ -1,5 +1,5 @@
 //! The suite's cases: what each one runs, how its speed is counted, and how the PyTorch
-//! reference (`scripts/bench_reference.py`) is told to run the same thing.
+//! reference (`scripts/reference/suite.py`) is told to run the same thing.
 
 use napkin_core::config::{AttentionKind, LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::predict::inventory::Scenario;

@@ -74,7 +74,7 @@ impl<M: NextToken> Engine for Napkin<'_, M> {
     }
 }
 
-/// llama.cpp in `scripts/bench_generate_reference.py`, answering `run` lines.
+/// llama.cpp in `scripts/reference/generate.py`, answering `run` lines.
 struct LlamaCpp {
     child: Child,
     stdin: ChildStdin,
@@ -94,7 +94,7 @@ impl LlamaCpp {
         // inherits the mask: on one CPU llama.cpp ran at ~55 % of its speed).
         let mut child = napkin_core::device::spawn_unpinned(
             Command::new(python)
-                .arg("scripts/bench_generate_reference.py")
+                .arg("scripts/reference/generate.py")
                 .arg(model)
                 .args(["--threads", &threads.to_string()])
                 .args(["--tokens", &tokens.to_string()])

@@ -2,7 +2,7 @@
 //! SmolLM2-sized model (256 tokens × 576 → 1536 for the MLP, × 49152 for the LM head) and a
 //! square 1024³ one, on every CPU backend compiled in; with `--page-shapes`, the shapes the
 //! browser sandbox times, on burn Flex (the page's backend) on one thread (the page has one),
-//! so the page's figures can be put beside the native build's (`scripts/bench-page.sh`).
+//! so the page's figures can be put beside the native build's (`scripts/bench/page.sh`).
 
 use anyhow::{Context, Result};
 use burn::tensor::Device;

@@ -41,7 +41,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         BenchCase::Gpu => anyhow::bail!(
             "this build has no GPU backend; rebuild with `--features wgpu` or `--features cuda` \
-             (scripts/bench-gpu.sh does)"
+             (scripts/bench/gpu.sh does)"
         ),
     }
 }

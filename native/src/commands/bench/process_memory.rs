@@ -1,5 +1,5 @@
 //! The process's resident memory as the kernel counts it (Linux): the same measure for napkin
-//! and for the PyTorch reference process (`scripts/bench_reference.py` does the same three
+//! and for the PyTorch reference process (`scripts/reference/suite.py` does the same three
 //! things), so their peaks compare like for like.
 //!
 //! A run's peak is read as: hand freed heap back to the OS (`malloc_trim`), restart the

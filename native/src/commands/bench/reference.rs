@@ -1,4 +1,4 @@
-//! The PyTorch reference as a child process (`scripts/bench_reference.py`), driven one run at
+//! The PyTorch reference as a child process (`scripts/reference/suite.py`), driven one run at
 //! a time over its stdin/stdout so napkin's runs and its runs interleave.
 
 use std::io::{BufRead, BufReader, Write};

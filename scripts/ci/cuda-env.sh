@@ -1,4 +1,4 @@
-# Sourced by scripts/test.sh (CUDA's clippy check) and scripts/bench-gpu.sh: the environment
+# Sourced by scripts/test.sh (CUDA's clippy check) and scripts/bench/gpu.sh: the environment
 # that burn 0.22.1's CUDA backend needs to compile and link on a machine with no network access
 # to GitHub and, possibly, no NVIDIA toolkit. What it needs beyond crates, found by building it:
 # - cudarc reads the CUDA version from `nvcc --version`; without nvcc, CUDARC_CUDA_VERSION names

@@ -5,7 +5,7 @@ compared with the float model of the file (every weight dequantized to f32, f32 
     napkin eval --model M.gguf --text "…" --logits float.npy           # the float model
     napkin eval --model M.gguf --text "…" --logits q16.npy --activation-bits 16
     napkin eval --model M.gguf --text "…" --logits q8.npy --activation-bits 8
-    python scripts/accuracy_reference.py M.gguf --float float.npy --napkin 16=q16.npy 8=q8.npy
+    python scripts/reference/accuracy.py M.gguf --float float.npy --napkin 16=q16.npy 8=q8.npy
 
 The token ids are read back from napkin's run (`--ids`, the same list `napkin eval --json`
 scores; here given explicitly), so llama.cpp scores exactly the same sequence with no

@@ -5,9 +5,9 @@
 # kernel per notebook. Fails on a cell error, naming the notebook, the cell and the error.
 # Not part of scripts/test.sh: evcxr builds napkin-core again in its own target folder (see the
 # README's course section for the times); tests/notebooks.rs is the fast compile check CI runs.
-# Usage: scripts/test-notebooks.sh [notebook.ipynb ...]
+# Usage: scripts/ci/test-notebooks.sh [notebook.ipynb ...]
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 evcxr_version=0.22.0
 if ! cargo install --list | grep -q "^evcxr_jupyter v$evcxr_version:"; then

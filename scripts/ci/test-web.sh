@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The browser sandbox's checks: builds web/dist (scripts/web-build.sh), holds the bundle to
+# The browser sandbox's checks: builds web/dist (scripts/ci/web-build.sh), holds the bundle to
 # its budget, installs Debian's Chromium when missing (root + apt) and playwright-core from
 # npm (no browser download), then runs the end-to-end test in headless Chromium.
-# Usage: scripts/test-web.sh   (env: NAPKIN_FIXTURES, CHROMIUM, NAPKIN_WEBGPU=0: no WebGPU module,
+# Usage: scripts/ci/test-web.sh   (env: NAPKIN_FIXTURES, CHROMIUM, NAPKIN_WEBGPU=0: no WebGPU module,
 #   NAPKIN_WEB_BUILT=1: web/dist is already built, as scripts/test.sh does in the background)
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 fixtures="${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 chromium="${CHROMIUM:-/usr/bin/chromium}"
@@ -41,7 +41,7 @@ if [ ! -x "$chromium" ]; then
 fi
 
 if [ "${NAPKIN_WEB_BUILT:-0}" != 1 ]; then
-    bash scripts/web-build.sh
+    bash scripts/ci/web-build.sh
 fi
 check_budget() { # module, max bytes, max gzipped bytes
     local wasm wasm_bytes gzip_bytes

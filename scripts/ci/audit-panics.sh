@@ -2,9 +2,9 @@
 # Lists every place in napkin-core's parsers of user files (io/, data/, config/, tokenizer,
 # chat templates, the answer checker) where clippy sees a possible panic: unwrap, expect,
 # panic!, and indexing or slicing. docs/reliability.md says why each remaining kind is safe.
-# Usage: scripts/audit-panics.sh
+# Usage: scripts/ci/audit-panics.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 cargo clippy --quiet -p napkin-core --no-deps --message-format short -- \
     -A clippy::all -W clippy::unwrap_used -W clippy::expect_used -W clippy::panic \
     -W clippy::indexing_slicing 2>&1 |

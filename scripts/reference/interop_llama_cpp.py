@@ -1,5 +1,5 @@
 """llama.cpp (llama-cpp-python) loads a GGUF napkin exported and answers a chat prompt
-greedily as `napkin generate` does on the same file (called by scripts/interop.sh)."""
+greedily as `napkin generate` does on the same file (called by scripts/ci/interop.sh)."""
 
 import subprocess
 import sys

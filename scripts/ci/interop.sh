@@ -4,22 +4,22 @@
 # with napkin's own logits and greedy answer.
 # Optional, not part of scripts/test.sh: it uses the performance suite's PyTorch reference in
 # .venv (set up on first use, ≈ 3 GB from PyPI) plus the `gguf` package transformers reads
-# GGUF files with. Trains a short LoRA run on SmolLM2-135M (scripts/fetch-smollm2.sh).
-# Usage: scripts/interop.sh   (env: NAPKIN=path/to/napkin to skip the release build,
+# GGUF files with. Trains a short LoRA run on SmolLM2-135M (scripts/fetch/smollm2.sh).
+# Usage: scripts/ci/interop.sh   (env: NAPKIN=path/to/napkin to skip the release build,
 #        LLAMA_CPP_PYTHON=path/to/python with llama-cpp-python installed)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 if ! .venv/bin/python -c "import torch, transformers, peft, gguf" 2>/dev/null; then
     echo "setting up the PyTorch reference in .venv (one time, ≈ 3 GB from PyPI)…"
     python3 -m venv .venv
     .venv/bin/pip install --quiet --upgrade pip
-    .venv/bin/pip install --quiet -r scripts/bench-requirements.txt gguf==0.19.0
+    .venv/bin/pip install --quiet -r scripts/reference/requirements.txt gguf==0.19.0
 fi
 napkin="${NAPKIN:-target/release/napkin}"
 if [ -z "${NAPKIN:-}" ]; then
     cargo build --release --locked -p napkin
 fi
-base="$(bash scripts/fetch-smollm2.sh)"
+base="$(bash scripts/fetch/smollm2.sh)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "== a short LoRA run on $base, merged in f32"
@@ -36,6 +36,6 @@ echo "== exports"
     --out "$work/merged.q8_0.gguf"
 echo "== compared"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 TRANSFORMERS_VERBOSITY=error
-.venv/bin/python scripts/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
+.venv/bin/python scripts/reference/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
     --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora"
-"${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"
+"${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/reference/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"

@@ -9,7 +9,7 @@
 # They come from the source distribution of `llama-cpp-python` on PyPI (MIT; llama.cpp is
 # vendored in it), checked against the index's sha256, so no model hub is needed.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$root/models/llama.cpp"
 version="0.3.36"
 names="llama-spm phi-3 llama-bpe qwen2 gpt-2 mpt deepseek-llm deepseek-coder falcon starcoder refact command-r"
