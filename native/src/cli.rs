@@ -10,7 +10,7 @@ use napkin_core::data::DataFormat;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::export::GgufQuant;
 use napkin_core::io::hf_writer::WeightDtype;
-use napkin_core::kernels::quantized::ActivationBits;
+use napkin_core::kernels::cpu::quantized::ActivationBits;
 use napkin_core::predict::pytorch::{ModuleMode, Quant4bit, TorchDevice};
 use napkin_core::predict::row_layout::RowLayout;
 use napkin_core::predict::sharding::Strategy;

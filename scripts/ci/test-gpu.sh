@@ -91,10 +91,10 @@ echo "KV cache: $per_token slice writes a decoded token ($layers layers, K and V
 # A training step's launches, counted by cubecl's profiler (a line per kernel run): the
 # difference between 4 and 2 steps of `measure` (tiny-smol LoRA r 8 on every projection, T = 64;
 # the count does not depend on T). 1,091 on burn's ops alone; 705 with napkin's fused RMSNorm,
-# RoPE and SwiGLU (kernels/cube_fused/); 649 with each weight's gradient formed in its own
+# RoPE and SwiGLU (kernels/gpu/fused/); 649 with each weight's gradient formed in its own
 # layout (model/matmul_wt.rs: no copy to flatten it); 573 with the eager attention's scale, mask
 # and softmax fused (cube_fused/softmax.rs); 531 with AdamW four parameters a launch
-# (kernels/adamw.rs); 506 with the loss fused (cube_fused/cross_entropy.rs); 478 with a LoRA
+# (kernels/gpu/adamw.rs); 506 with the loss fused (cube_fused/cross_entropy.rs); 478 with a LoRA
 # linear's scaled sum fused (cube_fused/scaled_add.rs); 450 with RoPE writing the heads'
 # layout itself (cube_fused/rope.rs: 28 copies left of 56). A change that adds launches fails
 # here.

@@ -111,7 +111,7 @@ try {
     assert.ok(ratio > 0.9 && ratio < 1.1, `${name}: measured/predicted ${ratio}`);
   }
   // The step peak (forward and backward of the real model) as predicted: 1.71× before burn
-  // Flex's products were replaced by napkin's (kernels/fused/x_wt.rs).
+  // Flex's products were replaced by napkin's (kernels/cpu/fused/x_wt.rs).
   const peak = rows.find(([name]) => name.startsWith('step peak'));
   report.step_peak_ratio = peak?.[1];
   assert.ok(peak && peak[1] > 0.9 && peak[1] < 1.1, `step peak ${JSON.stringify(peak)}`);

@@ -83,7 +83,7 @@ fn smollm2_learns_the_lesson_in_the_page() {
         assert!((0.9..1.1).contains(&c.ratio), "{c:?}");
     }
     // The step's peak too (1.71× while burn Flex allocated each product's output twice; see
-    // napkin-core's kernels/fused/x_wt.rs).
+    // napkin-core's kernels/cpu/fused/x_wt.rs).
     let peak = &report.step_peak;
     assert!((0.95..1.05).contains(&peak.ratio), "{peak:?}");
     let answers: Vec<(AnswerStage, String, Option<f64>)> = events

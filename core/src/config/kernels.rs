@@ -6,11 +6,11 @@ use super::spellings;
 /// The element-wise layers' implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernels {
-    /// napkin's fused kernels (`kernels/fused/`, f32 on Flex or NdArray): one op each, keeping
+    /// napkin's fused kernels (`kernels/cpu/fused/`, f32 on Flex or NdArray): one op each, keeping
     /// its inputs and one statistic per row.
     #[default]
     FusedCpu,
-    /// napkin's cubecl kernels for RMSNorm, RoPE, SwiGLU and the loss (`kernels/cube_fused/`,
+    /// napkin's cubecl kernels for RMSNorm, RoPE, SwiGLU and the loss (`kernels/gpu/fused/`,
     /// f32 on wgpu, WebGPU, CUDA), keeping what the fused CPU ones keep, for the eager
     /// attention's softmax (keeping the probabilities only) and for a LoRA linear's scaled sum;
     /// the products and the efficient attention's tiles as burn's ops, as [`Kernels::BurnOps`]

@@ -241,7 +241,7 @@ pub fn memory_capacity(device: &Device) -> Option<u64> {
 const COMPUTE_THREAD_STACK: usize = 64 << 20;
 
 /// Runs `work` on rayon's pool, the threads that run burn's CPU ops and napkin's GEMMs
-/// (`kernels/cpu_gemm.rs`), so that a command's own thread is one of them: on two cores that is
+/// (`kernels/cpu/gemm.rs`), so that a command's own thread is one of them: on two cores that is
 /// two busy threads, not the caller plus two pool workers spinning between GEMMs. Each pool
 /// thread is pinned to a CPU of its own where that is possible (`pinning.rs`).
 pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {

@@ -1,7 +1,7 @@
 //! OpenBLAS held to the thread that calls it (builds with the `openblas` feature).
 //!
 //! Left alone, OpenBLAS runs each GEMM on its own worker threads, which compete with rayon's
-//! pool; napkin splits its GEMMs over rayon's threads instead (`kernels/cpu_gemm.rs`).
+//! pool; napkin splits its GEMMs over rayon's threads instead (`kernels/cpu/gemm.rs`).
 
 use std::sync::Once;
 

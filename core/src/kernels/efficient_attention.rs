@@ -34,7 +34,7 @@ use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 
-use super::fused;
+use super::cpu::fused;
 use crate::config::MASKED;
 use crate::device::link::{self, Traffic};
 use crate::memory::inner_marks;

@@ -10,7 +10,7 @@ pub fn to_f32_vec<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
     // f32 on a CPU backend: one copy at most (burn NdArray's own conversion of a shared
     // buffer, e.g. a parameter the model still holds, goes element by element: 212 ms for
     // 4 Mi values, measured, against a few for a row-wise copy).
-    let tensor = match crate::kernels::fused::cpu_values(tensor) {
+    let tensor = match crate::kernels::cpu::fused::cpu_values(tensor) {
         Ok(values) => return values,
         Err(tensor) => tensor,
     };

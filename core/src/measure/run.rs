@@ -14,7 +14,7 @@ use crate::data::MicroBatch;
 use crate::device::link::{self, LinkBytes};
 use crate::device::row_layout_on;
 use crate::error::{Error, Result};
-use crate::kernels::fused::kernels_on;
+use crate::kernels::cpu::fused::kernels_on;
 use crate::memory::inner_marks::InnerMarks;
 use crate::memory::meter::{Meter, MeterMethod};
 use crate::model::autocast::{autocast, half_dtype};

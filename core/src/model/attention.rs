@@ -149,7 +149,7 @@ impl Attention {
             None => (k, v),
         };
         // Generation's new token on a GPU: one launch instead of nine.
-        if let Some(out) = crate::kernels::attention_rows::few_rows(&q, &k, &v, mask) {
+        if let Some(out) = crate::kernels::gpu::attention_rows::few_rows(&q, &k, &v, mask) {
             return self.o_proj.forward(out); // [B, T, H·Dh] → [B, T, D]
         }
         let s = k.dims()[2];
@@ -165,14 +165,14 @@ impl Attention {
 }
 
 /// `softmax(scores · scale + mask)` over the keys: one fused op each way on a GPU
-/// (`kernels::cube_fused::softmax`), burn's ops elsewhere.
+/// (`kernels::gpu::fused::softmax`), burn's ops elsewhere.
 ///
 /// # Shapes
 /// - `scores`: `[B, H, T, S]`, `mask`: `[1 or B, 1, T, S]` → `[B, H, T, S]`
 fn scaled_masked_softmax(scores: Tensor<4>, scale: f64, mask: &Tensor<4>) -> Tensor<4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     let scores =
-        match crate::kernels::cube_fused::softmax::scaled_masked_softmax(scores, scale, mask) {
+        match crate::kernels::gpu::fused::softmax::scaled_masked_softmax(scores, scale, mask) {
             Ok(probs) => return probs,
             Err(scores) => scores,
         };

@@ -65,7 +65,7 @@ impl LoraAdapter {
     }
 
     /// `base + s · B(A x)`: on a GPU one fused sum with the scale on the `[N, out]` product
-    /// (peft's order; `kernels::cube_fused::scaled_add`), elsewhere [`LoraAdapter::forward`]
+    /// (peft's order; `kernels::gpu::fused::scaled_add`), elsewhere [`LoraAdapter::forward`]
     /// added to `base`.
     ///
     /// # Shapes
@@ -74,7 +74,7 @@ impl LoraAdapter {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::device::is_gpu(&base.device()) && base.dtype() == burn::tensor::DType::F32 {
             let low = linear_matmul(self.down(x), self.lora_b.val()); // [N, out]
-            return match crate::kernels::cube_fused::scaled_add::add_scaled(base, low, self.scaling)
+            return match crate::kernels::gpu::fused::scaled_add::add_scaled(base, low, self.scaling)
             {
                 Ok(y) => y,
                 Err((base, low)) => base + low * self.scaling,

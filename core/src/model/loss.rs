@@ -8,7 +8,7 @@ use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
 
 use crate::device::link::{self, Traffic};
 use crate::error::{Error, Result};
-use crate::kernels::fused::cross_entropy::{ShiftedLabels, summed_nll};
+use crate::kernels::cpu::fused::cross_entropy::{ShiftedLabels, summed_nll};
 
 /// Labels with this value are skipped (PyTorch's `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;
@@ -86,7 +86,7 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
             link::upload(TensorData::new(values, [rows]), &device, Traffic::Data)
         };
         let (classes, weights) = (upload(classes), upload(shifted.weights.to_vec()));
-        match crate::kernels::cube_fused::cross_entropy::summed_nll(logits, &classes, &weights) {
+        match crate::kernels::gpu::fused::cross_entropy::summed_nll(logits, &classes, &weights) {
             Ok(sum) => return Ok(LossSum { sum, tokens }),
             Err(logits) => logits,
         }

@@ -11,7 +11,7 @@
 //! - forward: `y = x · Wᵀ`
 //! - backward: `∂x = ∂y · W` and `∂W = ∂yᵀ · x`
 //!
-//! Flex multiplies strided operands without copying (`kernels/fused/x_wt.rs`). On wgpu and CUDA
+//! Flex multiplies strided operands without copying (`kernels/cpu/fused/x_wt.rs`). On wgpu and CUDA
 //! burn's matmul takes the transposed view, under a custom backward that forms `∂W` as
 //! `[out, in]` (burn's own hands back a transposed view, copied when flattened).
 
@@ -43,7 +43,7 @@ pub fn matmul_wt(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
         }
     }
     #[cfg(feature = "flex")]
-    let (x, w) = match crate::kernels::fused::x_wt::x_wt_on_flex(x, w) {
+    let (x, w) = match crate::kernels::cpu::fused::x_wt::x_wt_on_flex(x, w) {
         Ok(y) => return y,
         Err(inputs) => inputs,
     };
@@ -142,7 +142,7 @@ mod cube_products {
 #[allow(deprecated)]
 pub mod ndarray_gemm {
     //! The NdArray kernels: BLAS on strided 2-D views, which takes row- or column-major
-    //! operands as they are, split over rayon's threads (`cpu_gemm.rs`).
+    //! operands as they are, split over rayon's threads (`kernels/cpu/gemm.rs`).
 
     use burn_autodiff::Autodiff;
     use burn_autodiff::checkpoint::base::Checkpointer;
@@ -176,8 +176,8 @@ pub mod ndarray_gemm {
                     unreachable!("matmul_wt takes 2-D tensors")
                 };
                 let (a, b) = (oriented(a, op_a), oriented(b, op_b));
-                let mut out = crate::kernels::cpu_gemm::zeroed_output(a.nrows(), b.ncols());
-                crate::kernels::cpu_gemm::gemm_add(a, b, out.view_mut());
+                let mut out = crate::kernels::cpu::gemm::zeroed_output(a.nrows(), b.ncols());
+                crate::kernels::cpu::gemm::gemm_add(a, b, out.view_mut());
                 NdArrayTensor::from(out.into_dyn().into_shared())
             }
             _ => {
@@ -284,7 +284,7 @@ mod tests {
     fn gradients_match_burn_autodiff() {
         // The second shape's output is large enough for napkin's own op on Flex
         // (`x_wt::SMALLEST_OUTPUT_BYTES`); the first stays with burn's matmul there.
-        let large = crate::kernels::fused::x_wt::SMALLEST_OUTPUT_BYTES / (4 * 8);
+        let large = crate::kernels::cpu::fused::x_wt::SMALLEST_OUTPUT_BYTES / (4 * 8);
         for (kind, (rows, out)) in DeviceKind::cpu_backends()
             .into_iter()
             .flat_map(|kind| [(kind, (5, 16)), (kind, (8, large))])

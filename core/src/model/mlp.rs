@@ -5,7 +5,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::linear::Linear;
 use crate::config::LlamaConfig;
-use crate::kernels::fused::swiglu::swiglu;
+use crate::kernels::swiglu;
 
 /// The MLP half of a decoder block.
 #[derive(Module, Debug)]
@@ -35,7 +35,7 @@ impl Mlp {
         let gate = self.gate_proj.forward(x.clone()); // [B, T, F]
         let up = self.up_proj.forward(x); // [B, T, F]
         // Generation's new token on a GPU: one launch instead of eight.
-        let hidden = match crate::kernels::swiglu_rows::few_rows(&gate, &up) {
+        let hidden = match crate::kernels::gpu::swiglu_rows::few_rows(&gate, &up) {
             Some(hidden) => hidden,
             None => swiglu(gate, up),
         };

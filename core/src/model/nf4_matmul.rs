@@ -10,7 +10,7 @@
 //! backward, i.e. a full-precision copy of the whole model: exactly what QLoRA avoids.
 //!
 //! Where the transient comes from: on a GPU the codes are resident on the device and a cubecl
-//! kernel dequantizes them there (`kernels/nf4_dequantize.rs`); on the CPU backends the host
+//! kernel dequantizes them there (`kernels/gpu/nf4_dequantize.rs`); on the CPU backends the host
 //! codes are decoded in place.
 //!
 //! Compute dtype (bitsandbytes' `compute_dtype`): inside an autocast region on a GPU the
@@ -32,7 +32,7 @@ use super::autocast::compute_dtype;
 use super::lora::LoraAdapter;
 use super::matmul_wt::matmul_wt;
 use super::nf4_weight::Nf4Weight;
-use crate::kernels::resident_nf4::LoraPath;
+use crate::kernels::gpu::resident_nf4::LoraPath;
 use crate::memory::inner_marks;
 
 /// burn marks NdArray deprecated; we keep it for its BLAS GEMM (ARCHITECTURE.md).
@@ -53,7 +53,7 @@ pub fn nf4_matmul(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
     #[cfg(feature = "flex")]
     let result = result.or_else(|x| with_backend_products::<burn_flex::Flex>(x, weight));
     // NdArray would copy a transposed view; BLAS takes it as it is. Both products run on
-    // every pool thread (cpu_gemm.rs).
+    // every pool thread (kernels/cpu/gemm.rs).
     #[cfg(feature = "openblas")]
     let result = result.or_else(
         |x| match x.clone().try_into_primitive::<Autodiff<NdArray>>() {
@@ -126,7 +126,7 @@ pub fn nf4_matmul_saving_weight(x: Tensor<2>, weight: &Nf4Weight) -> Tensor<2> {
 }
 
 /// The most rows an untracked product reads straight from the resident codes
-/// (`kernels/nf4_row_product.rs`: KV-cached generation's one new token). The kernel decodes
+/// (`kernels/gpu/nf4_row_product.rs`: KV-cached generation's one new token). The kernel decodes
 /// the codes again for each row, so past a few rows dequantizing once and a matrix product win:
 /// on lavapipe (`napkin bench gpu --smoke`) the codes were 2.5× faster at 1 row, 1.7× at 4,
 /// 0.85× at 8.
@@ -163,7 +163,7 @@ fn from_codes(x: &Tensor<2>, weight: &Nf4Weight) -> Option<Tensor<2>> {
 }
 
 /// `x · Wᵀ + s · (x · Aᵀ) · Bᵀ` for a few untracked rows on a GPU and an untracked adapter:
-/// the adapter's path added in the row product's own launch (`kernels/nf4_row_product.rs`;
+/// the adapter's path added in the row product's own launch (`kernels/gpu/nf4_row_product.rs`;
 /// the scaling, the product by B and the sum are three launches fewer). `None` where the row
 /// product does not apply: the caller runs the base product and the adapter apart.
 ///

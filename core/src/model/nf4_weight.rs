@@ -1,7 +1,7 @@
 //! An NF4-quantized `[out, in]` weight: packed codes and scales, never a float copy.
 //!
 //! The codes live in host memory (`tricks::nf4::Nf4Tensor`: checkpoints, merging, the CPU
-//! products) and, on a GPU device, also on the device (`kernels::resident_nf4`), uploaded once
+//! products) and, on a GPU device, also on the device (`kernels::gpu::resident_nf4`), uploaded once
 //! when the weight is made or moved there. A product on the GPU dequantizes on the device from
 //! the resident codes; nothing crosses the host link per product.
 
@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 
 use crate::device::link::{self, Traffic};
-use crate::kernels::resident_nf4::ResidentNf4;
+use crate::kernels::gpu::resident_nf4::ResidentNf4;
 use crate::tricks::nf4::Nf4Tensor;
 
 /// An NF4 weight: the host codes, and their copy on the model's GPU device when it has one.

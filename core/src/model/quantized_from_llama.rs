@@ -1,5 +1,5 @@
 //! A float [`Llama`] as a [`QuantizedLlama`] for generation: block linears with an NF4 base
-//! keep its codes (the `Nf4` products, `kernels/quantized/nf4.rs`), every other weight is
+//! keep its codes (the `Nf4` products, `kernels/cpu/quantized/nf4.rs`), every other weight is
 //! held in f32 as it is (the embedding, the norms, the head, dense linears). A napkin NF4
 //! checkpoint, or a float checkpoint quantized to NF4 under a QLoRA adapter, then decodes from
 //! 4.5 bits a weight instead of dequantizing every NF4 weight to f32 for every token.
@@ -10,7 +10,7 @@ use super::Llama;
 use super::linear::{BaseWeight, Linear};
 use super::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
 use crate::error::{Error, Result};
-use crate::kernels::quantized::QuantizedMatrix;
+use crate::kernels::cpu::quantized::QuantizedMatrix;
 use crate::kernels::values::to_f32_vec;
 
 /// A `[rows, cols]` tensor as an f32 matrix.

@@ -1,7 +1,7 @@
 //! A Llama for generation whose linear weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0, the
 //! K-quants) or as a QLoRA base's NF4 codes:
 //! the same math as [`Llama`](super::Llama) in inference, run on host vectors with the block
-//! products of `kernels::quantized` (16- or 8-bit activations, integer SIMD dot products), a
+//! products of `kernels::cpu::quantized` (16- or 8-bit activations, integer SIMD dot products), a
 //! key/value cache, and no f32 copy of the model. Decoding streams the quantized bytes once per token
 //! (SmolLM2-135M Q4_1: 96 MB instead of 538 MB).
 //!
@@ -13,11 +13,11 @@
 use super::rope::{inverse_frequencies, tables};
 use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
-use crate::kernels::cached_attention::CachedAttention;
-use crate::kernels::quantized::{
+use crate::kernels::cpu::cached_attention::CachedAttention;
+use crate::kernels::cpu::quantized::{
     ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix,
 };
-use crate::kernels::team::{self, Lead};
+use crate::kernels::cpu::team::{self, Lead};
 
 /// One decoder block's weights, as read from a checkpoint.
 #[derive(Debug, Clone)]
@@ -424,7 +424,7 @@ impl QuantizedLlama {
         c.check_positions(cache.len() + new_ids.len())?;
         // The whole forward pass as one team: the other threads spin between its parallel
         // passes (four products and the attention a block) instead of sleeping and being woken
-        // for each (`kernels/team.rs`).
+        // for each (`kernels/cpu/team.rs`).
         Ok(team::with_team(|lead| {
             self.forward_new_tokens(new_ids, cache, rows, lead)
         }))

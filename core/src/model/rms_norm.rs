@@ -26,9 +26,9 @@ impl RmsNorm {
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let gain = self.weight.val();
         // Generation's new token on a GPU: one launch instead of seven.
-        if let Some(y) = crate::kernels::rms_norm_rows::few_rows(&x, &gain, self.eps) {
+        if let Some(y) = crate::kernels::gpu::rms_norm_rows::few_rows(&x, &gain, self.eps) {
             return y;
         }
-        crate::kernels::fused::rms_norm::rms_norm(x, gain, self.eps)
+        crate::kernels::rms_norm(x, gain, self.eps)
     }
 }

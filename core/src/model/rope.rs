@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::config::{LlamaConfig, RopeScaling};
 use crate::device::link::{self, Traffic};
-use crate::kernels::fused::rope::{HostTables, rope};
+use crate::kernels::cpu::fused::rope::{HostTables, rope};
 
 /// The Dh/2 inverse frequencies of a config, in float32, with Llama 3 scaling applied.
 pub fn inverse_frequencies(config: &LlamaConfig) -> Vec<f32> {
@@ -111,8 +111,8 @@ impl RopeTables {
     }
 
     /// Splits a projection into heads and rotates them: one fused pass on the CPU backends
-    /// ([`crate::kernels::fused::rope`]), for generation's few rows on a GPU
-    /// ([`crate::kernels::rope_rows`]) and for the rest on a GPU (`kernels::cube_fused::rope`,
+    /// ([`crate::kernels::cpu::fused::rope`]), for generation's few rows on a GPU
+    /// ([`crate::kernels::gpu::rope_rows`]) and for the rest on a GPU (`kernels::gpu::fused::rope`,
     /// which writes the heads contiguous, so no copy precedes the products that read them),
     /// [`RopeTables::apply`] elsewhere.
     ///
@@ -122,7 +122,7 @@ impl RopeTables {
         let [b, t, _] = y.dims();
         let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, self.host.head_dim]).swap_dims(1, 2);
         // Generation's new token on a GPU: one launch instead of six.
-        if let Some(rotated) = crate::kernels::rope_rows::few_rows(&y, &self.cos, &self.sin) {
+        if let Some(rotated) = crate::kernels::gpu::rope_rows::few_rows(&y, &self.cos, &self.sin) {
             return heads_of(rotated);
         }
         let y = match rope(y, &self.host) {
@@ -132,7 +132,7 @@ impl RopeTables {
         // The GPU backends: the same rotation and keeps as a cubecl kernel, which writes the
         // heads' layout itself (no copy before the products read them).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let y = match crate::kernels::cube_fused::rope::rope_heads(y, &self.cos, &self.sin, heads) {
+        let y = match crate::kernels::gpu::fused::rope::rope_heads(y, &self.cos, &self.sin, heads) {
             Ok(rotated) => return rotated,
             Err(y) => y,
         };
@@ -159,7 +159,7 @@ mod tests {
 
     use super::RopeTables;
     use crate::device::DeviceKind;
-    use crate::kernels::fused::rope::rope;
+    use crate::kernels::cpu::fused::rope::rope;
     use crate::kernels::values::max_abs_diff;
 
     /// Values and `∂x` of the fused rotation equal burn's rotate-half ops

@@ -17,7 +17,7 @@
 //! The memory-efficient attention is one custom op: it keeps `q`, `k`, `v`, its output and
 //! one log-sum-exp per query row, and no `T × T` tensor (nor a dense mask) at all.
 //!
-//! napkin's fused CPU ops (`kernels/fused/`) are one op each: RMSNorm keeps its input and one
+//! napkin's fused CPU ops (`kernels/cpu/fused/`) are one op each: RMSNorm keeps its input and one
 //! `1/rms` per row, SwiGLU its two inputs, the loss the logits and one log-sum-exp per
 //! position, RoPE nothing (it rotates back from the shared tables). On the GPU backends
 //! napkin's cubecl kernels run RMSNorm, RoPE and SwiGLU with the same keeps

@@ -15,7 +15,7 @@ pub const GRAPH_BYTES_PER_OP: u64 = 470;
 /// gradient, the softmax's recomputed exponentials and their product).
 pub const ATTENTION_BACKWARD_COPIES: u64 = 2;
 
-/// With the GPU's fused softmax (`kernels/cube_fused/softmax.rs`) the attention backward holds
+/// With the GPU's fused softmax (`kernels/gpu/fused/softmax.rs`) the attention backward holds
 /// one `[B, H, T, S]` buffer: the probabilities' gradient, which the softmax's backward
 /// overwrites with the scores' gradient.
 pub const FUSED_SOFTMAX_BACKWARD_COPIES: u64 = 1;
@@ -161,7 +161,7 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
             let backward = match s.kernels {
                 crate::config::Kernels::BurnOps | crate::config::Kernels::FusedGpu => {
                     // napkin's GPU RoPE writes the queries as contiguous heads
-                    // (`kernels/cube_fused/rope.rs`), unless the device pads their rows.
+                    // (`kernels/gpu/fused/rope.rs`), unless the device pads their rows.
                     let contiguous_queries =
                         s.kernels == crate::config::Kernels::FusedGpu && !s.rows.pads(dh, F32);
                     efficient_backward_with_tensor_ops(
@@ -170,7 +170,7 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
                         contiguous_queries,
                     )
                 }
-                // napkin's fused CPU kernel (`kernels/fused/tiled_attention.rs`) walks the tiles
+                // napkin's fused CPU kernel (`kernels/cpu/fused/tiled_attention.rs`) walks the tiles
                 // head by head on the thread pool, so its score blocks are per thread (two of
                 // TILE² each, left out: small and machine-dependent). It holds ∂q and each
                 // query head's share of ∂k and ∂v (3 × [B, H, T, Dh]), their sums over a group

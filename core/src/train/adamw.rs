@@ -102,9 +102,9 @@ impl AdamW {
 
     /// One parameter's update: `p` and `g` are `[numel]` on the device its moments live on.
     /// On the CPU backends (f32) it runs as one parallel pass over the values
-    /// ([`super::fused_adamw`]); on a GPU as one cubecl kernel (`kernels/adamw.rs`), which
+    /// ([`super::fused_adamw`]); on a GPU as one cubecl kernel (`kernels/gpu/adamw.rs`), which
     /// between [`AdamW::group_updates`] and [`AdamW::finish_step`] takes
-    /// `kernels::adamw::GROUP` parameters a launch where the device binds enough buffers
+    /// `kernels::gpu::adamw::GROUP` parameters a launch where the device binds enough buffers
     /// (the tensors returned are then written by the time the step finishes); elsewhere as
     /// burn's tensor ops.
     pub fn update(&mut self, id: ParamId, p: Tensor<1>, g: Tensor<1>, lr: f64) -> Tensor<1> {
@@ -186,7 +186,9 @@ fn on_gpu(
 ) -> Result<(Tensor<1>, Moments), super::fused_adamw::NotFused> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        use crate::kernels::adamw::{AdamWScalars, GroupMember, groups_fit, new_outputs, update};
+        use crate::kernels::gpu::adamw::{
+            AdamWScalars, GroupMember, groups_fit, new_outputs, update,
+        };
         use burn::backend::Cube;
         let cube = |t: &Tensor<1>| {
             t.clone()
@@ -242,7 +244,7 @@ fn on_gpu(
     }
 }
 
-/// GPU updates queued during a step, launched [`crate::kernels::adamw::GROUP`] at a time: a
+/// GPU updates queued during a step, launched [`crate::kernels::gpu::adamw::GROUP`] at a time: a
 /// group is launched when it is full, when the next member differs in its moments (the first
 /// step has none), its device or its scalars, and when the step finishes.
 #[derive(Clone, Default)]
@@ -250,9 +252,9 @@ struct Pending {
     /// Inside a step: updates may be queued.
     open: bool,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    group: Vec<crate::kernels::adamw::GroupMember>,
+    group: Vec<crate::kernels::gpu::adamw::GroupMember>,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    scalars: Option<crate::kernels::adamw::AdamWScalars>,
+    scalars: Option<crate::kernels::gpu::adamw::AdamWScalars>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -272,8 +274,8 @@ impl Pending {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     fn push(
         &mut self,
-        member: crate::kernels::adamw::GroupMember,
-        scalars: crate::kernels::adamw::AdamWScalars,
+        member: crate::kernels::gpu::adamw::GroupMember,
+        scalars: crate::kernels::gpu::adamw::AdamWScalars,
     ) {
         let fits = self.group.first().is_none_or(|first| {
             first.moments.is_some() == member.moments.is_some()
@@ -285,7 +287,7 @@ impl Pending {
         }
         self.scalars = Some(scalars);
         self.group.push(member);
-        if self.group.len() == crate::kernels::adamw::GROUP {
+        if self.group.len() == crate::kernels::gpu::adamw::GROUP {
             self.flush();
         }
     }
@@ -296,7 +298,7 @@ impl Pending {
         if let Some(scalars) = self.scalars.take() {
             let group = std::mem::take(&mut self.group);
             if !group.is_empty() {
-                crate::kernels::adamw::update_group(group, &scalars);
+                crate::kernels::gpu::adamw::update_group(group, &scalars);
             }
         }
     }

@@ -15,7 +15,7 @@ use burn_dispatch::{DispatchKindConversion, DispatchTensor};
 use rayon::prelude::*;
 
 use super::adamw::{Moments, StepScalars};
-use crate::kernels::fused::{
+use crate::kernels::cpu::fused::{
     CpuKernel, CpuValues, VALUES_PER_TASK, backend_tensor, host_values, is_f32, on_cpu, with_values,
 };
 

@@ -9,7 +9,7 @@ use burn::tensor::{Gradients, IndexingUpdateOp, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use crate::config::Kernels;
-use crate::kernels::fused::{VALUES_PER_TASK, is_f32, kernels_on, read_on_cpu};
+use crate::kernels::cpu::fused::{VALUES_PER_TASK, is_f32, kernels_on, read_on_cpu};
 use crate::kernels::values::scalar;
 
 /// Zeros of `shape` on `rows`' device and dtype. On the CPU backends in f32 they are a

@@ -3,7 +3,7 @@
 use anyhow::{Result, bail};
 use napkin_core::device::DeviceKind;
 use napkin_core::io::atomic::write_atomic;
-use napkin_core::kernels::quantized::ActivationBits;
+use napkin_core::kernels::cpu::quantized::ActivationBits;
 use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::quantized_llama::QuantizedKvCache;
 use napkin_core::model::{TokenBatch, causal_lm_loss};

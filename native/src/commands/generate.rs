@@ -11,7 +11,7 @@ use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
 use napkin_core::io::peft::load_lora_quantized;
 use napkin_core::io::quantized::is_quantized_checkpoint;
 use napkin_core::io::{load_model_with, resolve_model_path};
-use napkin_core::kernels::quantized::{ActivationBits, BlockFormat};
+use napkin_core::kernels::cpu::quantized::{ActivationBits, BlockFormat};
 use napkin_core::model::generate::{NextToken, Sampling};
 use napkin_core::model::quantized_llama::QuantizedLlama;
 use napkin_core::tokenizer::{TextTokenizer, tokenizer_for_model};

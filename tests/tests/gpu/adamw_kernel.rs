@@ -1,4 +1,4 @@
-//! AdamW on a GPU backend as one cubecl launch per parameter (`kernels/adamw.rs`) against the
+//! AdamW on a GPU backend as one cubecl launch per parameter (`kernels/gpu/adamw.rs`) against the
 //! CPU's AdamW (one pass on host values), over three steps from zero moments: the parameter and
 //! both moments agree within a few f32 ulps (a GPU compiler may fuse a product and a sum). A
 //! step's grouped launches (four parameters each) give the one-launch-each results bit for bit.
@@ -6,7 +6,7 @@
 use burn::module::ParamId;
 use burn::tensor::{Device, Tensor, TensorData};
 use napkin_core::device::cpu;
-use napkin_core::kernels::adamw::{AdamWScalars, launches, update};
+use napkin_core::kernels::gpu::adamw::{AdamWScalars, launches, update};
 use napkin_core::train::adamw::{AdamW, AdamWConfig};
 
 use super::{ONE_AT_A_TIME, wgpu_device};
@@ -128,7 +128,7 @@ fn adamw_update_on_a_gpu_is_the_kernels_result() {
 #[test]
 fn grouped_updates_equal_one_launch_each_bit_for_bit() {
     use burn::module::{Module, Param};
-    use napkin_core::kernels::adamw::GROUP;
+    use napkin_core::kernels::gpu::adamw::GROUP;
     use napkin_core::train::grads::ParamGrads;
 
     #[derive(Module, Debug)]

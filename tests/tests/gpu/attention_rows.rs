@@ -1,5 +1,5 @@
 //! Generation's attention over the KV cache in one launch on the GPU
-//! (`kernels/attention_rows.rs`): the values of an f64 attention and of burn's ops (the eager
+//! (`kernels/gpu/attention_rows.rs`): the values of an f64 attention and of burn's ops (the eager
 //! path of `model/attention.rs` on wgpu) for grouped and ungrouped heads, head sizes below, at
 //! and above the kernel's 64 units, caches of 1 to 300 keys, one new token and four with a
 //! causal mask, two batch rows with masks of their own, strided queries and keys; what it does
@@ -8,7 +8,7 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{Distribution, Tensor, TensorData};
 use napkin_core::config::MASKED;
-use napkin_core::kernels::attention_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
+use napkin_core::kernels::gpu::attention_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
 use napkin_core::kernels::values::to_f32_vec;
 
 use super::{ONE_AT_A_TIME, wgpu_device};

@@ -1,4 +1,4 @@
-//! Training's fused RMSNorm, RoPE and SwiGLU on the GPU (`kernels/cube_fused/`), forward and
+//! Training's fused RMSNorm, RoPE and SwiGLU on the GPU (`kernels/gpu/fused/`), forward and
 //! backward, against burn's ops (the formula op by op on the same device) and against f64 on
 //! the host: widths that are and are not multiples of the kernels' 64 units, one row and many,
 //! a strided input, a trainable and a frozen gain, gates from −12 to 12, odd head counts and
@@ -9,11 +9,10 @@
 
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Distribution, Tensor};
-use napkin_core::kernels::cube_fused::launches;
-use napkin_core::kernels::cube_fused::rope::rope_heads;
-use napkin_core::kernels::fused::rms_norm::rms_norm;
-use napkin_core::kernels::fused::swiglu::swiglu;
+use napkin_core::kernels::gpu::fused::launches;
+use napkin_core::kernels::gpu::fused::rope::rope_heads;
 use napkin_core::kernels::values::to_f32_vec;
+use napkin_core::kernels::{rms_norm, swiglu};
 use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::rope::RopeTables;
 
@@ -451,7 +450,7 @@ fn x_wt_on_the_gpu_gives_burns_gradients() {
     }
 }
 
-/// The eager attention's fused scale, mask and softmax (`kernels/cube_fused/softmax.rs`) against
+/// The eager attention's fused scale, mask and softmax (`kernels/gpu/fused/softmax.rs`) against
 /// burn's `softmax(s·scale + mask)` and f64: a causal mask shared by the batch and one per batch
 /// row (packed sequences), rows shorter and longer than the kernel's 64 units, strided scores,
 /// and both ways the backward writes.
@@ -459,7 +458,7 @@ fn x_wt_on_the_gpu_gives_burns_gradients() {
 fn fused_softmax_forward_and_backward_equal_burns_ops_and_f64() {
     use burn::tensor::TensorData;
     use napkin_core::config::MASKED;
-    use napkin_core::kernels::cube_fused::softmax::scaled_masked_softmax;
+    use napkin_core::kernels::gpu::fused::softmax::scaled_masked_softmax;
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device().autodiff();
     device.seed(26);
@@ -546,7 +545,7 @@ fn fused_softmax_forward_and_backward_equal_burns_ops_and_f64() {
     }
 }
 
-/// The causal-LM loss on the GPU (`kernels/cube_fused/cross_entropy.rs`, through
+/// The causal-LM loss on the GPU (`kernels/gpu/fused/cross_entropy.rs`, through
 /// `causal_lm_loss`) against burn's log-softmax, gather and weighted sum on the same device and
 /// against f64: two batch rows with ignored labels, vocabularies narrower and wider than the
 /// kernel's 64 units, strided logits, and both ways the backward writes.
@@ -655,12 +654,12 @@ fn fused_loss_forward_and_backward_equal_burns_ops_and_f64() {
     }
 }
 
-/// A LoRA linear's fused `base + s·low` (`kernels/cube_fused/scaled_add.rs`): the values and
+/// A LoRA linear's fused `base + s·low` (`kernels/gpu/fused/scaled_add.rs`): the values and
 /// both gradients of burn's `base + low * s`, for a strided adapter product, with the base
 /// trained and frozen, and both ways the forward writes.
 #[test]
 fn fused_scaled_add_equals_burns_ops() {
-    use napkin_core::kernels::cube_fused::scaled_add::add_scaled;
+    use napkin_core::kernels::gpu::fused::scaled_add::add_scaled;
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = wgpu_device().autodiff();
     device.seed(28);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use burn::tensor::{FloatDType, Tensor, TensorData};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::link;
-use napkin_core::kernels::resident_nf4::ResidentNf4;
+use napkin_core::kernels::gpu::resident_nf4::ResidentNf4;
 use napkin_core::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;

@@ -1,5 +1,5 @@
 //! Generation's NF4 products on the GPU: a few rows times the weight read straight from the
-//! resident codes (`kernels/nf4_row_product.rs`), with no dequantized weight. The values are
+//! resident codes (`kernels/gpu/nf4_row_product.rs`), with no dequantized weight. The values are
 //! the product with the CPU's dequantized weights (against an f64 sum), also with a LoRA
 //! adapter's path added in the same launch; the pool never holds the f32 weight (read at the
 //! product, where it would be), and a QLoRA model's KV-cached generation gives the logits and
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::tensor::{Distribution, Tensor, TensorData};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
-use napkin_core::kernels::resident_nf4::{LoraPath, ResidentNf4};
+use napkin_core::kernels::gpu::resident_nf4::{LoraPath, ResidentNf4};
 use napkin_core::measure::random_model;
 use napkin_core::memory::inner_marks::InnerMarks;
 use napkin_core::memory::meter::Meter;

@@ -1,10 +1,10 @@
-//! Generation's RMSNorm in one launch on the GPU (`kernels/rms_norm_rows.rs`): the values of an
+//! Generation's RMSNorm in one launch on the GPU (`kernels/gpu/rms_norm_rows.rs`): the values of an
 //! f64 RMSNorm and of burn's ops (the formula, op by op), for widths that are and are not
 //! multiples of the kernel's 64 units, one row and several, a strided input; what it does not
 //! take (tracked, too many rows) is left to burn's ops.
 
 use burn::tensor::{Distribution, Tensor};
-use napkin_core::kernels::rms_norm_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
+use napkin_core::kernels::gpu::rms_norm_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
 use napkin_core::kernels::values::to_f32_vec;
 
 use super::{ONE_AT_A_TIME, wgpu_device};

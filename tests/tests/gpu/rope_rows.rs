@@ -1,10 +1,10 @@
-//! Generation's rotary embedding in one launch on the GPU (`kernels/rope_rows.rs`): the values
+//! Generation's rotary embedding in one launch on the GPU (`kernels/gpu/rope_rows.rs`): the values
 //! of an f64 rotation and of burn's rotate-half ops (`RopeTables::apply` on wgpu), SmolLM2's
 //! and TinyLlama's head widths, one row and several at far positions, a strided input; what it
 //! does not take (tracked, too many rows) is left to burn's ops.
 
 use burn::tensor::{Distribution, Tensor};
-use napkin_core::kernels::rope_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
+use napkin_core::kernels::gpu::rope_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::rope::{RopeTables, tables};
 

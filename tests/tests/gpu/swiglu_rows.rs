@@ -1,11 +1,11 @@
-//! Generation's SwiGLU in one launch on the GPU (`kernels/swiglu_rows.rs`): the values of an
+//! Generation's SwiGLU in one launch on the GPU (`kernels/gpu/swiglu_rows.rs`): the values of an
 //! f64 `silu(g)·u` and of burn's ops (`silu(gate) * up` on wgpu), SmolLM2's and TinyLlama's
 //! MLP widths, one row and several, large inputs of both signs, a strided input; what it does
 //! not take (tracked, too many rows) is left to burn's ops.
 
 use burn::tensor::activation::silu;
 use burn::tensor::{Distribution, Tensor};
-use napkin_core::kernels::swiglu_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
+use napkin_core::kernels::gpu::swiglu_rows::{ROWS_IN_ONE_LAUNCH, few_rows};
 use napkin_core::kernels::values::to_f32_vec;
 
 use super::{ONE_AT_A_TIME, wgpu_device};

@@ -317,3 +317,30 @@ fn the_reader_finds_every_form_of_use() {
         .collect();
     assert_eq!(named, expected);
 }
+
+/// Inside the kernels floor, `kernels/cpu/` (host values) and `kernels/gpu/` (cubecl) are two
+/// rooms that do not use each other: what picks between them for one op lives beside them
+/// (`kernels/norm_and_gating.rs`) or in `model/`.
+#[test]
+fn cpu_and_gpu_kernels_do_not_use_each_other() {
+    let kernels = core_src().join("kernels");
+    for (room, other) in [("cpu", "gpu"), ("gpu", "cpu")] {
+        let mut files = Vec::new();
+        rust_files(&kernels.join(room), &mut files);
+        assert!(!files.is_empty(), "kernels/{room}/ has no files");
+        for file in files {
+            let code = code_only(&std::fs::read_to_string(&file).expect("a source file"));
+            for form in [
+                format!("kernels::{other}"),
+                format!("super::{other}"),
+                format!("super::super::{other}"),
+            ] {
+                assert!(
+                    !code.contains(&form),
+                    "{}: a kernels/{room}/ file names `{form}`",
+                    file.display()
+                );
+            }
+        }
+    }
+}

@@ -215,7 +215,7 @@ fn each_weight_type_loads_within_its_quantization_error() {
 #[test]
 fn the_quantized_engine_follows_the_float_model_on_every_weight_type() {
     use napkin_core::io::gguf::load_gguf_quantized;
-    use napkin_core::kernels::quantized::{ActivationBits, BlockFormat};
+    use napkin_core::kernels::cpu::quantized::{ActivationBits, BlockFormat};
     use napkin_core::model::generate::{KvCache, NextToken};
     use napkin_core::model::quantized_llama::QuantizedKvCache;
     let device = DeviceKind::Cpu.open().unwrap();

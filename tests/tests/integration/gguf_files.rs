@@ -206,10 +206,10 @@ fn ggml_dequantization_equals_gguf_py() {
 }
 
 /// The generation kernels' own dequantization of the block formats they keep (the products are
-/// checked against it in `kernels::quantized`), against the same gguf-py oracle: bit for bit.
+/// checked against it in `kernels::cpu::quantized`), against the same gguf-py oracle: bit for bit.
 #[test]
 fn kept_block_formats_dequantize_as_gguf_py() {
-    use napkin_core::kernels::quantized::{BlockFormat, QuantizedMatrix};
+    use napkin_core::kernels::cpu::quantized::{BlockFormat, QuantizedMatrix};
     for (name, format) in [
         ("Q4_0", BlockFormat::Q4_0),
         ("Q4_1", BlockFormat::Q4_1),

@@ -5,9 +5,10 @@
 //!   traces (reserved bytes, `cudaMalloc`s).
 //! - `chat_templates`: real chat templates rendered as transformers renders them.
 //! - `checkpoints`: loading HF folders, typed errors on bad files.
-//! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order).
-//! - `docs`: README's length and first screen, the book's table of contents, every link.
+//! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order),
+//!   and `kernels/cpu/` and `kernels/gpu/` do not use each other.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
+//! - `docs`: README's length and first screen, the book's table of contents, every link.
 //! - `families`: Qwen2 and Qwen3 (and any family in `tests/corpus`'s layout) against
 //!   transformers, llama.cpp's converter and bitsandbytes + peft.
 //! - `gguf_export`: models written as GGUF and read back (every weight type).

@@ -98,7 +98,7 @@ fn an_nf4_model_as_a_quantized_llama_keeps_its_codes_and_its_logits() {
     // are multiples of 64 keep their codes, the others (and the embedding, norms, head) are
     // f32; the logits are the float model's within the 16-bit activations' rounding and the
     // codes' i16 steps. Measured on these models: largest gap 1.5e-5–7.6e-5 of the largest logit.
-    use napkin_core::kernels::quantized::BlockFormat;
+    use napkin_core::kernels::cpu::quantized::BlockFormat;
     use napkin_core::model::generate::{KvCache, NextToken};
     use napkin_core::model::quantized_llama::{QuantizedKvCache, QuantizedLlama};
     let device = DeviceKind::Cpu.open().unwrap();

@@ -126,7 +126,7 @@ fn smollm2_chat_answers_paris_greedily() {
 #[test]
 fn quantized_generation_keeps_the_blocks_and_follows_the_float_model() {
     use napkin_core::io::gguf::load_gguf_quantized;
-    use napkin_core::kernels::quantized::ActivationBits;
+    use napkin_core::kernels::cpu::quantized::ActivationBits;
     use napkin_core::model::generate::KvCache;
     use napkin_core::model::quantized_llama::QuantizedKvCache;
     let gguf = GgufFile::open(&smollm2_path()).unwrap();
@@ -192,7 +192,7 @@ fn quantized_smollm2_answers_paris_with_16_bit_activations_and_as_llama_cpp_with
     // its activation scales and its key/value cache to f16, napkin keeps f32). With 16-bit
     // activations (napkin's default) the answer is the float model's.
     use napkin_core::io::gguf::load_gguf_quantized;
-    use napkin_core::kernels::quantized::ActivationBits;
+    use napkin_core::kernels::cpu::quantized::ActivationBits;
     use napkin_core::model::generate::{NextToken, Sampling};
     let (gguf, tokenizer, prompt) = capital_of_france_chat();
     let model = load_gguf_quantized(&gguf).unwrap();
@@ -225,7 +225,7 @@ fn an_nf4_base_kept_as_codes_follows_the_float_nf4_model() {
     // largest logit): 16 bits 5.7e-4, 8 bits 4.8e-2 (the blocks' own engine: 2.9e-4, 4.7e-2).
     use napkin_core::config::Nf4Config;
     use napkin_core::io::gguf::{load_gguf_llama_with, load_gguf_quantized_with};
-    use napkin_core::kernels::quantized::{ActivationBits, BlockFormat};
+    use napkin_core::kernels::cpu::quantized::{ActivationBits, BlockFormat};
     use napkin_core::model::generate::KvCache;
     use napkin_core::model::quantized_llama::QuantizedKvCache;
     let gguf = GgufFile::open(&smollm2_path()).unwrap();

@@ -1,5 +1,5 @@
 //! On burn Flex (the page's backend) a linear layer's product holds its output once, forward
-//! and backward: napkin's `x·Wᵀ` (`kernels/fused/x_wt.rs`) writes into a `Vec<f32>` that Flex
+//! and backward: napkin's `x·Wᵀ` (`kernels/cpu/fused/x_wt.rs`) writes into a `Vec<f32>` that Flex
 //! takes over, where burn Flex's own matmul allocated each output twice (measured: a peak of
 //! 2 × the output; SmolLM2's step peak in the page was 1.71× the prediction).
 

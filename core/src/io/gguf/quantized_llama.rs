@@ -25,7 +25,7 @@ use super::quantize::quantize;
 use super::reader::GgufFile;
 use crate::config::Nf4Config;
 use crate::error::{Error, Result};
-use crate::kernels::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
+use crate::kernels::cpu::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
 use crate::tricks::nf4::Nf4Tensor;
 

@@ -15,7 +15,7 @@ use memmap2::Mmap;
 
 use super::dequant::GgmlType;
 use crate::error::{Error, Result};
-use crate::kernels::quantized::{BlockBytes, SharedBuffer};
+use crate::kernels::cpu::quantized::{BlockBytes, SharedBuffer};
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

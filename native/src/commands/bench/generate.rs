@@ -25,7 +25,7 @@ use napkin_core::config::Nf4Config;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::{GgufFile, load_gguf_quantized_with};
 use napkin_core::io::load_model_with;
-use napkin_core::kernels::quantized::ActivationBits;
+use napkin_core::kernels::cpu::quantized::ActivationBits;
 use napkin_core::model::generate::{NextToken, Sampling, choose};
 use napkin_core::rng::SplitMix64;
 use napkin_core::tokenizer::tokenizer_for_model;

@@ -1,5 +1,5 @@
 //! NF4 dequantization of one weight on the GPU, three ways, for the choice
-//! `kernels/nf4_dequantize.rs` made:
+//! `kernels/gpu/nf4_dequantize.rs` made:
 //! - napkin's cubecl kernel on the resident codes (one dispatch; two with double quantization);
 //! - burn's integer tensor ops on the same resident u32 words: eight shift-and-mask pairs, a
 //!   stack, a gather from the codebook, a broadcast product with the scales;
@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::Result;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use napkin_core::config::Nf4Config;
-use napkin_core::kernels::resident_nf4::ResidentNf4;
+use napkin_core::kernels::gpu::resident_nf4::ResidentNf4;
 use napkin_core::memory::meter::Meter;
 use napkin_core::model::nf4_weight::host_dequantized;
 use napkin_core::predict::units::accelerate_units;

@@ -1,6 +1,6 @@
 //! Generation's NF4 products on the GPU, two ways, for `model/nf4_matmul.rs::ROWS_FROM_CODES`:
 //! a few rows times the weight read straight from the resident codes
-//! (`kernels/nf4_row_product.rs`, one launch, no transient) against dequantizing the weight on
+//! (`kernels/gpu/nf4_row_product.rs`, one launch, no transient) against dequantizing the weight on
 //! the device and multiplying (two launches and an f32 `[out, in]` transient). First one
 //! weight at 1 to 16 rows; then a QLoRA model's KV-cached decoding, tokens/s both ways.
 //!

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use half::f16;
-use napkin_core::kernels::quantized::{
+use napkin_core::kernels::cpu::quantized::{
     ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix, SUPER_BLOCK,
 };
 use napkin_core::rng::SplitMix64;

@@ -123,7 +123,7 @@ pub fn prepare(case: &Case, device: &Device) -> Result<Run> {
             let b: Tensor<2> = Tensor::random([*n, *n], Distribution::Normal(0.0, 1.0), device);
             Ok(Box::new(move || {
                 // The product napkin's linear layers use (`x·Wᵀ`): on NdArray burn's own
-                // 2-D matmul runs on one thread (cpu_gemm.rs).
+                // 2-D matmul runs on one thread (kernels/cpu/gemm.rs).
                 drop(matmul_wt(a.clone(), b.clone()));
                 let _ = sync.sync();
                 Ok(())

@@ -1,6 +1,6 @@
 //! The activations' quantization (`activations.rs`) with AVX2: a block of 32 values as four
 //! vectors — its largest magnitude, the rounded values, their sums and byte planes — giving the
-//! same integers and scales as the portable code, bit for bit (`kernels::quantized::tests`).
+//! same integers and scales as the portable code, bit for bit (`kernels::cpu::quantized::tests`).
 //!
 //! Every product's input is quantized by one thread while the others wait for the product
 //! (`model/quantized_llama.rs`), so this is serial time in each decoding step: the portable

@@ -1,5 +1,5 @@
 //! RMSNorm on the cubecl backends: `y = w ⊙ x · r`, `r = 1/√(mean(x²) + ε)` per row, the
-//! formula and the keeps of `kernels/fused/rms_norm.rs`.
+//! formula and the keeps of `kernels/cpu/fused/rms_norm.rs`.
 //!
 //! - forward, one launch (one cube of 64 units a row): writes `y` and each row's `r`; keeps `x`
 //!   (a handle on its buffer, the residual stream's) and the `r`s, `[B·T]` f32;
@@ -26,7 +26,7 @@ use cubecl::prelude::*;
 
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
 use super::{Taken, count_launch, over_or_new, take};
-use crate::kernels::cube_reduce::{UNITS, halve_to_two};
+use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
 /// `rms_norm(x, gain, eps)` when both are f32 on a cubecl device; both back otherwise.
@@ -199,7 +199,7 @@ fn backward(
     let dw = gain_trains.then(|| {
         let dw =
             empty_device_contiguous_dtype(client.clone(), device.clone(), [dim].into(), DType::F32);
-        let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, dim);
+        let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, dim);
         // Safety: unit `column` < D reads column `column` of every row of `grad` and `x`
         // ([rows, D], unit-stride along D) and `inv[..rows]`, and writes `dw[column]`.
         unsafe {

@@ -85,7 +85,7 @@ fn forward(base: CubeTensor, low: CubeTensor, s: f32) -> CubeTensor {
     let client = base.client.clone();
     // In place the adapter's product stands in for the base, which is `y` itself.
     let (base, y, in_place) = over_or_new(base, &low);
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, values);
     // Safety: unit `at` < N·out reads value `at` of `base` (or of `y` in place) and of `low`
     // and writes value `at` of `y`, all `[N, out]` at their own row strides; in place, each
     // value is read and then written by its own unit only.

@@ -1,5 +1,5 @@
 //! SwiGLU's gating on the cubecl backends, `h = silu(g) ⊙ u = g·σ(g)·u`, the formula and the
-//! keeps of `kernels/fused/swiglu.rs`.
+//! keeps of `kernels/cpu/fused/swiglu.rs`.
 //!
 //! - forward, one launch (one unit a value): keeps `g` and `u` (handles on the projections'
 //!   outputs; burn's ops keep `σ(g)` and `silu(g)` besides);
@@ -109,7 +109,7 @@ fn forward(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
     let values = shape.num_elements();
     let client = gate.client.clone();
     let h = empty_device_dtype(client.clone(), gate.device.clone(), shape, DType::F32);
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, values);
     // Safety: unit `at` < values reads value `at` of `gate` and `up` and writes value `at` of
     // `h`, all of one `[B, T, F]` shape, each at its own strides (unit-stride along F).
     unsafe {
@@ -146,7 +146,7 @@ fn backward(gate: CubeTensor, up: CubeTensor, grad: CubeTensor) -> (CubeTensor, 
             (gate, up, new(), new())
         }
     };
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, values);
     // Safety: unit `at` < values reads value `at` of `gate`, `up` (or of `dg`, `du` in place)
     // and `grad`, and writes value `at` of `dg` and `du`, all of one `[B, T, F]` shape at their
     // own strides; in place, each value is read and then written by the same unit only.

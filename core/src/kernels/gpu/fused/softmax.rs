@@ -28,7 +28,7 @@ use cubecl::prelude::*;
 
 use super::strided::unit_stride_rows;
 use super::{count_launch, over_or_new};
-use crate::kernels::cube_reduce::{UNITS, halve_to_two};
+use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
 /// `softmax(scores · scale + mask)` over the last axis when both are f32 on a cubecl device

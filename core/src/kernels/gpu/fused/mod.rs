@@ -1,5 +1,5 @@
 //! Training's fused element-wise kernels on the cubecl backends (wgpu, WebGPU, CUDA), as
-//! custom autodiff operations: the GPU side of `kernels/fused/`, whose CPU formulas are their
+//! custom autodiff operations: the GPU side of `kernels/cpu/fused/`, whose CPU formulas are their
 //! reference and whose keeps they share (so the predictor's fused rules hold on a GPU pool too;
 //! RoPE's backward reads the batch's device tables where the CPU's reads host copies).
 //!

@@ -1,5 +1,5 @@
 //! Rotary position embedding of a whole projection on the cubecl backends, split into heads in
-//! the same launch: the formula and the keeps of `kernels/fused/rope.rs`, the layout attention
+//! the same launch: the formula and the keeps of `kernels/cpu/fused/rope.rs`, the layout attention
 //! multiplies in. Per head, with `lo = x[..Dh/2]`, `hi = x[Dh/2..]` and the table values `c`,
 //! `s` of the position,
 //!
@@ -161,7 +161,7 @@ fn into_heads(x: CubeTensor, cos: &CubeTensor, sin: &CubeTensor, heads: usize) -
         [b, heads, t, dh].into(),
         DType::F32,
     );
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, pairs);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, pairs);
     // Safety: unit `at` < pairs reads the pair `(j, j + Dh/2)` of one head of one row of `x`
     // (unit-stride along the width) and that row's table values at `j` and `j + Dh/2` (`B·T`
     // rows of Dh), and writes the same pair of that head and position of `y` (`[B, n, T, Dh]`,
@@ -196,7 +196,7 @@ fn from_heads(g: CubeTensor, cos: &CubeTensor, sin: &CubeTensor) -> CubeTensor {
         [b, t, heads * dh].into(),
         DType::F32,
     );
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, pairs);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, pairs);
     // Safety: unit `at` < pairs reads one pair of one head and position of `g` (through its
     // strides) and the position's table values, and writes that pair of the row of `dx`
     // (`[B, T, n·Dh]`, unit-stride along the width): every value of `dx` by exactly one unit.

@@ -1,5 +1,5 @@
 //! The causal-LM cross-entropy on the cubecl backends, the formula and the keeps of
-//! `kernels/fused/cross_entropy.rs`: per row of the `[B·T, V]` logits, the log-sum-exp and the
+//! `kernels/cpu/fused/cross_entropy.rs`: per row of the `[B·T, V]` logits, the log-sum-exp and the
 //! label's logit, summed with the label weights.
 //!
 //! - forward, one launch (one cube of 64 units a row) and burn's sum: `Σ_rows w·(lse − x[label])`
@@ -32,7 +32,7 @@ use cubecl::prelude::*;
 
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
 use super::{count_launch, over_or_new};
-use crate::kernels::cube_reduce::{UNITS, halve_to_two};
+use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
 /// The summed weighted NLL when the logits are f32 on a cubecl device and the labels
@@ -217,7 +217,7 @@ fn backward(
     // A measurement reads the pool with the kept tensors and the result alive, as they are
     // while the kernel runs.
     let alive = inner_marks::armed().then(|| (lse.clone(), grad.clone()));
-    let (cube_count, cube_dim) = crate::kernels::one_thread_each(&client, values);
+    let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, values);
     // Safety: unit `at` < B·T·V reads value `at` of the logits (or of `dx` in place), its
     // row's `lse`, label and the `[1]` gradient, and writes value `at` of `dx` (the logits'
     // shape); in place, each value is read and then written by its own unit only.

@@ -3,7 +3,7 @@
 //! two products), each a few hundred values; launches, not bytes, are a decoded token's cost
 //! on a GPU.
 //!
-//! `y = g ⊙ (x · 1/√(mean(x²) + ε))`, the order of burn's ops (`kernels/fused/rms_norm.rs`),
+//! `y = g ⊙ (x · 1/√(mean(x²) + ε))`, the order of burn's ops (`kernels/cpu/fused/rms_norm.rs`),
 //! equal to them up to the order of the sum of squares.
 //!
 //! Only untracked inputs of at most [`ROWS_IN_ONE_LAUNCH`] rows take it: the forwards that the
@@ -47,10 +47,10 @@ mod device {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
-    use crate::kernels::cube_reduce::{UNITS, halve_to_two};
+    use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 
     /// One cube a row: each unit sums the squares of every 64th value from its own, the 64
-    /// sums are added in shared memory (`cube_reduce::halve_to_two`, every barrier at the
+    /// sums are added in shared memory (`reduce::halve_to_two`, every barrier at the
     /// kernel's top level), then each unit writes its values.
     #[cube(launch_unchecked)]
     fn rms_norm_of_rows(

@@ -70,13 +70,13 @@ mod device {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
-    use crate::kernels::cube_reduce::{UNITS, halve_to_two};
+    use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 
     /// One cube per (batch row, head, new token). Each unit scores every 64th key from its own
     /// (writing the scores to `scores`, its row of the scratch), the cube takes their maximum,
     /// each unit turns its scores into `exp(s − max)` and the cube sums them; then each unit
     /// sums `p_j·v_j` for every 64th value of the head. The reductions are
-    /// `cube_reduce::halve_to_two`'s (every barrier at the kernel's top level); the last barrier
+    /// `reduce::halve_to_two`'s (every barrier at the kernel's top level); the last barrier
     /// before the values' sum is a storage one, as each unit reads the probabilities the others
     /// wrote.
     #[cube(launch_unchecked)]

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Device, Tensor, activation::silu};
+use burn::tensor::{Device, Tensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::NoCheckpointing;
@@ -22,25 +22,18 @@ use super::{
     owned, tracked_or_plain,
 };
 
-/// `silu(gate) ⊙ up`; differentiable.
+/// `silu(gate) ⊙ up` as the fused kernel, differentiable, when both are f32 host values of
+/// one shape; otherwise the inputs back (`kernels::swiglu` then tries the GPU kernel, then
+/// burn's ops).
 ///
 /// # Shapes
 /// - `gate`, `up`: `[B, T, F]` → `[B, T, F]`
-pub fn swiglu(gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
-    if !(is_f32(&gate) && is_f32(&up) && gate.dims() == up.dims()) {
-        return silu(gate) * up;
+pub fn swiglu(gate: Tensor<3>, up: Tensor<3>) -> Result<Tensor<3>, (Tensor<3>, Tensor<3>)> {
+    if is_f32(&gate) && is_f32(&up) && gate.dims() == up.dims() {
+        on_cpu(&Swiglu, (gate, up))
+    } else {
+        Err((gate, up))
     }
-    let (gate, up) = match on_cpu(&Swiglu, (gate, up)) {
-        Ok(out) => return out,
-        Err(inputs) => inputs,
-    };
-    // The GPU backends: the same formula and keeps as a cubecl kernel.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    let (gate, up) = match crate::kernels::cube_fused::swiglu::swiglu(gate, up) {
-        Ok(out) => return out,
-        Err(inputs) => inputs,
-    };
-    silu(gate) * up
 }
 
 /// The fused op on one CPU backend.
@@ -153,8 +146,8 @@ where
 mod tests {
     use burn::tensor::{Distribution, Tensor, activation::silu};
 
-    use super::swiglu;
     use crate::device::DeviceKind;
+    use crate::kernels::swiglu;
     use crate::kernels::values::max_abs_diff;
 
     /// Values and both gradients match burn's `silu(g)·u` on every CPU backend, under a

@@ -20,28 +20,22 @@ use super::{
     tracked_or_plain, with_values,
 };
 
-/// `w ⊙ x / √(mean(x²) + ε)` over the last axis; differentiable.
+/// `w ⊙ x / √(mean(x²) + ε)` over the last axis as the fused kernel, differentiable, when
+/// `x` and `gain` are f32 host values; otherwise the inputs back (`kernels::rms_norm` then
+/// tries the GPU kernel, then burn's ops).
 ///
 /// # Shapes
 /// - `x`: `[B, T, D]`, `gain`: `[D]` → `[B, T, D]`
-pub fn rms_norm(x: Tensor<3>, gain: Tensor<1>, eps: f64) -> Tensor<3> {
-    let (x, gain) = if is_f32(&x) && is_f32(&gain) && x.dims()[2] == gain.dims()[0] {
-        match on_cpu(&RmsNorm { eps }, (x, gain)) {
-            Ok(out) => return out,
-            Err(inputs) => inputs,
-        }
+pub fn rms_norm(
+    x: Tensor<3>,
+    gain: Tensor<1>,
+    eps: f64,
+) -> Result<Tensor<3>, (Tensor<3>, Tensor<1>)> {
+    if is_f32(&x) && is_f32(&gain) && x.dims()[2] == gain.dims()[0] {
+        on_cpu(&RmsNorm { eps }, (x, gain))
     } else {
-        (x, gain)
-    };
-    // The GPU backends: the same formula and keeps as cubecl kernels.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    let (x, gain) = match crate::kernels::cube_fused::rms_norm::rms_norm(x, gain, eps) {
-        Ok(out) => return out,
-        Err(inputs) => inputs,
-    };
-    let mean_square = x.clone().square().mean_dim(2); // [B, T, 1]
-    let inv_rms = (mean_square + eps).sqrt().recip(); // [B, T, 1]
-    gain.unsqueeze::<3>() * (x * inv_rms)
+        Err((x, gain))
+    }
 }
 
 /// The fused op on one CPU backend.
@@ -210,8 +204,8 @@ where
 mod tests {
     use burn::tensor::{Distribution, Tensor};
 
-    use super::rms_norm;
     use crate::device::DeviceKind;
+    use crate::kernels::rms_norm;
     use crate::kernels::values::max_abs_diff;
 
     const EPS: f64 = 1e-5;
