@@ -30,7 +30,7 @@ use crate::config::{DOUBLE_QUANT_BLOCK, LlamaConfig, Nf4Config};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::model::linear::{BaseWeight, Linear};
-use crate::tricks::nf4::{Nf4Scales, Nf4Tensor};
+use crate::quant::nf4::{Nf4Scales, Nf4Tensor};
 
 /// The marker file of a quantized checkpoint.
 pub const QUANT_FILE: &str = "napkin_quant.json";

@@ -15,7 +15,7 @@ use super::lora::LoraAdapter;
 use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::error::{Error, Result};
 use crate::kernels::values::to_f32_vec;
-use crate::tricks::nf4::Nf4Tensor;
+use crate::quant::nf4::Nf4Tensor;
 
 /// Replaces a dense base weight by its NF4 quantization (the float weight is dropped).
 fn quantize_linear(

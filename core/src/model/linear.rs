@@ -15,7 +15,7 @@ use super::autocast::linear_matmul;
 use super::lora::LoraAdapter;
 use super::nf4_matmul::{nf4_lora_from_codes, nf4_matmul};
 pub use super::nf4_weight::Nf4Weight;
-use crate::tricks::nf4::Nf4Tensor;
+use crate::quant::nf4::Nf4Tensor;
 
 /// The base weight of a linear layer.
 #[derive(Module, Debug)]

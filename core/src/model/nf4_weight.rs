@@ -1,6 +1,6 @@
 //! An NF4-quantized `[out, in]` weight: packed codes and scales, never a float copy.
 //!
-//! The codes live in host memory (`tricks::nf4::Nf4Tensor`: checkpoints, merging, the CPU
+//! The codes live in host memory (`quant::nf4::Nf4Tensor`: checkpoints, merging, the CPU
 //! products) and, on a GPU device, also on the device (`kernels::gpu::resident_nf4`), uploaded once
 //! when the weight is made or moved there. A product on the GPU dequantizes on the device from
 //! the resident codes; nothing crosses the host link per product.
@@ -12,7 +12,7 @@ use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 
 use crate::device::link::{self, Traffic};
 use crate::kernels::gpu::resident_nf4::ResidentNf4;
-use crate::tricks::nf4::Nf4Tensor;
+use crate::quant::nf4::Nf4Tensor;
 
 /// An NF4 weight: the host codes, and their copy on the model's GPU device when it has one.
 #[derive(Module, Debug)]

@@ -21,7 +21,7 @@ use crate::config::{
     AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
 };
 use crate::predict::weights::nf4_tensor_bytes;
-use crate::tricks::blockwise8::adamw8bit_state_bytes;
+use crate::quant::blockwise8::adamw8bit_state_bytes;
 
 /// What a tensor is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -17,10 +17,10 @@ use burn::tensor::{Tensor, TensorData};
 use super::adamw::AdamWConfig;
 use super::grads::{ParamGrads, update_parameters};
 use crate::kernels::values::to_f32_vec;
-use crate::tricks::blockwise8::Blockwise8;
-use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
+use crate::quant::blockwise8::Blockwise8;
+use crate::quant::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
 
-pub use crate::tricks::blockwise8::MIN_8BIT_SIZE;
+pub use crate::quant::blockwise8::MIN_8BIT_SIZE;
 
 /// The moments of one parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +121,7 @@ impl AdamW8bit {
 
     /// Predicted state bytes for a tensor of `n` values.
     pub fn predicted_bytes(n: usize) -> u64 {
-        crate::tricks::blockwise8::adamw8bit_state_bytes(n)
+        crate::quant::blockwise8::adamw8bit_state_bytes(n)
     }
 
     fn load(&self, moments: Option<Moments8>, n: usize) -> (Vec<f32>, Vec<f32>) {

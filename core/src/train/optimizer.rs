@@ -15,7 +15,7 @@ use super::sgd::Sgd;
 pub use crate::config::OptimizerKind;
 use crate::error::{Error, Result};
 use crate::kernels::values::to_f32_vec;
-use crate::tricks::blockwise8::Blockwise8;
+use crate::quant::blockwise8::Blockwise8;
 
 /// Hyper-parameters of every optimizer (each reads the ones it uses).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -308,7 +308,7 @@ impl Optimizer {
                 }
                 UpdateRule::AdamW8bit(o) => {
                     o.steps = steps;
-                    let blocks = n.div_ceil(crate::tricks::blockwise8::STATE_BLOCK);
+                    let blocks = n.div_ceil(crate::quant::blockwise8::STATE_BLOCK);
                     if let (Some(mc), Some(ma), Some(vc), Some(va)) = (
                         u8s(format!("{i}.exp_avg.codes"), n)?,
                         f32s(format!("{i}.exp_avg.absmax"), blocks)?,

@@ -9,7 +9,7 @@ use napkin_core::config::Nf4Config;
 use napkin_core::memory::meter::{Meter, MeterMethod};
 use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
 use napkin_core::model::nf4_weight::Nf4Weight;
-use napkin_core::tricks::nf4::Nf4Tensor;
+use napkin_core::quant::nf4::Nf4Tensor;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
 

@@ -13,8 +13,8 @@ use napkin_core::measure::{random_model, synthetic_micro_batches};
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
+use napkin_core::quant::nf4::Nf4Tensor;
 use napkin_core::train::{Optimizer, OptimizerConfig, StepOptions, forward_backward};
-use napkin_core::tricks::nf4::Nf4Tensor;
 
 use super::{ONE_AT_A_TIME, wgpu_device};
 

@@ -13,7 +13,7 @@ const FLOORS: [&str; 18] = [
     "error",
     "config",
     "rng",
-    "tricks",
+    "quant",
     "predict",
     "device",
     "memory",

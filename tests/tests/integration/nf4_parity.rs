@@ -5,8 +5,8 @@
 //! offset being torch's float32 mean (`tests/corpus/torch_sum`).
 
 use napkin_core::config::Nf4Config;
-use napkin_core::tricks::dynamic_map::dynamic_map_signed;
-use napkin_core::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
+use napkin_core::quant::dynamic_map::dynamic_map_signed;
+use napkin_core::quant::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
 use napkin_tests::{Reference, nf4_cases};
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -207,8 +207,8 @@ fn double_quantization_takes_bitsandbytes_offset_and_scales_exactly() {
 /// most 16 plus the tails, lanes and thread partials): 2 · 128 · 2⁻²⁴ · Σx.
 #[test]
 fn torch_cpu_sums_and_means_are_reproduced_bit_for_bit() {
+    use napkin_core::quant::torch_mean::{torch_cpu_mean, torch_cpu_sum};
     use napkin_core::rng::SplitMix64;
-    use napkin_core::tricks::torch_mean::{torch_cpu_mean, torch_cpu_sum};
     let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/torch_sum");
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(corpus.join("cases.json")).unwrap()).unwrap();

@@ -239,7 +239,7 @@ fn qlora_step_keeps_no_float_copy_of_the_base_weights() {
 fn nf4_custom_backward_saves_the_dequantized_weights_that_plain_autodiff_keeps() {
     use napkin_core::model::nf4_matmul::{nf4_matmul, nf4_matmul_saving_weight};
     use napkin_core::model::nf4_weight::Nf4Weight;
-    use napkin_core::tricks::nf4::Nf4Tensor;
+    use napkin_core::quant::nf4::Nf4Tensor;
     use std::sync::Arc;
 
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -27,7 +27,7 @@ use crate::config::Nf4Config;
 use crate::error::{Error, Result};
 use crate::kernels::cpu::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
-use crate::tricks::nf4::Nf4Tensor;
+use crate::quant::nf4::Nf4Tensor;
 
 /// Loads a llama or qwen2 GGUF for generation with its weights kept quantized.
 pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {

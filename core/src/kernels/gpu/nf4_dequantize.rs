@@ -2,14 +2,14 @@
 //! CUDA. The codes and scales stay on the device; each product turns them into a transient
 //! `[out, in]` weight there, so nothing crosses the host link per product.
 //!
-//! Bit for bit the CPU's dequantization (`tricks/nf4.rs`): each value is one f32 product
+//! Bit for bit the CPU's dequantization (`quant/nf4.rs`): each value is one f32 product
 //! `codebook[code] · scale`. Under double quantization the scale is `(code8[q] · absmax2) +
 //! offset`, two roundings on the CPU; a GPU compiler may contract `a · b + c` into one fused
 //! multiply-add (NVRTC does by default), which rounds once. So the product is written to memory
 //! by a first kernel and the offset added by the second: a stored value cannot be contracted.
 //!
 //! # Layouts (on the device)
-//! - `words`: `[ceil(n / 8)]` u32, the packed codes of `tricks::nf4` four bytes per word, little
+//! - `words`: `[ceil(n / 8)]` u32, the packed codes of `quant::nf4` four bytes per word, little
 //!   endian (byte k of the word is bits 8k..8k+8; its high nibble is the even weight);
 //! - `scales`: `[num_blocks]` f32, the absmax of each block (plain), or the products
 //!   `code8[q] · absmax2` of the first kernel (double quantization);

@@ -1,7 +1,7 @@
 //! An NF4 tensor resident on a GPU: its packed codes and scales uploaded once, as integer and
 //! float tensors on the device, and dequantized there by `nf4_dequantize.rs` for each product.
 //!
-//! Device bytes, against the host format (`tricks::nf4`): the codes are the same n/2 bytes
+//! Device bytes, against the host format (`quant::nf4`): the codes are the same n/2 bytes
 //! (rounded up to a u32 word); the scales are the same f32 absmax, or under double quantization
 //! the same one byte per block plus one f32 per 256 blocks. The tables (the 16 NF4 values and
 //! the 256 of the signed dynamic map, 1,088 bytes) are uploaded once per device and shared.
@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::device::link::{self, Traffic};
-use crate::tricks::dynamic_map::dynamic_map_signed;
-use crate::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
+use crate::quant::dynamic_map::dynamic_map_signed;
+use crate::quant::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
 
 /// The scales of a resident NF4 tensor.
 #[derive(Debug, Clone)]

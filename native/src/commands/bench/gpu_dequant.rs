@@ -19,7 +19,7 @@ use napkin_core::kernels::gpu::resident_nf4::ResidentNf4;
 use napkin_core::memory::meter::Meter;
 use napkin_core::model::nf4_weight::host_dequantized;
 use napkin_core::predict::units::accelerate_units;
-use napkin_core::tricks::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
+use napkin_core::quant::nf4::{NF4_CODEBOOK, Nf4Scales, Nf4Tensor};
 
 use super::spread;
 

@@ -19,7 +19,7 @@ use napkin_core::model::nf4_matmul::{
 };
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
-use napkin_core::tricks::nf4::Nf4Tensor;
+use napkin_core::quant::nf4::Nf4Tensor;
 use serde::Serialize;
 
 use super::gpu_launch::time_to_sync;

@@ -11,9 +11,9 @@ use napkin_core::model::matmul_wt::matmul_wt;
 use napkin_core::model::nf4_matmul::nf4_matmul;
 use napkin_core::model::nf4_weight::Nf4Weight;
 use napkin_core::predict::inventory::Scenario;
+use napkin_core::quant::nf4::Nf4Tensor;
 use napkin_core::rng::SplitMix64;
 use napkin_core::train::{Optimizer, OptimizerConfig, StepOptions, forward_backward};
-use napkin_core::tricks::nf4::Nf4Tensor;
 
 use super::cases::{Case, LEARNING_RATE, NF4, Work};
 

@@ -1,4 +1,4 @@
-//! NF4 rows for the block products: a QLoRA base (`tricks::nf4`) kept as its 4-bit codes in
+//! NF4 rows for the block products: a QLoRA base (`quant::nf4`) kept as its 4-bit codes in
 //! generation, its adapters beside it, instead of dequantized to f32.
 //!
 //! A row is units of 64 values, 36 bytes each: the unit's absmax (f32, little-endian, as
@@ -20,7 +20,7 @@
 
 use super::activations::{ActivationBits, QuantizedActivations};
 use super::{BLOCK, BlockFormat, QuantizedMatrix, RowKernel};
-use crate::tricks::nf4::{NF4_CODEBOOK, Nf4Tensor};
+use crate::quant::nf4::{NF4_CODEBOOK, Nf4Tensor};
 
 /// Values per unit.
 pub const UNIT: usize = 64;

@@ -610,7 +610,7 @@ fn an_nf4_matrix_holds_the_tensors_codes_and_absmax() {
     // Plain and double-quantized scales, blocks of one unit and of two (a block spans rows
     // when the row is not a whole number of blocks: 192 columns, blocks of 128).
     use crate::config::Nf4Config;
-    use crate::tricks::nf4::Nf4Tensor;
+    use crate::quant::nf4::Nf4Tensor;
     for (block_size, double_quant, cols) in [(64, false, 128), (64, true, 576), (128, true, 192)] {
         let rows = 9;
         let values = activations(rows, cols, 30);

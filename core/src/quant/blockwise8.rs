@@ -73,7 +73,7 @@ impl Blockwise8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tricks::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
+    use crate::quant::dynamic_map::{dynamic_map_signed, dynamic_map_unsigned};
 
     /// The error of each value is at most half the gap between its neighbouring codes, times
     /// the block's absmax.
