@@ -20,15 +20,14 @@ pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result
         }
         None => TrainConfig::default(),
     };
-    // A flag's value where it was given; `$key` is the run file's key when it differs.
+    // A flag's value where it was given on the command line (the run file's key is the
+    // field's name).
     macro_rules! set {
-        ($($field:ident $(=> $key:ident)?),* $(,)?) => {$(
+        ($($field:ident),* $(,)?) => {$(
             if given(stringify!($field)) {
-                set!(@assign $field $(=> $key)?);
+                c.$field = args.$field.clone();
             }
         )*};
-        (@assign $field:ident) => { c.$field = args.$field.clone().into(); };
-        (@assign $field:ident => $key:ident) => { c.$key = args.$field.clone().into(); };
     }
     // --model and --preset replace each other (whichever a TOML file named).
     if let Some(model) = &args.model {
