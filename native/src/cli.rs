@@ -294,8 +294,9 @@ pub struct ExportArgs {
     /// The output file (gguf) or folder (hf).
     #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
-    /// gguf: the type of the 2-D weights (norms stay f32; a row that is not whole blocks
-    /// falls back to q8_0, then f16).
+    /// gguf: llama.cpp's file type, each tensor typed as llama.cpp's quantizer types it (q4_k_m:
+    /// the head and half the attn_v and ffn_down in q6_k; norms stay f32; a row that is not
+    /// whole blocks falls back as llama.cpp's does, then to f16).
     #[arg(long, value_enum, ignore_case = true, default_value_t = GgufQuant::F16)]
     pub quant: GgufQuant,
     /// hf: the weights' dtype. Default: the base's own (f16 for a quantized GGUF).

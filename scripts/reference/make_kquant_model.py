@@ -48,22 +48,26 @@ def tokenizer_fields(vocab_path):
     }
 
 
-def write_f16(path, vocab_path, seed):
+def write_model(path, vocab_path, seed, shape=None, dtype=np.float16, tied=False):
+    """A llama GGUF of `shape` (vocab, dim, ffn, layers, heads, kv_heads; TinyLlama's by
+    default) with seeded normal(0, 0.02) weights in `dtype` and llama.cpp's vocabulary at
+    `vocab_path` (whose size must be the shape's vocab); `tied` writes no `output.weight`."""
+    vocab, dim, ffn, layers, heads, kv_heads = shape or (VOCAB, DIM, FFN, LAYERS, HEADS, KV_HEADS)
     tok = tokenizer_fields(vocab_path)
-    assert len(tok["tokens"]) == VOCAB, len(tok["tokens"])
+    assert len(tok["tokens"]) == vocab, len(tok["tokens"])
     w = GGUFWriter(str(path), "llama")
-    w.add_name("random TinyLlama-1.1B-shaped model")
+    w.add_name(f"random llama {dim}x{layers}")
     w.add_context_length(2048)
-    w.add_embedding_length(DIM)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_embedding_length(dim)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(DIM // HEADS)
+    w.add_rope_dimension_count(dim // heads)
     w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(VOCAB)
-    w.add_file_type(1)  # mostly F16
+    w.add_vocab_size(vocab)
+    w.add_file_type(1 if dtype == np.float16 else 0)  # mostly F16, or all F32
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tok["tokens"])
@@ -75,24 +79,25 @@ def write_f16(path, vocab_path, seed):
     rng = np.random.default_rng(seed)
 
     def matrix(rows, cols):
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(dtype)
 
-    ones = np.ones(DIM, dtype=np.float32)
-    head_dim = DIM // HEADS
-    w.add_tensor("token_embd.weight", matrix(VOCAB, DIM))
-    for i in range(LAYERS):
+    ones = np.ones(dim, dtype=np.float32)
+    head_dim = dim // heads
+    w.add_tensor("token_embd.weight", matrix(vocab, dim))
+    for i in range(layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones)
-        w.add_tensor(p + "attn_q.weight", matrix(HEADS * head_dim, DIM))
-        w.add_tensor(p + "attn_k.weight", matrix(KV_HEADS * head_dim, DIM))
-        w.add_tensor(p + "attn_v.weight", matrix(KV_HEADS * head_dim, DIM))
-        w.add_tensor(p + "attn_output.weight", matrix(DIM, HEADS * head_dim))
+        w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
+        w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
+        w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
+        w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", ones)
-        w.add_tensor(p + "ffn_gate.weight", matrix(FFN, DIM))
-        w.add_tensor(p + "ffn_up.weight", matrix(FFN, DIM))
-        w.add_tensor(p + "ffn_down.weight", matrix(DIM, FFN))
+        w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
+        w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
+        w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
     w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", matrix(VOCAB, DIM))
+    if not tied:
+        w.add_tensor("output.weight", matrix(vocab, dim))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -124,7 +129,7 @@ def main():
     f16 = out / "random-tinyllama.F16.gguf"
     if not f16.exists():
         partial = f16.with_suffix(".partial")
-        write_f16(partial, a.vocab, a.seed)
+        write_model(partial, a.vocab, a.seed)
         partial.rename(f16)
     for name in a.types:
         target = out / f"random-tinyllama.{name}.gguf"

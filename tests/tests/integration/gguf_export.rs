@@ -66,8 +66,8 @@ fn f16_at(block: &[u8], at: usize) -> f32 {
 /// - Q4_0 (d = w_max/−8 for the value of largest magnitude, q = min(15, ⌊w/d + 8.5⌋),
 ///   ŵ = (q − 8)·d₁₆): one step (the value opposite the largest is clamped from level 8 to 7),
 ///   plus the f16 rounding of d times |q − 8| ≤ 8.
-/// - Q4_K (ŵ = d·sc·q − dmin·m per group of 32, 6-bit sc and m): the nearest of the group's 16
-///   levels, as its stored scales express them.
+/// - Q4_K, Q5_K and Q6_K: the nearest of the group's levels, as its stored scales express them
+///   ([`k_levels`]; llama.cpp's quantizers round each value against the stored scales).
 ///
 /// Each bound has a relative slack of 2⁻¹⁸ for the f32 products and sums on both sides.
 fn bounds(ty: GgmlType, source: &[f32], blocks: &[u8]) -> Vec<f32> {
@@ -101,14 +101,52 @@ fn bounds(ty: GgmlType, source: &[f32], blocks: &[u8]) -> Vec<f32> {
                 })
                 .collect()
         }
-        GgmlType::Q4K => source
-            .chunks(256)
-            .zip(blocks.chunks(144))
-            .flat_map(|(w, b)| {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let s = &b[4..16];
-                (0..8).flat_map(move |g| {
-                    // The 6-bit scale and minimum of group g (ggml's `get_scale_min_k4`).
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => {
+            let bytes = ty.block().unwrap().1 as usize;
+            source
+                .chunks(256)
+                .zip(blocks.chunks(bytes))
+                .flat_map(|(w, b)| {
+                    k_levels(ty, b)
+                        .into_iter()
+                        .zip(w)
+                        .map(|(levels, &x)| {
+                            let nearest = levels
+                                .iter()
+                                .map(|l| (x - l).abs())
+                                .fold(f32::INFINITY, f32::min);
+                            let widest = levels.iter().fold(0f32, |m, l| m.max(l.abs()));
+                            nearest + slack(widest.max(x.abs()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        other => panic!("no bound for {other:?}"),
+    }
+}
+
+/// The levels a K-quant super-block can express for each of its 256 values, from its stored
+/// scales: d·sc·q − dmin·m per group of 32 (Q4_K: q < 16, Q5_K: q < 32; the 6-bit sc and m as
+/// ggml's `get_scale_min_k4` unpacks them), d·sc·(q − 32) per group of 16 (Q6_K, q < 64).
+fn k_levels(ty: GgmlType, b: &[u8]) -> Vec<Vec<f32>> {
+    let values = |group: usize, levels: Vec<f32>| std::iter::repeat_n(levels, group);
+    match ty {
+        GgmlType::Q6K => {
+            let d = f16_at(b, 208);
+            (0..16)
+                .flat_map(|g| {
+                    let step = d * (b[192 + g] as i8) as f32;
+                    values(16, (0..64).map(|q| step * (q - 32) as f32).collect())
+                })
+                .collect()
+        }
+        _ => {
+            let top = if ty == GgmlType::Q4K { 16 } else { 32 };
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let s = &b[4..16];
+            (0..8)
+                .flat_map(|g| {
                     let (sc, m) = if g < 4 {
                         (s[g] & 63, s[g + 4] & 63)
                     } else {
@@ -118,16 +156,10 @@ fn bounds(ty: GgmlType, source: &[f32], blocks: &[u8]) -> Vec<f32> {
                         )
                     };
                     let (step, offset) = (d * sc as f32, dmin * m as f32);
-                    w[32 * g..32 * (g + 1)].iter().map(move |&x| {
-                        let nearest = (0..16)
-                            .map(|k| (x - (step * k as f32 - offset)).abs())
-                            .fold(f32::INFINITY, f32::min);
-                        nearest + slack(step.max(x.abs()) + offset)
-                    })
+                    values(32, (0..top).map(|q| step * q as f32 - offset).collect())
                 })
-            })
-            .collect(),
-        other => panic!("no bound for {other:?}"),
+                .collect()
+        }
     }
 }
 
@@ -159,7 +191,11 @@ fn each_weight_type_loads_within_its_quantization_error() {
         (GgufQuant::F16, GgmlType::F16),
         (GgufQuant::Q8_0, GgmlType::Q8_0),
         (GgufQuant::Q4_0, GgmlType::Q4_0),
-        (GgufQuant::Q4K, GgmlType::Q4K),
+        (GgufQuant::Q4KS, GgmlType::Q4K),
+        (GgufQuant::Q4KM, GgmlType::Q4K),
+        (GgufQuant::Q5KS, GgmlType::Q5K),
+        (GgufQuant::Q5KM, GgmlType::Q5K),
+        (GgufQuant::Q6K, GgmlType::Q6K),
     ] {
         let path = scratch(&format!("small-{quant:?}.gguf"));
         export_gguf(&model, Vec::new(), &path, quant, false, "small").unwrap();
@@ -222,21 +258,23 @@ fn the_quantized_engine_follows_the_float_model_on_every_weight_type() {
     device.seed(12);
     let model = Llama::init(&LlamaConfig::small(), &device);
     let ids: Vec<u32> = (0..24).map(|i| (i * 53 % 4096) as u32).collect();
-    // Measured on this random model (largest logit gap over the largest logit): 16 bits 4.0e-5
-    // (Q8_0), 4.4e-5 (Q4_0), 5.2e-5 (Q4_K, kept as its own blocks); 8 bits 1.0e-2 (Q8_0, Q4_0),
-    // 1.25e-2 (Q4_K). Bounds about twice those. (Before Q4_K had a kernel of its own it was
-    // converted to Q8_0 at load: 1.4e-2 at 16 bits.)
+    // Measured on this random model (largest logit gap over the largest logit): 16 bits 3.8e-5
+    // (Q8_0; Q4_0, whose head is Q6_K), 5.3e-5 (Q4_K_M), 4.5e-5 (Q5_K_M), 4.4e-5 (Q6_K); 8 bits
+    // 1.0e-2 (Q8_0), 1.2e-2 (Q4_0), 1.25e-2 (Q4_K_M), 1.2e-2 (Q5_K_M), 1.1e-2 (Q6_K). Bounds
+    // about twice those.
     let bound = |bits: ActivationBits| match bits {
         ActivationBits::Sixteen => 1e-4,
         ActivationBits::Eight => 2.5e-2,
     };
-    // Held as: Q4_0/Q8_0/Q4_K their own blocks, F16 (and the 688-wide ffn_down rows every
-    // export writes as F16) as f32.
+    // Held as: Q4_0/Q8_0 and the K-quants their own blocks, F16 (and the 688-wide ffn_down rows
+    // every export writes as F16) as f32.
     for (quant, kept) in [
         (GgufQuant::F16, BlockFormat::F32),
         (GgufQuant::Q8_0, BlockFormat::Q8_0),
         (GgufQuant::Q4_0, BlockFormat::Q4_0),
-        (GgufQuant::Q4K, BlockFormat::Q4K),
+        (GgufQuant::Q4KM, BlockFormat::Q4K),
+        (GgufQuant::Q5KM, BlockFormat::Q5K),
+        (GgufQuant::Q6K, BlockFormat::Q6K),
     ] {
         let path = scratch(&format!("engine-{quant:?}.gguf"));
         export_gguf(&model, Vec::new(), &path, quant, false, "small").unwrap();

@@ -229,8 +229,8 @@ fn kept_block_formats_dequantize_as_gguf_py() {
 
 /// The quantizers napkin writes GGUF files with, against gguf-py's (bit-exact with llama.cpp's
 /// reference quantizers) on seeded rows, a block of exact ties and a block of zeros; F16 and
-/// BF16 also on halfway values, subnormals and overflow. (Q4_K is napkin's own fit: its blocks
-/// decode to the nearest level they express, gguf_export.rs.)
+/// BF16 also on halfway values, subnormals and overflow. (The K-quants and 5-bit blocks:
+/// against llama.cpp itself, below.)
 #[test]
 fn ggml_quantization_equals_gguf_py() {
     use napkin_core::io::gguf::dequant::GgmlType;
@@ -264,6 +264,51 @@ fn ggml_quantization_equals_gguf_py() {
             differ.len(),
             got.len(),
             differ.first()
+        );
+    }
+}
+
+/// Every block type napkin writes, against llama.cpp's own quantizer (`ggml_quantize_chunk` of
+/// the library llama-cpp-python 0.3.36 ships, no importance matrix) on 30 rows of 256 values:
+/// weight-like, wide, heavy-tailed, one-signed, constant, zero, below f16's range, eight
+/// scales in one row, one outlier, exact halves (`corpus/ggml/make_llama_cpp_reference.py`).
+/// Bit for bit: the K-quants' searches included.
+#[test]
+fn every_written_block_type_equals_llama_cpp_quantizer() {
+    use napkin_core::io::gguf::dequant::GgmlType;
+    use napkin_core::io::gguf::quantize::quantize;
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ggml");
+    let values: Vec<f32> = std::fs::read(corpus.join("llama-cpp-quantize.f32"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(values.len(), 30 * 256);
+    for (name, ty) in [
+        ("Q4_K", GgmlType::Q4K),
+        ("Q5_K", GgmlType::Q5K),
+        ("Q6_K", GgmlType::Q6K),
+        ("Q5_0", GgmlType::Q5_0),
+        ("Q5_1", GgmlType::Q5_1),
+        ("Q4_0", GgmlType::Q4_0),
+        ("Q8_0", GgmlType::Q8_0),
+    ] {
+        let expected = std::fs::read(corpus.join(format!("llama-cpp-{name}.blocks"))).unwrap();
+        let got = quantize(ty, &values).unwrap();
+        assert_eq!(got.len(), expected.len(), "{name}");
+        let (per, bytes) = ty.block().unwrap();
+        let blocks_differing: Vec<usize> = got
+            .chunks(bytes as usize)
+            .zip(expected.chunks(bytes as usize))
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(
+            blocks_differing.is_empty(),
+            "{name}: {} of {} blocks differ from llama.cpp's (blocks of {per}: {blocks_differing:?})",
+            blocks_differing.len(),
+            got.len() / bytes as usize
         );
     }
 }

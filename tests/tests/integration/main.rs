@@ -39,6 +39,7 @@ mod floors;
 mod gguf_export;
 mod gguf_files;
 mod gguf_tokenizers;
+mod gguf_type_mix;
 mod hostile_input;
 mod llama3_rope;
 mod llama_parity;

@@ -1,8 +1,9 @@
 //! A model as a llama.cpp GGUF file: llama.cpp's tensor names, Q and K rows permuted the way
 //! its converter permutes them (arch `llama`; a Qwen2 is written as arch `qwen2`, rows as they
-//! are, with its biases, a Qwen3 as arch `qwen3` with its head norms), the architecture keys, Llama 3's RoPE schedule as its divisors
-//! (`rope_freqs.weight`), the caller's tokenizer metadata, and the 2-D weights in the chosen type
-//! (norms stay F32). Tensors are made one at a time
+//! are, with its biases, a Qwen3 as arch `qwen3` with its head norms), the architecture keys,
+//! Llama 3's RoPE schedule as its divisors (`rope_freqs.weight`), the caller's tokenizer
+//! metadata, and each 2-D weight in the type llama.cpp's quantizer would give it for the chosen
+//! file type (`type_mix`; norms stay F32). Tensors are made one at a time
 //! ([`Llama::hf_tensor`]; LoRA adapters folded in when asked), so the model is never held whole.
 
 use std::path::Path;
@@ -11,12 +12,14 @@ use super::dequant::GgmlType;
 use super::llama::{gguf_arch, gguf_name, permute_rows, permuted_heads};
 use super::quantize::quantize;
 use super::rope_factors::{ROPE_FREQS, llama3_divisors};
+use super::type_mix::tensor_type;
 use super::writer::{MetaValue, TensorEntry, write_gguf};
-use crate::config::spellings;
+use crate::config::{LlamaConfig, spellings};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 
-/// The weight type of an exported GGUF.
+/// The file type of an exported GGUF: llama.cpp's `llama_ftype`s, each with llama.cpp's
+/// per-tensor mix (`type_mix`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgufQuant {
     /// Every weight in f32.
@@ -25,31 +28,33 @@ pub enum GgufQuant {
     F16,
     /// The 2-D weights in Q8_0.
     Q8_0,
-    /// The 2-D weights in Q4_0.
+    /// Q4_0, the head in Q6_K.
     Q4_0,
-    /// Q4_K (the `Q4_K_S` file type: every 2-D weight in Q4_K).
-    Q4K,
+    /// Q4_K_S: Q4_K, the first four `attn_v` and the first eighth of `ffn_down` in Q5_K.
+    Q4KS,
+    /// Q4_K_M (llama.cpp's and Ollama's default): Q4_K, half the `attn_v` and `ffn_down` in
+    /// Q6_K.
+    Q4KM,
+    /// Q5_K_S: Q5_K.
+    Q5KS,
+    /// Q5_K_M: Q5_K, half the `attn_v` and `ffn_down` in Q6_K.
+    Q5KM,
+    /// Q6_K: every 2-D weight in Q6_K.
+    Q6K,
 }
 
 impl GgufQuant {
-    /// The type of a 2-D weight with rows of `cols` values: this quant when whole blocks fit
-    /// a row, else the next that fits (Q4_K → Q8_0 → F16), as llama.cpp's quantizer falls back.
-    fn type_for_row(self, cols: usize) -> GgmlType {
-        let fits = |t: GgmlType| {
-            t.block()
-                .is_some_and(|(n, _)| cols.is_multiple_of(n as usize))
-        };
-        let wanted = match self {
+    /// The type every 2-D weight starts from before the mix (`llama_ftype_get_default_type`).
+    pub fn base_type(self) -> GgmlType {
+        match self {
             GgufQuant::F32 => GgmlType::F32,
             GgufQuant::F16 => GgmlType::F16,
             GgufQuant::Q8_0 => GgmlType::Q8_0,
             GgufQuant::Q4_0 => GgmlType::Q4_0,
-            GgufQuant::Q4K => GgmlType::Q4K,
-        };
-        [wanted, GgmlType::Q8_0, GgmlType::F16]
-            .into_iter()
-            .find(|&t| fits(t))
-            .unwrap_or(GgmlType::F32)
+            GgufQuant::Q4KS | GgufQuant::Q4KM => GgmlType::Q4K,
+            GgufQuant::Q5KS | GgufQuant::Q5KM => GgmlType::Q5K,
+            GgufQuant::Q6K => GgmlType::Q6K,
+        }
     }
 
     /// `general.file_type` (llama.cpp's `llama_ftype`).
@@ -59,7 +64,11 @@ impl GgufQuant {
             GgufQuant::F16 => 1,
             GgufQuant::Q4_0 => 2,
             GgufQuant::Q8_0 => 7,
-            GgufQuant::Q4K => 14,
+            GgufQuant::Q4KS => 14,
+            GgufQuant::Q4KM => 15,
+            GgufQuant::Q5KS => 16,
+            GgufQuant::Q5KM => 17,
+            GgufQuant::Q6K => 18,
         }
     }
 }
@@ -69,8 +78,37 @@ spellings! {
     F32 => "f32" []: "every weight in f32",
     F16 => "f16" []: "the 2-D weights in f16",
     Q8_0 => "q8_0" []: "8-bit blocks of 32",
-    Q4_0 => "q4_0" []: "4-bit blocks of 32",
-    Q4K => "q4_k" ["q4_k_s"]: "4-bit K-quant super-blocks of 256 (llama.cpp's Q4_K_S file type)",
+    Q4_0 => "q4_0" []: "4-bit blocks of 32, the head in Q6_K",
+    Q4KS => "q4_k_s" ["q4_k"]: "4-bit K-quants, a few attn_v and ffn_down in Q5_K",
+    Q4KM => "q4_k_m" []: "4-bit K-quants, half the attn_v and ffn_down in Q6_K (llama.cpp's default)",
+    Q5KS => "q5_k_s" ["q5_k"]: "5-bit K-quants",
+    Q5KM => "q5_k_m" []: "5-bit K-quants, half the attn_v and ffn_down in Q6_K",
+    Q6K => "q6_k" []: "6-bit K-quants",
+}
+
+/// The weights of a `quant` export of a model of `config`, in file order (the RoPE divisors
+/// aside): each Hugging Face name with its GGUF entry (name, shape, and the type llama.cpp's
+/// quantizer would give it, `type_mix`).
+pub fn tensor_plan(config: &LlamaConfig, quant: GgufQuant) -> Result<Vec<(String, TensorEntry)>> {
+    // llama.cpp treats the embedding as the head when the file has no `output.weight`.
+    let tied = config.tie_word_embeddings;
+    config
+        .hf_parameter_shapes()
+        .into_iter()
+        .map(|(hf, shape)| {
+            let name = gguf_name(&hf)
+                .ok_or_else(|| Error::Internal(format!("no GGUF name for tensor `{hf}`")))?;
+            let ggml_type = tensor_type(quant, &name, &shape, config.num_hidden_layers, tied);
+            Ok((
+                hf,
+                TensorEntry {
+                    name,
+                    shape,
+                    ggml_type,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// What an export wrote: how many tensors of each type.
@@ -144,18 +182,8 @@ pub fn export_gguf(
         });
         hf_names.push(String::new());
     }
-    for (hf, shape) in c.hf_parameter_shapes() {
-        let name = gguf_name(&hf)
-            .ok_or_else(|| Error::Internal(format!("no GGUF name for tensor `{hf}`")))?;
-        let ggml_type = match shape.as_slice() {
-            [_, cols] => quant.type_for_row(*cols),
-            _ => GgmlType::F32,
-        };
-        entries.push(TensorEntry {
-            name,
-            shape,
-            ggml_type,
-        });
+    for (hf, entry) in tensor_plan(c, quant)? {
+        entries.push(entry);
         hf_names.push(hf);
     }
     let mut summary = ExportSummary::default();

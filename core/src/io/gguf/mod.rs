@@ -7,9 +7,11 @@ pub mod dequant;
 pub mod export;
 pub mod llama;
 pub mod quantize;
+mod quantize_k;
 pub mod quantized_llama;
 pub mod reader;
 pub mod rope_factors;
+pub mod type_mix;
 pub mod writer;
 
 pub use llama::{gguf_config, load_gguf_llama, load_gguf_llama_with};

@@ -1,12 +1,12 @@
-//! f32 → ggml blocks, for writing GGUF files: F32, F16, BF16, Q8_0 and Q4_0 as llama.cpp's
-//! reference quantizers compute them (`quantize_row_*_ref`; equal to gguf-py's quantizer bit
-//! for bit, `tests/corpus/ggml`), and Q4_K by napkin's own least-squares fit of each group
-//! (not llama.cpp's search, so not its bytes; any Q4_K block is read the same way, so files
-//! interoperate, and the error is bounded by tests).
+//! f32 → ggml blocks, for writing GGUF files: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1 and the
+//! K-quants Q4_K, Q5_K and Q6_K (`quantize_k`), each as llama.cpp's reference quantizer
+//! (`quantize_row_*_ref`, what its quantizer runs without an importance matrix) computes it:
+//! the blocks equal llama.cpp's bit for bit (`tests/corpus/ggml`).
 
 use half::{bf16, f16};
 
 use super::dequant::GgmlType;
+use super::quantize_k;
 
 /// The bytes of `values` as `ggml_type` blocks. `values.len()` must be a multiple of the
 /// type's block length (the caller picks a type that fits the row).
@@ -32,7 +32,17 @@ pub fn quantize(ggml_type: GgmlType, values: &[f32]) -> Result<Vec<u8>, String> 
             .for_each(|&v| out.extend(bf16::from_f32(v).to_le_bytes())),
         GgmlType::Q8_0 => values.chunks_exact(32).for_each(|b| q8_0(b, &mut out)),
         GgmlType::Q4_0 => values.chunks_exact(32).for_each(|b| q4_0(b, &mut out)),
-        GgmlType::Q4K => values.chunks_exact(256).for_each(|b| q4_k(b, &mut out)),
+        GgmlType::Q5_0 => values.chunks_exact(32).for_each(|b| q5_0(b, &mut out)),
+        GgmlType::Q5_1 => values.chunks_exact(32).for_each(|b| q5_1(b, &mut out)),
+        GgmlType::Q4K => values
+            .chunks_exact(256)
+            .for_each(|b| quantize_k::q4_k(b, &mut out)),
+        GgmlType::Q5K => values
+            .chunks_exact(256)
+            .for_each(|b| quantize_k::q5_k(b, &mut out)),
+        GgmlType::Q6K => values
+            .chunks_exact(256)
+            .for_each(|b| quantize_k::q6_k(b, &mut out)),
         other => return Err(format!("napkin does not write {other:?}")),
     }
     Ok(out)
@@ -64,104 +74,47 @@ fn q4_0(block: &[f32], out: &mut Vec<u8>) {
     out.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
 }
 
-/// A group's step and offset for x ≈ step·q − offset (q in 0..=15, offset ≥ 0): levels are
-/// tried for 21 step sizes around (x_max − min(0, x_min)) / 15, and for each the step and
-/// offset that fit them in least squares; the pair with the smallest squared error wins.
-fn fit_group(x: &[f32]) -> (f32, f32) {
-    let lo = x.iter().fold(0.0f32, |m, &v| m.min(v));
-    let hi = x.iter().fold(lo, |m, &v| m.max(v));
-    if hi <= lo {
-        return (0.0, -lo);
-    }
-    let n = x.len() as f32;
-    let sum_x: f32 = x.iter().sum();
-    let mut best = ((hi - lo) / 15.0, -lo, f32::INFINITY);
-    for k in 0..=20 {
-        let inverse = (14.0 + 0.1 * k as f32) / (hi - lo);
-        let levels: Vec<f32> = x
-            .iter()
-            .map(|&v| ((v - lo) * inverse).round().clamp(0.0, 15.0))
-            .collect();
-        let (sum_l, sum_ll, sum_lx) = levels.iter().zip(x).fold((0.0, 0.0, 0.0), |a, (&l, &v)| {
-            (a.0 + l, a.1 + l * l, a.2 + l * v)
-        });
-        let det = n * sum_ll - sum_l * sum_l;
-        if det <= 0.0 {
-            continue;
-        }
-        let mut step = (n * sum_lx - sum_l * sum_x) / det;
-        let mut shift = (sum_x - step * sum_l) / n;
-        if shift > 0.0 {
-            // The offset cannot be negative: fit the step alone.
-            shift = 0.0;
-            step = sum_lx / sum_ll;
-        }
-        if step <= 0.0 {
-            continue;
-        }
-        let err: f32 = levels
-            .iter()
-            .zip(x)
-            .map(|(&l, &v)| (step * l + shift - v).powi(2))
-            .sum();
-        if err < best.2 {
-            best = (step, -shift, err);
+/// d = (the value of largest magnitude) / −16, q = min(31, trunc(x / d + 16.5)); the low four
+/// bits as Q4_0 packs them, the fifth bits in a u32 (bit j for element j).
+fn q5_0(block: &[f32], out: &mut Vec<u8>) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in block {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
         }
     }
-    (best.0, best.1)
+    let d = max / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q = |x: f32| ((x * id + 16.5) as i8).min(31) as u8;
+    five_bits(d, None, block.iter().map(|&x| q(x)), out);
 }
 
-/// Q4_K: eight groups of 32, x ≈ d·sc·q − dmin·m with 6-bit sc and m per group and 4-bit q.
-/// Each group's step and offset are fitted (`fit_group`); the super-block scales d and dmin
-/// make the largest step and offset 63; q is rounded against the stored (f16, 6-bit) scales,
-/// so the file decodes to the nearest level it can express.
-fn q4_k(block: &[f32], out: &mut Vec<u8>) {
-    let mut steps = [0.0f32; 8];
-    let mut offsets = [0.0f32; 8];
-    for (g, group) in block.chunks_exact(32).enumerate() {
-        (steps[g], offsets[g]) = fit_group(group);
+/// d = (max − min) / 31, m = min, q = trunc((x − min) / d + 0.5).
+fn q5_1(block: &[f32], out: &mut Vec<u8>) {
+    let min = block
+        .iter()
+        .fold(f32::MAX, |m, &v| if v < m { v } else { m });
+    let max = block
+        .iter()
+        .fold(-f32::MAX, |m, &v| if v > m { v } else { m });
+    let d = (max - min) / 31.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q = |x: f32| ((x - min) * id + 0.5) as u8;
+    five_bits(d, Some(min), block.iter().map(|&x| q(x)), out);
+}
+
+/// A Q5_0 or Q5_1 block: f16 d (and f16 m), the u32 of fifth bits, 16 bytes of low nibbles
+/// (elements 0..16 low, 16..32 high).
+fn five_bits(d: f32, m: Option<f32>, levels: impl Iterator<Item = u8>, out: &mut Vec<u8>) {
+    let levels: Vec<u8> = levels.collect();
+    out.extend(f16::from_f32(d).to_le_bytes());
+    if let Some(m) = m {
+        out.extend(f16::from_f32(m).to_le_bytes());
     }
-    let d = f16::from_f32(steps.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
-    let dmin = f16::from_f32(offsets.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
-    let six_bits = |value: f32, unit: f32| {
-        if unit > 0.0 {
-            (value / unit).round().clamp(0.0, 63.0) as u8
-        } else {
-            0
-        }
-    };
-    let (d32, dmin32) = (d.to_f32(), dmin.to_f32());
-    let sc: [u8; 8] = std::array::from_fn(|g| six_bits(steps[g], d32));
-    let m: [u8; 8] = std::array::from_fn(|g| six_bits(offsets[g], dmin32));
-    out.extend(d.to_le_bytes());
-    out.extend(dmin.to_le_bytes());
-    // The 12 scale bytes, as `scale_min_k4` in dequant.rs reads them.
-    let mut scales = [0u8; 12];
-    for j in 0..4 {
-        scales[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
-        scales[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
-        scales[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
-    }
-    out.extend(scales);
-    let levels: Vec<u8> = block
-        .chunks_exact(32)
-        .enumerate()
-        .flat_map(|(g, group)| {
-            let step = d32 * sc[g] as f32;
-            let offset = dmin32 * m[g] as f32;
-            group.iter().map(move |&x| {
-                if step > 0.0 {
-                    ((x + offset) / step).round().clamp(0.0, 15.0) as u8
-                } else {
-                    0
-                }
-            })
-        })
-        .collect();
-    // Groups 2p and 2p + 1 share 32 bytes: low nibbles the first, high nibbles the second.
-    for pair in levels.chunks_exact(64) {
-        out.extend((0..32).map(|l| pair[l] | (pair[l + 32] << 4)));
-    }
+    let high = (0..32).fold(0u32, |h, j| h | (u32::from(levels[j] >> 4 & 1) << j));
+    out.extend(high.to_le_bytes());
+    out.extend((0..16).map(|j| (levels[j] & 0x0f) | ((levels[j + 16] & 0x0f) << 4)));
 }
 
 #[cfg(test)]
@@ -194,7 +147,11 @@ mod tests {
             (GgmlType::Bf16, 5e-3),
             (GgmlType::Q8_0, 0.01),
             (GgmlType::Q4_0, 0.12),
+            (GgmlType::Q5_0, 0.06),
+            (GgmlType::Q5_1, 0.06),
             (GgmlType::Q4K, 0.12),
+            (GgmlType::Q5K, 0.06),
+            (GgmlType::Q6K, 0.03),
         ] {
             let bytes = quantize(t, &x).unwrap();
             let back = t.dequantize(&bytes, x.len()).unwrap();
@@ -203,32 +160,10 @@ mod tests {
         }
     }
 
+    /// On weight-like (Gaussian) values the searched K-quant groups beat the plain blocks of the
+    /// same bits, and each bit more helps (RMS errors printed).
     #[test]
-    fn q4_k_scales_round_trip_through_the_packed_bytes() {
-        // A block whose groups differ in range: every 6-bit scale and min is used.
-        let x: Vec<f32> = (0..256)
-            .map(|i| ((i % 32) as f32 - 10.0) * (1 + i / 32) as f32 * 0.01)
-            .collect();
-        let bytes = quantize(GgmlType::Q4K, &x).unwrap();
-        let back = GgmlType::Q4K.dequantize(&bytes, 256).unwrap();
-        for (g, (a, b)) in back.chunks(32).zip(x.chunks(32)).enumerate() {
-            let step = (1 + g) as f32 * 0.01 * 31.0 / 15.0;
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max);
-            assert!(
-                worst <= 0.6 * step + 1e-3,
-                "group {g}: {worst} vs step {step}"
-            );
-        }
-    }
-
-    /// On weight-like (Gaussian) values Q4_K's fitted groups beat Q4_0 (measured RMS error
-    /// 1.41e-3 against 1.70e-3; the plain min/max range gave 1.55e-3).
-    #[test]
-    fn q4_k_beats_q4_0_on_gaussian_weights() {
+    fn k_quants_beat_the_plain_blocks_on_gaussian_weights() {
         let mut state = 7u64;
         let mut gaussian = || {
             let mut sum = 0.0f32;
@@ -245,13 +180,28 @@ mod tests {
             let back = t.dequantize(&quantize(t, &x).unwrap(), x.len()).unwrap();
             rms(&back, &x)
         };
-        let (q4_0, q4_k) = (error(GgmlType::Q4_0), error(GgmlType::Q4K));
+        let [q4_0, q4_k, q5_0, q5_k, q6_k, q8_0] = [
+            GgmlType::Q4_0,
+            GgmlType::Q4K,
+            GgmlType::Q5_0,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::Q8_0,
+        ]
+        .map(error);
+        eprintln!(
+            "RMS error: Q4_0 {q4_0:.3e}, Q4_K {q4_k:.3e}, Q5_0 {q5_0:.3e}, Q5_K {q5_k:.3e}, \
+             Q6_K {q6_k:.3e}, Q8_0 {q8_0:.3e}"
+        );
         assert!(q4_k < 0.9 * q4_0, "Q4_K {q4_k} vs Q4_0 {q4_0}");
+        assert!(q5_k < 0.9 * q5_0, "Q5_K {q5_k} vs Q5_0 {q5_0}");
+        assert!(q5_k < q4_k && q6_k < q5_k && q8_0 < q6_k);
     }
 
     #[test]
     fn partial_blocks_are_refused() {
         assert!(quantize(GgmlType::Q8_0, &[0.0; 33]).is_err());
-        assert!(quantize(GgmlType::Q6K, &[0.0; 256]).is_err());
+        assert!(quantize(GgmlType::Q6K, &[0.0; 300]).is_err());
+        assert!(quantize(GgmlType::Q2K, &[0.0; 256]).is_err());
     }
 }
