@@ -59,9 +59,8 @@ pub struct LlamaConfig {
     /// End-of-sequence token id(s), if the checkpoint names them.
     pub eos_token_ids: Vec<u32>,
     /// Mistral's `sliding_window`: each token attends to this many positions at most (itself
-    /// included). napkin's eager attention applies it in its mask; the efficient attention and
-    /// the KV-cached generation do not, so they run such a model on sequences no longer than
-    /// the window only, where the window changes nothing ([`LlamaConfig::check_positions`]).
+    /// included), in the eager attention's mask, the efficient attention's tiles (those wholly
+    /// past the window skipped) and generation (the cache keeps every key, the old ones masked).
     #[serde(default)]
     pub sliding_window: Option<usize>,
     /// Qwen2's bias on the query, key and value projections (`[H·Dh]`, `[Hkv·Dh]`, `[Hkv·Dh]`),
@@ -86,21 +85,6 @@ impl LlamaConfig {
             (false, true, _) => ("Qwen2ForCausalLM", "qwen2"),
             (false, false, Some(_)) => ("MistralForCausalLM", "mistral"),
             (false, false, None) => ("LlamaForCausalLM", "llama"),
-        }
-    }
-
-    /// Refuses a sequence of `positions` tokens longer than the model's sliding window:
-    /// there the model's attention would skip the oldest positions, and napkin's does not.
-    pub fn check_positions(&self, positions: usize) -> Result<()> {
-        match self.sliding_window {
-            Some(window) if positions > window => Err(Error::Input(format!(
-                "a sequence of {positions} positions is longer than the model's sliding window of \
-                 {window} (`sliding_window` in its config.json): napkin applies the window in \
-                 the eager attention only (`--attention eager` for training and eval), so the \
-                 efficient attention and generation run this model on at most {window} \
-                 positions"
-            ))),
-            _ => Ok(()),
         }
     }
 

@@ -54,6 +54,8 @@ pub struct TiledMask {
     seq: usize,
     /// `[B, T]` segment ids; None when no row is packed.
     segments: Option<Arc<[u32]>>,
+    /// A sliding window (Mistral's): query i sees keys i − window < j ≤ i.
+    window: Option<usize>,
     /// The causal tiles made so far: (|q|, |k|, q.start − k.start) → the mask on its device.
     causal: Arc<Mutex<Vec<(CausalTile, Tensor<4>)>>>,
 }
@@ -63,39 +65,64 @@ type CausalTile = (usize, usize, isize);
 
 impl TiledMask {
     /// The mask of `batch` rows of `seq` positions; `segments` (`[B, T]` segment ids) when some
-    /// row holds several packed sequences, None when the mask is only causal.
-    pub fn new(batch: usize, seq: usize, segments: Option<&[u32]>) -> Self {
+    /// row holds several packed sequences, None when the mask is only causal; `window` for a
+    /// model with a sliding window.
+    pub fn new(batch: usize, seq: usize, segments: Option<&[u32]>, window: Option<usize>) -> Self {
         TiledMask {
             batch,
             seq,
             segments: segments.map(Arc::from),
+            window,
             causal: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
-    /// The additive mask for queries `q` and keys `k`, `[1 or B, 1, |q|, |k|]`, or None when
-    /// every query sees every key of the tile.
-    /// Whether some row holds several packed sequences (else the mask is only causal).
+    /// Whether some row holds several packed sequences (else the mask is only causal, perhaps
+    /// windowed).
     pub(crate) fn is_packed(&self) -> bool {
         self.segments.is_some()
     }
 
+    /// The sliding window, if the model has one.
+    pub(crate) fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Whether key position `j` is older than query position `i`'s window.
+    fn too_far(&self, i: usize, j: usize) -> bool {
+        self.window.is_some_and(|w| j + w <= i)
+    }
+
     /// Whether query position `i` of batch row `b` cannot see key position `j` (a future key,
-    /// or one of another packed sequence).
+    /// one past the window, or one of another packed sequence).
     pub(crate) fn hides(&self, b: usize, i: usize, j: usize) -> bool {
         j > i
+            || self.too_far(i, j)
             || self.segments.as_ref().is_some_and(|s| {
                 let row = &s[b * self.seq..(b + 1) * self.seq];
                 row[j] != row[i]
             })
     }
 
+    /// The key tiles query tile `queries` visits: those up to the diagonal, less the ones every
+    /// key of which is past every query's window (skipped, as the future ones are).
+    pub(crate) fn key_tiles(&self, queries: &Range<usize>) -> impl Iterator<Item = Range<usize>> {
+        let queries = queries.clone();
+        tiles(queries.end).filter(move |keys| self.visits(&queries, keys))
+    }
+
+    /// Whether some query of `queries` sees some key of `keys` (up to the diagonal: the
+    /// newest key within the first query's window).
+    fn visits(&self, queries: &Range<usize>, keys: &Range<usize>) -> bool {
+        keys.start < queries.end && !self.too_far(queries.start, keys.end - 1)
+    }
+
     fn tile(&self, q: &Range<usize>, k: &Range<usize>, device: &Device) -> Option<Tensor<4>> {
         if self.segments.is_some() {
             return self.build_tile(q, k, device);
         }
-        // Every key of the tile is visible (no future key): no mask.
-        if k.end <= q.start + 1 {
+        // Every key of the tile is visible (no future key, none past a window): no mask.
+        if k.end <= q.start + 1 && !self.too_far(q.end - 1, k.start) {
             return None;
         }
         let key = (q.len(), k.len(), q.start as isize - k.start as isize);
@@ -129,7 +156,7 @@ impl TiledMask {
             };
             for (a, i) in q.clone().enumerate() {
                 for (c, j) in k.clone().enumerate() {
-                    if j > i || segment(j) != segment(i) {
+                    if j > i || self.too_far(i, j) || segment(j) != segment(i) {
                         values[(row * tq + a) * tk + c] = MASKED;
                         any = true;
                     }
@@ -220,7 +247,7 @@ pub fn forward_with_tensor_ops(
         let q_tile = query_rows(&q, &qr, hkv); // [B, Hkv, G·tq, Dh]
         // (running max m, running sum l, accumulator), all over the tile's query rows.
         let mut state: Option<(Tensor<4>, Tensor<4>, Tensor<4>)> = None;
-        for kr in tiles(qr.end) {
+        for kr in mask.key_tiles(&qr) {
             let s = block_scores(
                 q_tile.clone(),
                 key_rows(&k, &kr),
@@ -279,7 +306,7 @@ pub fn backward_with_tensor_ops(
     let [_, h, _, dh] = saved.q.dims();
     let device = saved.q.device();
     let scale = (dh as f64).powf(-0.5);
-    backward_by_blocks(saved, grad_out, |block| {
+    backward_by_blocks(saved, grad_out, mask, |block| {
         let s = block_scores(
             block.q.clone(),
             block.k.clone(),
@@ -319,6 +346,7 @@ struct BackwardBlock<'a> {
 fn backward_by_blocks(
     saved: &SavedTensors,
     grad_out: Tensor<4>,
+    mask: &TiledMask,
     mut block: impl FnMut(BackwardBlock<'_>) -> (Tensor<4>, Tensor<4>),
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
     let SavedTensors { q, k, v, out, lse } = saved;
@@ -345,7 +373,7 @@ fn backward_by_blocks(
         for (index, kr) in key_tiles
             .iter()
             .enumerate()
-            .take_while(|(_, kr)| kr.start < qr.end)
+            .filter(|(_, kr)| mask.visits(&qr, kr))
         {
             let k_tile = key_rows(k, kr);
             let (p, grad_s) = block(BackwardBlock {
@@ -562,15 +590,24 @@ mod tests {
         segments
     }
 
-    fn tiled_mask(packed: bool) -> TiledMask {
+    /// The masks every check runs on: causal, packed, and each with a sliding window of 100
+    /// (key tiles wholly past it for the last query tile, partly past it below the diagonal).
+    const MASKS: [(bool, Option<usize>); 4] = [
+        (false, None),
+        (true, None),
+        (false, Some(100)),
+        (true, Some(100)),
+    ];
+
+    fn tiled_mask((packed, window): (bool, Option<usize>)) -> TiledMask {
         let (b, _, _, t, _) = SHAPE;
         let segments = segments(packed);
-        TiledMask::new(b, t, packed.then_some(segments.as_slice()))
+        TiledMask::new(b, t, packed.then_some(segments.as_slice()), window)
     }
 
     /// The dense `[B, 1, T, T]` additive mask, written out independently of [`TiledMask`]: a
-    /// future key or one of another segment is hidden.
-    fn dense_mask(packed: bool, device: &Device) -> Tensor<4> {
+    /// future key, one past the window or one of another segment is hidden.
+    fn dense_mask((packed, window): (bool, Option<usize>), device: &Device) -> Tensor<4> {
         let (b, _, _, t, _) = SHAPE;
         let segments = segments(packed);
         let mut mask = vec![0.0f32; b * t * t];
@@ -578,7 +615,7 @@ mod tests {
             let seg = &segments[row * t..(row + 1) * t];
             for i in 0..t {
                 for j in 0..t {
-                    if j > i || seg[j] != seg[i] {
+                    if j > i || window.is_some_and(|w| i - j >= w) || seg[j] != seg[i] {
                         mask[(row * t + i) * t + j] = MASKED;
                     }
                 }
@@ -597,19 +634,18 @@ mod tests {
         ]
     }
 
-    /// Values within 1e-5 of the eager formula, causal and packed, on every CPU backend.
+    /// Values within 1e-5 of the eager formula, on every mask of [`MASKS`] and CPU backend.
     #[test]
     fn values_match_eager_attention() {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap();
-            for packed in [false, true] {
+            for case in MASKS {
                 let [q, k, v] = inputs(&device);
-                let ours =
-                    efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(packed));
-                let eager = reference(q, k, v, dense_mask(packed, &device));
+                let ours = efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(case));
+                let eager = reference(q, k, v, dense_mask(case, &device));
                 assert_eq!(ours.dims(), eager.dims());
                 let err = max_abs_diff(ours, eager);
-                assert!(err <= 1e-5, "{kind}, packed {packed}: max |diff| {err}");
+                assert!(err <= 1e-5, "{kind}, mask {case:?}: max |diff| {err}");
             }
         }
     }
@@ -619,16 +655,16 @@ mod tests {
     fn gradients_match_eager_attention() {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap().autodiff();
-            for packed in [false, true] {
+            for case in MASKS {
                 let inputs = inputs(&device);
                 let (b, h, _, t, dh) = SHAPE;
                 let g = Tensor::<4>::random([b, h, t, dh], Distribution::Normal(0.0, 1.0), &device);
                 let grads_of = |efficient: bool| {
                     let [q, k, v] = inputs.clone().map(|x| x.require_grad());
                     let out = if efficient {
-                        efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(packed))
+                        efficient_attention(q.clone(), k.clone(), v.clone(), &tiled_mask(case))
                     } else {
-                        reference(q.clone(), k.clone(), v.clone(), dense_mask(packed, &device))
+                        reference(q.clone(), k.clone(), v.clone(), dense_mask(case, &device))
                     };
                     let grads = (out * g.clone()).sum().backward();
                     [q, k, v].map(|x| x.grad(&grads).expect("a gradient"))
@@ -640,7 +676,7 @@ mod tests {
                     let err = max_abs_diff(a, e);
                     assert!(
                         err <= 1e-5,
-                        "{kind}, packed {packed}: ∂{name} max |diff| {err}"
+                        "{kind}, mask {case:?}: ∂{name} max |diff| {err}"
                     );
                 }
             }
@@ -648,24 +684,24 @@ mod tests {
     }
 
     /// The fused CPU passes and burn's tensor ops (the path of every other backend) agree on
-    /// the output, the log-sum-exp and the three gradients, causal and packed.
+    /// the output, the log-sum-exp and the three gradients, on every mask of [`MASKS`].
     #[test]
     fn fused_passes_match_the_tensor_ops() {
         for kind in DeviceKind::cpu_backends() {
             let device = kind.open().unwrap();
-            for packed in [false, true] {
-                let mask = tiled_mask(packed);
+            for case in MASKS {
+                let mask = tiled_mask(case);
                 let [q, k, v] = inputs(&device);
                 let (out, lse) = forward_tiled(q.clone(), k.clone(), v.clone(), &mask);
                 let (out_ops, lse_ops) =
                     forward_with_tensor_ops(q.clone(), k.clone(), v.clone(), &mask);
                 assert!(
                     max_abs_diff(out.clone(), out_ops) <= 1e-5,
-                    "{kind} {packed}: out"
+                    "{kind} {case:?}: out"
                 );
                 assert!(
                     max_abs_diff(lse.clone(), lse_ops) <= 1e-5,
-                    "{kind} {packed}: lse"
+                    "{kind} {case:?}: lse"
                 );
                 let grad_out =
                     Tensor::<4>::random(out.dims(), Distribution::Normal(0.0, 1.0), &device);
@@ -678,7 +714,7 @@ mod tests {
                     ("v", fused.2, ops.2),
                 ] {
                     let err = max_abs_diff(a, e);
-                    assert!(err <= 1e-5, "{kind} {packed}: ∂{name} max |diff| {err}");
+                    assert!(err <= 1e-5, "{kind} {case:?}: ∂{name} max |diff| {err}");
                 }
             }
         }
@@ -689,10 +725,16 @@ mod tests {
     #[test]
     fn tiles_below_the_diagonal_need_no_mask() {
         let device = DeviceKind::Cpu.open().unwrap();
-        let causal = tiled_mask(false);
+        let causal = tiled_mask((false, None));
         assert!(causal.tile(&(128..256), &(0..128), &device).is_none());
         assert!(causal.tile(&(128..256), &(128..256), &device).is_some());
-        let packed = tiled_mask(true);
+        let packed = tiled_mask((true, None));
         assert!(packed.tile(&(128..256), &(0..128), &device).is_some());
+        // A window of 100: below the diagonal the oldest keys are hidden, and the last query
+        // tile skips the first key tile, every key of which is past every query's window.
+        let windowed = tiled_mask((false, Some(100)));
+        assert!(windowed.tile(&(128..256), &(0..128), &device).is_some());
+        let visited: Vec<_> = windowed.key_tiles(&(256..300)).collect();
+        assert_eq!(visited, [128..256, 256..300]);
     }
 }

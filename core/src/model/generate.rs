@@ -73,7 +73,6 @@ impl Llama {
         }
         let mut batch = TokenBatch::single(new_ids)?;
         batch.check_vocab(self.config.vocab_size)?;
-        self.config.check_positions(past + t)?;
         batch.positions = (past as u32..(past + t) as u32).collect();
         let device = self.device();
         let rope = RopeTables::new(
@@ -83,10 +82,17 @@ impl Llama {
             t,
             &device,
         );
-        // New query i (absolute position past + i) sees keys 0..=past + i.
+        // New query i (absolute position past + i) sees keys 0..=past + i, those of a sliding
+        // window only.
         let s = past + t;
+        let window = self.config.sliding_window.unwrap_or(usize::MAX);
         let mask: Vec<f32> = (0..t)
-            .flat_map(|i| (0..s).map(move |j| if j > past + i { MASKED } else { 0.0 }))
+            .flat_map(|i| {
+                (0..s).map(move |j| {
+                    let hidden = j > past + i || past + i - j >= window;
+                    if hidden { MASKED } else { 0.0 }
+                })
+            })
             .collect();
         let mask = link::upload(TensorData::new(mask, [1, 1, t, s]), &device, Traffic::Data);
         cache

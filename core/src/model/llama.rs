@@ -101,18 +101,9 @@ impl Llama {
                     batch.batch,
                     batch.seq,
                     batch.is_packed().then_some(batch.segments.as_slice()),
+                    self.config.sliding_window,
                 )),
             },
-        }
-    }
-
-    /// Refuses a sequence of `positions` tokens that this model's attention cannot run as the
-    /// checkpoint means it: longer than a sliding window, except on the eager attention,
-    /// whose mask applies the window ([`TokenBatch::attention_mask`]).
-    pub fn check_positions(&self, positions: usize) -> crate::error::Result<()> {
-        match self.attention {
-            AttentionKind::Eager => Ok(()),
-            AttentionKind::Efficient => self.config.check_positions(positions),
         }
     }
 

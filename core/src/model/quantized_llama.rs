@@ -421,7 +421,6 @@ impl QuantizedLlama {
                 c.vocab_size
             )));
         }
-        c.check_positions(cache.len() + new_ids.len())?;
         // The whole forward pass as one team: the other threads spin between its parallel
         // passes (four products and the attention a block) instead of sleeping and being woken
         // for each (`kernels/cpu/team.rs`).
@@ -514,6 +513,7 @@ impl QuantizedLlama {
             kv_heads: c.num_key_value_heads,
             head_dim: dh,
             past,
+            window: c.sliding_window,
         }
         .run(&q, &cache.keys, &cache.values); // [T, H·Dh]
         lead.warm(layer.o.stored_bytes()); // the attention's pass ended the first request

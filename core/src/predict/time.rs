@@ -6,8 +6,8 @@
 //!   again for the input gradient and again for the weight gradient when W trains;
 //! - the eager attention computes the full `T × T` scores (no causal skipping):
 //!   `4·B·H·T²·Dh` forward (QKᵀ and PV), twice that backward; the memory-efficient one
-//!   visits only the key tiles up to the diagonal (a fraction `f` of the `T × T` pairs,
-//!   about ½ at long context) and recomputes QKᵀ in the backward: `4·f·B·H·T²·Dh` forward,
+//!   visits only the key tiles up to the diagonal and, under a sliding window, not past it
+//!   (a fraction `f` of the `T × T` pairs, about ½ at long context without one) and recomputes QKᵀ in the backward: `4·f·B·H·T²·Dh` forward,
 //!   2.5 times that backward;
 //! - LoRA adds `2·n·r·(in + out)` per adapted linear forward, twice that backward;
 //! - gradient checkpointing recomputes every block's forward once in the backward.
@@ -76,7 +76,7 @@ fn micro_batch_flops(s: &Scenario, weights_train: bool) -> (f64, f64, f64) {
     let (attention, attention_backward) = match s.attention {
         AttentionKind::Eager => (full_scores, 2.0 * full_scores),
         AttentionKind::Efficient => {
-            let visited = full_scores * visited_fraction(s.seq_len);
+            let visited = full_scores * visited_fraction(s.seq_len, c.sliding_window);
             (visited, 2.5 * visited)
         }
     };
@@ -90,14 +90,21 @@ fn micro_batch_flops(s: &Scenario, weights_train: bool) -> (f64, f64, f64) {
 }
 
 /// The fraction of the `T × T` (query, key) pairs the memory-efficient attention computes:
-/// each query tile meets the key tiles up to and including its diagonal one.
-pub fn visited_fraction(t: usize) -> f64 {
+/// each query tile meets the key tiles up to and including its diagonal one, less those whose
+/// newest key is already past the tile's first query's `window` (Mistral's sliding window).
+pub fn visited_fraction(t: usize, window: Option<usize>) -> f64 {
     let tile = ATTENTION_TILE;
     let pairs: usize = (0..t)
         .step_by(tile)
         .map(|start| {
             let end = (start + tile).min(t);
-            (end - start) * end
+            let keys: usize = (0..end)
+                .step_by(tile)
+                .map(|k| (k, (k + tile).min(end)))
+                .filter(|&(_, k_end)| window.is_none_or(|w| k_end - 1 + w > start))
+                .map(|(k, k_end)| k_end - k)
+                .sum();
+            (end - start) * keys
         })
         .sum();
     pairs as f64 / (t * t).max(1) as f64
@@ -334,12 +341,42 @@ mod tests {
         Scenario::new(LlamaConfig::smollm2_135m(), 1, 256)
     }
 
+    /// Under a window of 256 each 128-query tile from the third on meets three key tiles (its
+    /// own and two older): 1 + 2 + 6·3 = 21 of 64 at T = 1024. The fraction is also the one the
+    /// kernel's own tile plan ([`TiledMask::key_tiles`]) visits, over sizes and windows that do
+    /// and do not fall on tile edges.
+    #[test]
+    fn a_sliding_window_skips_the_tiles_past_it() {
+        use crate::kernels::efficient_attention::TiledMask;
+        assert_eq!(visited_fraction(1024, Some(256)), 21.0 / 64.0);
+        assert_eq!(
+            visited_fraction(1024, Some(4096)),
+            visited_fraction(1024, None)
+        );
+        for t in [100, 256, 300, 1024, 1500] {
+            for window in [1, 64, 128, 200, 256, 1000] {
+                let mask = TiledMask::new(1, t, None, Some(window));
+                let pairs: usize = (0..t)
+                    .step_by(ATTENTION_TILE)
+                    .map(|q| q..(q + ATTENTION_TILE).min(t))
+                    .map(|q| q.len() * mask.key_tiles(&q).map(|k| k.len()).sum::<usize>())
+                    .sum();
+                let planned = pairs as f64 / (t * t) as f64;
+                assert_eq!(
+                    visited_fraction(t, Some(window)),
+                    planned,
+                    "t {t} window {window}"
+                );
+            }
+        }
+    }
+
     /// Tile pairs up to the diagonal: 1 of 1 at T = 128, 3 of 4 at 256, 36 of 64 at 1024.
     #[test]
     fn the_efficient_attention_visits_the_tiles_up_to_the_diagonal() {
-        assert_eq!(visited_fraction(100), 1.0);
-        assert_eq!(visited_fraction(256), 0.75);
-        assert_eq!(visited_fraction(1024), 36.0 / 64.0);
+        assert_eq!(visited_fraction(100, None), 1.0);
+        assert_eq!(visited_fraction(256, None), 0.75);
+        assert_eq!(visited_fraction(1024, None), 36.0 / 64.0);
         let eager = Scenario::new(LlamaConfig::smollm2_135m(), 1, 1024);
         let efficient = Scenario {
             attention: AttentionKind::Efficient,

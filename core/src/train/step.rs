@@ -151,9 +151,6 @@ pub fn forward_backward_marked(
         loss_scale,
         dropout_key,
     } = *options;
-    for micro in micro_batches {
-        model.check_positions(micro.batch.seq)?;
-    }
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
         return Err(Error::Input(

@@ -61,7 +61,6 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             let model = super::load_with_adapter(dir, args.adapter.as_deref(), &device)?;
             let batch = TokenBatch::single(&ids)?;
             batch.check_vocab(model.config.vocab_size)?;
-            model.check_positions(ids.len())?;
             let labels: Vec<i64> = ids.iter().map(|&id| id as i64).collect();
             let logits = model.forward(&batch); // [1, T, V]
             if let Some(path) = &args.logits {

@@ -22,10 +22,13 @@ pub struct CachedAttention {
     pub head_dim: usize,
     /// Positions in the cache before the first new query.
     pub past: usize,
+    /// A sliding window (Mistral's): each query sees its newest `window` keys only.
+    pub window: Option<usize>,
 }
 
 impl CachedAttention {
-    /// Query `i` (position `past + i`) attends to keys `0..=past + i`.
+    /// Query `i` (position `past + i`) attends to keys `0..=past + i` (the last `window` of them
+    /// with a window).
     ///
     /// # Shapes
     /// - `q`: `[T, H·Dh]`; `keys`, `values`: `[S, Hkv·Dh]` with the new tokens' already in
@@ -86,13 +89,14 @@ impl CachedAttention {
             let g = head / group;
             let query = &q[i * dh..(i + 1) * dh];
             let visible = self.past + token + 1;
-            // Position j's values of key/value head g.
+            let oldest = self.window.map_or(0, |w| visible.saturating_sub(w));
+            // Position j's values of key/value head g (score s of key oldest + s).
             let at = |j: usize| j * kv_width + g * dh..j * kv_width + (g + 1) * dh;
             // Plain loops: iterator adaptors (`extend`, `fold`, `for_each`) can stay calls of
             // their own, compiled without AVX2.
-            scores.resize(visible, 0.0);
+            scores.resize(visible - oldest, 0.0);
             let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
+            for (j, s) in (oldest..).zip(scores.iter_mut()) {
                 *s = scale * dot(query, &keys[at(j)]);
                 max = max.max(*s);
             }
@@ -101,7 +105,7 @@ impl CachedAttention {
                 *s = (*s - max).exp();
                 total += *s;
             }
-            for (j, &p) in scores.iter().enumerate() {
+            for (j, &p) in (oldest..).zip(scores.iter()) {
                 let weight = p / total;
                 for (o, v) in out.iter_mut().zip(&values[at(j)]) {
                     *o += weight * v;
@@ -166,7 +170,8 @@ mod tests {
             let g = head / (h / a.kv_heads);
             let query = &q[i * dh..(i + 1) * dh];
             let visible = a.past + token + 1;
-            let scores: Vec<f64> = (0..visible)
+            let oldest = a.window.map_or(0, |w| visible.saturating_sub(w));
+            let scores: Vec<f64> = (oldest..visible)
                 .map(|j| {
                     let key = &keys[j * kv + g * dh..j * kv + (g + 1) * dh];
                     let s: f64 = query
@@ -180,7 +185,7 @@ mod tests {
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
-            for (j, w) in weights.iter().enumerate() {
+            for (j, w) in (oldest..).zip(&weights) {
                 let value = &values[j * kv + g * dh..j * kv + (g + 1) * dh];
                 for (o, v) in row.iter_mut().zip(value) {
                     *o += w / total * *v as f64;
@@ -193,13 +198,20 @@ mod tests {
     #[test]
     fn every_build_of_the_rows_is_causal_grouped_attention_with_the_same_bits() {
         // Heads 4 over 2 key/value heads, Dh 12 (a tail after the eight lanes) and 64; one
-        // token after 9 cached and 5 tokens after 3.
-        for (dh, past, t) in [(12, 9, 1), (64, 3, 5), (64, 0, 7)] {
+        // token after 9 cached and 5 tokens after 3; a window of 4 that hides the oldest keys.
+        for (dh, past, t, window) in [
+            (12, 9, 1, None),
+            (64, 3, 5, None),
+            (64, 0, 7, None),
+            (12, 9, 1, Some(4)),
+            (64, 3, 5, Some(4)),
+        ] {
             let a = CachedAttention {
                 heads: 4,
                 kv_heads: 2,
                 head_dim: dh,
                 past,
+                window,
             };
             let s = past + t;
             let q = random(t * 4 * dh, 1);

@@ -97,9 +97,13 @@ fn scale_and_mask(
 ) {
     scores.iter_mut().for_each(|s| *s *= scale);
     if !mask.is_packed() {
-        // Causal only: the keys after position i.
+        // Causal (perhaps windowed): the keys after position i, and those before its window.
         let visible = (i + 1).saturating_sub(key_start).min(scores.len());
         scores[visible..].iter_mut().for_each(|s| *s += MASKED);
+        if let Some(window) = mask.window() {
+            let too_old = (i + 1).saturating_sub(window + key_start).min(visible);
+            scores[..too_old].iter_mut().for_each(|s| *s += MASKED);
+        }
         return;
     }
     for (c, s) in scores.iter_mut().enumerate() {
@@ -174,7 +178,7 @@ fn forward_tile(
     let mut max = vec![f32::NEG_INFINITY; tq];
     let mut sum = vec![0.0f32; tq];
     // The accumulator is the output block itself (allocated as zeros) until the final division.
-    for kr in tiles(qr.end) {
+    for kr in mask.key_tiles(qr) {
         let tk = kr.len();
         let s = &mut scores[..tq * tk];
         gemm(
@@ -305,7 +309,7 @@ fn backward_head(
         let q_tile = d.head_rows(x.q, b, head, &qr, dh);
         let grad_out_tile = d.head_rows(x.grad_out, b, head, &qr, dh);
         let grad_q_tile = &mut grads.q[qr.start * dh..qr.end * dh];
-        for kr in tiles(qr.end) {
+        for kr in mask.key_tiles(&qr) {
             let tk = kr.len();
             let k_tile = d.kv_rows(x.k, b, head, &kr);
             let (p, grad_s) = (&mut p[..tq * tk], &mut grad_s[..tq * tk]);
