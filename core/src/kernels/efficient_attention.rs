@@ -737,4 +737,34 @@ mod tests {
         let visited: Vec<_> = windowed.key_tiles(&(256..300)).collect();
         assert_eq!(visited, [128..256, 256..300]);
     }
+
+    /// The tiles the plan visits are the fraction of (query, key) pairs the time predictor
+    /// counts (`predict::time::visited_fraction`), over sizes and windows that do and do not
+    /// fall on tile edges.
+    #[test]
+    fn the_tile_plan_visits_the_fraction_the_predictor_counts() {
+        use crate::predict::time::visited_fraction;
+        for t in [100, 256, 300, 1024, 1500] {
+            for window in [
+                None,
+                Some(1),
+                Some(64),
+                Some(128),
+                Some(200),
+                Some(256),
+                Some(1000),
+            ] {
+                let mask = TiledMask::new(1, t, None, window);
+                let pairs: usize = tiles(t)
+                    .map(|q| q.len() * mask.key_tiles(&q).map(|k| k.len()).sum::<usize>())
+                    .sum();
+                let planned = pairs as f64 / (t * t) as f64;
+                assert_eq!(
+                    visited_fraction(t, window),
+                    planned,
+                    "t {t} window {window:?}"
+                );
+            }
+        }
+    }
 }
