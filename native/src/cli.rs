@@ -477,7 +477,8 @@ pub struct TrainArgs {
     /// rsLoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (peft's use_rslora).
     #[arg(long)]
     pub rslora: bool,
-    /// The adapted linears: all-linear or a list such as q,v (q, k, v, o, gate, up, down).
+    /// The adapted linears: all-linear or a list such as q,v (q, k, v, o, gate, up, down;
+    /// Phi-3's qkv_proj and gate_up_proj name their parts).
     #[arg(long, value_name = "LIST", visible_alias = "targets",
           default_value_t = train_defaults().lora_targets)]
     pub lora_targets: String,

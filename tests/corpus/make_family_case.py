@@ -1,5 +1,6 @@
 """A tiny model of one Llama-family architecture (`qwen2`: biases on q, k and v; `qwen3`: an
-RMSNorm on each query and key head) with references from the Python stack over 256 positions,
+RMSNorm on each query and key head; `phi3`: q, k, v stored as one `qkv_proj` and gate, up as
+one `gate_up_proj`, with a sliding window shorter than the 256 positions) with references from the Python stack over 256 positions,
 three QLoRA steps, and the GGUF llama.cpp's own converter writes for it.
 
 Writes, into `tests/corpus/<family>/`:
@@ -14,13 +15,16 @@ Writes, into `tests/corpus/<family>/`:
   attention); `qlora.input_ids` [2, 32] and `qlora.losses` [4]: the loss before each of three
   AdamW steps (lr 1e-2, weight decay 0, torch's single-tensor update) and after the last, with
   the base loaded by bitsandbytes in NF4 with double quantization (blocks of 64, f32 compute)
-  and the adapter above trained by peft; `qlora.absmax_codes_set_to_nearest` [1]: how many
+  and the adapter above trained by peft; for `phi3`, `fused_lora.logits` [1, 256, 256]: the
+  logits with `fused_lora/`, a peft adapter on the fused `qkv_proj` and `gate_up_proj` (r 4,
+  alpha 8, drawn as above); `qlora.absmax_codes_set_to_nearest` [1]: how many
   8-bit absmax codes bitsandbytes' CPU lookup put next to the nearest one, set to the nearest
   before training (napkin's choice, `tests/corpus/nf4_dq`).
 
     scripts/ci/interop.sh sets up .venv (torch, transformers, peft, bitsandbytes); then:
     .venv/bin/python tests/corpus/make_family_case.py qwen2
     .venv/bin/python tests/corpus/make_family_case.py qwen3
+    .venv/bin/python tests/corpus/make_family_case.py phi3
 """
 
 import hashlib
@@ -48,6 +52,17 @@ FAMILIES = {
                   config=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                               tie_word_embeddings=False, attention_bias=False)),
+    # Phi-3-mini's shape at toy size: as many key as query heads, untied, windowed (its 4k
+    # checkpoint has a window of 2047). Every fused part is a whole number of double
+    # quantization's 256-block groups, as in Phi-3-mini, so bitsandbytes' one quantization of
+    # the fused tensor and napkin's split of it hold the same blocks. Without LongRoPE the
+    # original context is the context (napkin writes it so).
+    "phi3": dict(classes=("Phi3Config", "Phi3ForCausalLM"), seed=7601,
+                 config=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4,
+                             tie_word_embeddings=False, sliding_window=200,
+                             original_max_position_embeddings=512, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+                 targets=["o_proj", "down_proj"], fused_targets=["qkv_proj", "gate_up_proj"]),
 }
 FAMILY = sys.argv[1] if len(sys.argv) > 1 else ""
 if FAMILY not in FAMILIES:
@@ -69,9 +84,10 @@ def model_class():
 def make_model():
     import transformers
 
+    extra = {} if FAMILY == "phi3" else dict(use_sliding_window=False)
     config = getattr(transformers, SPEC["classes"][0])(
         vocab_size=VOCAB, **SPEC["config"], max_position_embeddings=512, rope_theta=1e6,
-        rms_norm_eps=1e-6, use_sliding_window=False, initializer_range=0.05, hidden_act="silu")
+        rms_norm_eps=1e-6, initializer_range=0.05, hidden_act="silu", **extra)
     config._attn_implementation = "eager"
     torch.manual_seed(SEED)
     model = model_class()(config)
@@ -132,6 +148,35 @@ def convert(hf_dir, out):
         return model_class.__name__
 
 
+def save_adapter(model, out):
+    if out.exists():
+        shutil.rmtree(out)
+    model.save_pretrained(out)
+    (out / "README.md").unlink(missing_ok=True)
+    adapter = out / "adapter_config.json"
+    d = json.loads(adapter.read_text())
+    d["target_modules"] = sorted(d["target_modules"])
+    d["base_model_name_or_path"] = None
+    adapter.write_text(json.dumps(d, indent=2, sort_keys=True))
+
+
+def fused_lora_logits(model, ids):
+    """The logits with a peft adapter on the fused projections (saved as `fused_lora/`)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
+                                             target_modules=SPEC["fused_targets"],
+                                             task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(SEED + 5)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    save_adapter(model, HERE / "fused_lora")
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
 def qlora_losses(ids):
     from peft import LoraConfig, get_peft_model
     from transformers import BitsAndBytesConfig
@@ -171,23 +216,14 @@ def qlora_losses(ids):
             exact = (codebook[codes[:n]] * absmax[torch.arange(n) // 64]).reshape(state.shape)
             assert torch.equal(F.dequantize_4bit(w.data, state).float(), exact), name
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, bias="none",
-                                            target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                                            target_modules=SPEC.get("targets", ["q_proj", "v_proj", "o_proj", "down_proj"]),
                                             task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(SEED + 3)
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     with torch.no_grad():
         for p in params:
             p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    out = HERE / "lora"
-    if out.exists():
-        shutil.rmtree(out)
-    model.save_pretrained(out)
-    (out / "README.md").unlink(missing_ok=True)
-    adapter = out / "adapter_config.json"
-    d = json.loads(adapter.read_text())
-    d["target_modules"] = sorted(d["target_modules"])
-    d["base_model_name_or_path"] = None
-    adapter.write_text(json.dumps(d, indent=2, sort_keys=True))
+    save_adapter(model, HERE / "lora")
     optimizer = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                   foreach=False, fused=False)
     model.train()
@@ -211,11 +247,13 @@ def main():
     converter = convert(HERE / "hf", HERE / "model.f32.gguf")
     train_ids = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(SEED + 4))
     losses, replaced = qlora_losses(train_ids)
-    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous(),
+    tensors = {"input_ids": ids.contiguous(), "logits": logits.contiguous(),
                "qlora.input_ids": train_ids.contiguous(),
                "qlora.losses": torch.tensor(losses, dtype=torch.float32),
-               "qlora.absmax_codes_set_to_nearest": torch.tensor([replaced], dtype=torch.int64)},
-              str(HERE / "reference.safetensors"), metadata={"format": "oracle-v1"})
+               "qlora.absmax_codes_set_to_nearest": torch.tensor([replaced], dtype=torch.int64)}
+    if "fused_targets" in SPEC:
+        tensors["fused_lora.logits"] = fused_lora_logits(model, ids).contiguous()
+    save_file(tensors, str(HERE / "reference.safetensors"), metadata={"format": "oracle-v1"})
     print("converter", converter, "logits", tuple(logits.shape), "qlora losses", losses,
           "absmax codes set to the nearest", replaced)
 

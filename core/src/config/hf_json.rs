@@ -34,20 +34,33 @@ impl LlamaConfig {
         if let Some(model_type) = model_type
             && !matches!(
                 model_type,
-                "llama" | "mistral" | "smollm2" | "qwen2" | "qwen3"
+                "llama" | "mistral" | "smollm2" | "qwen2" | "qwen3" | "phi3"
             )
         {
             // Other architectures differ in ways this Llama does not model (norms, fused
             // projections, activations...).
             return Err(err(format!(
                 "model_type `{model_type}` is not supported; napkin implements the Llama \
-                 family: `llama`, `mistral`, `qwen2`, `qwen3`"
+                 family: `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`"
             )));
         }
         // Qwen2 is a Llama with a bias on q, k and v (always: its config has no flag for it).
         let qwen2 = model_type == Some("qwen2");
         // Qwen3 is a Llama with an RMSNorm on each query and key head (again without a flag).
         let qwen3 = model_type == Some("qwen3");
+        // Phi-3 is a Llama whose checkpoint fuses q, k, v and gate, up (`config/fused.rs`),
+        // with dropout on the residual branches and the embedding when these are set.
+        let phi3 = model_type == Some("phi3");
+        for key in ["resid_pdrop", "embd_pdrop", "attention_dropout"] {
+            if let Some(p) = obj.get(key).and_then(Value::as_f64)
+                && p != 0.0
+            {
+                return Err(err(format!(
+                    "`{key}: {p}` is not supported: napkin's model has no dropout of its own \
+                     (LoRA's is `--lora-dropout`)"
+                )));
+            }
+        }
         if let Some(act) = obj.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -95,6 +108,22 @@ impl LlamaConfig {
                 None => 10_000.0, // HF's default for Llama
             },
         };
+        // Phi-4-mini's RoPE turns part of each head only.
+        for (place, value) in [
+            ("partial_rotary_factor", obj.get("partial_rotary_factor")),
+            (
+                "rope_parameters.partial_rotary_factor",
+                rope_params.and_then(|p| p.get("partial_rotary_factor")),
+            ),
+        ] {
+            if let Some(factor) = value.and_then(Value::as_f64)
+                && factor != 1.0
+            {
+                return Err(err(format!(
+                    "`{place}: {factor}` is not supported: napkin's RoPE turns the whole head"
+                )));
+            }
+        }
         let scaling_obj = match rope_params {
             Some(p) => Some(p),
             None => obj.get("rope_scaling").and_then(Value::as_object),
@@ -194,6 +223,7 @@ impl LlamaConfig {
             sliding_window,
             qkv_bias: qwen2,
             qk_norm: qwen3,
+            fused_projections: phi3,
         };
         config.validate(source_name)?;
         Ok(config)
@@ -252,6 +282,12 @@ impl LlamaConfig {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
         });
+        if self.fused_projections {
+            // Without LongRoPE (which napkin refuses) the original context is the context;
+            // Phi3Config's default pad token (32000) lies outside a smaller vocabulary.
+            config["original_max_position_embeddings"] = self.max_position_embeddings.into();
+            config["pad_token_id"] = Value::Null;
+        }
         if self.qkv_bias || self.qk_norm {
             config["use_sliding_window"] = self.sliding_window.is_some().into();
             config["max_window_layers"] = 0.into();
@@ -448,6 +484,49 @@ mod tests {
         qwen["attention_bias"] = true.into();
         let message = parse(qwen).unwrap_err().to_string();
         assert!(message.contains("`attention_bias: true`"), "{message}");
+    }
+
+    /// Phi-3 is read as a Llama with fused projections, windowed on every layer, and written
+    /// back as a Phi-3; LongRoPE (Phi-3-mini-128k, Phi-3.5), a partial rotary factor
+    /// (Phi-4-mini) and the model's own dropout are refused by name.
+    #[test]
+    fn phi3_is_a_fused_llama_and_its_extras_are_refused() {
+        let mut phi = base();
+        phi["model_type"] = "phi3".into();
+        phi["sliding_window"] = 2047.into();
+        phi["resid_pdrop"] = 0.0.into();
+        phi["rope_parameters"] = serde_json::json!({"rope_theta": 1e4, "rope_type": "default",
+            "partial_rotary_factor": 1.0});
+        let c = parse(phi.clone()).unwrap();
+        assert!(c.fused_projections && !c.qkv_bias && !c.qk_norm);
+        assert_eq!(c.sliding_window, Some(2047));
+        let written = c.to_hf_json();
+        assert_eq!(written["architectures"][0], "Phi3ForCausalLM");
+        assert_eq!(written["model_type"], "phi3");
+        assert_eq!(parse(written).unwrap(), c);
+        let refused = |key: &str, value: Value, says: &str| {
+            let mut v = phi.clone();
+            v[key] = value;
+            let message = parse(v).unwrap_err().to_string();
+            assert!(message.contains(says), "{key}: {message}");
+        };
+        refused(
+            "rope_parameters",
+            serde_json::json!({"rope_theta": 1e4, "rope_type": "longrope",
+                "short_factor": [1.0], "long_factor": [1.0]}),
+            "`longrope` is not supported",
+        );
+        refused(
+            "partial_rotary_factor",
+            0.75.into(),
+            "`partial_rotary_factor: 0.75` is not supported",
+        );
+        refused(
+            "resid_pdrop",
+            0.1.into(),
+            "`resid_pdrop: 0.1` is not supported",
+        );
+        refused("embd_pdrop", 0.1.into(), "`embd_pdrop: 0.1`");
     }
 
     #[test]

@@ -72,14 +72,22 @@ pub struct LlamaConfig {
     /// applied to every head of the projection's output before RoPE, with the model's ε.
     #[serde(default)]
     pub qk_norm: bool,
+    /// Phi-3's checkpoint layout: q, k and v stored as one `qkv_proj` and gate and up as one
+    /// `gate_up_proj` (`config/fused.rs`). The model keeps the seven linears apart.
+    #[serde(default)]
+    pub fused_projections: bool,
 }
 
 impl LlamaConfig {
     /// The Hugging Face class and `model_type` these switches make: a model with q/k norms is
     /// a Qwen3, a biased one a Qwen2 (both windowed on every layer or none), a windowed one a
-    /// Mistral (transformers' Llama has no window), else a Llama. No family has both the
-    /// norms and the biases ([`LlamaConfig::validate`] refuses them together).
+    /// Mistral (transformers' Llama has no window), else a Llama; fused projections make a
+    /// Phi-3. No family has two of the norms, the biases and the fused projections
+    /// ([`LlamaConfig::validate`] refuses them together).
     pub fn hf_family(&self) -> (&'static str, &'static str) {
+        if self.fused_projections {
+            return ("Phi3ForCausalLM", "phi3");
+        }
         match (self.qk_norm, self.qkv_bias, self.sliding_window) {
             (true, _, _) => ("Qwen3ForCausalLM", "qwen3"),
             (false, true, _) => ("Qwen2ForCausalLM", "qwen2"),
@@ -113,10 +121,15 @@ impl LlamaConfig {
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.qk_norm && self.qkv_bias {
+        if [self.qk_norm, self.qkv_bias, self.fused_projections]
+            .iter()
+            .filter(|&&on| on)
+            .count()
+            > 1
+        {
             return err(
-                "q/k norms (Qwen3) and q, k, v biases (Qwen2) together: no model family napkin \
-                 implements has both"
+                "two of q/k norms (Qwen3), q, k, v biases (Qwen2) and fused projections (Phi-3): \
+                 no model family napkin implements has more than one"
                     .into(),
             );
         }

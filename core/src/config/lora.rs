@@ -65,13 +65,16 @@ impl LoraTarget {
         }
     }
 
-    /// Parses a comma-separated list: short names (`q`, `gate`), peft names (`q_proj`) or
+    /// Parses a comma-separated list: short names (`q`, `gate`), peft names (`q_proj`),
+    /// Phi-3's fused modules (`qkv_proj`: q, k and v; `gate_up_proj`: gate and up) or
     /// `all-linear` / `all`.
     pub fn parse_list(list: &str) -> Result<Vec<LoraTarget>> {
         let mut out = Vec::new();
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item {
                 "all-linear" | "all_linear" | "all" => out.extend(LoraTarget::ALL),
+                "qkv_proj" => out.extend(&LoraTarget::ALL[..3]),
+                "gate_up_proj" => out.extend([LoraTarget::GateProj, LoraTarget::UpProj]),
                 other => out.push(other.parse()?),
             }
         }
@@ -95,7 +98,10 @@ impl FromStr for LoraTarget {
             .ok_or_else(|| {
                 Error::config(
                     "--targets",
-                    format!("unknown LoRA target `{s}`; expected q, k, v, o, gate, up, down or all-linear"),
+                    format!(
+                        "unknown LoRA target `{s}`; expected q, k, v, o, gate, up, down, \
+                         qkv_proj, gate_up_proj or all-linear"
+                    ),
                 )
             })
     }
@@ -201,6 +207,11 @@ mod tests {
         assert_eq!(
             LoraTarget::parse_list("v_proj, q").unwrap(),
             vec![LoraTarget::QProj, LoraTarget::VProj]
+        );
+        use LoraTarget::{DownProj, GateProj, KProj, QProj, UpProj, VProj};
+        assert_eq!(
+            LoraTarget::parse_list("qkv_proj,gate_up_proj,down").unwrap(),
+            vec![QProj, KProj, VProj, GateProj, UpProj, DownProj]
         );
         assert!(
             LoraTarget::parse_list("qkv")

@@ -3,6 +3,7 @@
 //! Nothing here depends on a tensor backend, so the predictor and the browser app can use it.
 
 mod attention;
+mod fused;
 mod hf_json;
 mod kernels;
 mod llama;
@@ -13,6 +14,7 @@ mod presets;
 mod spelling;
 
 pub use attention::{ATTENTION_TILE, AttentionKind, MASKED};
+pub use fused::StoredRows;
 pub use kernels::Kernels;
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};

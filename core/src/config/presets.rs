@@ -27,6 +27,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -50,6 +51,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -73,6 +75,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -96,6 +99,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -124,6 +128,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -148,6 +153,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: true,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -172,6 +178,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: true,
+            fused_projections: false,
         }
     }
 
@@ -196,6 +203,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 
@@ -245,6 +253,7 @@ impl LlamaConfig {
             sliding_window: None,
             qkv_bias: false,
             qk_norm: false,
+            fused_projections: false,
         }
     }
 

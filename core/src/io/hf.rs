@@ -1,4 +1,4 @@
-//! Loading a Hugging Face `LlamaForCausalLM` (or Mistral, Qwen2, Qwen3) folder (`config.json` +
+//! Loading a Hugging Face `LlamaForCausalLM` (or Mistral, Qwen2, Qwen3, Phi-3) folder (`config.json` +
 //! safetensors) into [`Llama`].
 //!
 //! Every tensor the config implies must be present with the right shape; anything else in the
@@ -10,6 +10,7 @@ use std::path::Path;
 use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::fused_reader::FusedReader;
 use super::safetensors::SafetensorsCheckpoint;
 use crate::config::{LlamaConfig, Nf4Config};
 use crate::error::{Error, Result};
@@ -44,25 +45,30 @@ pub fn llama_from_checkpoint_with(
     device: &Device,
     nf4: Option<&Nf4Config>,
 ) -> Result<Llama> {
-    let expected = config.hf_parameter_shapes();
+    let expected = config.stored_parameter_shapes();
     check_no_unexpected(config, checkpoint, &expected)?;
+    // Phi-3's fused tensors are read once and split by rows (`fused_reader.rs`).
+    let reader = FusedReader::new(config, |name: &str, shape: &[usize]| {
+        checkpoint.read_f32(name, shape)
+    });
 
     let tensor2 = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {
-        let values = checkpoint.read_f32(name, &[rows, cols])?;
+        let values = reader.read(name, &[rows, cols])?;
         Ok(Tensor::from_data(
             TensorData::new(values, [rows, cols]),
             device,
         ))
     };
     let tensor1 = |name: &str, dim: usize| -> Result<Tensor<1>> {
-        let values = checkpoint.read_f32(name, &[dim])?;
+        let values = reader.read(name, &[dim])?;
         Ok(Tensor::from_data(TensorData::new(values, [dim]), device))
     };
     let linear = |name: &str, rows: usize, cols: usize| match nf4 {
         Some(nf4) => {
-            let values = checkpoint.read_f32(name, &[rows, cols])?;
-            Linear::nf4_from_values(&values, rows, cols, nf4, device)
-                .map_err(|e| Error::Input(format!("{name}: {e}")))
+            let quantized = reader
+                .read_nf4(name, [rows, cols], nf4)
+                .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+            Ok(Linear::nf4(std::sync::Arc::new(quantized), device))
         }
         None => Ok(Linear::from_weight(tensor2(name, rows, cols)?)),
     };
@@ -183,16 +189,20 @@ pub fn save_hf_llama(model: &Llama, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The files of a Hugging Face folder for `model`, by name, in memory.
+/// The files of a Hugging Face folder for `model`, by name, in memory (Phi-3's projections
+/// fused again, as its checkpoints store them).
 pub fn hf_files(model: &Llama) -> Result<Vec<(String, Vec<u8>)>> {
     let mut tensors = std::collections::BTreeMap::new();
-    for (name, param) in model.hf_parameters() {
+    for (name, shape) in model.config.stored_parameter_shapes() {
+        let param = model
+            .stored_tensor(&name, false)
+            .ok_or_else(|| Error::Internal(format!("the model has no tensor `{name}`")))?;
         let bytes: Vec<u8> = param
             .to_vec()
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        tensors.insert(name, (param.dims(), bytes));
+        tensors.insert(name, (shape, bytes));
     }
     let config = serde_json::to_string_pretty(&model.config.to_hf_json()).unwrap_or_default();
     Ok(vec![

@@ -2,7 +2,8 @@
 //! split into shards past a size (`model-00001-of-00003.safetensors` and
 //! `model.safetensors.index.json`, as transformers' `save_pretrained` names them).
 //!
-//! Every tensor's shape is known from the config before anything is computed, so each shard's
+//! The tensors are the ones the checkpoint stores (Phi-3's q, k, v and gate, up fused again,
+//! `config/fused.rs`). Every tensor's shape is known from the config before anything is computed, so each shard's
 //! safetensors header is written first and its tensors are then made and written one at a
 //! time (a LoRA-merged linear is dequantized and merged alone): the memory peak is one tensor,
 //! not the model. Each file is written beside its final name and renamed when complete.
@@ -133,7 +134,7 @@ pub fn write_hf_weights(model: &Llama, dir: &Path, layout: WeightLayout) -> Resu
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let bytes_per_value = layout.dtype.bytes();
     let plan = ShardPlan::new(
-        model.config.hf_parameter_shapes(),
+        model.config.stored_parameter_shapes(),
         bytes_per_value,
         layout.max_shard_bytes.max(1),
     );
@@ -196,9 +197,11 @@ fn write_shard(
         out.write_all(&header).map_err(io)?;
         let mut bytes = Vec::new();
         for (name, shape) in tensors {
-            let tensor = model.hf_tensor(name, layout.merge_lora).ok_or_else(|| {
-                Error::Input(format!("the model has no tensor `{name}` to write"))
-            })?;
+            let tensor = model
+                .stored_tensor(name, layout.merge_lora)
+                .ok_or_else(|| {
+                    Error::Input(format!("the model has no tensor `{name}` to write"))
+                })?;
             if &tensor.dims() != shape {
                 return Err(Error::Input(format!(
                     "tensor `{name}` has shape {:?}, the config says {shape:?}",

@@ -2,10 +2,12 @@
 //! adapters, napkin's NF4 checkpoint, and crash-safe writing.
 
 pub mod atomic;
+pub mod fused_reader;
 pub mod gguf;
 pub mod hf;
 pub mod hf_writer;
 pub mod peft;
+pub mod peft_fused;
 pub mod quantized;
 pub mod safetensors;
 

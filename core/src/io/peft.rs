@@ -10,6 +10,7 @@ use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
 use super::atomic::write_atomic;
+use super::peft_fused::{FusedPart, alpha_for, stack};
 use super::safetensors::SafetensorsCheckpoint;
 use crate::config::{LoraConfig, LoraTarget};
 use crate::error::{Error, Result};
@@ -46,12 +47,14 @@ fn refuse_unused_tensors(
 /// Puts the peft adapter in `dir` on a [`QuantizedLlama`] (A and B kept in f32 beside the
 /// quantized products); returns its configuration.
 pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<LoraConfig> {
-    let config = read_adapter_config(dir)?;
+    let (json, source) = read_adapter_json(dir)?;
+    let config = parse_adapter_config(&json, &source)?;
     let file = dir.join("adapter_model.safetensors");
     let checkpoint = SafetensorsCheckpoint::open(&file)?;
-    let shapes = model.config.hf_parameter_shapes();
-    let mut used = 0usize;
-    for layer in 0..model.config.num_hidden_layers {
+    let model_config = model.config.clone();
+    let shapes = model_config.hf_parameter_shapes();
+    let mut used = std::collections::BTreeSet::new();
+    for layer in 0..model_config.num_hidden_layers {
         for target in LoraTarget::ALL {
             if !config.targets(target) {
                 continue;
@@ -62,26 +65,94 @@ pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<Lor
                 Some((_, shape)) if shape.len() == 2 => [shape[0], shape[1]],
                 _ => return Err(Error::Internal(format!("no shape for `{weight}`"))),
             };
-            let key = |m: &str| format!("{PEFT_PREFIX}{path}.{m}.weight");
-            let a = checkpoint.read_f32(&key("lora_A"), &[config.r, inp])?;
-            let b = checkpoint.read_f32(&key("lora_B"), &[out, config.r])?;
-            used += 2;
-            model.attach_lora(layer, target, &a, &b, config.r, config.scaling() as f32)?;
+            let (a, b, rank, scaling) = read_adapter(
+                &checkpoint,
+                &json,
+                &config,
+                &model_config,
+                &path,
+                [out, inp],
+                &mut used,
+            )?;
+            model.attach_lora(layer, target, &a, &b, rank, scaling as f32)?;
         }
     }
-    refuse_unused_tensors(&checkpoint, used, &file)?;
+    refuse_unused_tensors(&checkpoint, used.len(), &file)?;
     Ok(config)
+}
+
+/// Phi-3's fused modules, the only ones a `rank_pattern` or `alpha_pattern` may name.
+const FUSED_MODULES: [&str; 2] = ["qkv_proj", "gate_up_proj"];
+
+/// The adapter of the linear at `path` (`[out, inp]`): A, B, its rank and scaling, its keys
+/// added to `used`. A part of Phi-3's fused module reads the fused adapter: A whole, the
+/// part's rows of B (`peft_fused.rs`).
+fn read_adapter(
+    checkpoint: &SafetensorsCheckpoint,
+    json: &Value,
+    config: &LoraConfig,
+    model: &crate::config::LlamaConfig,
+    path: &str,
+    [out, inp]: [usize; 2],
+    used: &mut std::collections::BTreeSet<String>,
+) -> Result<(Vec<f32>, Vec<f32>, usize, f64)> {
+    let part = model.stored_rows(&format!("{path}.weight"));
+    let (module, rows, total, rank, scaling) = match &part {
+        Some(part) => {
+            let module = part.tensor.trim_end_matches(".weight").to_string();
+            let name = module.rsplit('.').next().unwrap_or_default();
+            let (rank, alpha) = fused_rank_alpha(json, name, config);
+            let scaling = LoraConfig {
+                r: rank,
+                alpha,
+                ..config.clone()
+            }
+            .scaling();
+            let rows = part.start..part.start + part.rows;
+            (module, rows, part.total, rank, scaling)
+        }
+        None => (path.to_string(), 0..out, out, config.r, config.scaling()),
+    };
+    let key = |m: &str| format!("{PEFT_PREFIX}{module}.{m}.weight");
+    let a = checkpoint.read_f32(&key("lora_A"), &[rank, inp])?;
+    let b = checkpoint.read_f32(&key("lora_B"), &[total, rank])?;
+    used.insert(key("lora_A"));
+    used.insert(key("lora_B"));
+    Ok((
+        a,
+        b[rows.start * rank..rows.end * rank].to_vec(),
+        rank,
+        scaling,
+    ))
 }
 
 /// Reads `adapter_config.json`.
 pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
+    let (json, source) = read_adapter_json(dir)?;
+    parse_adapter_config(&json, &source)
+}
+
+fn read_adapter_json(dir: &Path) -> Result<(Value, String)> {
     let path = dir.join("adapter_config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let json: Value = serde_json::from_str(&text).map_err(|error| Error::Json {
         path: path.clone(),
         error,
     })?;
-    parse_adapter_config(&json, &path.display().to_string())
+    Ok((json, path.display().to_string()))
+}
+
+/// A fused module's rank and α: its `rank_pattern` and `alpha_pattern` entries, else the
+/// adapter's own.
+fn fused_rank_alpha(json: &Value, module: &str, config: &LoraConfig) -> (usize, f64) {
+    let entry = |key: &str| json.get(key).and_then(|m| m.get(module));
+    let rank = entry("rank_pattern")
+        .and_then(Value::as_u64)
+        .map_or(config.r, |r| r as usize);
+    let alpha = entry("alpha_pattern")
+        .and_then(Value::as_f64)
+        .unwrap_or(config.alpha);
+    (rank, alpha)
 }
 
 /// Parses the JSON of an `adapter_config.json`, refusing what napkin does not implement.
@@ -107,12 +178,15 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         )));
     }
     for key in ["rank_pattern", "alpha_pattern"] {
-        if json
+        if let Some(other) = json
             .get(key)
             .and_then(Value::as_object)
-            .is_some_and(|m| !m.is_empty())
+            .and_then(|m| m.keys().find(|k| !FUSED_MODULES.contains(&k.as_str())))
         {
-            return Err(err(format!("per-module `{key}` is not supported")));
+            return Err(err(format!(
+                "per-module `{key}` is not supported (found `{other}`; napkin writes one for \
+                 Phi-3's fused qkv_proj and gate_up_proj only)"
+            )));
         }
     }
     let r = json
@@ -127,6 +201,7 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         .get("lora_dropout")
         .and_then(Value::as_f64)
         .unwrap_or(0.0);
+    // Phi-3's fused modules name all their parts (`LoraTarget::parse_list`).
     let targets = match json.get("target_modules") {
         Some(Value::String(s)) => LoraTarget::parse_list(s)?,
         Some(Value::Array(items)) => {
@@ -181,29 +256,36 @@ impl Llama {
     /// Freezes the base and attaches the adapters stored in a peft folder. Every targeted module
     /// must have both matrices with the right shapes, and nothing else may be in the file.
     pub fn load_lora(self, dir: &Path) -> Result<(Self, LoraConfig)> {
-        let config = read_adapter_config(dir)?;
+        let (json, source) = read_adapter_json(dir)?;
+        let config = parse_adapter_config(&json, &source)?;
         let file = dir.join("adapter_model.safetensors");
         let checkpoint = SafetensorsCheckpoint::open(&file)?;
         let mut model = self.freeze_base();
         let device = model.device();
-        let mut used = 0usize;
+        let shapes = model.config.clone();
+        let mut used = std::collections::BTreeSet::new();
         for named in model.block_linears_mut() {
             if !config.targets(named.target) {
                 continue;
             }
             let [out, inp] = named.linear.dims();
-            let key = |m: &str| format!("{PEFT_PREFIX}{}.{m}.weight", named.path);
-            let a = checkpoint.read_f32(&key("lora_A"), &[config.r, inp])?;
-            let b = checkpoint.read_f32(&key("lora_B"), &[out, config.r])?;
-            used += 2;
+            let (a, b, rank, scaling) = read_adapter(
+                &checkpoint,
+                &json,
+                &config,
+                &shapes,
+                &named.path,
+                [out, inp],
+                &mut used,
+            )?;
             named.linear.lora = Some(LoraAdapter::from_weights(
-                matrix(a, config.r, inp, &device),
-                matrix(b, out, config.r, &device),
-                config.scaling(),
+                matrix(a, rank, inp, &device),
+                matrix(b, out, rank, &device),
+                scaling,
                 config.dropout,
             ));
         }
-        refuse_unused_tensors(&checkpoint, used, &file)?;
+        refuse_unused_tensors(&checkpoint, used.len(), &file)?;
         Ok((model, config))
     }
 
@@ -229,15 +311,69 @@ impl Llama {
         base: Option<&str>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
+        let mut insert = |name: String, dims: Vec<usize>, values: &[f32]| {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.insert(format!("{PEFT_PREFIX}{name}.weight"), (dims, bytes));
+        };
         for (path, _, adapter) in self.lora_adapters() {
+            if self.config.stored_rows(&format!("{path}.weight")).is_some() {
+                continue; // written stacked below
+            }
             for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
                 let value = param.val();
                 let dims = value.dims().to_vec();
-                let bytes = to_f32_vec(value)
+                insert(format!("{path}.{name}"), dims, &to_f32_vec(value));
+            }
+        }
+        // Phi-3's fused modules: their parts' adapters stacked, with the stacked rank and α.
+        let mut patterns: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+        let linears = self.block_linears();
+        for layer in 0..self.config.num_hidden_layers {
+            for fused in ["self_attn.qkv_proj", "mlp.gate_up_proj"] {
+                let Some(parts) = self.config.fused_parts(fused) else {
+                    continue;
+                };
+                let path = format!("model.layers.{layer}.{fused}");
+                let adapter_of = |module: &str| {
+                    let wanted = format!("model.layers.{layer}.{module}");
+                    linears
+                        .iter()
+                        .find(|n| n.path == wanted)
+                        .and_then(|n| n.linear.lora.as_ref())
+                };
+                let inp = self.config.hidden_size;
+                let stacked: Vec<FusedPart> = parts
                     .iter()
-                    .flat_map(|v| v.to_le_bytes())
+                    .map(|&(module, rows)| FusedPart {
+                        rows,
+                        adapter: adapter_of(module).map(|a| {
+                            (
+                                to_f32_vec(a.lora_a.val()),
+                                to_f32_vec(a.lora_b.val()),
+                                a.scaling,
+                            )
+                        }),
+                    })
                     .collect();
-                tensors.insert(format!("{PEFT_PREFIX}{path}.{name}.weight"), (dims, bytes));
+                if stacked.iter().all(|p| p.adapter.is_none()) {
+                    continue;
+                }
+                let scaling = config.scaling();
+                let (a, b, rank) = stack(&stacked, inp, scaling);
+                let total = parts.iter().map(|(_, rows)| rows).sum();
+                insert(format!("{path}.lora_A"), vec![rank, inp], &a);
+                insert(format!("{path}.lora_B"), vec![total, rank], &b);
+                let name = fused.rsplit('.').next().unwrap_or_default().to_string();
+                let alpha = alpha_for(scaling, rank, config.use_rslora);
+                if let Some(&(seen, _)) = patterns.get(&name)
+                    && seen != rank
+                {
+                    return Err(Error::Input(format!(
+                        "`{path}`'s adapters stack to rank {rank}, layer 0's to {seen}: peft's \
+                         rank_pattern holds one rank per module name"
+                    )));
+                }
+                patterns.insert(name, (rank, alpha));
             }
         }
         if tensors.is_empty() {
@@ -245,8 +381,25 @@ impl Llama {
                 "the model has no LoRA adapters to save".into(),
             ));
         }
-        let json =
-            serde_json::to_string_pretty(&adapter_config_json(config, base)).unwrap_or_default();
+        let mut json_value = adapter_config_json(config, base);
+        if self.config.fused_projections {
+            // peft's Phi-3 has no q_proj or gate_proj: its target names are the fused modules.
+            let mut targets: Vec<&str> = config
+                .targets
+                .iter()
+                .map(|t| match self.config.fused_module_of(t.block_path()) {
+                    Some(fused) => fused.rsplit('.').next().unwrap_or_default(),
+                    None => t.module_name(),
+                })
+                .collect();
+            targets.dedup();
+            json_value["target_modules"] = json!(targets);
+            for (name, (rank, alpha)) in &patterns {
+                json_value["rank_pattern"][name] = json!(rank);
+                json_value["alpha_pattern"][name] = json!(alpha);
+            }
+        }
+        let json = serde_json::to_string_pretty(&json_value).unwrap_or_default();
         Ok(vec![
             ("adapter_model.safetensors".into(), serialize_f32(&tensors)?),
             ("adapter_config.json".into(), json.into_bytes()),

@@ -34,6 +34,72 @@ fn quantize_linear(
     Ok(())
 }
 
+/// Quantizes one block's seven linears (in [`LoraTarget::ALL`]'s order). Phi-3's fused groups
+/// (q, k, v; gate, up) are quantized as one tensor each, as bitsandbytes quantizes its
+/// `qkv_proj` and `gate_up_proj`, and split into their parts' blocks when each part is whole
+/// groups of them (`Nf4Tensor::rows`); otherwise, and for every other linear, one by one.
+fn quantize_block(
+    linears: [&mut Linear; 7],
+    model: &LlamaConfig,
+    config: &Nf4Config,
+    device: &Device,
+    layer: usize,
+) -> Result<()> {
+    let path = |t: LoraTarget| format!("model.layers.{layer}.{}", t.block_path());
+    let index = |module: &str| {
+        LoraTarget::ALL
+            .iter()
+            .position(|t| t.block_path() == module)
+    };
+    let mut done = [false; 7];
+    for (i, target) in LoraTarget::ALL.into_iter().enumerate() {
+        let Some(fused) = model.fused_module_of(target.block_path()) else {
+            continue;
+        };
+        if done[i] {
+            continue;
+        }
+        let parts: Vec<usize> = model
+            .fused_parts(fused)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(module, _)| index(module))
+            .collect();
+        let dense: Option<Vec<Vec<f32>>> = parts
+            .iter()
+            .map(|&p| match &linears[p].base {
+                BaseWeight::Dense(w) => Some(to_f32_vec(w.val())),
+                _ => None,
+            })
+            .collect();
+        let Some(values) = dense else {
+            continue;
+        };
+        let cols = linears[i].dims()[1];
+        let rows: Vec<usize> = parts.iter().map(|&p| linears[p].dims()[0]).collect();
+        let whole = Nf4Tensor::quantize(&values.concat(), &[rows.iter().sum(), cols], config)
+            .map_err(|e| Error::Input(format!("model.layers.{layer}.{fused}: {e}")))?;
+        let mut start = 0;
+        let split: Option<Vec<Nf4Tensor>> = rows
+            .iter()
+            .map(|&n| {
+                start += n;
+                whole.rows(start - n, n)
+            })
+            .collect();
+        for (&p, q) in parts.iter().zip(split.into_iter().flatten()) {
+            linears[p].base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), device));
+            done[p] = true;
+        }
+    }
+    for (i, target) in LoraTarget::ALL.into_iter().enumerate() {
+        if !done[i] {
+            quantize_linear(linears[i], config, device, &path(target))?;
+        }
+    }
+    Ok(())
+}
+
 /// Adapters taken out of a model by [`Llama::merge_lora`], keyed by HF module path.
 pub type DetachedAdapters = Vec<(String, LoraAdapter)>;
 
@@ -60,13 +126,15 @@ impl Llama {
         self
     }
 
-    /// Replaces the dense weight of every block linear by its NF4 quantization. The float
-    /// weights are dropped: after this, the model holds codes and scales only.
+    /// Replaces the dense weight of every block linear by its NF4 quantization (Phi-3's fused
+    /// groups as one tensor each, `quantize_block`). The float weights are dropped: after
+    /// this, the model holds codes and scales only.
     pub fn quantize_nf4(mut self, config: &Nf4Config) -> Result<Self> {
         config.validate()?;
         let device = self.device();
-        for named in self.block_linears_mut() {
-            quantize_linear(named.linear, config, &device, &named.path)?;
+        let model = self.config.clone();
+        for (layer, block) in self.layers.iter_mut().enumerate() {
+            quantize_block(block.linears_mut(), &model, config, &device, layer)?;
         }
         Ok(self)
     }
@@ -79,11 +147,7 @@ impl Llama {
     pub fn init_nf4(config: &LlamaConfig, device: &Device, nf4: &Nf4Config) -> Result<Self> {
         nf4.validate()?;
         Llama::init_blocks(config, device, |layer, block| {
-            for (target, linear) in LoraTarget::ALL.into_iter().zip(block.linears_mut()) {
-                let path = format!("model.layers.{layer}.{}", target.block_path());
-                quantize_linear(linear, nf4, device, &path)?;
-            }
-            Ok(())
+            quantize_block(block.linears_mut(), config, nf4, device, layer)
         })
     }
 

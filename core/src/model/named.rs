@@ -91,6 +91,26 @@ impl Llama {
     }
 }
 
+impl Llama {
+    /// One tensor as the checkpoint stores it (`LlamaConfig::stored_parameter_shapes`): a
+    /// fused one (Phi-3's `qkv_proj`, `gate_up_proj`) made of its parts' rows, anything else as
+    /// [`Llama::hf_tensor`] makes it. `None` for a name the model does not have.
+    pub fn stored_tensor(&self, name: &str, merge_lora: bool) -> Option<ParamTensor> {
+        let parts = self.config.stored_parts(name);
+        if let [(only, _)] = parts.as_slice() {
+            return self.hf_tensor(only, merge_lora);
+        }
+        let mut matrices = Vec::with_capacity(parts.len());
+        for (part, _) in &parts {
+            match self.hf_tensor(part, merge_lora)? {
+                ParamTensor::Matrix(m) => matrices.push(m),
+                ParamTensor::Vector(_) => return None,
+            }
+        }
+        Some(ParamTensor::Matrix(Tensor::cat(matrices, 0)))
+    }
+}
+
 /// A block's linear by its HF module path within the block (`self_attn.q_proj`, ...).
 fn block_linear<'a>(block: &'a super::block::DecoderBlock, module: &str) -> Option<&'a Linear> {
     let (a, m) = (&block.self_attn, &block.mlp);

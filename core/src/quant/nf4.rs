@@ -164,6 +164,51 @@ impl Nf4Tensor {
         self.len() == 0
     }
 
+    /// Rows `start..start + rows` of a `[R, C]` tensor as a tensor of their own with the same
+    /// codes and scales (under double quantization the same offset and second-level scales),
+    /// so both dequantize those rows alike. None when the rows do not start and end on whole
+    /// blocks, or under double quantization on whole groups of 256 blocks (the tensor's end
+    /// excepted).
+    pub fn rows(&self, start: usize, rows: usize) -> Option<Nf4Tensor> {
+        let [total, cols] = self.shape[..] else {
+            return None;
+        };
+        let bs = self.block_size;
+        let (first, end) = (start * cols, (start + rows) * cols);
+        if start + rows > total || !first.is_multiple_of(bs) || !end.is_multiple_of(bs) {
+            return None;
+        }
+        let blocks = first / bs..end / bs;
+        let scales = match &self.scales {
+            Nf4Scales::Plain { absmax } => Nf4Scales::Plain {
+                absmax: absmax[blocks].to_vec(),
+            },
+            Nf4Scales::Double {
+                offset,
+                qabsmax,
+                absmax2,
+            } => {
+                let whole = |b: usize| b.is_multiple_of(DOUBLE_QUANT_BLOCK) || b == qabsmax.len();
+                if !whole(blocks.start) || !whole(blocks.end) {
+                    return None;
+                }
+                let groups =
+                    blocks.start / DOUBLE_QUANT_BLOCK..blocks.end.div_ceil(DOUBLE_QUANT_BLOCK);
+                Nf4Scales::Double {
+                    offset: *offset,
+                    qabsmax: qabsmax[blocks].to_vec(),
+                    absmax2: absmax2[groups].to_vec(),
+                }
+            }
+        };
+        Some(Nf4Tensor {
+            shape: vec![rows, cols],
+            block_size: bs,
+            packed: self.packed[first / 2..end / 2].to_vec(),
+            scales,
+        })
+    }
+
     /// The per-block scales as f32 (reconstructed from 8 bits under double quantization).
     pub fn absmax(&self) -> Vec<f32> {
         match &self.scales {
@@ -353,5 +398,43 @@ mod tests {
             let per_weight = (q.bytes().total() - if dq { 4 } else { 0 }) as f64 / x.len() as f64;
             assert_eq!(per_weight, config.bytes_per_weight());
         }
+    }
+    /// A part of whole groups dequantizes to the whole tensor's rows, bit for bit, with and
+    /// without double quantization; a part off the block or group edges is refused.
+    #[test]
+    fn whole_groups_of_rows_keep_the_tensors_blocks() {
+        let (rows, cols) = (3 * 256, 64);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1.0 + (i / 4096) as f32))
+            .collect();
+        for double_quant in [false, true] {
+            let config = Nf4Config {
+                block_size: 64,
+                double_quant,
+            };
+            let whole = Nf4Tensor::quantize(&values, &[rows, cols], &config).unwrap();
+            let all = whole.dequantize();
+            for (start, n) in [(0, 256), (256, 512), (512, 256)] {
+                let part = whole.rows(start, n).unwrap();
+                assert_eq!(
+                    part.dequantize(),
+                    all[start * cols..(start + n) * cols],
+                    "{start}"
+                );
+                assert_eq!(part.bytes().codes, (n * cols / 2) as u64);
+            }
+            let off_groups = whole.rows(128, 256);
+            assert_eq!(off_groups.is_some(), !double_quant);
+        }
+        let odd = Nf4Tensor::quantize(
+            &values[..10 * cols],
+            &[10, cols],
+            &Nf4Config {
+                block_size: 128,
+                double_quant: false,
+            },
+        )
+        .unwrap();
+        assert!(odd.rows(1, 2).is_none(), "half a block of 128");
     }
 }

@@ -1,5 +1,6 @@
 //! The Llama family's relatives (Qwen2: biases on q, k and v; Qwen3: an RMSNorm on each query
-//! and key head) against the Python stack, one corpus folder each (`tests/corpus/<family>`, by
+//! and key head; Phi-3: q, k, v and gate, up stored fused, and a sliding window shorter than
+//! the 256 positions) against the Python stack, one corpus folder each (`tests/corpus/<family>`, by
 //! `tests/corpus/make_family_case.py`): transformers' logits over 256 positions from the HF
 //! folder and from the GGUF llama.cpp's own converter writes (float model and quantized engine);
 //! napkin's GGUF export equal to that file, tensor by tensor and key by key; three QLoRA steps
@@ -25,7 +26,7 @@ use napkin_tests::{Reference, relative_gap};
 
 /// The families the corpus promises; a folder missing fails the tests rather than shrinking
 /// them.
-const PROMISED: [&str; 2] = ["qwen2", "qwen3"];
+const PROMISED: [&str; 3] = ["phi3", "qwen2", "qwen3"];
 
 /// Every corpus folder in the family layout (`hf/`, `lora/`, `model.f32.gguf`,
 /// `reference.safetensors`), by name.
@@ -63,11 +64,12 @@ fn ids(reference: &Reference, name: &str) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The model without what makes it its family (Qwen2's biases, Qwen3's head norms), and how
-/// many tensors that took away.
+/// The model without what makes it its family (Qwen2's biases, Qwen3's head norms, Phi-3's
+/// window; its fused storage is the loader's), and how many tensors and switches that took
+/// away.
 fn as_plain_llama(model: &Llama) -> (Llama, usize) {
     let mut plain = model.clone();
-    let mut removed = 0;
+    let mut removed = usize::from(plain.config.sliding_window.take().is_some());
     for layer in &mut plain.layers {
         let a = &mut layer.self_attn;
         for linear in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj] {
@@ -88,7 +90,14 @@ fn each_family_gives_transformers_logits_from_its_folder_and_from_llama_cpps_ggu
         let device = DeviceKind::Cpu.open().unwrap();
         let mut model = load_hf_llama(&dir.join("hf"), &device).unwrap();
         assert_eq!(model.config.hf_family().1, family);
-        assert!(model.config.sliding_window.is_none());
+        // A family's window, if it has one, is shorter than the positions compared.
+        assert!(
+            model
+                .config
+                .sliding_window
+                .is_none_or(|w| w < rows[0].len()),
+            "{family}"
+        );
         let eager = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
         model.attention = AttentionKind::Efficient;
         let efficient = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
@@ -98,7 +107,15 @@ fn each_family_gives_transformers_logits_from_its_folder_and_from_llama_cpps_ggu
 
         let gguf = GgufFile::open(&dir.join("model.f32.gguf")).unwrap();
         let from_gguf = load_gguf_llama(&gguf, &device).unwrap();
-        let switches = |c: &napkin_core::config::LlamaConfig| (c.head_dim, c.qkv_bias, c.qk_norm);
+        let switches = |c: &napkin_core::config::LlamaConfig| {
+            (
+                c.head_dim,
+                c.qkv_bias,
+                c.qk_norm,
+                c.fused_projections,
+                c.sliding_window,
+            )
+        };
         assert_eq!(
             switches(&from_gguf.config),
             switches(&model.config),
@@ -112,8 +129,8 @@ fn each_family_gives_transformers_logits_from_its_folder_and_from_llama_cpps_ggu
         eprintln!(
             "{family}, 256 positions, logits off transformers' (of their scale): folder eager \
              {eager:.1e}, efficient {efficient:.1e}; llama.cpp's GGUF {gguf_gap:.1e}, on the \
-             quantized engine {engine_gap:.1e}; as a plain Llama ({removed} tensors fewer) \
-             {without:.1e}"
+             quantized engine {engine_gap:.1e}; as a plain Llama ({removed} tensors and \
+             switches fewer) {without:.1e}"
         );
         // The GGUF is f32, which the quantized engine keeps as f32 rows.
         for (what, found) in [
@@ -226,4 +243,78 @@ fn three_qlora_steps_of_each_family_follow_bitsandbytes_and_peft() {
         );
         assert!(worst <= 1e-5, "{family}: {worst:e}");
     }
+}
+
+/// A peft adapter on Phi-3's fused `qkv_proj` and `gate_up_proj` gives peft's logits, on the
+/// float model and on the quantized engine; napkin writes it back under the fused names
+/// (stacked: rank 3·4 for q, k, v and 2·4 for gate, up, in `rank_pattern`), and that file
+/// gives the same logits again.
+#[test]
+fn a_peft_adapter_on_fused_projections_gives_peft_logits_and_is_written_fused() {
+    let mut checked = 0;
+    for (family, dir) in families() {
+        let device = DeviceKind::Cpu.open().unwrap();
+        let base = load_hf_llama(&dir.join("hf"), &device).unwrap();
+        if !base.config.fused_projections {
+            continue;
+        }
+        let reference = Reference::open_file(&dir.join("reference.safetensors"));
+        let rows = ids(&reference, "input_ids");
+        let (_, want) = reference.f32("fused_lora.logits");
+        let batch = TokenBatch::from_rows(&rows).unwrap();
+        let (model, config) = base.clone().load_lora(&dir.join("fused_lora")).unwrap();
+        let float_gap = relative_gap(&to_f32_vec(model.forward(&batch)), &want);
+
+        let gguf = GgufFile::open(&dir.join("model.f32.gguf")).unwrap();
+        let mut engine = load_gguf_quantized(&gguf).unwrap();
+        napkin_core::io::peft::load_lora_quantized(&mut engine, &dir.join("fused_lora")).unwrap();
+        let mut cache = QuantizedKvCache::default();
+        let engine_logits = engine.every_token_logits(&rows[0], &mut cache).unwrap();
+        let engine_gap = relative_gap(&engine_logits, &want);
+
+        let out = std::env::temp_dir().join(format!("napkin-fused-lora-{}", std::process::id()));
+        model.save_lora(&config, &out).unwrap();
+        let written: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("adapter_config.json")).unwrap(),
+        )
+        .unwrap();
+        let mut targets: Vec<&str> = written["target_modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        targets.sort();
+        assert_eq!(targets, ["gate_up_proj", "qkv_proj"], "{family}");
+        assert_eq!(
+            written["rank_pattern"]["qkv_proj"],
+            3 * config.r,
+            "{family}"
+        );
+        assert_eq!(
+            written["rank_pattern"]["gate_up_proj"],
+            2 * config.r,
+            "{family}"
+        );
+        let (again, _) = base.load_lora(&out).unwrap();
+        let again_gap = relative_gap(&to_f32_vec(again.forward(&batch)), &want);
+        std::fs::remove_dir_all(&out).ok();
+        eprintln!(
+            "{family}: peft's adapter on the fused projections, logits off peft's: float model \
+             {float_gap:.1e}, quantized engine {engine_gap:.1e}; napkin's stacked rewrite \
+             {again_gap:.1e}"
+        );
+        for (what, gap) in [
+            ("float", float_gap),
+            ("engine", engine_gap),
+            ("rewritten", again_gap),
+        ] {
+            assert!(gap <= 1e-5, "{family}, {what}: {gap:e}");
+        }
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "no family with fused projections (tests/corpus/phi3)"
+    );
 }

@@ -93,7 +93,7 @@ pub fn tensor_plan(config: &LlamaConfig, quant: GgufQuant) -> Result<Vec<(String
     // llama.cpp treats the embedding as the head when the file has no `output.weight`.
     let tied = config.tie_word_embeddings;
     config
-        .hf_parameter_shapes()
+        .stored_parameter_shapes()
         .into_iter()
         .map(|(hf, shape)| {
             let name = gguf_name(&hf)
@@ -147,11 +147,13 @@ pub fn export_gguf(
         (key("vocab_size"), u32_of(c.vocab_size)),
         // GGUF's llama has no window: a windowed model (Mistral v0.1) is exact up to its
         // window only, so that is the context the file states (llama.cpp warns past it).
+        // Phi-3's arch states its window (below).
         (
             key("context_length"),
-            u32_of(c.sliding_window.map_or(c.max_position_embeddings, |w| {
-                w.min(c.max_position_embeddings)
-            })),
+            u32_of(match (arch, c.sliding_window) {
+                ("phi3", _) | (_, None) => c.max_position_embeddings,
+                (_, Some(w)) => w.min(c.max_position_embeddings),
+            }),
         ),
         (key("embedding_length"), u32_of(c.hidden_size)),
         (key("block_count"), u32_of(c.num_hidden_layers)),
@@ -170,6 +172,17 @@ pub fn export_gguf(
         ),
         (key("rope.freq_base"), MetaValue::F32(c.rope_theta as f32)),
     ];
+    if arch == "phi3" {
+        // As llama.cpp's converter writes a Phi-3 without LongRoPE (0: no window).
+        metadata.push((
+            key("rope.scaling.original_context_length"),
+            u32_of(c.max_position_embeddings),
+        ));
+        metadata.push((
+            key("attention.sliding_window"),
+            u32_of(c.sliding_window.unwrap_or(0)),
+        ));
+    }
     metadata.extend(tokenizer);
 
     let mut entries = Vec::new();
@@ -208,7 +221,7 @@ pub fn export_gguf(
         }
         let hf = hf_of[entry.name.as_str()];
         let tensor = model
-            .hf_tensor(hf, merge_lora)
+            .stored_tensor(hf, merge_lora)
             .ok_or_else(|| Error::Internal(format!("the model has no tensor `{hf}`")))?;
         let mut values = tensor.to_vec();
         let cols = entry.shape.last().copied().unwrap_or(1);

@@ -1,14 +1,15 @@
-//! A llama-, qwen2- or qwen3-architecture GGUF as a [`Llama`]: the config from the `llama.*`,
-//! `qwen2.*` or `qwen3.*` metadata (Llama 3's RoPE schedule from `rope_freqs.weight`),
-//! llama.cpp's tensor names mapped to HF ones (Qwen2's `attn_q.bias`, Qwen3's
-//! `attn_q_norm.weight`, ... included), and the Q/K row permutation undone.
+//! A llama-, qwen2-, qwen3- or phi3-architecture GGUF as a [`Llama`]: the config from the
+//! `<arch>.*` metadata (Llama 3's RoPE schedule from `rope_freqs.weight`, Phi-3's window from
+//! `phi3.attention.sliding_window`), llama.cpp's tensor names mapped to HF ones (Qwen2's
+//! `attn_q.bias`, Qwen3's `attn_q_norm.weight`, Phi-3's fused `attn_qkv` and `ffn_up`
+//! split by rows, ... included), and the Q/K row permutation undone.
 //!
 //! For arch `llama`, llama.cpp's converter reorders the rows of `q_proj` and `k_proj` within each head from HF's
 //! "rotate half" layout (first half of the head's dims, then second) to interleaved pairs, for its
 //! own RoPE kernel. Undoing it here keeps one RoPE implementation (HF's) in napkin:
 //! `hf[h·Dh + j·Dh/2 + i] = gguf[h·Dh + 2i + j]` for head h, i < Dh/2, j ∈ {0, 1}. For arch
-//! `qwen2` and `qwen3` it writes HF's rows as they are (llama.cpp runs both with rotate-half
-//! RoPE).
+//! `qwen2`, `qwen3` and `phi3` it writes HF's rows as they are (llama.cpp runs them with
+//! rotate-half RoPE).
 
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -16,13 +17,17 @@ use super::reader::{GgufFile, GgufTensorInfo};
 use super::rope_factors::{ROPE_FREQS, scaling_from_divisors};
 use crate::config::{LlamaConfig, Nf4Config, RopeScaling};
 use crate::error::{Error, Result};
+use crate::io::fused_reader::FusedReader;
 use crate::io::hf::build_llama;
 use crate::model::Llama;
 use crate::model::linear::Linear;
 
 /// llama.cpp's architecture name for a model of `config`: Qwen2's biases make it `qwen2`,
-/// Qwen3's head norms `qwen3`.
+/// Qwen3's head norms `qwen3`, Phi-3's fused projections `phi3`.
 pub fn gguf_arch(config: &LlamaConfig) -> &'static str {
+    if config.fused_projections {
+        return "phi3";
+    }
     match (config.qkv_bias, config.qk_norm) {
         (_, true) => "qwen3",
         (true, false) => "qwen2",
@@ -49,17 +54,17 @@ pub fn permuted_heads(config: &LlamaConfig, hf: &str) -> Option<usize> {
     }
 }
 
-/// The HF config of a llama-, qwen2- or qwen3-architecture GGUF.
+/// The HF config of a llama-, qwen2-, qwen3- or phi3-architecture GGUF.
 pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
     let arch = gguf
         .require("general.architecture")?
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
+    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3" | "phi3") {
         return Err(Error::checkpoint(
             &gguf.path,
-            format!("architecture `{arch}` is not supported (llama, qwen2 and qwen3 only)"),
+            format!("architecture `{arch}` is not supported (llama, qwen2, qwen3 and phi3 only)"),
         ));
     }
     let key = |k: &str| format!("{arch}.{k}");
@@ -140,10 +145,15 @@ pub fn gguf_config(gguf: &GgufFile) -> Result<LlamaConfig> {
         tie_word_embeddings: !gguf.tensors.contains_key("output.weight"),
         bos_token_id: token("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token("tokenizer.ggml.eos_token_id").into_iter().collect(),
-        // llama.cpp's converter writes no window for an arch `llama`, `qwen2` or `qwen3` file.
-        sliding_window: None,
+        // llama.cpp's converter writes no window for an arch `llama`, `qwen2` or `qwen3` file;
+        // for `phi3` it writes Phi-3's (0 for none).
+        sliding_window: match arch.as_str() {
+            "phi3" => optional("attention.sliding_window").filter(|&w| w > 0),
+            _ => None,
+        },
         qkv_bias: arch == "qwen2",
         qk_norm: arch == "qwen3",
+        fused_projections: arch == "phi3",
     };
     config.validate(&gguf.path.display().to_string())?;
     Ok(config)
@@ -160,6 +170,13 @@ fn rope_scaling(gguf: &GgufFile, arch: &str, theta: f64, head_dim: usize) -> Res
     };
     let text = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_str());
     let number = |key: &str| gguf.metadata.get(key).and_then(|v| v.as_f64());
+    // The converter writes Phi-3's LongRoPE (its 128k models, Phi-3.5) as per-frequency
+    // factors with no scaling type.
+    for factors in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if gguf.tensors.contains_key(factors) {
+            return refuse(format!("LongRoPE (`{factors}`)"));
+        }
+    }
     match text(&format!("{arch}.rope.scaling.type")) {
         None | Some("none") => {}
         Some(kind) => {
@@ -224,6 +241,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "post_attention_layernorm" => "ffn_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
+        // Phi-3's fused tensors (`config/fused.rs`); llama.cpp splits `ffn_up` in halves.
+        "self_attn.qkv_proj" => "attn_qkv",
+        "mlp.gate_up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
         _ => return None,
     };
@@ -256,7 +276,7 @@ fn move_rows(values: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f3
 /// Refuses a GGUF holding tensors a Llama of `config` has no place for (the first five named).
 pub(super) fn refuse_unexpected_tensors(gguf: &GgufFile, config: &LlamaConfig) -> Result<()> {
     let known: std::collections::HashSet<String> = config
-        .hf_parameter_shapes()
+        .stored_parameter_shapes()
         .iter()
         .filter_map(|(n, _)| gguf_name(n))
         .collect();
@@ -333,21 +353,10 @@ pub fn load_gguf_llama_with(
 ) -> Result<Llama> {
     let config = gguf_config(gguf)?;
     refuse_unexpected_tensors(gguf, &config)?;
-    let read = |hf: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let (name, _) = find_tensor(gguf, hf, shape)?;
-        let (_, values) = gguf.read_f32(&name)?;
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(Error::checkpoint(
-                &gguf.path,
-                format!("tensor `{name}` holds a non-finite value at {i}"),
-            ));
-        }
-        // Undo the converter's rotary reordering of the query and key rows.
-        Ok(match permuted_heads(&config, hf) {
-            Some(heads) => unpermute_rows(&values, heads, shape[1]),
-            None => values,
-        })
-    };
+    let reader = FusedReader::new(&config, |hf: &str, shape: &[usize]| {
+        read_stored(gguf, &config, hf, shape)
+    });
+    let read = |hf: &str, shape: &[usize]| reader.read(hf, shape);
     let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor<2>> {
         Ok(Tensor::from_data(
             TensorData::new(read(name, &[rows, cols])?, [rows, cols]),
@@ -361,11 +370,38 @@ pub fn load_gguf_llama_with(
         ))
     };
     let linear = |name: &str, rows: usize, cols: usize| match nf4 {
-        Some(nf4) => Linear::nf4_from_values(&read(name, &[rows, cols])?, rows, cols, nf4, device)
-            .map_err(|e| Error::Input(format!("{name}: {e}"))),
+        Some(nf4) => {
+            let quantized = reader
+                .read_nf4(name, [rows, cols], nf4)
+                .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+            Ok(Linear::nf4(std::sync::Arc::new(quantized), device))
+        }
         None => Ok(Linear::from_weight(matrix(name, rows, cols)?)),
     };
     build_llama(&config, &matrix, &vector, &linear)
+}
+
+/// The values of the tensor stored under the HF name `hf` (a fused one's whole), checked
+/// finite, in HF's row order (the converter's Q/K reordering undone).
+pub(super) fn read_stored(
+    gguf: &GgufFile,
+    config: &LlamaConfig,
+    hf: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>> {
+    let (name, _) = find_tensor(gguf, hf, shape)?;
+    let (_, values) = gguf.read_f32(&name)?;
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(Error::checkpoint(
+            &gguf.path,
+            format!("tensor `{name}` holds a non-finite value at {i}"),
+        ));
+    }
+    // Undo the converter's rotary reordering of the query and key rows.
+    Ok(match permuted_heads(config, hf) {
+        Some(heads) => unpermute_rows(&values, heads, shape[1]),
+        None => values,
+    })
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! A llama- or qwen2-architecture GGUF as a [`QuantizedLlama`]:
+//! A llama-, qwen2-, qwen3- or phi3-architecture GGUF as a [`QuantizedLlama`] (Phi-3's fused
+//! `attn_qkv` and `ffn_up` split by rows, each part's rows read in place):
 //! - Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors keep their blocks, read in place from the
 //!   file's memory map (no copy; the Q/K rows' HF order is a row order the products apply to
 //!   their results): the formats of llama.cpp's common `Q4_0`, `Q4_K_M`, `Q5_K_M`, `Q6_K` and
@@ -18,16 +19,15 @@
 
 use super::dequant::GgmlType;
 use super::llama::{
-    find_tensor, gguf_config, hf_row_order, permuted_heads, refuse_unexpected_tensors,
-    unpermute_rows,
+    find_tensor, gguf_config, hf_row_order, permuted_heads, read_stored, refuse_unexpected_tensors,
 };
 use super::quantize::quantize;
 use super::reader::GgufFile;
 use crate::config::Nf4Config;
 use crate::error::{Error, Result};
+use crate::io::fused_reader::FusedReader;
 use crate::kernels::cpu::quantized::{BLOCK, BlockFormat, QuantizedMatrix};
 use crate::model::quantized_llama::{QuantizedBlockWeights, QuantizedLlama};
-use crate::quant::nf4::Nf4Tensor;
 
 /// Loads a llama or qwen2 GGUF for generation with its weights kept quantized.
 pub fn load_gguf_quantized(gguf: &GgufFile) -> Result<QuantizedLlama> {
@@ -53,24 +53,20 @@ pub fn load_gguf_quantized_with(
         config.num_key_value_heads,
         config.head_dim,
     );
-    // A block linear as the NF4 base: HF's row order, quantized as `Linear::nf4_from_values`;
-    // rows or blocks that are not multiples of 64 are kept as the base's f32 values.
-    let nf4_matrix = |hf: &str, rows: usize, cols: usize, nf4: &Nf4Config| {
-        let (name, info) = find_tensor(gguf, hf, &[rows, cols])?;
-        let (_, values) = gguf.read_f32(&name)?;
-        gguf.release(info);
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(Error::checkpoint(
-                &gguf.path,
-                format!("tensor `{name}` holds a non-finite value at {i}"),
-            ));
+    // A block linear as the NF4 base: HF's row order, quantized as the float model's loader
+    // does (a fused part keeps its blocks of the fused tensor's quantization); a matrix whose
+    // rows or blocks are not multiples of 64 is kept as the base's f32 values.
+    let reader = FusedReader::new(&config, |hf: &str, shape: &[usize]| {
+        let values = read_stored(gguf, &config, hf, shape)?;
+        if let Ok((_, info)) = find_tensor(gguf, hf, shape) {
+            gguf.release(info);
         }
-        let values = match permuted_heads(&config, hf) {
-            Some(heads) => unpermute_rows(&values, heads, cols),
-            None => values,
-        };
-        let tensor = Nf4Tensor::quantize(&values, &[rows, cols], nf4)
-            .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+        Ok(values)
+    });
+    let nf4_matrix = |hf: &str, rows: usize, cols: usize, nf4: &Nf4Config| {
+        let tensor = reader
+            .read_nf4(hf, [rows, cols], nf4)
+            .map_err(|e| Error::Input(format!("{hf}: {e}")))?;
         Ok(QuantizedMatrix::from_nf4(&tensor)
             .unwrap_or_else(|_| QuantizedMatrix::from_f32(rows, cols, tensor.dequantize())))
     };
@@ -80,7 +76,12 @@ pub fn load_gguf_quantized_with(
         {
             return nf4_matrix(hf, rows, cols, nf4);
         }
-        let (name, info) = find_tensor(gguf, hf, &[rows, cols])?;
+        // The stored tensor and the rows of it this matrix is (all of them unless fused).
+        let (stored, first, total) = match config.stored_rows(hf) {
+            Some(part) => (part.tensor, part.start, part.total),
+            None => (hf.to_string(), 0, rows),
+        };
+        let (name, info) = find_tensor(gguf, &stored, &[total, cols])?;
         let format = match info.ggml_type {
             GgmlType::Q4_0 => Some(BlockFormat::Q4_0),
             GgmlType::Q4_1 => Some(BlockFormat::Q4_1),
@@ -95,22 +96,24 @@ pub fn load_gguf_quantized_with(
             info.ggml_type,
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16
         );
+        let values = || -> Result<Vec<f32>> {
+            let (_, values) = gguf.read_f32(&name)?;
+            gguf.release(info);
+            Ok(values[first * cols..(first + rows) * cols].to_vec())
+        };
         let matrix = match format {
             Some(format) => {
-                QuantizedMatrix::new(format, rows, cols, gguf.shared_tensor_bytes(info))
-                    .map_err(in_file)?
+                let row_bytes = info.size as usize / total.max(1);
+                let bytes = gguf
+                    .shared_tensor_range(info, first * row_bytes..(first + rows) * row_bytes)
+                    .ok_or_else(|| in_file(format!("no rows {first}..{}", first + rows)))?;
+                QuantizedMatrix::new(format, rows, cols, bytes).map_err(in_file)?
             }
             None if !exact && cols.is_multiple_of(BLOCK) => {
-                let (_, values) = gguf.read_f32(&name)?;
-                gguf.release(info);
-                let bytes = quantize(GgmlType::Q8_0, &values).map_err(in_file)?;
+                let bytes = quantize(GgmlType::Q8_0, &values()?).map_err(in_file)?;
                 QuantizedMatrix::new(BlockFormat::Q8_0, rows, cols, bytes).map_err(in_file)?
             }
-            None => {
-                let (_, values) = gguf.read_f32(&name)?;
-                gguf.release(info);
-                QuantizedMatrix::from_f32(rows, cols, values)
-            }
+            None => QuantizedMatrix::from_f32(rows, cols, values()?),
         };
         // Undo the converter's rotary reordering of the query and key rows.
         Ok(match permuted_heads(&config, hf) {

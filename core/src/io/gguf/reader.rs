@@ -397,6 +397,20 @@ impl GgufFile {
             .expect("tensor bounds were checked at open")
     }
 
+    /// `range` of a tensor's bytes (relative to its first), shared as
+    /// [`GgufFile::shared_tensor_bytes`]: some of its rows. None past the tensor's end.
+    pub fn shared_tensor_range(
+        &self,
+        info: &GgufTensorInfo,
+        range: std::ops::Range<usize>,
+    ) -> Option<BlockBytes> {
+        if range.end > info.size as usize {
+            return None;
+        }
+        let start = self.data_start + info.offset as usize;
+        BlockBytes::shared(self.bytes.clone(), start + range.start..start + range.end)
+    }
+
     /// Drops a mapped tensor's pages from this process after its values were read into a copy
     /// (a converted tensor): `madvise(DONTNEED)` on a read-only file mapping, which changes no
     /// byte (a later read faults the page in from the file again) but stops the pages counting

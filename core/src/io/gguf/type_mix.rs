@@ -8,7 +8,7 @@
 //!   type's base type (Q4_K for Q4_K_S/M, Q5_K for Q5_K_S/M, ...).
 //! - The head (`output.weight`, or `token_embd.weight` when tied) gets Q6_K, unless the base
 //!   is Q8_0 (kept) or its rows are not whole base blocks (Q8_0).
-//! - `attn_v` of layer i: Q6_K in Q4_K_M and Q5_K_M when i uses more bits (the first and last
+//! - `attn_v` (or Phi-3's fused `attn_qkv`) of layer i: Q6_K in Q4_K_M and Q5_K_M when i uses more bits (the first and last
 //!   eighth of the layers and every third between), Q5_K in Q4_K_S for i < 4.
 //! - `ffn_down` of layer i: Q6_K in Q4_K_M and Q5_K_M when i uses more bits, Q5_K in Q4_K_S in
 //!   the first eighth.
@@ -39,7 +39,10 @@ impl Role {
             "output.weight" => Role::Head,
             "token_embd.weight" if tied => Role::Head,
             "token_embd.weight" => Role::Embedding,
-            _ if name.ends_with(".attn_v.weight") => layer().map_or(Role::Other, Role::Values),
+            // llama.cpp counts Phi-3's fused `attn_qkv` as an `attn_v` (`category_is_attn_v`).
+            _ if name.ends_with(".attn_v.weight") || name.ends_with(".attn_qkv.weight") => {
+                layer().map_or(Role::Other, Role::Values)
+            }
             _ if name.ends_with(".ffn_down.weight") => layer().map_or(Role::Other, Role::Down),
             _ => Role::Other,
         }
