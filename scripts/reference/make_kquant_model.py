@@ -48,14 +48,19 @@ def tokenizer_fields(vocab_path):
     }
 
 
-def write_model(path, vocab_path, seed, shape=None, dtype=np.float16, tied=False):
+def write_model(path, vocab_path, seed, shape=None, dtype=np.float16, tied=False, arch="llama"):
     """A llama GGUF of `shape` (vocab, dim, ffn, layers, heads, kv_heads; TinyLlama's by
     default) with seeded normal(0, 0.02) weights in `dtype` and llama.cpp's vocabulary at
-    `vocab_path` (whose size must be the shape's vocab); `tied` writes no `output.weight`."""
+    `vocab_path` (whose size must be the shape's vocab); `tied` writes no `output.weight`;
+    arch `phi3` writes Phi-3's fused `attn_qkv` and `ffn_up` (gate and up), as llama.cpp's
+    converter does, and no window."""
     vocab, dim, ffn, layers, heads, kv_heads = shape or (VOCAB, DIM, FFN, LAYERS, HEADS, KV_HEADS)
     tok = tokenizer_fields(vocab_path)
     assert len(tok["tokens"]) == vocab, len(tok["tokens"])
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(2048)
+        w.add_sliding_window(0)
     w.add_name(f"random llama {dim}x{layers}")
     w.add_context_length(2048)
     w.add_embedding_length(dim)
@@ -87,13 +92,19 @@ def write_model(path, vocab_path, seed, shape=None, dtype=np.float16, tied=False
     for i in range(layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones)
-        w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
-        w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
-        w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
+        if arch == "phi3":
+            w.add_tensor(p + "attn_qkv.weight", matrix((heads + 2 * kv_heads) * head_dim, dim))
+        else:
+            w.add_tensor(p + "attn_q.weight", matrix(heads * head_dim, dim))
+            w.add_tensor(p + "attn_k.weight", matrix(kv_heads * head_dim, dim))
+            w.add_tensor(p + "attn_v.weight", matrix(kv_heads * head_dim, dim))
         w.add_tensor(p + "attn_output.weight", matrix(dim, heads * head_dim))
         w.add_tensor(p + "ffn_norm.weight", ones)
-        w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
-        w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
+        if arch == "phi3":
+            w.add_tensor(p + "ffn_up.weight", matrix(2 * ffn, dim))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", matrix(ffn, dim))
+            w.add_tensor(p + "ffn_up.weight", matrix(ffn, dim))
         w.add_tensor(p + "ffn_down.weight", matrix(dim, ffn))
     w.add_tensor("output_norm.weight", ones)
     if not tied:

@@ -70,12 +70,14 @@ def blocks():
 
 # (name, (vocab, dim, ffn, layers, heads, kv heads), tied): rows of whole K blocks over 16
 # and 28 layers; rows of whole 32-blocks only (the K-quants fall back); rows that are not
-# whole 32-blocks (f16 fallback); untied and tied heads.
+# whole 32-blocks (f16 fallback); untied and tied heads; and Phi-3's fused attn_qkv and ffn_up
+# (arch phi3: llama.cpp counts attn_qkv as an attn_v).
 SHAPES = [
     ("k-rows-16-layers", (32000, 256, 768, 16, 4, 1), False),
     ("k-rows-28-layers", (32000, 256, 512, 28, 4, 2), False),
     ("32-rows-tied", (32000, 288, 800, 12, 6, 2), True),
     ("odd-rows-tied", (32000, 80, 200, 3, 2, 1), True),
+    ("phi3-fused-16-layers", (32000, 256, 512, 16, 4, 4), False, "phi3"),
 ]
 FTYPES = ["F16", "Q8_0", "Q4_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
 
@@ -83,12 +85,15 @@ FTYPES = ["F16", "Q8_0", "Q4_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
 def type_mix(vocab):
     out = {}
     with tempfile.TemporaryDirectory() as work:
-        for name, shape, tied in SHAPES:
+        for name, shape, tied, *arch in SHAPES:
+            arch = arch[0] if arch else "llama"
             source = Path(work) / f"{name}.F32.gguf"
-            write_model(source, vocab, 7, shape=shape, dtype=np.float32, tied=tied)
+            write_model(source, vocab, 7, shape=shape, dtype=np.float32, tied=tied, arch=arch)
             case = {"vocab": shape[0], "hidden": shape[1], "intermediate": shape[2],
                     "layers": shape[3], "heads": shape[4], "kv_heads": shape[5], "tied": tied,
                     "types": {}}
+            if arch != "llama":
+                case["arch"] = arch
             for ftype in FTYPES:
                 target = Path(work) / f"{name}.{ftype}.gguf"
                 quantize(llama_cpp, source, target, ftype)

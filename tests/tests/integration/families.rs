@@ -318,3 +318,61 @@ fn a_peft_adapter_on_fused_projections_gives_peft_logits_and_is_written_fused() 
         "no family with fused projections (tests/corpus/phi3)"
     );
 }
+
+/// Phi-3-128k's and Phi-3.5's LongRoPE, as llama.cpp's converter writes it (per-frequency
+/// `rope_factors_long` / `rope_factors_short` tensors, no scaling type), is refused by name from
+/// a GGUF, on the float model and on the quantized engine.
+#[test]
+fn a_phi3_gguf_with_longrope_is_refused_by_name() {
+    use napkin_core::io::gguf::GgufValue;
+    use napkin_tests::{GgufTestValue, write_gguf};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/phi3");
+    let source = GgufFile::open(&dir.join("model.f32.gguf")).unwrap();
+    // The scalar keys (the placeholder vocabulary's lists aside, hence the vocab size).
+    let mut metadata: Vec<(&str, GgufTestValue)> = source
+        .metadata
+        .iter()
+        .filter_map(|(key, value)| match value {
+            GgufValue::Uint(v) => Some((key.as_str(), GgufTestValue::U32(*v as u32))),
+            GgufValue::Float(v) => Some((key.as_str(), GgufTestValue::F32(*v as f32))),
+            GgufValue::String(s) => Some((key.as_str(), GgufTestValue::Str(s.clone()))),
+            _ => None,
+        })
+        .collect();
+    metadata.push(("phi3.vocab_size", GgufTestValue::U32(256)));
+    let half = source.tensors["blk.0.attn_qkv.weight"].shape()[1] / 4 / 2;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = source
+        .tensors
+        .keys()
+        .map(|name| {
+            let (shape, values) = source.read_f32(name).unwrap();
+            (name.clone(), shape, values)
+        })
+        .collect();
+    let device = DeviceKind::Cpu.open().unwrap();
+    for factors in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        let mut with = tensors.clone();
+        with.push((factors.to_string(), vec![half], vec![1.5; half]));
+        let path =
+            std::env::temp_dir().join(format!("napkin-longrope-{}.gguf", std::process::id()));
+        write_gguf(&path, &metadata, &with);
+        let gguf = GgufFile::open(&path).unwrap();
+        let want = format!("LongRoPE (`{factors}`) is not supported");
+        let float = load_gguf_llama(&gguf, &device).err().map(|e| e.to_string());
+        assert!(
+            float.as_deref().is_some_and(|e| e.contains(&want)),
+            "{float:?}"
+        );
+        let engine = load_gguf_quantized(&gguf).err().map(|e| e.to_string());
+        assert!(
+            engine.as_deref().is_some_and(|e| e.contains(&want)),
+            "{engine:?}"
+        );
+        std::fs::remove_file(&path).ok();
+    }
+    // The same file without the factors loads.
+    let path = std::env::temp_dir().join(format!("napkin-plain-phi3-{}.gguf", std::process::id()));
+    write_gguf(&path, &metadata, &std::mem::take(&mut tensors));
+    assert!(load_gguf_llama(&GgufFile::open(&path).unwrap(), &device).is_ok());
+    std::fs::remove_file(&path).ok();
+}

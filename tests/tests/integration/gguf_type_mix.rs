@@ -1,9 +1,9 @@
 //! The type of every tensor of a GGUF export equals llama.cpp's quantizer's choice for the same
-//! file type, on four model shapes llama.cpp itself quantized
+//! file type, on five model shapes llama.cpp itself quantized
 //! (`corpus/ggml/llama-cpp-type-mix.json`, made by `corpus/ggml/make_llama_cpp_reference.py`):
 //! rows of whole K blocks over 16 and 28 layers (the Q4_K_M/Q5_K_M "more bits" layers), rows of
 //! whole 32-blocks only with a tied head (every K-quant falls back), and rows that are not
-//! whole 32-blocks (f16).
+//! whole 32-blocks (f16), and a Phi-3 (arch `phi3`: its fused `attn_qkv` and `ffn_up`).
 
 use std::collections::BTreeMap;
 
@@ -34,7 +34,7 @@ fn every_tensor_of_an_export_is_typed_as_llama_cpp_types_it() {
         .join("corpus/ggml/llama-cpp-type-mix.json");
     let cases: BTreeMap<String, Value> =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 5);
     let mut checked = 0;
     for (name, case) in &cases {
         let size = |key: &str| case[key].as_u64().unwrap() as usize;
@@ -47,6 +47,7 @@ fn every_tensor_of_an_export_is_typed_as_llama_cpp_types_it() {
             num_key_value_heads: size("kv_heads"),
             head_dim: size("hidden") / size("heads"),
             tie_word_embeddings: case["tied"].as_bool().unwrap(),
+            fused_projections: case.get("arch").and_then(Value::as_str) == Some("phi3"),
             ..LlamaConfig::small()
         };
         let by_file_type = case["types"].as_object().unwrap();
