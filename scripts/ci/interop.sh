@@ -2,7 +2,8 @@
 # napkin's adapter, merged folder and GGUF exports loaded by peft, transformers and (when
 # LLAMA_CPP_PYTHON names a Python with llama-cpp-python, or .venv has it) llama.cpp, compared
 # with napkin's own logits and greedy answer; the K-quant exports compared tensor by tensor with
-# llama.cpp's quantizer's files of the same weights.
+# llama.cpp's quantizer's files of the same weights; the Phi-3 corpus model's merged folder read by
+# transformers.
 # Optional, not part of scripts/test.sh: it uses the performance suite's PyTorch reference in
 # .venv (set up on first use, ≈ 3 GB from PyPI) plus the `gguf` package transformers reads
 # GGUF files with. Trains a short LoRA run on SmolLM2-135M (scripts/fetch/smollm2.sh).
@@ -40,6 +41,8 @@ export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 TRANSFORMERS_VERBOSITY=erro
 .venv/bin/python scripts/reference/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
     --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora"
 "${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/reference/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"
+echo "== Phi-3: napkin's merged folder (fused qkv_proj, gate_up_proj) in transformers"
+.venv/bin/python scripts/reference/interop_phi3.py "$napkin"
 echo "== K-quant exports (Q4_K_M, Q5_K_M, Q6_K) against llama.cpp's own quantizer"
 "${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/reference/interop_kquants.py "$napkin" "$base" \
     --adapter "$work/run"
