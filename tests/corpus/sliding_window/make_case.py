@@ -1,9 +1,9 @@
 """A tiny Mistral with a sliding window shorter than its reference sequence, and transformers'
 logits for it: napkin's eager attention must apply the window as transformers does.
 
-A corpus case, not a fixture model: the tests that run over every fixture model also run the
-efficient attention and generation, which refuse sequences longer than a window (napkin
-windows only its eager attention). Writes `hf/` (the model) and `reference.safetensors`
+A corpus case, not a fixture model: the reference is eager attention over more positions than
+the window, against which `sliding_window.rs` holds napkin's eager and efficient attention and
+both generation engines. Writes `hf/` (the model) and `reference.safetensors`
 (`input_ids` [1, 16], `logits` [1, 16, 96]).
 
     .venv/bin/python tests/corpus/sliding_window/make_case.py
