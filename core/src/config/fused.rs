@@ -21,8 +21,8 @@ pub struct StoredRows {
     pub total: usize,
 }
 
-/// A block's fused modules: (stored module, the modules it holds in row order).
-const FUSED: [(&str, &[&str]); 2] = [
+/// Phi-3's fused modules of a block: (stored module path, the modules it holds in row order).
+pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
     (
         "self_attn.qkv_proj",
         &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
@@ -37,7 +37,7 @@ impl LlamaConfig {
         if !self.fused_projections {
             return None;
         }
-        FUSED
+        FUSED_PROJECTIONS
             .iter()
             .find(|(_, parts)| parts.contains(&module))
             .map(|(fused, _)| *fused)
@@ -49,7 +49,7 @@ impl LlamaConfig {
         if !self.fused_projections {
             return None;
         }
-        let (_, parts) = FUSED.iter().find(|(name, _)| *name == fused)?;
+        let (_, parts) = FUSED_PROJECTIONS.iter().find(|(name, _)| *name == fused)?;
         let rows = |part: &str| {
             self.block_linears()
                 .iter()
@@ -77,23 +77,22 @@ impl LlamaConfig {
         })
     }
 
-    /// The HF weights a stored tensor is made of, with their rows, in row order: the fused
-    /// parts of a fused one, else the tensor alone.
-    pub fn stored_parts(&self, stored: &str) -> Vec<(String, usize)> {
+    /// The HF weights a stored tensor is made of, in row order: the fused parts of a fused one,
+    /// else the tensor alone.
+    pub fn stored_parts(&self, stored: &str) -> Vec<String> {
         let fused = stored
             .strip_prefix("model.layers.")
             .and_then(|rest| rest.split_once('.'))
             .and_then(|(layer, rest)| {
-                let module = rest.strip_suffix(".weight")?;
-                let parts = self.fused_parts(module)?;
+                let parts = self.fused_parts(rest.strip_suffix(".weight")?)?;
                 Some(
                     parts
                         .into_iter()
-                        .map(|(part, rows)| (format!("model.layers.{layer}.{part}.weight"), rows))
+                        .map(|(part, _)| format!("model.layers.{layer}.{part}.weight"))
                         .collect(),
                 )
             });
-        fused.unwrap_or_else(|| vec![(stored.to_string(), 0)])
+        fused.unwrap_or_else(|| vec![stored.to_string()])
     }
 
     /// Every tensor as the checkpoint stores it, in the order of

@@ -73,9 +73,14 @@ impl LoraTarget {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item {
                 "all-linear" | "all_linear" | "all" => out.extend(LoraTarget::ALL),
-                "qkv_proj" => out.extend(&LoraTarget::ALL[..3]),
-                "gate_up_proj" => out.extend([LoraTarget::GateProj, LoraTarget::UpProj]),
-                other => out.push(other.parse()?),
+                other => match fused_parts(other) {
+                    Some(parts) => out.extend(
+                        LoraTarget::ALL
+                            .into_iter()
+                            .filter(|t| parts.contains(&t.block_path())),
+                    ),
+                    None => out.push(other.parse()?),
+                },
             }
         }
         out.sort();
@@ -85,6 +90,14 @@ impl LoraTarget {
         }
         Ok(out)
     }
+}
+
+/// The block paths of Phi-3's fused module `name` (`qkv_proj`, `gate_up_proj`).
+fn fused_parts(name: &str) -> Option<&'static [&'static str]> {
+    super::FUSED_PROJECTIONS
+        .iter()
+        .find(|(path, _)| path.rsplit('.').next() == Some(name))
+        .map(|(_, parts)| *parts)
 }
 
 impl FromStr for LoraTarget {

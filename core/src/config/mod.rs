@@ -14,7 +14,7 @@ mod presets;
 mod spelling;
 
 pub use attention::{ATTENTION_TILE, AttentionKind, MASKED};
-pub use fused::StoredRows;
+pub use fused::{FUSED_PROJECTIONS, StoredRows};
 pub use kernels::Kernels;
 pub use llama::{LlamaConfig, RopeScaling};
 pub use lora::{LoraConfig, LoraTarget};

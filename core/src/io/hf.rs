@@ -63,15 +63,8 @@ pub fn llama_from_checkpoint_with(
         let values = reader.read(name, &[dim])?;
         Ok(Tensor::from_data(TensorData::new(values, [dim]), device))
     };
-    let linear = |name: &str, rows: usize, cols: usize| match nf4 {
-        Some(nf4) => {
-            let quantized = reader
-                .read_nf4(name, [rows, cols], nf4)
-                .map_err(|e| Error::Input(format!("{name}: {e}")))?;
-            Ok(Linear::nf4(std::sync::Arc::new(quantized), device))
-        }
-        None => Ok(Linear::from_weight(tensor2(name, rows, cols)?)),
-    };
+    let linear =
+        |name: &str, rows: usize, cols: usize| reader.linear(name, [rows, cols], nf4, device);
     build_llama(config, &tensor2, &tensor1, &linear)
 }
 

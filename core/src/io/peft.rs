@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::atomic::write_atomic;
 use super::peft_fused::{FusedPart, alpha_for, stack};
 use super::safetensors::SafetensorsCheckpoint;
-use crate::config::{LoraConfig, LoraTarget};
+use crate::config::{FUSED_PROJECTIONS, LoraConfig, LoraTarget};
 use crate::error::{Error, Result};
 use crate::kernels::values::to_f32_vec;
 use crate::model::Llama;
@@ -81,9 +81,6 @@ pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<Lor
     Ok(config)
 }
 
-/// Phi-3's fused modules, the only ones a `rank_pattern` or `alpha_pattern` may name.
-const FUSED_MODULES: [&str; 2] = ["qkv_proj", "gate_up_proj"];
-
 /// The adapter of the linear at `path` (`[out, inp]`): A, B, its rank and scaling, its keys
 /// added to `used`. A part of Phi-3's fused module reads the fused adapter: A whole, the
 /// part's rows of B (`peft_fused.rs`).
@@ -142,6 +139,14 @@ fn read_adapter_json(dir: &Path) -> Result<(Value, String)> {
     Ok((json, path.display().to_string()))
 }
 
+/// Whether `name` is one of Phi-3's fused modules (`qkv_proj`, `gate_up_proj`), the only
+/// ones a `rank_pattern` or `alpha_pattern` may name.
+fn is_fused_module(name: &str) -> bool {
+    FUSED_PROJECTIONS
+        .iter()
+        .any(|(path, _)| path.rsplit('.').next() == Some(name))
+}
+
 /// A fused module's rank and α: its `rank_pattern` and `alpha_pattern` entries, else the
 /// adapter's own.
 fn fused_rank_alpha(json: &Value, module: &str, config: &LoraConfig) -> (usize, f64) {
@@ -181,7 +186,7 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         if let Some(other) = json
             .get(key)
             .and_then(Value::as_object)
-            .and_then(|m| m.keys().find(|k| !FUSED_MODULES.contains(&k.as_str())))
+            .and_then(|m| m.keys().find(|k| !is_fused_module(k)))
         {
             return Err(err(format!(
                 "per-module `{key}` is not supported (found `{other}`; napkin writes one for \
@@ -329,7 +334,7 @@ impl Llama {
         let mut patterns: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         let linears = self.block_linears();
         for layer in 0..self.config.num_hidden_layers {
-            for fused in ["self_attn.qkv_proj", "mlp.gate_up_proj"] {
+            for (fused, _) in FUSED_PROJECTIONS {
                 let Some(parts) = self.config.fused_parts(fused) else {
                     continue;
                 };

@@ -12,7 +12,7 @@ use burn::tensor::{Device, FloatDType, Tensor};
 use super::linear::{BaseWeight, Linear, Nf4Weight};
 use super::llama::Llama;
 use super::lora::LoraAdapter;
-use crate::config::{LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::config::{FUSED_PROJECTIONS, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
 use crate::error::{Error, Result};
 use crate::kernels::values::to_f32_vec;
 use crate::quant::nf4::Nf4Tensor;
@@ -36,8 +36,7 @@ fn quantize_linear(
 
 /// Quantizes one block's seven linears (in [`LoraTarget::ALL`]'s order). Phi-3's fused groups
 /// (q, k, v; gate, up) are quantized as one tensor each, as bitsandbytes quantizes its
-/// `qkv_proj` and `gate_up_proj`, and split into their parts' blocks when each part is whole
-/// groups of them (`Nf4Tensor::rows`); otherwise, and for every other linear, one by one.
+/// `qkv_proj` and `gate_up_proj` ([`Nf4Tensor::quantize_parts`]); every other linear alone.
 fn quantize_block(
     linears: [&mut Linear; 7],
     model: &LlamaConfig,
@@ -45,56 +44,48 @@ fn quantize_block(
     device: &Device,
     layer: usize,
 ) -> Result<()> {
-    let path = |t: LoraTarget| format!("model.layers.{layer}.{}", t.block_path());
-    let index = |module: &str| {
-        LoraTarget::ALL
-            .iter()
-            .position(|t| t.block_path() == module)
+    let mut linears = linears.map(Some);
+    let fused_groups = if model.fused_projections {
+        &FUSED_PROJECTIONS[..]
+    } else {
+        &[]
     };
-    let mut done = [false; 7];
-    for (i, target) in LoraTarget::ALL.into_iter().enumerate() {
-        let Some(fused) = model.fused_module_of(target.block_path()) else {
-            continue;
-        };
-        if done[i] {
-            continue;
-        }
-        let parts: Vec<usize> = model
-            .fused_parts(fused)
-            .unwrap_or_default()
+    for (fused, parts) in fused_groups {
+        let in_group: Vec<bool> = LoraTarget::ALL
             .iter()
-            .filter_map(|(module, _)| index(module))
+            .map(|t| parts.contains(&t.block_path()))
             .collect();
-        let dense: Option<Vec<Vec<f32>>> = parts
+        // A group with a part already quantized is left to the linears one by one below.
+        let dense: Option<Vec<Vec<f32>>> = linears
             .iter()
-            .map(|&p| match &linears[p].base {
-                BaseWeight::Dense(w) => Some(to_f32_vec(w.val())),
+            .zip(&in_group)
+            .filter(|(_, member)| **member)
+            .map(|(l, _)| match l.as_ref().map(|l| &l.base) {
+                Some(BaseWeight::Dense(w)) => Some(to_f32_vec(w.val())),
                 _ => None,
             })
             .collect();
         let Some(values) = dense else {
             continue;
         };
-        let cols = linears[i].dims()[1];
-        let rows: Vec<usize> = parts.iter().map(|&p| linears[p].dims()[0]).collect();
-        let whole = Nf4Tensor::quantize(&values.concat(), &[rows.iter().sum(), cols], config)
-            .map_err(|e| Error::Input(format!("model.layers.{layer}.{fused}: {e}")))?;
-        let mut start = 0;
-        let split: Option<Vec<Nf4Tensor>> = rows
-            .iter()
-            .map(|&n| {
-                start += n;
-                whole.rows(start - n, n)
-            })
+        let mut group: Vec<&mut Linear> = linears
+            .iter_mut()
+            .zip(&in_group)
+            .filter(|(_, member)| **member)
+            .filter_map(|(l, _)| l.take())
             .collect();
-        for (&p, q) in parts.iter().zip(split.into_iter().flatten()) {
-            linears[p].base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), device));
-            done[p] = true;
+        let rows: Vec<usize> = group.iter().map(|l| l.dims()[0]).collect();
+        let cols = group[0].dims()[1];
+        let quantized = Nf4Tensor::quantize_parts(&values.concat(), &rows, cols, config)
+            .map_err(|e| Error::Input(format!("model.layers.{layer}.{fused}: {e}")))?;
+        for (linear, q) in group.iter_mut().zip(quantized) {
+            linear.base = BaseWeight::Nf4(Nf4Weight::new(Arc::new(q), device));
         }
     }
-    for (i, target) in LoraTarget::ALL.into_iter().enumerate() {
-        if !done[i] {
-            quantize_linear(linears[i], config, device, &path(target))?;
+    for (target, linear) in LoraTarget::ALL.into_iter().zip(linears) {
+        if let Some(linear) = linear {
+            let path = format!("model.layers.{layer}.{}", target.block_path());
+            quantize_linear(linear, config, device, &path)?;
         }
     }
     Ok(())

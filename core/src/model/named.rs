@@ -97,11 +97,11 @@ impl Llama {
     /// [`Llama::hf_tensor`] makes it. `None` for a name the model does not have.
     pub fn stored_tensor(&self, name: &str, merge_lora: bool) -> Option<ParamTensor> {
         let parts = self.config.stored_parts(name);
-        if let [(only, _)] = parts.as_slice() {
+        if let [only] = parts.as_slice() {
             return self.hf_tensor(only, merge_lora);
         }
         let mut matrices = Vec::with_capacity(parts.len());
-        for (part, _) in &parts {
+        for part in &parts {
             match self.hf_tensor(part, merge_lora)? {
                 ParamTensor::Matrix(m) => matrices.push(m),
                 ParamTensor::Vector(_) => return None,

@@ -209,6 +209,32 @@ impl Nf4Tensor {
         })
     }
 
+    /// Quantizes a `[Σ rows, cols]` tensor of parts `rows` rows each (Phi-3's fused
+    /// projections) as one tensor, as bitsandbytes quantizes it, and returns each part's rows
+    /// of it ([`Nf4Tensor::rows`]); a part that is not whole blocks (under double quantization,
+    /// whole groups of them) is quantized alone.
+    pub fn quantize_parts(
+        values: &[f32],
+        rows: &[usize],
+        cols: usize,
+        config: &Nf4Config,
+    ) -> Result<Vec<Nf4Tensor>> {
+        let whole = Nf4Tensor::quantize(values, &[rows.iter().sum(), cols], config)?;
+        let mut start = 0;
+        rows.iter()
+            .map(|&n| {
+                start += n;
+                let first = start - n;
+                match whole.rows(first, n) {
+                    Some(part) => Ok(part),
+                    None => {
+                        Nf4Tensor::quantize(&values[first * cols..start * cols], &[n, cols], config)
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// The per-block scales as f32 (reconstructed from 8 bits under double quantization).
     pub fn absmax(&self) -> Vec<f32> {
         match &self.scales {

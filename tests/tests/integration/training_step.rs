@@ -179,21 +179,12 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
                 reference.name
             );
             assert!((plain.loss - ckpt.loss).abs() <= 1e-6);
-            let mut worst = 0.0f32;
-            for (name, g) in adapter_or_all(&model, &plain.grads) {
-                let c = adapter_or_all(&model, &ckpt.grads)
-                    .into_iter()
-                    .find(|(n, _)| *n == name)
-                    .unwrap()
-                    .1;
-                worst = worst.max(assert_close(
-                    &format!("{}: {what} {name}", reference.name),
-                    &c,
-                    &g,
-                    1e-5,
-                    1e-4,
-                ));
-            }
+            let worst = worst_gradient_gap(
+                &format!("{}: {what}", reference.name),
+                &model,
+                &ckpt.grads,
+                &plain.grads,
+            );
             eprintln!(
                 "{} {what}: vs the plain eager step, max gradient diff {worst:.2e}",
                 reference.name
@@ -234,24 +225,15 @@ fn the_efficient_attention_windows_as_the_eager_one_does() {
                 .unwrap()
                 .read();
             assert!((step.loss - eager.loss).abs() <= 1e-6, "{}", reference.name);
-            let mut worst = 0.0f32;
-            for (name, g) in adapter_or_all(&model, &eager.grads) {
-                let c = adapter_or_all(&model, &step.grads)
-                    .into_iter()
-                    .find(|(n, _)| *n == name)
-                    .unwrap()
-                    .1;
-                worst = worst.max(assert_close(
-                    &format!(
-                        "{}: windowed, checkpointing {checkpointing}, {name}",
-                        reference.name
-                    ),
-                    &c,
-                    &g,
-                    1e-5,
-                    1e-4,
-                ));
-            }
+            let worst = worst_gradient_gap(
+                &format!(
+                    "{}: windowed, checkpointing {checkpointing},",
+                    reference.name
+                ),
+                &model,
+                &step.grads,
+                &eager.grads,
+            );
             eprintln!(
                 "{}: window {} of {t}, efficient attention, checkpointing {checkpointing}: \
                  max gradient diff {worst:.2e} vs eager",
@@ -313,22 +295,12 @@ fn checkpointing_with_lora_dropout_recomputes_the_first_forwards_masks() {
                 plain.loss,
                 ckpt.loss
             );
-            let mut worst = 0.0f32;
-            for ((name, g), (_, c)) in adapter_grads(&model, &plain.grads)
-                .into_iter()
-                .zip(adapter_grads(&model, &ckpt.grads))
-            {
-                worst = worst.max(assert_close(
-                    &format!(
-                        "{}: dropout 0.1, {attention} checkpointed {name}",
-                        reference.name
-                    ),
-                    &c,
-                    &g,
-                    1e-5,
-                    1e-4,
-                ));
-            }
+            let worst = worst_gradient_gap(
+                &format!("{}: dropout 0.1, {attention} checkpointed", reference.name),
+                &model,
+                &ckpt.grads,
+                &plain.grads,
+            );
             eprintln!(
                 "{} dropout 0.1, {attention} attention, checkpointing: max gradient diff {worst:.2e}",
                 reference.name
@@ -349,6 +321,19 @@ fn checkpointing_with_lora_dropout_recomputes_the_first_forwards_masks() {
             reference.name
         );
     }
+}
+
+/// The largest gap between two steps' gradients of `model` (its adapters', else every
+/// parameter's; `got` against `want`, matched by name), each parameter held to 1e-5 absolute
+/// or 1e-4 relative; `label` begins a failure's message.
+fn worst_gradient_gap(label: &str, model: &Llama, got: &ParamGrads, want: &ParamGrads) -> f32 {
+    let got = adapter_or_all(model, got);
+    let mut worst = 0.0f32;
+    for (name, w) in adapter_or_all(model, want) {
+        let (_, g) = got.iter().find(|(n, _)| *n == name).unwrap();
+        worst = worst.max(assert_close(&format!("{label} {name}"), g, &w, 1e-5, 1e-4));
+    }
+    worst
 }
 
 /// Gradients of the adapters if any, else of every base parameter (by HF name).

@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::io::fused_reader::FusedReader;
 use crate::io::hf::build_llama;
 use crate::model::Llama;
-use crate::model::linear::Linear;
 
 /// llama.cpp's architecture name for a model of `config`: Qwen2's biases make it `qwen2`,
 /// Qwen3's head norms `qwen3`, Phi-3's fused projections `phi3`.
@@ -369,15 +368,8 @@ pub fn load_gguf_llama_with(
             device,
         ))
     };
-    let linear = |name: &str, rows: usize, cols: usize| match nf4 {
-        Some(nf4) => {
-            let quantized = reader
-                .read_nf4(name, [rows, cols], nf4)
-                .map_err(|e| Error::Input(format!("{name}: {e}")))?;
-            Ok(Linear::nf4(std::sync::Arc::new(quantized), device))
-        }
-        None => Ok(Linear::from_weight(matrix(name, rows, cols)?)),
-    };
+    let linear =
+        |name: &str, rows: usize, cols: usize| reader.linear(name, [rows, cols], nf4, device);
     build_llama(&config, &matrix, &vector, &linear)
 }
 
