@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use napkin_core::chat::BuiltInChat;
-use napkin_core::config::{AttentionKind, Kernels, OptimizerKind};
+use napkin_core::config::{AttentionKind, Kernels, ObjectiveKind, OptimizerKind};
 use napkin_core::data::DataFormat;
 use napkin_core::device::DeviceKind;
 use napkin_core::io::gguf::export::GgufQuant;
@@ -416,6 +416,15 @@ pub struct TrainArgs {
     /// Learn the prompts too, not only the replies / completions.
     #[arg(long)]
     pub train_on_inputs: bool,
+    /// What the run minimises: sft, or dpo / orpo on preference pairs (--data holds
+    /// `prompt`, `chosen`, `rejected` records, as TRL's).
+    #[arg(long, value_name = "OBJECTIVE", value_enum, ignore_case = true,
+          default_value_t = train_defaults().objective)]
+    pub objective: ObjectiveKind,
+    /// DPO's beta (how far from the reference the policy may move) or ORPO's lambda (the
+    /// odds-ratio term's weight).
+    #[arg(long, value_name = "F", default_value_t = train_defaults().beta)]
+    pub beta: f64,
     /// Held-out data to evaluate on (any format --data takes).
     #[arg(long, value_name = "FILE", conflicts_with = "val_fraction")]
     pub eval_data: Option<PathBuf>,
@@ -461,8 +470,9 @@ pub struct TrainArgs {
     #[arg(long, value_enum, ignore_case = true)]
     pub chat_format: Option<BuiltInChat>,
     /// Continue training this LoRA adapter (a peft folder: a finished run's OUT, say); its
-    /// rank, alpha and targets become the run's.
-    #[arg(long, value_name = "DIR")]
+    /// rank, alpha and targets become the run's. Under --objective dpo it is also the
+    /// reference (TRL's rule; alias --ref-from-adapter); without it the reference is the base.
+    #[arg(long, value_name = "DIR", alias = "ref-from-adapter")]
     pub adapter: Option<PathBuf>,
     /// LoRA rank (0: full fine-tuning).
     #[arg(long, default_value_t = train_defaults().lora_r)]
@@ -796,12 +806,17 @@ pub struct ScenarioArgs {
     /// With --nf4: weights per absmax block.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub nf4_block_size: usize,
-    /// B: rows per micro-batch.
+    /// B: rows per micro-batch (with --objective dpo or orpo: pairs).
     #[arg(long, default_value_t = 1)]
     pub micro_batch: usize,
-    /// T: tokens per row.
+    /// T: tokens per row (with --objective dpo or orpo: per sequence; a pair's row holds its
+    /// chosen and rejected sequences, up to 2T).
     #[arg(long, default_value_t = 256)]
     pub seq_len: usize,
+    /// What the step minimises: sft, or dpo / orpo on preference pairs (DPO adds a reference
+    /// forward, graph-free, of each micro-batch). napkin's engine only; `measure` runs sft.
+    #[arg(long, value_name = "OBJECTIVE", value_enum, ignore_case = true, default_value_t = ObjectiveKind::Sft)]
+    pub objective: ObjectiveKind,
     /// Block-level gradient checkpointing.
     #[arg(long)]
     pub checkpointing: bool,

@@ -822,6 +822,128 @@ fn data_files_are_read_by_format_and_refused_clearly() {
     }
 }
 
+/// The shipped preference pairs through `napkin train --objective dpo` (QLoRA, checkpointing,
+/// accumulation, a held-out tenth) and `--objective orpo` on the tiny fixture: each step and
+/// evaluation writes TRL's metrics, the report draws them, DPO's first step starts at log 2
+/// (the adapters start at B = 0, so the policy is its reference), and bad pairs or settings
+/// are refused in one line naming the file and line or the flag.
+#[test]
+fn preference_runs_write_trls_metrics_and_refuse_bad_input() {
+    let f = fixtures();
+    let base = |out: &Path, objective: &str| -> Vec<String> {
+        [
+            "train",
+            "--model",
+            f.join("tiny-smol").to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--chat-format",
+            "chatml",
+            "--data",
+            repo()
+                .join("data/napkin-preference.jsonl")
+                .to_str()
+                .unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--objective",
+            objective,
+            "--lora-r",
+            "8",
+            "--lr",
+            "3e-3",
+            "--seq-len",
+            "128",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "3",
+            "--val-fraction",
+            "0.1",
+            "--eval-every",
+            "3",
+            "--plain",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let metrics = |out: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let dpo = Scratch::new("dpo");
+    let mut args = base(&dpo.0, "dpo");
+    args.extend(["--nf4", "--checkpointing", "--accum", "2"].map(String::from));
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("reward accuracy"), "{stderr}");
+    let lines = metrics(&dpo.0);
+    let steps: Vec<&serde_json::Value> = lines.iter().filter(|l| l["loss"].is_f64()).collect();
+    assert_eq!(steps.len(), 3);
+    let first = steps[0]["loss"].as_f64().unwrap();
+    assert!((first - std::f64::consts::LN_2).abs() < 1e-6, "{first}");
+    for key in [
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "pairs",
+    ] {
+        assert!(steps[2][key].is_number(), "{key}: {}", steps[2]);
+    }
+    let evaluated = lines.last().unwrap();
+    assert!(
+        evaluated["eval_rewards/accuracies"].is_number(),
+        "{evaluated}"
+    );
+    let report = std::fs::read_to_string(dpo.0.join("report.html")).unwrap();
+    assert!(report.contains("Reward accuracy"));
+
+    let orpo = Scratch::new("orpo");
+    let (ok, stderr) = run(&base(&orpo.0, "orpo"));
+    assert!(ok, "{stderr}");
+    let lines = metrics(&orpo.0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["nll_loss"].is_number() && l["log_odds_ratio"].is_number())
+    );
+
+    let bad = Scratch::new("bad-pairs");
+    std::fs::create_dir_all(&bad.0).unwrap();
+    let file = bad.0.join("pairs.jsonl");
+    let good = r#"{"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}"#;
+    for (text, needle) in [
+        (
+            format!("{good}\n{}", r#"{"prompt": "1 + 1 =", "chosen": " 2"}"#),
+            "pairs.jsonl:2",
+        ),
+        (
+            format!(
+                "{good}\n{good}\n{}",
+                r#"{"prompt": "x", "chosen": "", "rejected": "y"}"#
+            ),
+            "pairs.jsonl:3",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let mut args = base(&bad.0.join("out"), "dpo");
+        let i = args.iter().position(|a| a == "--data").unwrap();
+        args[i + 1] = file.to_str().unwrap().to_string();
+        let (ok, stderr) = run(&args);
+        assert!(!ok && stderr.contains(needle), "{needle}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let mut args = base(&bad.0.join("out"), "dpo");
+    let i = args.iter().position(|a| a == "--lora-r").unwrap();
+    args[i + 1] = "0".into();
+    let (ok, stderr) = run(&args);
+    assert!(!ok && stderr.contains("--objective"), "{stderr}");
+}
+
 /// Every shipped example configuration parses as a run's settings and passes the checks that
 /// need no model; the CPU QLoRA one runs a step from the repository root as its comment says
 /// (its model is the GGUF `scripts/fetch/smollm2.sh` fetches).

@@ -4,7 +4,7 @@
 # codes, no weight upload per step, 16-bit QLoRA, optimizer
 # offload, QLoRA's NF4 backward, efficient attention, the step peak and the roofline probe on a
 # device pool), `napkin measure --device wgpu` with offload and with QLoRA, a QLoRA run of
-# `napkin train` and `napkin generate` on the device, and the GPU benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
+# `napkin train` and `napkin generate` on the device, a DPO run on the device, and the GPU benchmark's smoke case. With no GPU it installs Mesa's lavapipe (Debian
 # `mesa-vulkan-drivers`, a Vulkan driver that runs on the CPU) and asks wgpu for Vulkan.
 # The test binary and the CLI are built with the features scripts/test.sh gives the whole
 # workspace (`napkin/wgpu`; `napkin-tests/wgpu` only adds this binary), so after its test step
@@ -68,6 +68,23 @@ if ! cmp -s "$run/wgpu.txt" "$run/cpu.txt"; then
     cat "$run/wgpu.txt" "$run/cpu.txt" >&2
     exit 1
 fi
+
+# DPO as a user runs it on the device: QLoRA with checkpointing on the shipped preference
+# pairs, the reference forward and the label log-probabilities on the GPU (the cross-entropy
+# kernel's rows). The adapters start at B = 0, so the first step's loss is log 2 exactly.
+"$napkin" train "${tiny[@]}" --chat-format chatml --data data/napkin-preference.jsonl \
+    --objective dpo --out "$run/dpo" --device wgpu --lora-r 8 --nf4 --checkpointing --lr 3e-3 \
+    --seq-len 128 --micro-batch 2 --steps 2 --plain
+if ! grep -q '"rewards/accuracies"' "$run/dpo/metrics.jsonl"; then
+    echo "error: the DPO run on wgpu wrote no reward metrics" >&2
+    exit 1
+fi
+first_loss=$(grep -m1 -oE '"loss":[0-9.eE+-]+' "$run/dpo/metrics.jsonl" | cut -d: -f2)
+if ! awk -v l="$first_loss" 'BEGIN { d = l - log(2); exit !(d < 1e-5 && d > -1e-5) }'; then
+    echo "error: the DPO run's first loss on wgpu is $first_loss, not log 2" >&2
+    exit 1
+fi
+echo "DPO on the device: first loss $first_loss (log 2)"
 
 # Generation's KV cache takes each decoded token's keys and values into its buffers in place:
 # one slice write each per layer, counted by cubecl's own profiler (a line per kernel run; a

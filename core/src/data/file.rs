@@ -78,6 +78,27 @@ pub fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<Conversation>> {
     Ok(DataFormat::Auto.parse_all(&records, path)?.1)
 }
 
+/// The records of a `.jsonl` or `.json` file, each with its 1-based line; any other
+/// extension is refused (preference pairs have no plain-text form).
+pub fn json_records(text: &str, path: &Path) -> Result<Vec<(usize, Value)>> {
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match extension.as_deref() {
+        Some("jsonl") => json_lines(text, path),
+        Some("json") if text.trim_start().starts_with('[') => json_array(text, path),
+        Some("json") => json_lines(text, path),
+        _ => Err(Error::Data {
+            path: path.to_path_buf(),
+            line: 0,
+            message:
+                "expected .jsonl (one record a line) or .json (an array of records, or JSON lines)"
+                    .into(),
+        }),
+    }
+}
+
 /// One record a line; blank lines are skipped.
 fn json_lines(text: &str, path: &Path) -> Result<Vec<(usize, Value)>> {
     let mut out = Vec::new();

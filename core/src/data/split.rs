@@ -2,17 +2,12 @@
 //! measure the loss on text the model did not fit.
 
 use super::loader::seeded_order;
-use super::sample::Sample;
 use crate::error::{Error, Result};
 
-/// Splits `samples` into (train, held out): `round(fraction · n)` samples (at least one) chosen
+/// Splits `samples` (or pairs) into (train, held out): `round(fraction · n)` samples (at least one) chosen
 /// by a generator seeded with `seed`, each side in the original order. The same samples and
 /// seed give the same split, so a resumed run evaluates on the same text.
-pub fn hold_out(
-    samples: Vec<Sample>,
-    fraction: f64,
-    seed: u64,
-) -> Result<(Vec<Sample>, Vec<Sample>)> {
+pub fn hold_out<T>(samples: Vec<T>, fraction: f64, seed: u64) -> Result<(Vec<T>, Vec<T>)> {
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(Error::config(
             "--val-fraction",

@@ -180,6 +180,17 @@ impl Llama {
         (self, detached)
     }
 
+    /// The same model with every adapter taken off: the base it trains on, sharing its weights
+    /// (tensor handles are reference-counted, an NF4 base is behind an `Arc`), so it costs no
+    /// memory. DPO's reference for an adapter the run starts fresh (peft's adapter disabled).
+    pub fn without_adapters(&self) -> Self {
+        let mut base = self.clone();
+        for named in base.block_linears_mut() {
+            named.linear.lora = None;
+        }
+        base
+    }
+
     /// The inverse of [`merge_lora`](Self::merge_lora): `W ← W − s·B·A` and the adapters are
     /// attached again. Fails if an adapter names a module this model lacks or has another shape.
     pub fn unmerge_lora(mut self, adapters: DetachedAdapters) -> Result<Self> {

@@ -35,11 +35,103 @@ impl LossSum {
 /// - `logits`: `[B, T, V]`
 /// - `labels`: `B·T` values, row-major `[B, T]`
 pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
+    let shifted = shift_labels(logits.dims(), labels, None)?;
+    let tokens = shifted.weights.iter().filter(|&&w| w > 0.0).count();
+    let sum = weighted_nll(logits, &shifted)?;
+    Ok(LossSum { sum, tokens })
+}
+
+/// `Σ wₜ·(−log p(labelₜ))`: the shifted cross-entropy with a weight of its own on every label,
+/// the surrogate whose backward gives a sequence-level objective's gradient (a preference
+/// loss weighs each token by its sequence's share, `train/preference.rs`). Ignored labels
+/// count nothing whatever their weight.
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]` → `[1]`
+/// - `labels`, `weights`: `B·T` values, row-major `[B, T]` (a label's weight sits beside it)
+pub fn weighted_lm_loss(logits: Tensor<3>, labels: &[i64], weights: &[f32]) -> Result<Tensor<1>> {
+    let shifted = shift_labels(logits.dims(), labels, Some(weights))?;
+    weighted_nll(logits, &shifted)
+}
+
+/// `log p(labelₜ)` under the logits at `t − 1`, for every label (0 at each row's first
+/// position and at ignored labels), read back to the host. Runs outside any graph: the fused
+/// kernels read the logits in place (CPU) or write two `[B·T]` buffers (GPU); elsewhere burn's
+/// log-softmax makes its `[B, T − 1, V]` transients.
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]`; `labels`: `B·T` → `B·T` values, row-major `[B, T]`
+pub fn label_log_probs(logits: Tensor<3>, labels: &[i64]) -> Result<Vec<f32>> {
     let [b, t, v] = logits.dims();
-    if labels.len() != b * t {
+    let shifted = shift_labels([b, t, v], labels, None)?;
+    // Per logits row `r·T + p` (p < T − 1): the log-probability of label `r·T + p + 1`.
+    let per_row =
+        match crate::kernels::cpu::fused::cross_entropy::label_log_probs(&logits, &shifted) {
+            Some(values) => values,
+            None => rows_by_ops(logits, &shifted)?,
+        };
+    let mut out = vec![0.0; b * t];
+    for row in 0..b {
+        for pos in 1..t {
+            if shifted.weights[row * (t - 1) + pos - 1] != 0.0 {
+                out[row * t + pos] = per_row[row * t + pos - 1];
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`label_log_probs`]' per-row values off the CPU: the cubecl kernel's `[B·T]` NLLs on a GPU,
+/// burn's log-softmax and gather elsewhere.
+fn rows_by_ops(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Vec<f32>> {
+    let [b, t, _] = logits.dims();
+    let logits = logits.inner();
+    let device = logits.device();
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let logits = if crate::device::is_gpu(&device) && logits.dtype() == burn::tensor::DType::F32 {
+        let (classes, weights) = uploaded_labels(shifted, b * (t - 1), &device);
+        match crate::kernels::gpu::fused::cross_entropy::row_nll(logits, &classes, &weights) {
+            // Counted rows weigh 1: the NLL is −log p.
+            Ok(nll) => {
+                return Ok(crate::kernels::values::to_f32_vec(nll)
+                    .into_iter()
+                    .map(|x| -x)
+                    .collect());
+            }
+            Err(logits) => logits,
+        }
+    } else {
+        logits
+    };
+    let targets: Vec<i64> = shifted.targets.iter().map(|&c| i64::from(c)).collect();
+    let targets: Tensor<3, Int> = link::upload(
+        TensorData::new(targets, [b, t - 1, 1]),
+        &device,
+        Traffic::Data,
+    );
+    let log_probs = log_softmax(logits.narrow(1, 0, t - 1), 2); // [B, T−1, V]
+    let picked = crate::kernels::values::to_f32_vec(log_probs.gather(2, targets)); // [B·(T−1)]
+    // Laid out as the logits' rows: row `r·T + p` for p < T − 1, 0 at each row's last.
+    let mut per_row = vec![0.0; b * t];
+    for row in 0..b {
+        per_row[row * t..row * t + t - 1]
+            .copy_from_slice(&picked[row * (t - 1)..(row + 1) * (t - 1)]);
+    }
+    Ok(per_row)
+}
+
+/// The targets and weights the loss reads: labels shifted left by one; ignored ones point at
+/// class 0 with weight 0; the others weigh 1, or `weights`' value beside the label.
+fn shift_labels(
+    [b, t, v]: [usize; 3],
+    labels: &[i64],
+    weights: Option<&[f32]>,
+) -> Result<ShiftedLabels> {
+    if labels.len() != b * t || weights.is_some_and(|w| w.len() != b * t) {
         return Err(Error::Input(format!(
-            "{} labels for logits of shape [{b}, {t}, {v}]: expected {}",
+            "{} labels and {} weights for logits of shape [{b}, {t}, {v}]: expected {} each",
             labels.len(),
+            weights.map_or(labels.len(), <[f32]>::len),
             b * t
         )));
     }
@@ -48,31 +140,35 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
             "a causal-LM loss needs sequences of at least 2 tokens".into(),
         ));
     }
-    // Targets: labels shifted left by one; ignored ones point at class 0 with weight 0.
     let mut targets = Vec::with_capacity(b * (t - 1));
-    let mut weights = Vec::with_capacity(b * (t - 1));
-    for row in labels.chunks(t) {
-        for &label in &row[1..] {
+    let mut shifted_weights = Vec::with_capacity(b * (t - 1));
+    for (r, row) in labels.chunks(t).enumerate() {
+        for (pos, &label) in row.iter().enumerate().skip(1) {
             if label == IGNORE_INDEX {
                 targets.push(0u32);
-                weights.push(0.0f32);
+                shifted_weights.push(0.0f32);
             } else if label < 0 || label as usize >= v {
                 return Err(Error::Input(format!(
                     "label {label} is outside the vocabulary of {v}"
                 )));
             } else {
                 targets.push(label as u32);
-                weights.push(1.0);
+                shifted_weights.push(weights.map_or(1.0, |w| w[r * t + pos]));
             }
         }
     }
-    let tokens = weights.iter().filter(|&&w| w > 0.0).count();
-    let shifted = ShiftedLabels {
+    Ok(ShiftedLabels {
         targets: targets.into(),
-        weights: weights.into(),
-    };
-    let logits = match summed_nll(logits, &shifted) {
-        Ok(sum) => return Ok(LossSum { sum, tokens }),
+        weights: shifted_weights.into(),
+    })
+}
+
+/// `Σ w·(−log softmax(x)[label])` over the first `T − 1` positions: the fused kernel where
+/// the logits allow it, burn's ops elsewhere.
+fn weighted_nll(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Tensor<1>> {
+    let [b, t, _] = logits.dims();
+    let logits = match summed_nll(logits, shifted) {
+        Ok(sum) => return Ok(sum),
         Err(logits) => logits,
     };
     let device = logits.device();
@@ -80,14 +176,9 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
     // tensors (the bytes burn's ops upload for them).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     let logits = if crate::device::is_gpu(&device) && logits.dtype() == burn::tensor::DType::F32 {
-        let rows = b * (t - 1);
-        let classes: Vec<f32> = shifted.targets.iter().map(|&c| c as f32).collect();
-        let upload = |values: Vec<f32>| -> Tensor<1> {
-            link::upload(TensorData::new(values, [rows]), &device, Traffic::Data)
-        };
-        let (classes, weights) = (upload(classes), upload(shifted.weights.to_vec()));
+        let (classes, weights) = uploaded_labels(shifted, b * (t - 1), &device);
         match crate::kernels::gpu::fused::cross_entropy::summed_nll(logits, &classes, &weights) {
-            Ok(sum) => return Ok(LossSum { sum, tokens }),
+            Ok(sum) => return Ok(sum),
             Err(logits) => logits,
         }
     } else {
@@ -107,6 +198,81 @@ pub fn causal_lm_loss(logits: Tensor<3>, labels: &[i64]) -> Result<LossSum> {
     );
     let log_probs = log_softmax(logits.narrow(1, 0, t - 1), 2); // [B, T−1, V]
     let picked = log_probs.gather(2, targets); // [B, T−1, 1]
-    let sum = (picked * weights).sum().neg(); // [1]
-    Ok(LossSum { sum, tokens })
+    Ok((picked * weights).sum().neg()) // [1]
+}
+
+/// The shifted labels as the GPU kernels take them: two f32 `[rows]` tensors on `device`, the
+/// class (exact in f32 below 2²⁴) and its weight (the bytes burn's ops upload for them).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn uploaded_labels(
+    shifted: &ShiftedLabels,
+    rows: usize,
+    device: &burn::tensor::Device,
+) -> (Tensor<1>, Tensor<1>) {
+    let upload = |values: Vec<f32>| -> Tensor<1> {
+        link::upload(TensorData::new(values, [rows]), device, Traffic::Data)
+    };
+    let classes: Vec<f32> = shifted.targets.iter().map(|&c| c as f32).collect();
+    (upload(classes), upload(shifted.weights.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, Tensor, activation::log_softmax};
+
+    use super::{IGNORE_INDEX, label_log_probs, weighted_lm_loss};
+    use crate::device::DeviceKind;
+    use crate::kernels::values::{scalar, to_f32_vec};
+
+    /// The fused read of each label's log-probability equals burn's log-softmax at the label,
+    /// on every CPU backend, tracked or not; the first position and ignored labels read 0; and
+    /// weighting the loss by −1 per token gives minus their sum.
+    #[test]
+    fn label_log_probs_are_the_log_softmax_at_each_label() {
+        let (b, t, v) = (2, 6, 300);
+        let labels: Vec<i64> = vec![
+            3,
+            17,
+            299,
+            0,
+            42,
+            7, //
+            IGNORE_INDEX,
+            5,
+            5,
+            IGNORE_INDEX,
+            250,
+            1,
+        ];
+        for kind in DeviceKind::cpu_backends() {
+            for device in [kind.open().unwrap(), kind.open().unwrap().autodiff()] {
+                let logits =
+                    Tensor::<3>::random([b, t, v], Distribution::Normal(0.0, 3.0), &device);
+                let got = label_log_probs(logits.clone(), &labels).unwrap();
+                let log_probs = to_f32_vec(log_softmax(logits.clone(), 2));
+                for row in 0..b {
+                    for pos in 0..t {
+                        let label = labels[row * t + pos];
+                        let want = if pos == 0 || label == IGNORE_INDEX {
+                            0.0
+                        } else {
+                            log_probs[(row * t + pos - 1) * v + label as usize]
+                        };
+                        let have = got[row * t + pos];
+                        assert!(
+                            (have - want).abs() < 1e-5,
+                            "{kind} [{row}, {pos}]: {have} vs {want}"
+                        );
+                    }
+                }
+                let weights = vec![-1.0; b * t];
+                let surrogate = scalar(weighted_lm_loss(logits, &labels, &weights).unwrap());
+                let sum: f32 = got.iter().sum();
+                assert!(
+                    (surrogate - sum).abs() < 1e-4,
+                    "{kind}: {surrogate} vs {sum}"
+                );
+            }
+        }
+    }
 }

@@ -24,4 +24,4 @@ pub mod rope;
 
 pub use batch::TokenBatch;
 pub use llama::{ForwardContext, Llama};
-pub use loss::{IGNORE_INDEX, LossSum, causal_lm_loss};
+pub use loss::{IGNORE_INDEX, LossSum, causal_lm_loss, label_log_probs, weighted_lm_loss};

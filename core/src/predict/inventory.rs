@@ -18,7 +18,8 @@ use super::recompute::is_recomputed;
 use super::row_layout::{RowLayout, Size};
 use super::workspace;
 use crate::config::{
-    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, ObjectiveKind,
+    OptimizerKind,
 };
 use crate::predict::weights::nf4_tensor_bytes;
 use crate::quant::blockwise8::adamw8bit_state_bytes;
@@ -112,10 +113,14 @@ pub struct Scenario {
     pub nf4: Option<Nf4Config>,
     /// The optimizer.
     pub optimizer: OptimizerKind,
-    /// B.
+    /// B: rows per micro-batch (a preference objective: pairs, one row each).
     pub micro_batch: usize,
-    /// T.
+    /// T: tokens per row (a preference objective: the row holds a pair's two sequences, so
+    /// up to twice the sequence length; [`StepSettings`](super::settings::StepSettings) maps it).
     pub seq_len: usize,
+    /// What the step minimises: a preference objective runs pair rows, and DPO a graph-free
+    /// reference forward of each micro-batch before the policy's.
+    pub objective: ObjectiveKind,
     /// The linear layers compute in bf16/f16 (napkin's autocast): each product keeps the
     /// 2-byte cast copies of its operands instead of the f32 tensors, and a LoRA run stores
     /// its frozen dense base in 16 bits ([`Scenario::half_base`]).
@@ -144,6 +149,7 @@ impl Scenario {
             optimizer: OptimizerKind::AdamW,
             micro_batch,
             seq_len,
+            objective: ObjectiveKind::Sft,
             half_compute: false,
             checkpointing: false,
             accumulation: 1,

@@ -69,9 +69,11 @@ pub struct ScenarioSummary {
     pub nf4: bool,
     /// NF4's scales quantized too.
     pub double_quant: bool,
-    /// B.
+    /// What the step minimises (`dpo` and `orpo` run pairs).
+    pub objective: crate::config::ObjectiveKind,
+    /// B (a preference objective: pairs).
     pub micro_batch: usize,
-    /// T.
+    /// T (a preference objective: a pair row, both sequences).
     pub seq_len: usize,
     /// Block-level gradient checkpointing.
     pub checkpointing: bool,
@@ -165,6 +167,7 @@ pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
             lora_r: s.lora.as_ref().map_or(0, |l| l.r),
             nf4: s.nf4.is_some(),
             double_quant: s.nf4.is_some_and(|n| n.double_quant),
+            objective: s.objective,
             micro_batch: s.micro_batch,
             seq_len: s.seq_len,
             checkpointing: s.checkpointing,

@@ -3,7 +3,8 @@
 //! predictor's [`Scenario`] and refuses what no step can run.
 
 use crate::config::{
-    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, ObjectiveKind,
+    OptimizerKind,
 };
 use crate::error::{Error, Result};
 use crate::predict::inventory::Scenario;
@@ -14,8 +15,10 @@ use crate::predict::row_layout::RowLayout;
 pub struct StepSettings {
     /// B: rows per micro-batch.
     pub micro_batch: usize,
-    /// T: tokens per row.
+    /// T: tokens per row (a preference objective: per sequence, chosen and rejected each).
     pub seq_len: usize,
+    /// What the step minimises.
+    pub objective: ObjectiveKind,
     /// LoRA rank r (0: full fine-tuning).
     pub lora_r: usize,
     /// LoRA α (None: 2r).
@@ -52,6 +55,7 @@ impl Default for StepSettings {
         StepSettings {
             micro_batch: 1,
             seq_len: 256,
+            objective: ObjectiveKind::Sft,
             lora_r: 0,
             lora_alpha: None,
             lora_dropout: 0.0,
@@ -91,19 +95,33 @@ impl StepSettings {
 
     /// The scenario without [`StepSettings::check`]: for a front end whose inputs are bounded
     /// where they are entered (the page's controls accept only what `check` accepts).
+    ///
+    /// A preference objective's micro-batch is `micro_batch` pairs, each one row of its two
+    /// sequences side by side (`data/pair_batch.rs`): rows of up to `2 · seq_len` tokens whose
+    /// segments attend apart, as packed rows do.
     pub fn build(&self, config: LlamaConfig) -> Scenario {
+        let pairs = self.objective.is_preference();
         Scenario {
+            objective: self.objective,
+            packed: self.packed || pairs,
             lora: self.lora(),
             nf4: self.nf4,
             optimizer: self.optimizer,
             half_compute: self.half_compute,
             checkpointing: self.checkpointing,
             accumulation: self.accumulation,
-            packed: self.packed,
             attention: self.attention,
             kernels: self.kernels,
             rows: self.rows,
-            ..Scenario::new(config, self.micro_batch, self.seq_len)
+            ..Scenario::new(
+                config,
+                self.micro_batch,
+                if pairs {
+                    2 * self.seq_len
+                } else {
+                    self.seq_len
+                },
+            )
         }
     }
 
@@ -141,6 +159,15 @@ impl StepSettings {
             return bad(
                 "lora_targets",
                 "LoRA needs at least one target linear".into(),
+            );
+        }
+        if self.objective.has_reference() && self.lora_r == 0 {
+            return bad(
+                "objective",
+                format!(
+                    "{} needs LoRA (--lora-r ≥ 1): its reference is the base with the adapters off; with full fine-tuning it would be a second copy of every weight, which napkin does not keep",
+                    self.objective
+                ),
             );
         }
         if let Some(nf4) = &self.nf4 {
@@ -184,6 +211,38 @@ mod tests {
         );
     }
 
+    /// A preference objective's micro-batch is its pairs, each one packed row of both
+    /// sequences; only DPO replays a reference forward.
+    #[test]
+    fn a_preference_step_is_pair_rows_of_twice_the_sequence() {
+        use crate::predict::timeline::step_timeline;
+        let settings = |objective| StepSettings {
+            objective,
+            micro_batch: 2,
+            seq_len: 128,
+            lora_r: 8,
+            ..StepSettings::default()
+        };
+        let config = LlamaConfig::tiny_smol();
+        for objective in [ObjectiveKind::Dpo, ObjectiveKind::Orpo] {
+            let s = settings(objective).scenario(config.clone()).unwrap();
+            assert_eq!((s.micro_batch, s.seq_len, s.packed), (2, 256, true));
+            assert_eq!(s.objective, objective);
+            let reference_events = step_timeline(&s)
+                .events
+                .iter()
+                .filter(|e| e.label.starts_with("reference."))
+                .count();
+            let expected = match objective {
+                ObjectiveKind::Dpo => config.num_hidden_layers + 1,
+                _ => 0,
+            };
+            assert_eq!(reference_events, expected, "{objective}");
+        }
+        let sft = settings(ObjectiveKind::Sft).scenario(config).unwrap();
+        assert_eq!((sft.seq_len, sft.packed), (128, false));
+    }
+
     #[test]
     fn settings_no_step_can_run_are_refused_by_name() {
         for (settings, needle) in [
@@ -223,6 +282,13 @@ mod tests {
                     ..StepSettings::default()
                 },
                 "lora_targets: LoRA needs at least one target",
+            ),
+            (
+                StepSettings {
+                    objective: ObjectiveKind::Dpo,
+                    ..StepSettings::default()
+                },
+                "objective: dpo needs LoRA",
             ),
             (
                 StepSettings {

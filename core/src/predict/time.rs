@@ -116,6 +116,17 @@ pub fn step_work(s: &Scenario) -> StepWork {
     let full = s.lora.is_none() && s.nf4.is_none();
     let (blocks, head, backward) = micro_batch_flops(s, full);
     let recompute = if s.checkpointing { blocks } else { 0.0 };
+    // DPO's reference: one more forward of the base, adapters off.
+    let reference = if s.objective.has_reference() {
+        let base = Scenario {
+            lora: None,
+            ..s.clone()
+        };
+        let (rb, rh, _) = micro_batch_flops(&base, full);
+        rb + rh
+    } else {
+        0.0
+    };
     // LoRA's saving: what full fine-tuning of the same model would cost, minus this.
     let lora_saved = if s.lora.is_some() {
         let full_scenario = Scenario {
@@ -150,7 +161,12 @@ pub fn step_work(s: &Scenario) -> StepWork {
     } else {
         0.0
     };
-    let passes = if s.checkpointing { 3.0 } else { 2.0 };
+    let passes = if s.checkpointing { 3.0 } else { 2.0 }
+        + if s.objective.has_reference() {
+            1.0
+        } else {
+            0.0
+        };
     let activations = 2.0 * kind(Kind::SavedActivations) + 4.0 * kind(Kind::Logits);
     let trainable_values = kind(Kind::Gradients) / 4.0;
     let optimizer_bytes_per_value = match s.optimizer {
@@ -161,7 +177,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
     let bytes = micro * (passes * (weights + dequantized) + activations + 4.0 * trainable_values)
         + optimizer_bytes_per_value * trainable_values;
     StepWork {
-        forward_flops: micro * (blocks + head),
+        forward_flops: micro * (blocks + head + reference),
         backward_flops: micro * backward,
         recompute_flops: micro * recompute,
         lora_saved_flops: lora_saved,

@@ -7,7 +7,10 @@
 //! backward finishes and its gradients appearing. With checkpointing the forward keeps only
 //! each block's input; the backward recomputes one block at a time with its graph (an event
 //! of its own: the recomputation's last product, with all the block keeps, can be the step's
-//! peak). With accumulation the gradients of the earlier micro-batches stay alive through the
+//! peak). DPO runs a graph-free reference forward of each micro-batch first: the residual
+//! stream and the forward's tables with one block's transients at a time, then the reference
+//! logits. With accumulation
+//! the gradients of the earlier micro-batches stay alive through the
 //! later ones, and each micro-batch's gradients exist beside the running sum until they are
 //! added.
 
@@ -153,6 +156,33 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
             }
         };
         let outside = kept_of(None);
+        // DPO: the reference forward of this micro-batch, graph-free, before the policy's: the
+        // stream and the forward's tables (RoPE, the mask) through the blocks, the tables
+        // freed before the head.
+        if let Some(hidden) = named("reference.hidden") {
+            alive.add(hidden);
+            let tables = named("reference.tables");
+            if let Some(t) = tables {
+                alive.add(t);
+            }
+            for layer in 0..layers {
+                let name = format!("reference.layers.{layer}.forward_workspace");
+                if let Some(w) = named(&name) {
+                    alive.add(w);
+                    alive.event(format!("reference.layers.{layer}"), Phase::Forward);
+                    alive.remove(&w.name);
+                }
+            }
+            if let Some(t) = tables {
+                alive.remove(&t.name);
+            }
+            if let Some(logits) = named("reference.logits") {
+                alive.add(logits);
+                alive.event("reference.logits".into(), Phase::Forward);
+                alive.remove(&logits.name);
+            }
+            alive.remove(&hidden.name);
+        }
         for e in outside.iter().filter(|e| !s.checkpointing || is_table(e)) {
             alive.add(e);
         }

@@ -5,6 +5,7 @@
 //! (`tests/tests/memory`) and is checked there, case by case, by the measurement grid.
 
 use super::inventory::{Entry, Kind, Phases, Scenario};
+use super::row_layout::Size;
 use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget};
 
 /// Bytes burn's graph holds per recorded op (node, parents, boxed backward step) until the
@@ -316,6 +317,44 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
         2 * F32 * n * c.hidden_size as u64,
         backward,
     )];
+    // A graph-free block forward (checkpointing's, DPO's reference) peaks at the attention's
+    // scores or at the MLP's three `[B, T, F]` buffers, with an NF4 weight dequantized.
+    let graph_free_block = (attention_forward + attention_weight)
+        .max(MLP_FORWARD_COPIES * F32 * n * c.intermediate_size as u64 + mlp_weight);
+    if s.objective.has_reference() {
+        // DPO's reference forward, before the policy's, without a graph: the residual stream,
+        // one block's transients at a time, then the logits beside the final norm's output
+        // (the head's input; measured: the stream and it are both alive at the head's
+        // product), read for the label log-probabilities in place and freed.
+        let hidden = F32 * n * c.hidden_size as u64;
+        out.push(workspace("reference.hidden".into(), None, hidden, forward));
+        // The forward's tables, made per forward: RoPE's cos and sin for every position and,
+        // for the eager attention, the additive mask (one per row: pair rows are packed).
+        let masks = match s.attention {
+            AttentionKind::Eager => F32 * if s.packed { b } else { 1 } * t * t,
+            AttentionKind::Efficient => 0,
+        };
+        out.push(workspace(
+            "reference.tables".into(),
+            None,
+            2 * F32 * n * c.head_dim as u64 + masks,
+            forward,
+        ));
+        for layer in 0..c.num_hidden_layers {
+            out.push(workspace(
+                format!("reference.layers.{layer}.forward_workspace"),
+                Some(layer),
+                graph_free_block,
+                forward,
+            ));
+        }
+        out.push(workspace(
+            "reference.logits".into(),
+            None,
+            s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32) + hidden,
+            forward,
+        ));
+    }
     for layer in 0..c.num_hidden_layers {
         out.push(workspace(
             format!("layers.{layer}.mlp.backward_workspace"),
@@ -354,8 +393,7 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
             out.push(workspace(
                 format!("layers.{layer}.self_attn.forward_workspace"),
                 Some(layer),
-                (attention_forward + attention_weight)
-                    .max(MLP_FORWARD_COPIES * F32 * n * c.intermediate_size as u64 + mlp_weight),
+                graph_free_block,
                 forward,
             ));
         }

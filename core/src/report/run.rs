@@ -1,5 +1,6 @@
 //! The report of a training run: `metrics.jsonl` read back, drawn as curves (training and
-//! held-out loss, learning rate, gradient norm, tokens/s, heap memory per step), with the
+//! held-out loss, learning rate, gradient norm, tokens/s, heap memory per step, and a
+//! preference run's reward accuracy and margin under TRL's names), with the
 //! sample generations, the predicted beside the measured memory peak, and the run's settings —
 //! one HTML page with inline SVG and CSS, no script and nothing fetched, that opens anywhere.
 
@@ -31,6 +32,10 @@ pub struct MetricRow {
     pub step_peak_heap_bytes: Option<f64>,
     /// Held-out loss, on evaluation steps.
     pub eval_loss: Option<f64>,
+    /// A preference step's `rewards/accuracies` and `rewards/margins`.
+    pub rewards: Option<(f64, f64)>,
+    /// The same on the held-out pairs, on evaluation steps.
+    pub eval_rewards: Option<(f64, f64)>,
     /// Sample prompts and answers, on evaluation steps.
     pub samples: Vec<(String, String)>,
 }
@@ -73,6 +78,8 @@ pub fn parse_metrics(text: &str) -> (Vec<MetricRow>, usize) {
             peak_heap_bytes: number("peak_heap_bytes"),
             step_peak_heap_bytes: number("step_peak_heap_bytes"),
             eval_loss: number("eval_loss"),
+            rewards: number("rewards/accuracies").zip(number("rewards/margins")),
+            eval_rewards: number("eval_rewards/accuracies").zip(number("eval_rewards/margins")),
             samples,
         });
     }
@@ -204,6 +211,29 @@ pub fn run_report_html(r: &RunReport) -> String {
         loss.push(series("held-out loss", "c-eval", &|m| m.eval_loss));
     }
     h.push_str(&chart("Loss", "nats / token", loss));
+    if r.rows
+        .iter()
+        .any(|m| m.rewards.is_some() || m.eval_rewards.is_some())
+    {
+        // A preference run: the share of pairs whose chosen reply out-rewards the rejected
+        // one, and by how much (TRL's `rewards/accuracies` and `rewards/margins`).
+        h.push_str(&chart(
+            "Reward accuracy",
+            "share of pairs",
+            vec![
+                series("training", "c-train", &|m| m.rewards.map(|r| r.0)),
+                series("held out", "c-eval", &|m| m.eval_rewards.map(|r| r.0)),
+            ],
+        ));
+        h.push_str(&chart(
+            "Reward margin",
+            "chosen − rejected",
+            vec![
+                series("training", "c-train", &|m| m.rewards.map(|r| r.1)),
+                series("held out", "c-eval", &|m| m.eval_rewards.map(|r| r.1)),
+            ],
+        ));
+    }
     h.push_str(&chart(
         "Learning rate",
         "lr",
@@ -312,6 +342,34 @@ mod tests {
         assert_eq!(rows[0].loss, None);
         assert_eq!(rows[0].samples, [("Hi".to_string(), "Hello".to_string())]);
         assert_eq!(rows[1].heap_bytes, Some(1048576.0));
+    }
+
+    /// A preference run's metrics (TRL's names, as `napkin train` writes them) are read and
+    /// drawn; a supervised run's page has no reward charts.
+    #[test]
+    fn a_preference_run_gets_its_reward_curves() {
+        let text = [
+            r#"{"step":0,"eval_loss":0.6931,"eval_rewards/accuracies":0.0,"eval_rewards/margins":0.0}"#,
+            r#"{"step":1,"loss":0.69,"lr":0.001,"rewards/accuracies":0.5,"rewards/margins":0.01}"#,
+            r#"{"step":2,"loss":0.6,"lr":0.001,"rewards/accuracies":0.75,"rewards/margins":0.2,"eval_loss":0.65,"eval_rewards/accuracies":0.6,"eval_rewards/margins":0.1}"#,
+        ]
+        .join("\n");
+        let (rows, _) = parse_metrics(&text);
+        assert_eq!(rows[1].rewards, Some((0.5, 0.01)));
+        assert_eq!(rows[2].eval_rewards, Some((0.6, 0.1)));
+        let page = |rows| {
+            run_report_html(&RunReport {
+                title: "run".into(),
+                settings: vec![],
+                rows,
+                unreadable_lines: 0,
+                memory: None,
+                memory_note: None,
+            })
+        };
+        assert!(page(rows).contains("Reward accuracy"));
+        let (sft, _) = parse_metrics(r#"{"step":1,"loss":2.0,"lr":0.001}"#);
+        assert!(!page(sft).contains("Reward accuracy"));
     }
 
     #[test]

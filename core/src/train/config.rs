@@ -10,7 +10,9 @@ use super::optimizer::OptimizerKind;
 use super::schedule::ScheduleKind;
 use crate::chat::BuiltInChat;
 use crate::config::spellings;
-use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config};
+use crate::config::{
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, ObjectiveKind,
+};
 use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
@@ -66,6 +68,12 @@ pub struct TrainConfig {
     pub data_format: DataFormat,
     /// Learn the prompts too, not only the replies / completions.
     pub train_on_inputs: bool,
+    /// `sft` (the labels' cross-entropy), or `dpo` / `orpo` on preference pairs
+    /// (`prompt`, `chosen`, `rejected` records).
+    pub objective: ObjectiveKind,
+    /// DPO's β (how far the policy may move from the reference) or ORPO's λ (the odds-ratio
+    /// term's weight); TRL's default.
+    pub beta: f64,
     /// Held-out data to evaluate on (any format `data` takes).
     pub eval_data: Option<PathBuf>,
     /// Hold out this fraction of `data` (seeded) instead of `eval_data` (0: none).
@@ -170,6 +178,8 @@ impl Default for TrainConfig {
             data: PathBuf::new(),
             data_format: DataFormat::Auto,
             train_on_inputs: false,
+            objective: ObjectiveKind::Sft,
+            beta: 0.1,
             eval_data: None,
             val_fraction: 0.0,
             eval_every: 50,
@@ -248,6 +258,7 @@ impl TrainConfig {
         Ok(StepSettings {
             micro_batch: self.micro_batch,
             seq_len: self.seq_len,
+            objective: self.objective,
             lora_r: self.lora_r,
             lora_alpha: Some(self.lora_alpha),
             lora_dropout: self.lora_dropout,
@@ -341,6 +352,36 @@ impl TrainConfig {
                 "continues LoRA training: it cannot be combined with --lora-r 0 (full fine-tuning)"
                     .into(),
             );
+        }
+        if self.objective.is_preference() {
+            if !(self.beta.is_finite() && self.beta > 0.0) {
+                return bad("--beta", format!("must be positive, found {}", self.beta));
+            }
+            if self.objective == ObjectiveKind::Dpo && self.lora_r == 0 {
+                return bad(
+                    "--objective",
+                    "dpo with full fine-tuning needs a frozen copy of every weight as its reference, which napkin does not keep: train LoRA adapters (--lora-r ≥ 1), whose reference is the base with them off"
+                        .into(),
+                );
+            }
+            if self.train_on_inputs {
+                return bad(
+                    "--train-on-inputs",
+                    format!(
+                        "has no meaning with --objective {}: a preference compares replies",
+                        self.objective
+                    ),
+                );
+            }
+            if self.data_format != DataFormat::Auto {
+                return bad(
+                    "--data-format",
+                    format!(
+                        "--objective {} reads prompt / chosen / rejected records; leave the format to it",
+                        self.objective
+                    ),
+                );
+            }
         }
         if self.nf4 && self.lora_r == 0 {
             return bad(

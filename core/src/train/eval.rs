@@ -4,12 +4,14 @@
 //! held-out micro-batches (the same packing rules as training, in file order), computed on the
 //! model outside autodiff (no graph kept); the perplexity is its exponential. Early stopping
 //! watches it: after `patience` evaluations in a row without a new best, the run ends, and the
-//! best step's weights are in `best/` beside the checkpoints.
+//! best step's weights are in `best/` beside the checkpoints. With a preference objective the
+//! held-out pairs' loss takes the held-out loss's place, with TRL's reward metrics beside it.
 
 use burn::module::Module;
 use serde::{Deserialize, Serialize};
 
-use crate::data::MicroBatch;
+use super::preference::{Objective, PreferenceMetrics, preference_metrics};
+use crate::data::{MicroBatch, PairBatch};
 use crate::error::Result;
 use crate::kernels::values::scalar;
 use crate::model::{Llama, causal_lm_loss};
@@ -23,6 +25,22 @@ pub struct EvalReport {
     pub perplexity: f64,
     /// Label tokens scored.
     pub tokens: usize,
+    /// With a preference objective: the held-out pairs' loss and TRL's metrics (`loss` is
+    /// then that loss, and `perplexity` its exponential, which means little).
+    pub preference: Option<PreferenceMetrics>,
+}
+
+impl EvalReport {
+    /// The evaluation in a few words, for the progress line.
+    pub fn describe(&self) -> String {
+        match &self.preference {
+            Some(m) => format!(
+                "{:.4} (reward accuracy {:.2}, margin {:.3})",
+                self.loss, m.rewards_accuracy, m.rewards_margin
+            ),
+            None => format!("{:.4} (ppl {:.2})", self.loss, self.perplexity),
+        }
+    }
 }
 
 /// The held-out loss of `model` on `batches`.
@@ -40,6 +58,25 @@ pub fn held_out_loss(model: &Llama, batches: &[MicroBatch]) -> Result<EvalReport
         loss,
         perplexity: loss.exp(),
         tokens,
+        preference: None,
+    })
+}
+
+/// The held-out preference loss and metrics of `model` on `batches` (one evaluation over all
+/// of them, pair-weighted), without a graph.
+pub fn held_out_preference(
+    model: &Llama,
+    reference: Option<&Llama>,
+    batches: &[PairBatch],
+    objective: Objective,
+) -> Result<EvalReport> {
+    let metrics = preference_metrics(&model.valid(), reference, batches, objective)?;
+    let tokens = batches.iter().map(|b| b.micro.label_tokens()).sum();
+    Ok(EvalReport {
+        loss: metrics.loss,
+        perplexity: metrics.loss.exp(),
+        tokens,
+        preference: Some(metrics),
     })
 }
 

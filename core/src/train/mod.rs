@@ -11,6 +11,7 @@ mod fused_adamw;
 pub mod grads;
 pub mod offload;
 pub mod optimizer;
+pub mod preference;
 pub mod samples;
 pub mod schedule;
 mod setup;
@@ -18,13 +19,17 @@ pub mod sgd;
 pub mod step;
 pub mod trainer;
 
+pub use crate::config::ObjectiveKind;
 pub use adamw::{AdamW, AdamWConfig};
 pub use config::{ComputeDtype, TrainConfig};
-pub use data::{DataReport, load_samples};
-pub use eval::{EvalReport, EvalState, held_out_loss};
+pub use data::{DataReport, Stream, load_pairs, load_samples};
+pub use eval::{EvalReport, EvalState, held_out_loss, held_out_preference};
 pub use grads::ParamGrads;
 pub use offload::{HostOffload, LinkTraffic};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind, UpdateRule, trainable_ids};
+pub use preference::{
+    Objective, PreferenceMetrics, PreferenceStep, preference_forward_backward, preference_metrics,
+};
 pub use samples::{SamplePrompts, SampleText};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use step::{

@@ -9,11 +9,11 @@ use burn::tensor::{Device, FloatDType};
 use super::AdamWConfig;
 use super::checkpoint::TrainerState;
 use super::config::TrainConfig;
+use super::data::Stream;
 use super::eval::EvalState;
 use super::optimizer::{Optimizer, OptimizerConfig};
 use super::schedule::LrSchedule;
 use crate::config::{LlamaConfig, LoraConfig};
-use crate::data::DataLoader;
 use crate::error::{Error, Result};
 use crate::io::load_model_with;
 use crate::model::Llama;
@@ -186,7 +186,7 @@ impl Progress {
 }
 
 /// The learning-rate schedule over the run's steps (`--steps`, or the epochs' batches).
-pub(super) fn schedule_for(config: &TrainConfig, loader: &DataLoader) -> LrSchedule {
+pub(super) fn schedule_for(config: &TrainConfig, loader: &Stream) -> LrSchedule {
     let total_steps = config.steps.unwrap_or_else(|| {
         let epochs = config.epochs.unwrap_or(1.0);
         let per_epoch = loader.batches_per_epoch().div_ceil(config.accumulation) as f64;
@@ -217,14 +217,20 @@ pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<(
             c.pack,
             c.seed,
             c.dtype,
-            (c.data_format, c.train_on_inputs, c.val_fraction.to_bits()),
+            (
+                c.data_format,
+                c.train_on_inputs,
+                c.val_fraction.to_bits(),
+                c.objective,
+                c.beta.to_bits(),
+            ),
         )
     };
     if key(now) != key(saved) {
         return Err(Error::config(
             "--resume",
             format!(
-                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs or held-out fraction); use another --out or the same settings",
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs, held-out fraction, objective or beta); use another --out or the same settings",
                 now.out.display()
             ),
         ));

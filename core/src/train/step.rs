@@ -168,11 +168,12 @@ pub fn forward_backward_marked(
                 loss_scale / (micro_batches.len() * micro.label_tokens().max(1)) as f64
             }
         };
-        let (micro_grads, micro_loss_sum) = if checkpointing {
-            checkpointed_backward(model, micro, scale, key, mark)?
-        } else {
-            plain_backward(model, micro, scale, key, mark)?
+        let mut head_loss = |logits: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            let loss = causal_lm_loss(logits, &micro.labels)?;
+            Ok((loss.sum.clone() * scale, loss.sum.inner()))
         };
+        let (micro_grads, micro_loss_sum) =
+            micro_backward(model, micro, checkpointing, key, mark, &mut head_loss)?;
         grads.add(micro_grads);
         loss_sum = Some(match loss_sum {
             Some(sum) => sum + micro_loss_sum,
@@ -187,6 +188,28 @@ pub fn forward_backward_marked(
     })
 }
 
+/// What a micro-batch's logits (`[B, T, V]`, in the graph) become: the scaled loss whose
+/// backward gives the micro-batch's share of the step's gradient, and the `[1]` value the step
+/// reports, outside the graph.
+pub(super) type HeadLoss<'a> = dyn FnMut(Tensor<3>) -> Result<(Tensor<1>, Tensor<1>)> + 'a;
+
+/// One micro-batch's forward and backward, whole or checkpointed, with the loss `head_loss`
+/// makes of its logits: its gradients and the value `head_loss` reported.
+pub(super) fn micro_backward(
+    model: &Llama,
+    micro: &MicroBatch,
+    checkpointing: bool,
+    dropout_key: u64,
+    mark: &mut dyn FnMut(),
+    head_loss: &mut HeadLoss<'_>,
+) -> Result<(ParamGrads, Tensor<1>)> {
+    if checkpointing {
+        checkpointed_backward(model, micro, dropout_key, mark, head_loss)
+    } else {
+        plain_backward(model, micro, dropout_key, mark, head_loss)
+    }
+}
+
 /// Backward through the whole graph: every activation is kept until the backward.
 ///
 /// When the embedding trains, its lookup runs outside the graph and its gradient is added
@@ -198,9 +221,9 @@ pub fn forward_backward_marked(
 fn plain_backward(
     model: &Llama,
     micro: &MicroBatch,
-    scale: f64,
     dropout_key: u64,
     mark: &mut dyn FnMut(),
+    head_loss: &mut HeadLoss<'_>,
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let batch = &micro.batch;
     // With a trained embedding: the ids and the looked-up `[B, T, D]`, a leaf of the graph.
@@ -216,10 +239,9 @@ fn plain_backward(
         Some((_, embedded)) => model.forward_embedded(embedded.clone(), batch),
         None => model.forward(batch),
     });
-    let loss = causal_lm_loss(logits, &micro.labels)?;
-    let loss_sum = loss.sum.clone().inner();
+    let (loss, loss_sum) = head_loss(logits)?;
     mark();
-    let mut backward = (loss.sum * scale).backward();
+    let mut backward = loss.backward();
     let upstream = match looked_up {
         Some((ids, embedded)) => Some((
             ids,
@@ -259,9 +281,9 @@ fn plain_backward(
 fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
-    scale: f64,
     dropout_key: u64,
     mark: &mut dyn FnMut(),
+    head_loss: &mut HeadLoss<'_>,
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let batch = &micro.batch;
     // 1. Graph-free forward: the same weights, outside autodiff.
@@ -283,10 +305,9 @@ fn checkpointed_backward(
     // 2. Head with a graph.
     let mut grads = ParamGrads::new();
     let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
-    let loss = causal_lm_loss(model.head(top.clone()), &micro.labels)?;
-    let loss_sum = loss.sum.clone().inner();
+    let (loss, loss_sum) = head_loss(model.head(top.clone()))?;
     mark();
-    let mut head_grads = (loss.sum * scale).backward();
+    let mut head_grads = loss.backward();
     let mut upstream = top
         .grad(&head_grads)
         .ok_or_else(|| Error::Internal("no gradient reached the last block".into()))?;

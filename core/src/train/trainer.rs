@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use web_time::Instant;
 
+use burn::module::Module;
 use burn::tensor::{Device, FloatDType};
 use serde::Serialize;
 
@@ -25,9 +26,11 @@ use super::checkpoint::{
     write_checkpoint, write_folder,
 };
 use super::config::TrainConfig;
-use super::data::{DataReport, TrainingData};
-use super::eval::{EvalReport, EvalState, held_out_loss};
+use super::data::{DataReport, HeldOut, Stream, TrainingData};
+use super::eval::{EvalReport, EvalState, held_out_loss, held_out_preference};
+use super::grads::ParamGrads;
 use super::optimizer::{Optimizer, trainable_ids};
+use super::preference::{Objective, PreferenceMetrics, preference_forward_backward};
 use super::samples::{SamplePrompts, SampleText};
 use super::schedule::LrSchedule;
 use super::setup::{
@@ -35,9 +38,8 @@ use super::setup::{
     optimizer_for, schedule_for,
 };
 use super::step::{StepOptions, forward_backward};
-use crate::config::LoraConfig;
-use crate::data::DataLoader;
-use crate::data::MicroBatch;
+use crate::config::{LoraConfig, ObjectiveKind};
+use crate::data::PairBatch;
 use crate::device::{guard_device_memory, is_gpu};
 use crate::error::{Error, Result};
 use crate::export::write_hf_folder;
@@ -68,6 +70,17 @@ pub struct StepReport {
     pub loss_scale: f64,
     /// Whether the update was skipped (an f16 gradient overflowed).
     pub skipped: bool,
+    /// With a preference objective, TRL's metrics of the step (`loss` is their loss).
+    pub preference: Option<PreferenceMetrics>,
+}
+
+/// A step's forward and backward, whatever the objective.
+struct Forward {
+    grads: ParamGrads,
+    loss: f32,
+    label_tokens: usize,
+    tokens: usize,
+    preference: Option<PreferenceMetrics>,
 }
 
 /// f16 dynamic loss scaling as torch's `GradScaler`: start at 2^16, halve on overflow (and
@@ -84,7 +97,7 @@ pub struct Trainer {
     /// The optimizer and its state.
     pub optimizer: Optimizer,
     /// The data stream.
-    pub loader: DataLoader,
+    pub loader: Stream,
     /// The learning-rate schedule.
     pub schedule: LrSchedule,
     /// Optimizer steps completed.
@@ -93,8 +106,12 @@ pub struct Trainer {
     pub eval: EvalState,
     /// The data, summarised.
     pub data: DataReport,
-    eval_batches: Vec<MicroBatch>,
+    eval_batches: HeldOut,
     sample_prompts: Option<SamplePrompts>,
+    objective: Objective,
+    /// DPO's reference, graph-free: the base with the adapters off, or (with `--adapter`) the
+    /// adapter the run started from, as TRL takes it. It shares the base's weights.
+    reference: Option<Llama>,
     tokenizer: std::sync::Arc<TextTokenizer>,
     lora: Option<LoraConfig>,
     device: Device,
@@ -128,6 +145,14 @@ impl Trainer {
         check_vocabulary(&config, &tokenizer)?;
         let (model, lora) = model_with_tricks(&config, &device, compute, found.as_ref())?;
         check_ids_fit(&config, largest_id, model.config.vocab_size)?;
+        let reference = match (config.objective, &config.adapter) {
+            (ObjectiveKind::Dpo, None) => Some(model.without_adapters().valid()),
+            (ObjectiveKind::Dpo, Some(dir)) => {
+                Some(model.without_adapters().load_lora(dir)?.0.valid())
+            }
+            _ => None,
+        };
+        let objective = Objective::of(config.objective, config.beta);
         let mut optimizer = optimizer_for(&config);
         let mut progress = Progress::start(compute);
         if let Some((dir, state)) = &found {
@@ -156,6 +181,8 @@ impl Trainer {
                 data,
                 eval_batches,
                 sample_prompts,
+                objective,
+                reference,
                 tokenizer,
                 lora,
                 device,
@@ -204,7 +231,16 @@ impl Trainer {
             return Ok(None);
         }
         let _precision = autocast(self.compute);
-        held_out_loss(&self.model, &self.eval_batches).map(Some)
+        match &self.eval_batches {
+            HeldOut::Tokens(batches) => held_out_loss(&self.model, batches).map(Some),
+            HeldOut::Pairs(batches) => held_out_preference(
+                &self.model,
+                self.reference.as_ref(),
+                batches,
+                self.objective,
+            )
+            .map(Some),
+        }
     }
 
     /// Greedy answers to the sample prompts with the current weights (empty without any).
@@ -264,26 +300,15 @@ impl Trainer {
             .config
             .seed
             .wrapping_add(self.step.wrapping_mul(1_000_003));
-        // 1. K micro-batches.
-        let micro: Vec<_> = (0..self.config.accumulation)
-            .map(|_| self.loader.next_batch())
-            .collect();
-        let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
-        // 2. Forward and backward, token-weighted accumulation, optional checkpointing, linear
-        //    layers in the autocast precision.
+        // 1–2. K micro-batches, forward and backward: token-weighted accumulation (pair-weighted
+        //      for a preference objective), optional checkpointing, linear layers in the
+        //      autocast precision.
         let loss_scale = self.loss_scale;
-        let mut step = {
-            let _precision = autocast(self.compute);
-            forward_backward(
-                &self.model,
-                &micro,
-                &StepOptions::default()
-                    .with_checkpointing(self.config.checkpointing)
-                    .with_loss_scale(loss_scale)
-                    .with_dropout_key(dropout_key),
-            )?
-            .read()
-        };
+        let options = StepOptions::default()
+            .with_checkpointing(self.config.checkpointing)
+            .with_loss_scale(loss_scale)
+            .with_dropout_key(dropout_key);
+        let mut step = self.forward_backward(&options)?;
         // 3. A non-finite loss stops the run before the weights change.
         if !step.loss.is_finite() {
             return Err(Error::Input(format!(
@@ -308,11 +333,12 @@ impl Trainer {
                     loss: step.loss,
                     lr: self.schedule.lr_at(self.step - 1),
                     grad_norm: f64::INFINITY,
-                    label_tokens: step.tokens,
-                    tokens,
+                    label_tokens: step.label_tokens,
+                    tokens: step.tokens,
                     seconds: start.elapsed().as_secs_f64(),
                     loss_scale,
                     skipped: true,
+                    preference: step.preference,
                 });
             }
             self.good_steps += 1;
@@ -337,12 +363,55 @@ impl Trainer {
             loss: step.loss,
             lr,
             grad_norm,
-            label_tokens: step.tokens,
-            tokens,
+            label_tokens: step.label_tokens,
+            tokens: step.tokens,
             seconds: start.elapsed().as_secs_f64(),
             loss_scale,
             skipped: false,
+            preference: step.preference,
         })
+    }
+
+    /// The step's micro-batches from the stream, forward and backward.
+    fn forward_backward(&mut self, options: &StepOptions) -> Result<Forward> {
+        let k = self.config.accumulation;
+        let _precision = autocast(self.compute);
+        match &mut self.loader {
+            Stream::Tokens(loader) => {
+                let micro: Vec<_> = (0..k).map(|_| loader.next_batch()).collect();
+                let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
+                let step = forward_backward(&self.model, &micro, options)?.read();
+                Ok(Forward {
+                    grads: step.grads,
+                    loss: step.loss,
+                    label_tokens: step.tokens,
+                    tokens,
+                    preference: None,
+                })
+            }
+            Stream::Pairs(loader) => {
+                let batches: Vec<PairBatch> = (0..k).map(|_| loader.next_batch()).collect();
+                let tokens = batches
+                    .iter()
+                    .map(|b| b.micro.batch.batch * b.micro.batch.seq)
+                    .sum();
+                let label_tokens = batches.iter().map(|b| b.micro.label_tokens()).sum();
+                let step = preference_forward_backward(
+                    &self.model,
+                    self.reference.as_ref(),
+                    &batches,
+                    self.objective,
+                    options,
+                )?;
+                Ok(Forward {
+                    grads: step.grads,
+                    loss: step.metrics.loss as f32,
+                    label_tokens,
+                    tokens,
+                    preference: Some(step.metrics),
+                })
+            }
+        }
     }
 
     /// Saves a checkpoint of the current step and keeps only the newest ones.

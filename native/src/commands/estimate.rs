@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use napkin_core::config::{LlamaConfig, OptimizerKind};
+use napkin_core::config::{LlamaConfig, ObjectiveKind, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
@@ -321,10 +321,21 @@ fn serde_name<T: serde::Serialize>(value: &T) -> String {
 /// The engine's report as text.
 fn print_report(r: &Report) {
     let s = &r.scenario;
+    let rows = match s.objective {
+        ObjectiveKind::Sft => format!("{} × {} tokens", s.micro_batch, s.seq_len),
+        objective => format!(
+            "{objective}: {} pairs × {} tokens (chosen and rejected side by side){}",
+            s.micro_batch,
+            s.seq_len,
+            if objective.has_reference() {
+                ", a graph-free reference forward first"
+            } else {
+                ""
+            }
+        ),
+    };
     println!(
-        "\nnapkin's engine, {} × {} tokens, LoRA r={}{}:",
-        s.micro_batch,
-        s.seq_len,
+        "\nnapkin's engine, {rows}, LoRA r={}{}:",
         s.lora_r,
         if s.nf4 { ", NF4 base" } else { "" }
     );

@@ -17,6 +17,12 @@ use napkin_core::train::ComputeDtype;
 use crate::cli::{EstimateArgs, Releases, ScenarioAttention};
 
 pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> {
+    if args.scenario.objective.is_preference() {
+        anyhow::bail!(
+            "--objective {} with --engine pytorch: the PyTorch profile replays transformers' supervised step; TRL's DPO and ORPO trainers are not profiled (napkin's own engine is: drop --engine pytorch)",
+            args.scenario.objective
+        );
+    }
     let setup = setup(args)?;
     let step = predict(config, &setup);
     // The caching allocator's segments: a fresh CUDA process that loads the model and runs

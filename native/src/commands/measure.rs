@@ -18,6 +18,12 @@ use napkin_core::predict::units::accelerate_units;
 use crate::cli::MeasureArgs;
 
 pub fn run(args: &MeasureArgs) -> Result<()> {
+    if args.scenario.objective.is_preference() {
+        bail!(
+            "--objective {}: measure runs supervised steps on synthetic tokens; a preference step's peak is predicted by `napkin estimate --objective {0}` and measured by `napkin train --objective {0}` (and tests/tests/memory/preference.rs)",
+            args.scenario.objective
+        );
+    }
     let kind = args.device;
     let device = kind.open()?;
     let optimizer = args.optimizer;

@@ -59,6 +59,7 @@ impl ScenarioArgs {
         Ok(StepSettings {
             micro_batch: self.micro_batch,
             seq_len: self.seq_len,
+            objective: self.objective,
             lora_r: self.lora_r,
             lora_alpha: self.lora_alpha,
             lora_targets: LoraTarget::parse_list(&self.lora_targets)?,

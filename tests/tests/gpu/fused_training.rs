@@ -654,6 +654,59 @@ fn fused_loss_forward_and_backward_equal_burns_ops_and_f64() {
     }
 }
 
+/// Each label's log-probability read on the GPU for a preference loss (`label_log_probs`,
+/// through the cross-entropy kernel's rows, `row_nll`) against f64: strided logits with and
+/// without a graph, vocabularies narrower and wider than the kernel's 64 units, ignored labels
+/// and each row's first position read 0; the kernel's launch counter says it ran (once).
+#[test]
+fn label_log_probs_on_the_gpu_equal_f64() {
+    use napkin_core::model::{IGNORE_INDEX, label_log_probs};
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut vs_f64 = 0f64;
+    for (b, t, v) in [(2, 5, 37), (1, 9, 1000), (3, 4, 64)] {
+        let labels: Vec<i64> = (0..b * t)
+            .map(|i| match i % 4 {
+                1 => IGNORE_INDEX,
+                _ => ((i * 7919) % v) as i64,
+            })
+            .collect();
+        for tracked in [false, true] {
+            let device = match tracked {
+                true => wgpu_device().autodiff(),
+                false => wgpu_device(),
+            };
+            device.seed(29);
+            let x0 = Tensor::<3>::random([t, b, v], Distribution::Normal(0.0, 3.0), &device)
+                .swap_dims(0, 1);
+            let x = to_f32_vec(x0.clone());
+            let mut want = vec![0f64; b * t];
+            for row in 0..b {
+                for pos in 1..t {
+                    let label = labels[row * t + pos];
+                    if label == IGNORE_INDEX {
+                        continue;
+                    }
+                    let z = &x[(row * t + pos - 1) * v..(row * t + pos) * v];
+                    let top = z.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
+                    let lse = top + z.iter().map(|&x| (x as f64 - top).exp()).sum::<f64>().ln();
+                    want[row * t + pos] = z[label as usize] as f64 - lse;
+                }
+            }
+            let before = launches();
+            let got = label_log_probs(x0, &labels).expect("log-probabilities");
+            assert_eq!(launches() - before, 1, "({b}, {t}, {v}): one launch");
+            vs_f64 = vs_f64.max(worst(&got, &want));
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                if w == 0.0 {
+                    assert_eq!(g, 0.0, "({b}, {t}, {v}) [{i}]: a label that does not count");
+                }
+            }
+        }
+    }
+    eprintln!("label log-probabilities on the GPU, worst relative error against f64 {vs_f64:.1e}");
+    assert!(vs_f64 < 1e-5, "{vs_f64:e} against f64");
+}
+
 /// A LoRA linear's fused `base + s·low` (`kernels/gpu/fused/scaled_add.rs`): the values and
 /// both gradients of burn's `base + low * s`, for a strided adapter product, with the base
 /// trained and frozen, and both ways the forward writes.

@@ -21,6 +21,7 @@
 //! - `mixed_precision`: bf16 / f16 autocast on Flex against f32; loss scaling.
 //! - `nf4_parity`: NF4 and double quantization against bitsandbytes, bit for bit.
 //! - `optimizers`: SGD, 8-bit AdamW, clipping, optimizer state export/import.
+//! - `preference`: DPO and ORPO against TRL (tokenization, losses, metrics, LoRA gradients).
 //! - `quantized_adapters`: the quantized generation engine with adapters on any projections.
 //! - `quantized_checkpoint`: napkin NF4 checkpoints written and read back.
 //! - `smollm2`: the real SmolLM2-135M-Instruct GGUF (fetched by scripts/fetch/smollm2.sh).
@@ -49,6 +50,7 @@ mod merged_folder;
 mod mixed_precision;
 mod nf4_parity;
 mod optimizers;
+mod preference;
 mod pytorch_profile;
 mod quantized_adapters;
 mod quantized_checkpoint;

@@ -27,6 +27,7 @@ mod flex_products;
 mod gguf_blocks;
 mod grid;
 mod held_out;
+mod preference;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

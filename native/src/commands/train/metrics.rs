@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::live_bytes;
-use napkin_core::train::{EvalReport, SampleText, StepReport};
+use napkin_core::train::{EvalReport, PreferenceMetrics, SampleText, StepReport};
 use serde_json::json;
 
 pub(super) fn metrics_line(
@@ -32,6 +32,9 @@ pub(super) fn metrics_line(
         "peak_heap_bytes": run_peak,
         "step_peak_heap_bytes": step_peak,
     });
+    if let Some(m) = &report.preference {
+        add_preference(&mut line, m, "");
+    }
     if let Some((_, best)) = eval {
         line["eval_best"] = json!(best);
     }
@@ -49,10 +52,36 @@ pub(super) fn add_eval(
         line["eval_loss"] = json!(e.loss);
         line["eval_perplexity"] = json!(e.perplexity);
         line["eval_tokens"] = json!(e.tokens);
+        if let Some(m) = &e.preference {
+            add_preference(line, m, "eval_");
+        }
     }
     if !samples.is_empty() {
         line["samples"] = json!(samples);
     }
+}
+
+/// A preference step's (or evaluation's) metrics under TRL's names, `prefix` before each.
+fn add_preference(line: &mut serde_json::Value, m: &PreferenceMetrics, prefix: &str) {
+    let mut fields = vec![
+        ("rewards/chosen", m.rewards_chosen),
+        ("rewards/rejected", m.rewards_rejected),
+        ("rewards/accuracies", m.rewards_accuracy),
+        ("rewards/margins", m.rewards_margin),
+        ("logps/chosen", m.logps_chosen),
+        ("logps/rejected", m.logps_rejected),
+    ];
+    if m.nll != 0.0 {
+        fields.extend([
+            ("nll_loss", m.nll),
+            ("log_odds_ratio", m.log_odds_ratio),
+            ("log_odds_chosen", m.log_odds_chosen),
+        ]);
+    }
+    for (name, value) in fields {
+        line[format!("{prefix}{name}")] = json!(value);
+    }
+    line[format!("{prefix}pairs")] = json!(m.pairs);
 }
 
 /// On resume, drops metric lines after the checkpoint's step (and a torn last line); a run

@@ -92,12 +92,7 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
         let mut line = json!({ "step": 0 });
         add_eval(&mut line, eval.as_ref(), &samples);
         if let Some(e) = &eval {
-            bar.suspend(|| {
-                eprintln!(
-                    "before training: eval {:.4} (ppl {:.2})",
-                    e.loss, e.perplexity
-                )
-            });
+            bar.suspend(|| eprintln!("before training: eval {}", e.describe()));
         }
         for s in &samples {
             bar.suspend(|| {
@@ -137,15 +132,21 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
         metrics.flush().context("writing metrics.jsonl")?;
         let eval_text = match &eval {
             Some((e, best)) => format!(
-                "  eval {:.4} (ppl {:.2}){}",
-                e.loss,
-                e.perplexity,
+                "  eval {}{}",
+                e.describe(),
                 if *best { " best" } else { "" }
             ),
             None => String::new(),
         };
+        let rewards = match &report.preference {
+            Some(m) => format!(
+                " (reward accuracy {:.2}, margin {:.3})",
+                m.rewards_accuracy, m.rewards_margin
+            ),
+            None => String::new(),
+        };
         let message = format!(
-            "loss {:.4}{eval_text}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (step peak {:.0})",
+            "loss {:.4}{rewards}{eval_text}  lr {:.2e}  {:.0} tok/s  heap {:.0} MiB (step peak {:.0})",
             report.loss,
             report.lr,
             report.tokens as f64 / report.seconds.max(1e-9),
@@ -243,6 +244,10 @@ fn data_summary(trainer: &Trainer) -> String {
     let t = &d.train;
     let kind = match d.format {
         Some(f) => format!("{f} samples"),
+        None if c.objective.is_preference() => format!(
+            "preference pairs for {} (each pair one row: prompt + chosen, then prompt + rejected, each cut to --seq-len)",
+            c.objective
+        ),
         None => "windows of plain text".to_string(),
     };
     let mut text = format!(
@@ -253,7 +258,7 @@ fn data_summary(trainer: &Trainer) -> String {
         t.dropped,
         t.tokens,
         t.label_tokens,
-        if c.pack {
+        if c.pack && !c.objective.is_preference() {
             "packed into"
         } else {
             "padded: real tokens fill"

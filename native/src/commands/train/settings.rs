@@ -46,6 +46,8 @@ pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result
     }
     set!(
         data_format,
+        objective,
+        beta,
         val_fraction,
         eval_every,
         early_stopping,

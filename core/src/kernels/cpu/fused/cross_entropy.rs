@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::{
     CpuKernel, CpuValues, backend_tensor, exp_in_place, host_values, is_f32, max_of, on_cpu, owned,
-    sum_of_exp, tracked_or_plain,
+    read_on_cpu, sum_of_exp, tracked_or_plain,
 };
 
 /// The labels of a batch as the loss reads them: for each row `b` and position `t < T − 1`,
@@ -70,6 +70,31 @@ impl CpuKernel for SummedNll<'_> {
             },
         )
     }
+}
+
+/// `log p(label)` read at every logits row that predicts a counted label (weight ≠ 0), 0
+/// elsewhere, when the logits are f32 on a CPU backend (None otherwise): one pass over the
+/// logits in place, with no `[B, T, V]` copy (burn's log-softmax writes two). A graph the
+/// logits belong to is not touched.
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]` → `B·T` values, row `b·T + t` predicting label `b·(T − 1) + t`
+pub fn label_log_probs(logits: &Tensor<3>, labels: &ShiftedLabels) -> Option<Vec<f32>> {
+    let shape = logits.dims();
+    let plain = logits.clone().inner();
+    read_on_cpu(&[&plain], |values| {
+        values[0]
+            .par_chunks(shape[2])
+            .enumerate()
+            .map(|(row, x)| match label_of(row, shape[1], labels) {
+                Some((target, weight)) if weight != 0.0 => {
+                    let max = max_of(x);
+                    x[target] - (max + sum_of_exp(x, max).ln())
+                }
+                _ => 0.0,
+            })
+            .collect()
+    })
 }
 
 /// Where row `row` of the `[B·T, V]` logits finds its label: `Some((target, weight))` for

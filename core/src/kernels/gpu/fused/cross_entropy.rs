@@ -43,25 +43,9 @@ pub fn summed_nll(
     targets: &BurnTensor<1>,
     weights: &BurnTensor<1>,
 ) -> Result<BurnTensor<1>, BurnTensor<3>> {
-    let [b, t, _] = logits.dims();
-    let rows = b * t.saturating_sub(1);
-    let label = |x: &BurnTensor<1>| {
-        (x.dtype() == DType::F32 && x.dims() == [rows])
-            .then(|| {
-                x.clone()
-                    .without_autodiff()
-                    .try_into_primitive::<Cube>()
-                    .ok()
-            })
-            .flatten()
-            .map(into_contiguous)
-    };
-    let (Some(targets), Some(weights)) = (label(targets), label(weights)) else {
+    let Some((targets, weights)) = cube_labels(&logits, targets, weights) else {
         return Err(logits);
     };
-    if logits.dtype() != DType::F32 || t < 2 {
-        return Err(logits);
-    }
     if let Ok(x) = logits.clone().try_into_primitive::<Autodiff<Cube>>() {
         return Ok(BurnTensor::from_primitive::<Autodiff<Cube>>(tracked(
             x, targets, weights,
@@ -74,6 +58,60 @@ pub fn summed_nll(
         }
         Err(_) => Err(logits),
     }
+}
+
+/// `w·(−log p(label))` at every row of the `[B·T, V]` logits (0 on rows that predict nothing),
+/// outside any graph, when the logits are f32 on a cubecl device and the labels fit them; the
+/// logits back otherwise. The forward's launch without the sum: two `[B·T]` buffers, no
+/// `[B, T, V]` one (burn's log-softmax writes two).
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]` → `[B·T]`, row `b·T + t` predicting label `b·(T − 1) + t`
+pub fn row_nll(
+    logits: BurnTensor<3>,
+    targets: &BurnTensor<1>,
+    weights: &BurnTensor<1>,
+) -> Result<BurnTensor<1>, BurnTensor<3>> {
+    let Some((targets, weights)) = cube_labels(&logits, targets, weights) else {
+        return Err(logits);
+    };
+    match logits
+        .clone()
+        .without_autodiff()
+        .try_into_primitive::<Cube>()
+    {
+        Ok(x) => {
+            let (nll, _) = rows_forward(unit_stride_rows(x), targets, weights);
+            Ok(BurnTensor::from_primitive::<Cube>(nll))
+        }
+        Err(_) => Err(logits),
+    }
+}
+
+/// The labels as contiguous cubecl tensors, when the logits are f32 with T ≥ 2 and the labels
+/// are f32 `[B·(T − 1)]` on a cubecl device; None otherwise (the caller gives the logits back).
+fn cube_labels(
+    logits: &BurnTensor<3>,
+    targets: &BurnTensor<1>,
+    weights: &BurnTensor<1>,
+) -> Option<(CubeTensor, CubeTensor)> {
+    let [b, t, _] = logits.dims();
+    if logits.dtype() != DType::F32 || t < 2 {
+        return None;
+    }
+    let rows = b * (t - 1);
+    let label = |x: &BurnTensor<1>| {
+        (x.dtype() == DType::F32 && x.dims() == [rows])
+            .then(|| {
+                x.clone()
+                    .without_autodiff()
+                    .try_into_primitive::<Cube>()
+                    .ok()
+            })
+            .flatten()
+            .map(into_contiguous)
+    };
+    Some((label(targets)?, label(weights)?))
 }
 
 /// Row `row`'s class and weight: row `b·T + t` reads label `b·(T − 1) + t`; the last position
@@ -176,6 +214,16 @@ fn forward(
     targets: CubeTensor,
     weights: CubeTensor,
 ) -> (CubeTensor, CubeTensor) {
+    let (nll, lse) = rows_forward(logits, targets, weights);
+    (Cube::float_sum(nll), lse)
+}
+
+/// The `[B·T]` weighted NLLs and log-sum-exps: one launch.
+fn rows_forward(
+    logits: CubeTensor,
+    targets: CubeTensor,
+    weights: CubeTensor,
+) -> (CubeTensor, CubeTensor) {
     let shape = logits.meta.shape().clone();
     let rows = shape[0] * shape[1];
     let (client, device) = (logits.client.clone(), logits.device.clone());
@@ -198,7 +246,7 @@ fn forward(
         );
     }
     count_launch();
-    (Cube::float_sum(nll), lse)
+    (nll, lse)
 }
 
 fn backward(
