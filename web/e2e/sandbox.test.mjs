@@ -2,7 +2,8 @@
 // driven by playwright-core; no browser download). Serves web/dist, then checks: the page
 // renders; turning NF4 on lowers a block's predicted weight bytes by the ratio napkin math
 // gives; checkpointing draws each block's recomputed activations as an outline, with the
-// numbers `napkin estimate --json` gives; a run in the page trains a tiny Llama with falling losses and shows measured
+// numbers `napkin estimate --json` gives; DPO's reference forward appears in the timeline;
+// a run in the page trains a tiny Llama with falling losses and shows measured
 // per-layer numbers beside the predictions; a dropped config.json and a `napkin measure`
 // report and a `napkin train` run's metrics.jsonl load (its curves drawn with axes); the
 // exercise mode checks an answer; no request leaves 127.0.0.1 and the CSP
@@ -199,6 +200,22 @@ try {
   await page.waitForSelector('#layer-chart rect.k-recomputed', { state: 'detached' });
   const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
   assert.equal(recipes, 9, 'one precision-table row per recipe');
+
+  step('DPO replays its reference forward; ORPO none; the PyTorch profile is not drawn for them');
+  const timelineLabels = () => page.$$eval('#timeline-table tbody tr th', (ths) => ths.map((th) => th.textContent));
+  assert.ok(!(await timelineLabels()).some((l) => l.startsWith('reference.')), 'no reference for SFT');
+  await page.selectOption('#objective', 'dpo');
+  await page.waitForFunction(() => [...document.querySelectorAll('#timeline-table tbody tr th')]
+    .some((th) => th.textContent === 'reference.logits'));
+  // SmolLM2-135M has 30 blocks: one reference event each, then its logits.
+  assert.equal((await timelineLabels()).filter((l) => l.startsWith('reference.')).length, 31);
+  await page.check('#compare-pytorch');
+  assert.equal(await page.$('#pytorch'), null, 'no PyTorch profile for a DPO step');
+  await page.uncheck('#compare-pytorch');
+  await page.selectOption('#objective', 'orpo');
+  await page.waitForFunction(() => ![...document.querySelectorAll('#timeline-table tbody tr th')]
+    .some((th) => th.textContent.startsWith('reference.')));
+  await page.selectOption('#objective', 'sft');
 
   step('a refused number is named under the controls, not ignored');
   await page.fill('#seq', '1');

@@ -4,7 +4,7 @@
 //! tested natively.
 
 use napkin_core::config::{
-    AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+    AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, ObjectiveKind, OptimizerKind,
 };
 use napkin_core::exercises::SandboxSettings;
 use napkin_core::predict::inventory::Scenario;
@@ -70,9 +70,12 @@ pub struct SandboxState {
     pub attention: AttentionKind,
     /// Micro-batches per optimizer step.
     pub accumulation: usize,
-    /// B.
+    /// What the step minimises: supervised, or DPO / ORPO on preference pairs.
+    #[serde(default)]
+    pub objective: ObjectiveKind,
+    /// B (with a preference objective: pairs).
     pub micro_batch: usize,
-    /// T.
+    /// T (with a preference objective: each sequence of a pair).
     pub seq_len: usize,
     /// The optimizer.
     pub optimizer: OptimizerKind,
@@ -104,6 +107,7 @@ impl Default for SandboxState {
             checkpointing: false,
             attention: AttentionKind::Eager,
             accumulation: 1,
+            objective: ObjectiveKind::Sft,
             micro_batch: 1,
             seq_len: 256,
             optimizer: OptimizerKind::AdamW,
@@ -145,6 +149,8 @@ pub enum Action {
     SetAttention(AttentionKind),
     /// Accumulation steps (at least 1).
     SetAccumulation(usize),
+    /// The objective (DPO turns LoRA on: its reference is the base with the adapters off).
+    SetObjective(ObjectiveKind),
     /// Micro-batch (at least 1).
     SetMicroBatch(usize),
     /// Sequence length (2 … the model's maximum).
@@ -214,7 +220,18 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
                 s.alpha = a;
             }
         }
-        Action::SetLora(on) => s.lora = on,
+        Action::SetLora(on) => {
+            s.lora = on;
+            // Without adapters DPO's reference would be a second copy of every weight, which
+            // napkin does not keep (the trainer refuses it): back to supervised.
+            if !on && s.objective.has_reference() {
+                s.objective = ObjectiveKind::Sft;
+            }
+        }
+        Action::SetObjective(objective) => {
+            s.objective = objective;
+            s.lora |= objective.has_reference();
+        }
         Action::SetRank(r) => s.rank = r.clamp(1, MAX_RANK),
         Action::SetNf4(on) => {
             s.nf4 = on;
@@ -255,6 +272,7 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
                 Action::SetMicroBatch(x.micro_batch),
                 Action::SetSeqLen(x.seq_len),
                 Action::SetAccumulation(x.accumulation),
+                Action::SetObjective(x.objective),
                 Action::SetGpus(x.gpus),
             ] {
                 next = reduce(&next, action);
@@ -302,6 +320,7 @@ impl SandboxState {
         StepSettings {
             micro_batch: self.micro_batch,
             seq_len: self.seq_len,
+            objective: self.objective,
             lora_r: if self.lora { self.rank } else { 0 },
             lora_alpha: Some(self.alpha),
             lora_targets: self.lora_targets.clone(),
@@ -368,6 +387,12 @@ impl SandboxState {
         }
     }
 
+    /// Whether the PyTorch profile is drawn: on request, for a supervised step (it replays
+    /// transformers' step, not TRL's preference trainers).
+    pub fn pytorch_shown(&self) -> bool {
+        self.compare_pytorch && !self.objective.is_preference()
+    }
+
     /// Everything the charts need.
     pub fn view(&self) -> View {
         let scenario = self.scenario();
@@ -404,10 +429,10 @@ impl SandboxState {
             fits: per_gpu as f64 <= device.memory,
             time,
             device,
-            pytorch: self.compare_pytorch.then(|| {
+            pytorch: self.pytorch_shown().then(|| {
                 napkin_core::predict::pytorch::predict(&scenario.config, &self.pytorch_setup())
             }),
-            pytorch_process: self.compare_pytorch.then(|| {
+            pytorch_process: self.pytorch_shown().then(|| {
                 device_process::replay(
                     &scenario.config,
                     &self.pytorch_setup(),
@@ -439,6 +464,10 @@ mod tests {
             Action::SetNf4(true),
             Action::SetLora(true),
             Action::SetLora(false),
+            Action::SetObjective(ObjectiveKind::Dpo),
+            Action::SetLora(false),
+            Action::SetObjective(ObjectiveKind::Orpo),
+            Action::SetLora(false),
         ];
         let mut s = SandboxState::default();
         for action in extremes {
@@ -446,6 +475,32 @@ mod tests {
             let settings = s.settings();
             assert!(settings.check().is_ok(), "{settings:?}");
         }
+    }
+
+    /// DPO needs the adapters (its reference is the base with them off): choosing it turns
+    /// LoRA on, and turning LoRA off goes back to supervised; ORPO keeps either. A preference
+    /// step runs pair rows of twice the sequence, DPO's with a reference forward of its own,
+    /// and the PyTorch profile (transformers' supervised step) is not drawn for it.
+    #[test]
+    fn the_objective_control_keeps_dpo_on_adapters() {
+        let s = reduce(&SandboxState::default(), Action::SetLora(false));
+        let dpo = reduce(&s, Action::SetObjective(ObjectiveKind::Dpo));
+        assert!(dpo.lora);
+        assert_eq!(dpo.scenario().seq_len, 2 * dpo.seq_len);
+        let off = reduce(&dpo, Action::SetLora(false));
+        assert_eq!((off.objective, off.lora), (ObjectiveKind::Sft, false));
+        let orpo = reduce(&s, Action::SetObjective(ObjectiveKind::Orpo));
+        assert!(!orpo.lora && orpo.settings().check().is_ok());
+        let compare = reduce(&dpo, Action::SetComparePyTorch(true));
+        assert!(compare.view().pytorch.is_none());
+        let labels: Vec<String> = dpo
+            .view()
+            .report
+            .timeline
+            .into_iter()
+            .map(|e| e.label)
+            .collect();
+        assert!(labels.iter().any(|l| l == "reference.logits"), "{labels:?}");
     }
 
     /// The PyTorch comparison appears only when asked for; QLoRA with checkpointing is far

@@ -1,8 +1,8 @@
 //! A control for every trick: model, LoRA (r, α), NF4 and double quantization, gradient
-//! checkpointing, accumulation, micro-batch, sequence length, optimizer, GPUs and sharding,
-//! optimizer offload, and the target device.
+//! checkpointing, accumulation, micro-batch, sequence length, the objective (SFT, DPO, ORPO),
+//! optimizer, GPUs and sharding, optimizer offload, and the target device.
 
-use napkin_core::config::{AttentionKind, LlamaConfig, LoraTarget, OptimizerKind};
+use napkin_core::config::{AttentionKind, LlamaConfig, LoraTarget, ObjectiveKind, OptimizerKind};
 use napkin_core::predict::sharding::Strategy;
 use napkin_core::predict::time::device_presets;
 use web_sys::{HtmlInputElement, HtmlSelectElement};
@@ -92,6 +92,20 @@ const STRATEGIES: [(Strategy, &str, &str); 8] = [
     (Strategy::HybridShard, "hybrid", "FSDP HYBRID_SHARD"),
 ];
 
+const OBJECTIVES: [(ObjectiveKind, &str, &str); 3] = [
+    (
+        ObjectiveKind::Sft,
+        "sft",
+        "SFT (the replies' cross-entropy)",
+    ),
+    (
+        ObjectiveKind::Dpo,
+        "dpo",
+        "DPO (pairs; a reference forward, adapters off)",
+    ),
+    (ObjectiveKind::Orpo, "orpo", "ORPO (pairs; no reference)"),
+];
+
 const OPTIMIZERS: [(OptimizerKind, &str, &str); 3] = [
     (OptimizerKind::AdamW, "adamw", "AdamW (8 B/param of state)"),
     (
@@ -158,6 +172,15 @@ pub fn controls(props: &ControlsProps) -> Html {
                 { number("accum", "gradient accumulation steps", s.accumulation.to_string(), "1", on_number(d, "gradient accumulation steps", Accepts::WholeFrom(1), |v| Action::SetAccumulation(v as usize))) }
             </fieldset>
             <fieldset>
+                <legend>{ "Objective" }</legend>
+                <select id="objective" aria-label="objective" onchange={on_select(d, |v| OBJECTIVES.iter().find(|o| o.1 == v).map(|o| Action::SetObjective(o.0)))}>
+                    { for OBJECTIVES.iter().map(|(k, v, l)| option(v, l, *k == s.objective)) }
+                </select>
+                if s.objective.is_preference() {
+                    <p class="note">{ "B counts pairs and T each sequence: a pair is one row of its chosen and rejected sequences (up to 2T)." }</p>
+                }
+            </fieldset>
+            <fieldset>
                 <legend>{ "Optimizer" }</legend>
                 <select id="optimizer" aria-label="optimizer" onchange={on_select(d, |v| OPTIMIZERS.iter().find(|o| o.1 == v).map(|o| Action::SetOptimizer(o.0)))}>
                     { for OPTIMIZERS.iter().map(|(k, v, l)| option(v, l, *k == s.optimizer)) }
@@ -166,7 +189,7 @@ pub fn controls(props: &ControlsProps) -> Html {
             </fieldset>
             <fieldset>
                 <legend>{ "Compare" }</legend>
-                { checkbox("compare-pytorch", "the same step in PyTorch (transformers + peft + bitsandbytes on CUDA)", s.compare_pytorch, on_check(d, Action::SetComparePyTorch)) }
+                { checkbox("compare-pytorch", "the same step in PyTorch (transformers + peft + bitsandbytes on CUDA; supervised steps)", s.compare_pytorch, on_check(d, Action::SetComparePyTorch)) }
             </fieldset>
             <fieldset>
                 <legend>{ "Hardware" }</legend>

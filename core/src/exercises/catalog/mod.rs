@@ -3,7 +3,8 @@
 //! course walks them: `bytes_per_parameter` (a dtype, full fine-tuning, mixed precision),
 //! `lora`, `quantization` (NF4 and QLoRA), `activations` (and checkpointing, efficient
 //! attention), `accumulation`, `optimizer_state` (8-bit AdamW, FP8), `logits`, `time` (the
-//! roofline), `many_gpus` (ZeRO, FSDP), `offload`, `will_it_fit`. This file holds what they
+//! roofline), `many_gpus` (ZeRO, FSDP), `offload`, `will_it_fit`, `preference` (DPO's
+//! reference, DPO against ORPO). This file holds what they
 //! share: the drawn instance, the seeded draw, the presets and the answer helpers.
 
 mod accumulation;
@@ -14,6 +15,7 @@ mod lora;
 mod many_gpus;
 mod offload;
 mod optimizer_state;
+mod preference;
 mod quantization;
 mod time;
 mod will_it_fit;
@@ -46,6 +48,9 @@ pub struct SandboxSettings {
     pub seq_len: usize,
     /// Accumulation steps.
     pub accumulation: usize,
+    /// What the step minimises (with a preference objective `micro_batch` counts pairs and
+    /// `seq_len` each of their sequences).
+    pub objective: crate::config::ObjectiveKind,
     /// GPUs.
     pub gpus: u64,
     /// Device preset id, when the question names one.
@@ -186,6 +191,7 @@ pub fn catalog() -> Vec<Exercise> {
         many_gpus::exercises(),
         offload::exercises(),
         will_it_fit::exercises(),
+        preference::exercises(),
     ]
     .into_iter()
     .flatten()
