@@ -471,7 +471,8 @@ pub struct TrainArgs {
     pub chat_format: Option<BuiltInChat>,
     /// Continue training this LoRA adapter (a peft folder: a finished run's OUT, say); its
     /// rank, alpha and targets become the run's. Under --objective dpo it is also the
-    /// reference (TRL's rule; alias --ref-from-adapter); without it the reference is the base.
+    /// reference, frozen (alias --ref-from-adapter; TRL's ref_adapter_name with the adapter loaded
+    /// twice); without it the reference is the base.
     #[arg(long, value_name = "DIR", alias = "ref-from-adapter")]
     pub adapter: Option<PathBuf>,
     /// LoRA rank (0: full fine-tuning).

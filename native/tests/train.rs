@@ -901,6 +901,20 @@ fn preference_runs_write_trls_metrics_and_refuse_bad_input() {
     );
     let report = std::fs::read_to_string(dpo.0.join("report.html")).unwrap();
     assert!(report.contains("Reward accuracy"));
+    // From that adapter (--ref-from-adapter): it is the policy's start and the reference, so
+    // the first step is log 2 again, though the adapter is no longer zero.
+    let again = Scratch::new("dpo-again");
+    let mut args = base(&again.0, "dpo");
+    args.extend(["--nf4", "--ref-from-adapter", dpo.0.to_str().unwrap()].map(String::from));
+    let i = args.iter().position(|a| a == "--steps").unwrap();
+    args[i + 1] = "1".into();
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let first = metrics(&again.0)
+        .iter()
+        .find_map(|l| l["loss"].as_f64())
+        .unwrap();
+    assert!((first - std::f64::consts::LN_2).abs() < 1e-6, "{first}");
 
     let orpo = Scratch::new("orpo");
     let (ok, stderr) = run(&base(&orpo.0, "orpo"));
@@ -967,6 +981,7 @@ fn the_example_configs_parse_and_the_cpu_one_runs() {
     assert_eq!(
         names,
         [
+            "dpo-smollm2-cpu.toml",
             "full-ft-smollm2-cpu.toml",
             "lora-tinyllama-gpu.toml",
             "qlora-smollm2-cpu.toml"

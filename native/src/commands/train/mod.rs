@@ -283,7 +283,11 @@ fn data_summary(trainer: &Trainer) -> String {
         };
         text.push_str(&format!(
             "\nheld out: {} ({source}), {} per evaluation, {}",
-            plural(d.held_out_samples, "sample", "samples"),
+            if c.objective.is_preference() {
+                plural(d.held_out_samples, "pair", "pairs")
+            } else {
+                plural(d.held_out_samples, "sample", "samples")
+            },
             plural(d.held_out_batches, "micro-batch", "micro-batches"),
             match c.eval_every {
                 0 => "after the last step".to_string(),
