@@ -40,6 +40,7 @@ const PROMISED: [&[&str]; 2] = [
         "nk-gqa4-qv",
         "nk-hd64",
         "nk-mqa-odd",
+        "nk-peft-init",
         "nk-qwen2",
         "nk-qwen3",
     ],
@@ -73,6 +74,24 @@ pub fn model_dirs() -> Vec<PathBuf> {
     }
     dirs.sort_by_key(|p| p.file_name().map(|n| n.to_os_string()));
     dirs
+}
+
+/// The model the tests that need a single one run on: napkin's own GQA 4:1 fixture, untied,
+/// with peft's default q,v adapter (the model that sorted first before any test named one).
+pub const ONE_MODEL: &str = "nk-gqa4-qv";
+
+/// The promised model folder `name` (from either root's list), for a test that needs one
+/// model rather than every one: named, so that a further folder in the fixture root (which
+/// may sort first) never changes what such a test runs on.
+pub fn model_dir(name: &str) -> PathBuf {
+    assert!(
+        PROMISED.iter().any(|names| names.contains(&name)),
+        "`{name}` is not a promised fixture model"
+    );
+    model_dirs()
+        .into_iter()
+        .find(|p| p.file_name() == Some(std::ffi::OsStr::new(name)))
+        .unwrap_or_else(|| panic!("the fixture model `{name}` is missing"))
 }
 
 /// Every NF4 case under `<root>/nf4` of the fixture root and of napkin's own fixtures: (case

@@ -10,7 +10,7 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::io::safetensors::SafetensorsCheckpoint;
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
-use napkin_tests::{fixture_root, max_errors, model_dirs};
+use napkin_tests::{ONE_MODEL, fixture_root, max_errors, model_dir};
 use safetensors::Dtype;
 
 /// A scratch folder removed at the end of the test.
@@ -89,7 +89,7 @@ fn logits_of(dir: &Path) -> Vec<f32> {
 
 #[test]
 fn sharded_checkpoint_loads_identically_to_the_single_file() {
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let scratch = Scratch::new("sharded");
     std::fs::copy(dir.join("config.json"), scratch.0.join("config.json")).unwrap();
     let tensors = read_all(dir);
@@ -125,7 +125,7 @@ fn sharded_checkpoint_loads_identically_to_the_single_file() {
 
 #[test]
 fn bf16_and_f16_checkpoints_load_within_their_precision() {
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let want = logits_of(dir);
     for (dtype, tol) in [(Dtype::BF16, 5e-2), (Dtype::F16, 5e-3)] {
         let scratch = Scratch::new(&format!("{dtype:?}"));
@@ -138,7 +138,7 @@ fn bf16_and_f16_checkpoints_load_within_their_precision() {
 
 #[test]
 fn missing_extra_and_misshaped_tensors_are_typed_errors() {
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let config = LlamaConfig::from_hf_file(&dir.join("config.json")).unwrap();
     let tensors = read_all(dir);
     let victim = "model.layers.0.self_attn.k_proj.weight";
@@ -200,7 +200,7 @@ fn missing_extra_and_misshaped_tensors_are_typed_errors() {
 
 #[test]
 fn truncated_safetensors_file_is_a_typed_error() {
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let scratch = Scratch::new("truncated");
     std::fs::copy(dir.join("config.json"), scratch.0.join("config.json")).unwrap();

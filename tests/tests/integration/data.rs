@@ -16,12 +16,12 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::kernels::values::{scalar, to_f32_vec};
 use napkin_core::model::{IGNORE_INDEX, Llama, TokenBatch, causal_lm_loss};
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_tests::model_dirs;
+use napkin_tests::{ONE_MODEL, model_dir};
 
 use super::smollm2::smollm2_path;
 
 fn tiny_model() -> Llama {
-    load_hf_llama(&model_dirs()[0], &DeviceKind::Cpu.open().unwrap()).unwrap()
+    load_hf_llama(&model_dir(ONE_MODEL), &DeviceKind::Cpu.open().unwrap()).unwrap()
 }
 
 /// Each run of learned labels of `sample`, decoded.

@@ -9,7 +9,7 @@ use napkin_core::io::gguf::llama::{gguf_name, permute_rows};
 use napkin_core::io::{load_hf_llama, load_model};
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::TokenBatch;
-use napkin_tests::{GgufTestValue, model_dirs, write_gguf};
+use napkin_tests::{GgufTestValue, ONE_MODEL, model_dir, model_dirs, write_gguf};
 
 /// The fixture model as llama.cpp's converter would write it (F32): arch `llama` with Q and K
 /// rows permuted, or a Qwen2 / Qwen3 as arch `qwen2` / `qwen3` with HF's rows (what its
@@ -113,7 +113,7 @@ fn gguf_of_a_fixture_model_loads_to_the_same_logits() {
 #[test]
 fn malformed_gguf_files_are_typed_errors() {
     let device = DeviceKind::Cpu.open().unwrap();
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let path = std::env::temp_dir().join(format!("napkin-bad-{}.gguf", std::process::id()));
     fixture_as_gguf(dir, &path);
     let good = std::fs::read(&path).unwrap();

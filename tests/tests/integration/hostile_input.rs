@@ -13,7 +13,7 @@ use napkin_core::device::DeviceKind;
 use napkin_core::exercises::{check, instance};
 use napkin_core::io::load_model;
 use napkin_core::tokenizer::TextTokenizer;
-use napkin_tests::{fixture_root, model_dirs};
+use napkin_tests::{ONE_MODEL, fixture_root, model_dir};
 
 use super::gguf_files::fixture_as_gguf;
 
@@ -137,7 +137,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn mutated_model_files_never_panic() {
     let device = DeviceKind::Cpu.open().unwrap();
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let work = scratch("models");
 
     // GGUF: header (metadata, tensor infos) is the first few KiB.

@@ -10,7 +10,7 @@ use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::Llama;
 use napkin_core::model::autocast::autocast;
 use napkin_core::train::{StepOptions, forward_backward, trainable_ids};
-use napkin_tests::{Reference, input_batch, model_dirs};
+use napkin_tests::{ONE_MODEL, Reference, input_batch, model_dir, model_dirs};
 
 fn lora_model_on_flex(dir: &std::path::Path) -> Llama {
     let device = DeviceKind::Flex.open().unwrap().autodiff();
@@ -92,7 +92,7 @@ fn half_precision_moves_results_by_its_rounding_only() {
 
 #[test]
 fn a_loss_scale_is_undone_exactly_in_f32() {
-    let dir = &model_dirs()[0];
+    let dir = &model_dir(ONE_MODEL);
     let model = lora_model_on_flex(dir);
     let batch = fixture_batch(dir);
     let (loss1, grads1) = loss_and_grads(&model, &batch, None, 1.0);

@@ -15,7 +15,7 @@ use napkin_core::train::{
     AdamWConfig, Optimizer, OptimizerConfig, OptimizerKind, ParamGrads, StepOptions,
     forward_backward, trainable_ids,
 };
-use napkin_tests::{Reference, input_batch, model_dirs};
+use napkin_tests::{Reference, input_batch, model_dir};
 
 /// The tiny SmolLM2-shaped fixture with fresh LoRA adapters of rank `r` (seeded).
 fn tiny_smol_with_lora(r: usize) -> (Llama, MicroBatch) {
@@ -24,10 +24,7 @@ fn tiny_smol_with_lora(r: usize) -> (Llama, MicroBatch) {
 
 /// [`tiny_smol_with_lora`] on the backend `kind`.
 fn tiny_smol_with_lora_on(r: usize, kind: DeviceKind) -> (Llama, MicroBatch) {
-    let dir = model_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("tiny-smol"))
-        .expect("tiny-smol fixture");
+    let dir = model_dir("tiny-smol");
     let device = kind.open().unwrap().autodiff();
     device.seed(11);
     let lora = LoraConfig {
