@@ -488,6 +488,11 @@ pub struct TrainArgs {
     /// rsLoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (peft's use_rslora).
     #[arg(long)]
     pub rslora: bool,
+    /// DoRA (peft's use_dora): a trainable magnitude per output row of each adapted linear,
+    /// over the direction of the adapted weight; each forward reads the dense weight for its
+    /// row norms.
+    #[arg(long)]
+    pub dora: bool,
     /// The adapted linears: all-linear or a list such as q,v (q, k, v, o, gate, up, down;
     /// Phi-3's qkv_proj and gate_up_proj name their parts).
     #[arg(long, value_name = "LIST", visible_alias = "targets",
@@ -789,6 +794,10 @@ pub struct ScenarioArgs {
     /// r 16; it changes no byte or FLOP.
     #[arg(long)]
     pub lora_alpha: Option<f64>,
+    /// With --lora-r: DoRA (peft's use_dora), a trainable magnitude per output row of each
+    /// adapted linear. napkin's engine only.
+    #[arg(long)]
+    pub dora: bool,
     /// With --lora-r: the adapted linears, all-linear or a list such as q,v (peft's default
     /// for Llama), for both engines.
     #[arg(

@@ -958,6 +958,81 @@ fn preference_runs_write_trls_metrics_and_refuse_bad_input() {
     assert!(!ok && stderr.contains("--objective"), "{stderr}");
 }
 
+/// `--dora` as a user runs it: QLoRA with DoRA, dropout and checkpointing for 4 steps; the
+/// adapter is peft's DoRA format (`use_dora`, a magnitude per adapted linear); `eval --adapter`
+/// (the float model on the NF4 base the run trained on) and the merged folder score the
+/// held-out text as the run's last evaluation did.
+#[test]
+fn a_dora_run_writes_peft_dora_and_scores_as_it_trained() {
+    let out = Scratch::new("dora");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let held_out = "Capital letters: GRADIENT. The capital of Peru is Lima.";
+    let eval_file = out.0.join("held-out.txt");
+    std::fs::write(&eval_file, held_out).unwrap();
+    let run_dir = out.0.join("run");
+    let mut args = train_args(&run_dir, 4);
+    args.extend(
+        [
+            "--dora",
+            "--checkpointing",
+            "--eval-data",
+            eval_file.to_str().unwrap(),
+            "--merge",
+        ]
+        .map(String::from),
+    );
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    let trained = eval_losses(&run_dir).last().unwrap().1;
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["use_dora"], true);
+    let tensors =
+        napkin_core::io::SafetensorsCheckpoint::open(&run_dir.join("adapter_model.safetensors"))
+            .unwrap();
+    let magnitudes = tensors
+        .names()
+        .filter(|n| n.ends_with(".lora_magnitude_vector"))
+        .count();
+    let pairs = tensors.names().filter(|n| n.contains(".lora_A.")).count();
+    assert!(
+        magnitudes > 0 && magnitudes == pairs,
+        "{magnitudes} vs {pairs}"
+    );
+    let f = fixtures();
+    let scored = |model: &Path, adapter: Option<&Path>| -> f64 {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_napkin"));
+        cmd.args([
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--text",
+            held_out,
+            "--json",
+        ]);
+        if let Some(a) = adapter {
+            cmd.args(["--adapter", a.to_str().unwrap()]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["loss"].as_f64().unwrap()
+    };
+    let with_adapter = scored(&f.join("tiny-smol"), Some(&run_dir));
+    assert!(
+        (with_adapter - trained).abs() < 1e-5 * trained,
+        "eval --adapter {with_adapter} vs the run's last evaluation {trained}"
+    );
+    let merged = scored(&run_dir.join("merged"), None);
+    assert!(
+        (merged - trained).abs() < 1e-4 * trained,
+        "the merged folder {merged} vs {trained}"
+    );
+}
+
 /// Every shipped example configuration parses as a run's settings and passes the checks that
 /// need no model; the CPU QLoRA one runs a step from the repository root as its comment says
 /// (its model is the GGUF `scripts/fetch/smollm2.sh` fetches).

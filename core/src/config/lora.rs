@@ -139,6 +139,9 @@ pub struct LoraConfig {
     pub targets: Vec<LoraTarget>,
     /// Rank-stabilised scaling α/√r.
     pub use_rslora: bool,
+    /// DoRA: a trainable magnitude per output row over the adapted weight's direction.
+    #[serde(default)]
+    pub use_dora: bool,
 }
 
 impl Default for LoraConfig {
@@ -149,6 +152,7 @@ impl Default for LoraConfig {
             dropout: 0.0,
             targets: LoraTarget::ALL.to_vec(),
             use_rslora: false,
+            use_dora: false,
         }
     }
 }
@@ -189,14 +193,16 @@ impl LoraConfig {
         Ok(())
     }
 
-    /// Trainable values of these adapters on a model: r·(in + out) per adapted linear.
+    /// Trainable values of these adapters on a model: r·(in + out) per adapted linear, and
+    /// with DoRA its `out` magnitudes.
     pub fn trainable_parameters(&self, model: &super::LlamaConfig) -> u64 {
+        let magnitude = usize::from(self.use_dora);
         let per_block: usize = model
             .block_linears()
             .iter()
             .zip(LoraTarget::ALL)
             .filter(|(_, t)| self.targets(*t))
-            .map(|(&(_, out, inp), _)| self.r * (out + inp))
+            .map(|(&(_, out, inp), _)| self.r * (out + inp) + magnitude * out)
             .sum();
         (per_block * model.num_hidden_layers) as u64
     }

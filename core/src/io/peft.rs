@@ -1,10 +1,12 @@
 //! peft's LoRA adapter format, in and out: `adapter_config.json` + `adapter_model.safetensors`
 //! with keys `base_model.model.<module path>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
-//! (`[out, r]`), so adapters move between napkin and the Python ecosystem unchanged.
+//! (`[out, r]`), and with DoRA (`use_dora`) `.lora_magnitude_vector` (`[out]`), so adapters
+//! move between napkin and the Python ecosystem unchanged.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use burn::tensor::Tensor;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
@@ -18,10 +20,23 @@ use crate::kernels::values::to_f32_vec;
 use crate::model::Llama;
 use crate::model::apply_tricks::matrix;
 use crate::model::lora::LoraAdapter;
-use crate::model::quantized_llama::QuantizedLlama;
+use crate::model::quantized_llama::{AdapterValues, QuantizedLlama};
 
 /// The prefix peft puts before the HF module path.
 pub const PEFT_PREFIX: &str = "base_model.model.";
+
+/// The suffix of a DoRA magnitude's key (peft writes it without `.weight`).
+pub const MAGNITUDE: &str = ".lora_magnitude_vector";
+
+/// One linear's adapter as read: A `[r, in]`, B `[out, r]`, rank, scaling, and DoRA's
+/// magnitude `[out]`.
+struct ReadAdapter {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    rank: usize,
+    scaling: f64,
+    magnitude: Option<Vec<f32>>,
+}
 
 /// Refuses an adapter file holding tensors beyond the `used` ones that were read.
 fn refuse_unused_tensors(
@@ -35,7 +50,7 @@ fn refuse_unused_tensors(
     }
     let extra: Vec<&str> = checkpoint
         .names()
-        .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B."))
+        .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B.") && !n.ends_with(MAGNITUDE))
         .take(5)
         .collect();
     Err(Error::UnexpectedTensors {
@@ -65,7 +80,7 @@ pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<Lor
                 Some((_, shape)) if shape.len() == 2 => [shape[0], shape[1]],
                 _ => return Err(Error::Internal(format!("no shape for `{weight}`"))),
             };
-            let (a, b, rank, scaling) = read_adapter(
+            let read = read_adapter(
                 &checkpoint,
                 &json,
                 &config,
@@ -74,16 +89,26 @@ pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<Lor
                 [out, inp],
                 &mut used,
             )?;
-            model.attach_lora(layer, target, &a, &b, rank, scaling as f32)?;
+            model.attach_lora(
+                layer,
+                target,
+                &AdapterValues {
+                    a: &read.a,
+                    b: &read.b,
+                    rank: read.rank,
+                    scale: read.scaling as f32,
+                    magnitude: read.magnitude.as_deref(),
+                },
+            )?;
         }
     }
     refuse_unused_tensors(&checkpoint, used.len(), &file)?;
     Ok(config)
 }
 
-/// The adapter of the linear at `path` (`[out, inp]`): A, B, its rank and scaling, its keys
-/// added to `used`. A part of Phi-3's fused module reads the fused adapter: A whole, the
-/// part's rows of B (`peft_fused.rs`).
+/// The adapter of the linear at `path` (`[out, inp]`), its keys added to `used`. A part of
+/// Phi-3's fused module reads the fused adapter: A whole, the part's rows of B
+/// (`peft_fused.rs`); DoRA is refused there.
 fn read_adapter(
     checkpoint: &SafetensorsCheckpoint,
     json: &Value,
@@ -92,8 +117,13 @@ fn read_adapter(
     path: &str,
     [out, inp]: [usize; 2],
     used: &mut std::collections::BTreeSet<String>,
-) -> Result<(Vec<f32>, Vec<f32>, usize, f64)> {
+) -> Result<ReadAdapter> {
     let part = model.stored_rows(&format!("{path}.weight"));
+    if part.is_some() && config.use_dora {
+        return Err(Error::Input(format!(
+            "`{path}`: DoRA on Phi-3's fused projections is not supported"
+        )));
+    }
     let (module, rows, total, rank, scaling) = match &part {
         Some(part) => {
             let module = part.tensor.trim_end_matches(".weight").to_string();
@@ -115,12 +145,22 @@ fn read_adapter(
     let b = checkpoint.read_f32(&key("lora_B"), &[total, rank])?;
     used.insert(key("lora_A"));
     used.insert(key("lora_B"));
-    Ok((
+    let magnitude = match config.use_dora {
+        true => {
+            let name = format!("{PEFT_PREFIX}{module}{MAGNITUDE}");
+            let m = checkpoint.read_f32(&name, &[out])?;
+            used.insert(name);
+            Some(m)
+        }
+        false => None,
+    };
+    Ok(ReadAdapter {
         a,
-        b[rows.start * rank..rows.end * rank].to_vec(),
+        b: b[rows.start * rank..rows.end * rank].to_vec(),
         rank,
         scaling,
-    ))
+        magnitude,
+    })
 }
 
 /// Reads `adapter_config.json`.
@@ -169,11 +209,6 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         return Err(err(format!(
             "peft_type `{kind}` is not supported, expected LORA"
         )));
-    }
-    if json.get("use_dora").and_then(Value::as_bool) == Some(true) {
-        return Err(err(
-            "DoRA adapters (`use_dora: true`) are not supported".into()
-        ));
     }
     if let Some(bias) = json.get("bias").and_then(Value::as_str)
         && bias != "none"
@@ -227,6 +262,10 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
             .get("use_rslora")
             .and_then(Value::as_bool)
             .unwrap_or(false),
+        use_dora: json
+            .get("use_dora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     };
     config.validate().map_err(|e| err(e.to_string()))?;
     Ok(config)
@@ -245,7 +284,7 @@ pub fn adapter_config_json(config: &LoraConfig, base: Option<&str>) -> Value {
         "target_modules": targets,
         "bias": "none",
         "use_rslora": config.use_rslora,
-        "use_dora": false,
+        "use_dora": config.use_dora,
         "fan_in_fan_out": false,
         "init_lora_weights": true,
         "inference_mode": true,
@@ -274,7 +313,7 @@ impl Llama {
                 continue;
             }
             let [out, inp] = named.linear.dims();
-            let (a, b, rank, scaling) = read_adapter(
+            let read = read_adapter(
                 &checkpoint,
                 &json,
                 &config,
@@ -283,12 +322,22 @@ impl Llama {
                 [out, inp],
                 &mut used,
             )?;
-            named.linear.lora = Some(LoraAdapter::from_weights(
-                matrix(a, rank, inp, &device),
-                matrix(b, out, rank, &device),
-                scaling,
+            let adapter = LoraAdapter::from_weights(
+                matrix(read.a, read.rank, inp, &device),
+                matrix(read.b, out, read.rank, &device),
+                read.scaling,
                 config.dropout,
-            ));
+            );
+            named.linear.lora = Some(match read.magnitude {
+                Some(m) => {
+                    let weight = named.linear.dense_weight(&device).detach();
+                    adapter.with_dora(
+                        Tensor::from_data(burn::tensor::TensorData::new(m, [out]), &device),
+                        weight.cast(burn::tensor::FloatDType::F32),
+                    )
+                }
+                None => adapter,
+            });
         }
         refuse_unused_tensors(&checkpoint, used.len(), &file)?;
         Ok((model, config))
@@ -316,9 +365,9 @@ impl Llama {
         base: Option<&str>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
-        let mut insert = |name: String, dims: Vec<usize>, values: &[f32]| {
+        let mut insert_key = |key: String, dims: Vec<usize>, values: &[f32]| {
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            tensors.insert(format!("{PEFT_PREFIX}{name}.weight"), (dims, bytes));
+            tensors.insert(key, (dims, bytes));
         };
         for (path, _, adapter) in self.lora_adapters() {
             if self.config.stored_rows(&format!("{path}.weight")).is_some() {
@@ -327,9 +376,25 @@ impl Llama {
             for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
                 let value = param.val();
                 let dims = value.dims().to_vec();
-                insert(format!("{path}.{name}"), dims, &to_f32_vec(value));
+                insert_key(
+                    format!("{PEFT_PREFIX}{path}.{name}.weight"),
+                    dims,
+                    &to_f32_vec(value),
+                );
+            }
+            if let Some(magnitude) = &adapter.magnitude {
+                let value = magnitude.val();
+                let dims = value.dims().to_vec();
+                insert_key(
+                    format!("{PEFT_PREFIX}{path}{MAGNITUDE}"),
+                    dims,
+                    &to_f32_vec(value),
+                );
             }
         }
+        let mut insert = |name: String, dims: Vec<usize>, values: &[f32]| {
+            insert_key(format!("{PEFT_PREFIX}{name}.weight"), dims, values);
+        };
         // Phi-3's fused modules: their parts' adapters stacked, with the stacked rank and α.
         let mut patterns: BTreeMap<String, (usize, f64)> = BTreeMap::new();
         let linears = self.block_linears();

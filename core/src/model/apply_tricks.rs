@@ -143,35 +143,53 @@ impl Llama {
     }
 
     /// Freezes the base and attaches freshly initialised adapters (peft defaults: A
-    /// kaiming-uniform, B = 0) to the targeted linears. Seed with `device.seed(..)` first.
+    /// kaiming-uniform, B = 0) to the targeted linears; with DoRA each magnitude starts at its
+    /// base weight's row norms (NF4: the dequantized weight's), as peft's. Seed with
+    /// `device.seed(..)` first.
     pub fn with_lora(self, config: &LoraConfig) -> Result<Self> {
         config.validate()?;
+        if config.use_dora && self.config.fused_projections {
+            return Err(Error::config(
+                "--dora",
+                "DoRA on a model with fused projections (Phi-3) is not supported",
+            ));
+        }
         let mut model = self.freeze_base();
         let device = model.device();
         for named in model.block_linears_mut() {
             if config.targets(named.target) {
                 let [out, inp] = named.linear.dims();
-                named.linear.lora = Some(LoraAdapter::init(
+                let adapter = LoraAdapter::init(
                     out,
                     inp,
                     config.r,
                     config.scaling(),
                     config.dropout,
                     &device,
-                ));
+                );
+                let adapter = if config.use_dora {
+                    let weight = named.linear.dense_weight(&device).detach();
+                    let weight = weight.cast(FloatDType::F32);
+                    let magnitude = adapter.direct_norm(weight.clone());
+                    adapter.with_dora(magnitude, weight)
+                } else {
+                    adapter
+                };
+                named.linear.lora = Some(adapter);
             }
         }
         Ok(model)
     }
 
-    /// Folds every adapter into its base weight by value, `W ← W + s·B·A`, and returns the
-    /// adapters. An NF4 base becomes dense (the merged weight is not re-quantized).
+    /// Folds every adapter into its base weight by value, `W ← W + s·B·A` (DoRA: each row
+    /// rescaled to its magnitude), and returns the adapters. An NF4 base becomes dense (the
+    /// merged weight is not re-quantized).
     pub fn merge_lora(mut self) -> (Self, DetachedAdapters) {
         let device = self.device();
         let mut detached = Vec::new();
         for named in self.block_linears_mut() {
             if let Some(adapter) = named.linear.lora.take() {
-                let merged = named.linear.dense_weight(&device) + adapter.delta_weight();
+                let merged = adapter.merged_weight(named.linear.dense_weight(&device));
                 named.linear.base =
                     BaseWeight::Dense(Param::from_tensor(merged.detach()).set_require_grad(false));
                 detached.push((named.path, adapter));
@@ -199,6 +217,13 @@ impl Llama {
             adapters.into_iter().collect();
         for named in self.block_linears_mut() {
             if let Some(adapter) = by_path.remove(&named.path) {
+                if adapter.magnitude.is_some() {
+                    // The row norms of the unmerged weight are not in the merged one.
+                    return Err(Error::Input(format!(
+                        "{}: a merged DoRA adapter cannot be taken out again",
+                        named.path
+                    )));
+                }
                 let delta = adapter.delta_weight();
                 if delta.dims() != named.linear.dims() {
                     return Err(Error::Input(format!(
@@ -236,7 +261,9 @@ impl Llama {
             .lora_adapters()
             .iter()
             .map(|(_, _, a)| {
-                (a.lora_a.shape().num_elements() + a.lora_b.shape().num_elements()) as u64
+                let magnitude = a.magnitude.as_ref().map_or(0, |m| m.shape().num_elements());
+                (a.lora_a.shape().num_elements() + a.lora_b.shape().num_elements() + magnitude)
+                    as u64
             })
             .sum();
         if adapters > 0 {

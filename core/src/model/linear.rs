@@ -102,6 +102,17 @@ impl Linear {
         }
     }
 
+    /// `x · Wᵀ` with the base weight alone.
+    ///
+    /// # Shapes
+    /// - `x`: `[N, in]` → `[N, out]`
+    fn base_product(&self, x: Tensor<2>) -> Tensor<2> {
+        match &self.base {
+            BaseWeight::Dense(w) => linear_matmul(x, w.val()),
+            BaseWeight::Nf4(w) => nf4_matmul(x, w),
+        }
+    }
+
     /// # Shapes
     /// - `x`: `[B, T, in]` → `[B, T, out]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
@@ -111,17 +122,19 @@ impl Linear {
         let x = x.reshape([b * t, d_in]); // [B·T, in]
         // Generation's few rows on a GPU: base and adapter in one launch from the codes.
         let fused = match (&self.base, &self.lora) {
-            (BaseWeight::Nf4(w), Some(lora)) => nf4_lora_from_codes(&x, w, lora),
+            (BaseWeight::Nf4(w), Some(lora)) if lora.magnitude.is_none() => {
+                nf4_lora_from_codes(&x, w, lora)
+            }
             _ => None,
         };
         let y = match fused {
             Some(y) => y,
             None => {
-                let y = match &self.base {
-                    BaseWeight::Dense(w) => linear_matmul(x.clone(), w.val()),
-                    BaseWeight::Nf4(w) => nf4_matmul(x.clone(), w),
-                }; // [B·T, out]
+                let y = self.base_product(x.clone()); // [B·T, out]
                 match &self.lora {
+                    Some(lora) if lora.magnitude.is_some() => {
+                        lora.dora_output(y, x, |x| self.base_product(x))
+                    }
                     Some(lora) => lora.add_to(y, x),
                     None => y,
                 }

@@ -64,7 +64,7 @@ impl Llama {
         let linear_value = |linear: &Linear| {
             let weight = linear.dense_weight(&device);
             match (&linear.lora, merge_lora) {
-                (Some(adapter), true) => weight + adapter.delta_weight(),
+                (Some(adapter), true) => adapter.merged_weight(weight),
                 _ => weight,
             }
         };

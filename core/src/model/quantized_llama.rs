@@ -47,7 +47,8 @@ pub struct QuantizedBlockWeights {
     pub down: QuantizedMatrix,
 }
 
-/// A LoRA adapter on one projection, on the host in f32: `y += s·(x·Aᵀ)·Bᵀ`.
+/// A LoRA adapter on one projection, on the host in f32: `y += s·(x·Aᵀ)·Bᵀ`; with DoRA each
+/// output then scaled by its row's `m / ‖W + s·BA‖` (fixed at inference, so computed once).
 #[derive(Debug, Clone)]
 struct HostLora {
     /// `[r, in]`.
@@ -55,10 +56,13 @@ struct HostLora {
     /// `[out, r]`.
     b: QuantizedMatrix,
     scale: f32,
+    /// DoRA's factor per output row, `[out]`.
+    dora: Option<Vec<f32>>,
 }
 
 impl HostLora {
-    /// Adds `s·low·Bᵀ` to `y` (`[T, out]`), given `low = x·Aᵀ` (`[T, r]`).
+    /// Adds `s·low·Bᵀ` to `y` (`[T, out]`), given `low = x·Aᵀ` (`[T, r]`), then applies DoRA's
+    /// factors.
     fn add_from_low_rank(&self, low: &[f32], y: &mut [f32]) {
         let t = low.len() / self.a.rows();
         let mut delta = vec![0.0; t * self.b.rows()]; // [T, out]
@@ -67,7 +71,57 @@ impl HostLora {
         y.iter_mut()
             .zip(&delta)
             .for_each(|(y, d)| *y += self.scale * d);
+        if let Some(factor) = &self.dora {
+            for row in y.chunks_mut(factor.len()) {
+                row.iter_mut().zip(factor).for_each(|(y, f)| *y *= f);
+            }
+        }
     }
+}
+
+/// One projection's adapter as peft stores it (row-major f32): `A` `[r, in]`, `B` `[out, r]`,
+/// its scale (α/r, or α/√r) and DoRA's magnitude `[out]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterValues<'a> {
+    /// `[r, in]`.
+    pub a: &'a [f32],
+    /// `[out, r]`.
+    pub b: &'a [f32],
+    /// r.
+    pub rank: usize,
+    /// α/r or α/√r.
+    pub scale: f32,
+    /// DoRA's `m`, `[out]`.
+    pub magnitude: Option<&'a [f32]>,
+}
+
+/// DoRA's factors `m / ‖W + s·BA‖` of one projection: `weight` `[out, in]` (its rows
+/// dequantized one at a time), `a` `[r, in]`, `b` `[out, r]`, `magnitude` `[out]`.
+fn dora_factors(
+    weight: &QuantizedMatrix,
+    a: &[f32],
+    b: &[f32],
+    r: usize,
+    scale: f32,
+    magnitude: &[f32],
+) -> Vec<f32> {
+    let inp = weight.cols();
+    let mut row = vec![0.0f32; inp];
+    (0..weight.rows())
+        .map(|o| {
+            weight.dequantize_row(o, &mut row);
+            let norm: f64 = row
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| {
+                    let low: f32 = (0..r).map(|k| b[o * r + k] * a[k * inp + i]).sum();
+                    f64::from(w + scale * low).powi(2)
+                })
+                .sum::<f64>()
+                .sqrt();
+            (f64::from(magnitude[o]) / norm) as f32
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -312,17 +366,20 @@ impl QuantizedLlama {
             + norms
     }
 
-    /// Puts a LoRA adapter on one projection of block `layer`: `A` is `[r, in]`, `B` `[out, r]`
-    /// (row-major f32, peft's layout); its output is scaled by `scale` (α/r, or α/√r).
+    /// Puts a LoRA adapter on one projection of block `layer` (see [`AdapterValues`]).
     pub fn attach_lora(
         &mut self,
         layer: usize,
         target: LoraTarget,
-        a: &[f32],
-        b: &[f32],
-        r: usize,
-        scale: f32,
+        adapter: &AdapterValues<'_>,
     ) -> Result<()> {
+        let &AdapterValues {
+            a,
+            b,
+            rank: r,
+            scale,
+            magnitude,
+        } = adapter;
         let c = &self.config;
         let (q_rows, kv_rows) = (
             c.num_attention_heads * c.head_dim,
@@ -354,10 +411,32 @@ impl QuantizedLlama {
             .iter()
             .position(|&t| t == target)
             .unwrap_or(0);
+        let dora = match magnitude {
+            Some(m) if m.len() != out => {
+                return Err(Error::Input(format!(
+                    "{name}: a DoRA magnitude of {} values for {out} rows",
+                    m.len()
+                )));
+            }
+            Some(m) => {
+                let weight = match target {
+                    LoraTarget::QProj => &block.qkv[0],
+                    LoraTarget::KProj => &block.qkv[1],
+                    LoraTarget::VProj => &block.qkv[2],
+                    LoraTarget::OProj => &block.o,
+                    LoraTarget::GateProj => &block.gate_up[0],
+                    LoraTarget::UpProj => &block.gate_up[1],
+                    LoraTarget::DownProj => &block.down,
+                };
+                Some(dora_factors(weight, a, b, r, scale, m))
+            }
+            None => None,
+        };
         block.lora[i] = Some(HostLora {
             a: QuantizedMatrix::from_f32(r, inp, a.to_vec()),
             b: QuantizedMatrix::from_f32(out, r, b.to_vec()),
             scale,
+            dora,
         });
         Ok(())
     }

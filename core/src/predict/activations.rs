@@ -308,9 +308,13 @@ impl Replay {
         let [out, inp] = shape;
         let x = self.merge_rows(x, n, inp); // [B, T, in] → [B·T, in]
         let y = self.product("base_output", x, base, n, shape);
-        let Some((r, _, dropout)) = lora else {
+        let Some((r, _, dropout, dora)) = lora else {
             return self.view(y, 1); // back to [B, T, out]
         };
+        if dora {
+            let y = self.dora(x, y, n, shape, base, r, dropout);
+            return self.view(y, 1);
+        }
         let x = if dropout {
             let mask = self.produce("lora_dropout.mask", Size::rows(n, inp), false);
             let dropped = self.binary("lora_dropout.masked", x, mask, Size::rows(n, inp));
@@ -335,6 +339,53 @@ impl Replay {
     }
 }
 
+impl Replay {
+    /// DoRA's output (`model/lora.rs::dora_output`) for the linear's input `x` and base
+    /// product `y`: the factor `m / ‖W + s·BA‖` (the norm has no graph: the division keeps it),
+    /// the adapter's `x·Aᵀ·Bᵀ` scaled, then `(y + s·low) · factor`, which keeps its `[n, out]`
+    /// left side and the factor. With dropout in training the dropped input's base product is
+    /// added and taken off around it (`y + (x_d·Wᵀ + s·low)·f − x_d·Wᵀ`).
+    #[allow(clippy::too_many_arguments)]
+    fn dora(
+        &mut self,
+        x: Value,
+        y: Value,
+        n: u64,
+        [out, inp]: [u64; 2],
+        base: Weight,
+        r: u64,
+        dropout: bool,
+    ) -> Value {
+        let magnitude = Self::param(true);
+        let norm = self.produce("dora_norm", Size::flat(out), false);
+        let factor = self.binary("dora_factor", magnitude, norm, Size::flat(out));
+        let factor = self.view(factor, 1); // [1, out]
+        let x = if dropout {
+            let mask = self.produce("lora_dropout.mask", Size::rows(n, inp), false);
+            let dropped = self.binary("lora_dropout.masked", x, mask, Size::rows(n, inp));
+            self.stateless("lora_dropout.output", &[dropped], Size::rows(n, inp))
+        } else {
+            x
+        };
+        let trains = Weight::Dense {
+            trainable: true,
+            stored_half: false,
+        };
+        let down = self.product("lora_A.output", x, trains, n, [r, inp]);
+        let up = self.product("lora_B.output", down, trains, n, [out, r]);
+        let low = self.stateless("lora_scaled", &[up], Size::rows(n, out));
+        if !dropout {
+            let sum = self.stateless("dora_sum", &[y, low], Size::rows(n, out));
+            return self.binary("output", sum, factor, Size::rows(n, out));
+        }
+        let dropped_base = self.product("dora_dropped_base", x, base, n, [out, inp]);
+        let sum = self.stateless("dora_sum", &[dropped_base, low], Size::rows(n, out));
+        let scaled = self.binary("dora_scaled", sum, factor, Size::rows(n, out));
+        let with_base = self.stateless("dora_plus_base", &[y, scaled], Size::rows(n, out));
+        self.stateless("output", &[with_base, dropped_base], Size::rows(n, out))
+    }
+}
+
 /// A product's weight: the NF4 base of a block linear, or a dense one (trainable or not;
 /// stored in 16 bits already or not).
 #[derive(Debug, Clone, Copy)]
@@ -343,8 +394,8 @@ enum Weight {
     Dense { trainable: bool, stored_half: bool },
 }
 
-/// (r, in features, dropout > 0) of a linear's adapter.
-type Lora = Option<(u64, u64, bool)>;
+/// (r, in features, dropout > 0, DoRA) of a linear's adapter.
+type Lora = Option<(u64, u64, bool, bool)>;
 
 /// Everything the forward of one micro-batch of `b` rows × `t` tokens keeps for the backward
 /// (blocks, head and loss), in production order.
@@ -395,7 +446,7 @@ pub fn kept_activations(
         trainable
             .lora
             .filter(|l| l.targets(target))
-            .map(|l| (l.r as u64, inp as u64, l.dropout > 0.0))
+            .map(|l| (l.r as u64, inp as u64, l.dropout > 0.0, l.use_dora))
     };
 
     // Per-forward tables: RoPE cos/sin [B, 1, T, Dh] and, for the eager attention, the

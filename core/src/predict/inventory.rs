@@ -313,11 +313,17 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                 && lora.targets(target)
             {
                 let r = lora.r as u64;
-                // A: [r, in], B: [out, r]
+                // A: [r, in], B: [out, r]; DoRA's magnitude: [out]
+                let magnitude = lora
+                    .use_dora
+                    .then_some(("lora_magnitude", Size::flat(rows)));
                 for (part, size) in [
                     ("lora_A", Size::rows(r, cols)),
                     ("lora_B", Size::rows(rows, r)),
-                ] {
+                ]
+                .into_iter()
+                .chain(magnitude)
+                {
                     let adapter = format!("{name}.{part}");
                     out.push(Entry {
                         name: adapter.clone(),
@@ -327,6 +333,17 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
                         phases: Phases::ALWAYS,
                     });
                     trainable(&mut out, &adapter, l, size);
+                }
+                // DoRA keeps the frozen base's squared row norms beside the magnitude, for the
+                // norm without the weight-sized `W + s·BA` (`model/lora.rs`): not trained.
+                if lora.use_dora {
+                    out.push(Entry {
+                        name: format!("{name}.lora_base_row_squares"),
+                        layer: l,
+                        kind: Kind::Adapters,
+                        bytes: f32_bytes(Size::flat(rows)),
+                        phases: Phases::ALWAYS,
+                    });
                 }
             }
         }

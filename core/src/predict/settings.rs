@@ -27,6 +27,8 @@ pub struct StepSettings {
     pub lora_dropout: f64,
     /// rsLoRA's α/√r scale instead of α/r.
     pub rslora: bool,
+    /// DoRA's magnitude vectors on the adapters.
+    pub dora: bool,
     /// The adapted linears.
     pub lora_targets: Vec<LoraTarget>,
     /// The frozen block linears as NF4 (QLoRA with LoRA), with these settings.
@@ -60,6 +62,7 @@ impl Default for StepSettings {
             lora_alpha: None,
             lora_dropout: 0.0,
             rslora: false,
+            dora: false,
             lora_targets: LoraTarget::ALL.to_vec(),
             nf4: None,
             optimizer: OptimizerKind::AdamW,
@@ -83,6 +86,7 @@ impl StepSettings {
             dropout: self.lora_dropout,
             targets: self.lora_targets.clone(),
             use_rslora: self.rslora,
+            use_dora: self.dora,
         })
     }
 
@@ -159,6 +163,12 @@ impl StepSettings {
             return bad(
                 "lora_targets",
                 "LoRA needs at least one target linear".into(),
+            );
+        }
+        if self.dora && self.lora_r == 0 {
+            return bad(
+                "dora",
+                "DoRA is a kind of LoRA adapter: give --lora-r ≥ 1".into(),
             );
         }
         if self.objective.has_reference() && self.lora_r == 0 {

@@ -72,6 +72,23 @@ fn micro_batch_flops(s: &Scenario, weights_train: bool) -> (f64, f64, f64) {
             .map(|(&(_, out, inp), _)| (l.r * (out + inp)) as f64)
             .sum()
     });
+    // DoRA per adapted linear and forward: the norm's `A·Wᵀ` (2·r·in·out, whatever the
+    // tokens); with dropout, the dropped input's base product and its input gradient.
+    let (dora_norms, dora_dropped): (f64, f64) =
+        s.lora
+            .as_ref()
+            .filter(|l| l.use_dora)
+            .map_or((0.0, 0.0), |l| {
+                let adapted = c
+                    .block_linears()
+                    .iter()
+                    .zip(LoraTarget::ALL)
+                    .filter(|(_, target)| l.targets(*target))
+                    .map(|(&(_, out, inp), _)| (out * inp) as f64)
+                    .sum::<f64>();
+                let dropped = if l.dropout > 0.0 { adapted } else { 0.0 };
+                (2.0 * l.r as f64 * adapted, dropped)
+            });
     let full_scores = 4.0 * b * c.num_attention_heads as f64 * t * t * c.head_dim as f64;
     let (attention, attention_backward) = match s.attention {
         AttentionKind::Eager => (full_scores, 2.0 * full_scores),
@@ -80,11 +97,15 @@ fn micro_batch_flops(s: &Scenario, weights_train: bool) -> (f64, f64, f64) {
             (visited, 2.5 * visited)
         }
     };
-    let block_forward = layers * (2.0 * n * (linears + lora) + attention);
+    let block_forward =
+        layers * (2.0 * n * (linears + lora + dora_dropped) + attention + dora_norms);
     let head_forward = 2.0 * n * (c.vocab_size * c.hidden_size) as f64;
     let weight_grads = if weights_train { 1.0 } else { 0.0 };
     let backward = layers
-        * (2.0 * n * linears * (1.0 + weight_grads) + 2.0 * 2.0 * n * lora + attention_backward)
+        * (2.0 * n * linears * (1.0 + weight_grads)
+            + 2.0 * 2.0 * n * lora
+            + 2.0 * n * dora_dropped
+            + attention_backward)
         + head_forward * (1.0 + weight_grads);
     (block_forward, head_forward, backward)
 }

@@ -106,6 +106,9 @@ pub struct TrainConfig {
     /// rsLoRA: scale the adapter output by α / √r instead of α / r (peft's `use_rslora`), so
     /// the update's size stops shrinking as the rank grows.
     pub rslora: bool,
+    /// DoRA (peft's `use_dora`): a trainable magnitude per output row of each adapted linear,
+    /// over the direction of `W + s·BA`.
+    pub dora: bool,
     /// Adapted linears: `all-linear` or a list such as `q,v`.
     #[serde(alias = "targets")]
     pub lora_targets: String,
@@ -194,6 +197,7 @@ impl Default for TrainConfig {
             lora_alpha: 32.0,
             lora_dropout: 0.0,
             rslora: false,
+            dora: false,
             lora_targets: "all-linear".into(),
             nf4: false,
             double_quant: false,
@@ -263,6 +267,7 @@ impl TrainConfig {
             lora_alpha: Some(self.lora_alpha),
             lora_dropout: self.lora_dropout,
             rslora: self.rslora,
+            dora: self.dora,
             lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
             nf4: self.nf4_config(),
             optimizer: self.optimizer,
@@ -389,6 +394,12 @@ impl TrainConfig {
                 "an NF4 base is frozen: QLoRA needs LoRA adapters (--lora-r ≥ 1)".into(),
             );
         }
+        if self.dora && self.lora_r == 0 {
+            return bad(
+                "--dora",
+                "DoRA is a kind of LoRA adapter: give --lora-r ≥ 1".into(),
+            );
+        }
         self.compute_dtype()?;
         if self.steps == Some(0) {
             return bad("--steps", "must be at least 1".into());
@@ -445,6 +456,7 @@ impl TrainConfig {
             self.lora_alpha,
             LoraTarget::parse_list(&self.lora_targets).ok(),
             self.rslora,
+            self.dora,
         );
         let changed = before
             != (
@@ -452,12 +464,19 @@ impl TrainConfig {
                 lora.alpha,
                 Some(lora.targets.clone()),
                 lora.use_rslora,
+                lora.use_dora,
             );
         self.lora_r = lora.r;
         self.lora_alpha = lora.alpha;
         self.lora_targets = targets.clone();
         self.rslora = lora.use_rslora;
-        let rule = |rslora: bool| if rslora { "α/√r" } else { "α/r" };
+        self.dora = lora.use_dora;
+        let rule = |rslora: bool, dora: bool| match (rslora, dora) {
+            (false, false) => "α/r",
+            (true, false) => "α/√r",
+            (false, true) => "α/r with DoRA",
+            (true, true) => "α/√r with DoRA",
+        };
         Ok(changed.then(|| {
             format!(
                 "continuing the adapter in {}: its r {}, α {}, targets {}, scale {} replace the run's r {}, α {}, scale {}",
@@ -465,10 +484,10 @@ impl TrainConfig {
                 lora.r,
                 lora.alpha,
                 targets,
-                rule(lora.use_rslora),
+                rule(lora.use_rslora, lora.use_dora),
                 before.0,
                 before.1,
-                rule(before.3)
+                rule(before.3, before.4)
             )
         }))
     }

@@ -207,7 +207,7 @@ pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<(
     let key = |c: &TrainConfig| {
         (
             (c.model.clone(), c.preset.clone()),
-            c.lora_r,
+            (c.lora_r, c.dora),
             c.lora_targets.clone(),
             c.nf4,
             c.optimizer,
@@ -230,7 +230,7 @@ pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<(
         return Err(Error::config(
             "--resume",
             format!(
-                "the checkpoint in {} was written by a run with other settings (model, LoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs, held-out fraction, objective or beta); use another --out or the same settings",
+                "the checkpoint in {} was written by a run with other settings (model, LoRA, DoRA, NF4, optimizer, batch, sequence length, packing, seed, dtype, data format, train-on-inputs, held-out fraction, objective or beta); use another --out or the same settings",
                 now.out.display()
             ),
         ));

@@ -17,6 +17,11 @@ use napkin_core::train::ComputeDtype;
 use crate::cli::{EstimateArgs, Releases, ScenarioAttention};
 
 pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> {
+    if args.scenario.dora {
+        anyhow::bail!(
+            "--dora with --engine pytorch: the PyTorch profile replays peft's plain LoRA, not its DoRA layers (napkin's own engine predicts DoRA: drop --engine pytorch)"
+        );
+    }
     if args.scenario.objective.is_preference() {
         anyhow::bail!(
             "--objective {} with --engine pytorch: the PyTorch profile replays transformers' supervised step; TRL's DPO and ORPO trainers are not profiled (napkin's own engine is: drop --engine pytorch)",
@@ -78,6 +83,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
                 dropout: p.lora_dropout,
                 targets: LoraTarget::parse_list(&s.lora_targets)?,
                 use_rslora: false,
+                use_dora: false,
             })
         })
         .transpose()?;

@@ -132,11 +132,12 @@ pub(super) fn block_engine(
         let lora = load_lora_quantized(&mut model, dir)
             .with_context(|| format!("loading the adapter in {}", dir.display()))?;
         eprintln!(
-            "adapter {}: r {}, α {}, {} target(s), beside the {}",
+            "adapter {}: r {}, α {}, {} target(s){}, beside the {}",
             dir.display(),
             lora.r,
             lora.alpha,
             lora.targets.len(),
+            if lora.use_dora { ", DoRA" } else { "" },
             if is_gguf && nf4_base.is_none() {
                 "GGUF's blocks"
             } else {

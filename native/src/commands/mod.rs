@@ -61,6 +61,7 @@ impl ScenarioArgs {
             seq_len: self.seq_len,
             objective: self.objective,
             lora_r: self.lora_r,
+            dora: self.dora,
             lora_alpha: self.lora_alpha,
             lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
             nf4: self.nf4(),
@@ -188,11 +189,12 @@ pub fn load_with_adapter(
         .load_lora(dir)
         .with_context(|| format!("loading the adapter in {}", dir.display()))?;
     eprintln!(
-        "adapter {}: r {}, α {}, {} target(s){}",
+        "adapter {}: r {}, α {}, {} target(s){}{}",
         dir.display(),
         lora.r,
         lora.alpha,
         lora.targets.len(),
+        if lora.use_dora { ", DoRA" } else { "" },
         match &nf4 {
             Some(n) => format!(
                 ", on an NF4 base (block {}{}) as trained",

@@ -8,6 +8,7 @@
 //! - `floors`: napkin-core's modules use only the floors below them (ARCHITECTURE.md's order),
 //!   and `kernels/cpu/` and `kernels/gpu/` do not use each other.
 //! - `data`: packing, padding, reply-only labels, JSONL errors, the seeded loader.
+//! - `dora`: DoRA against peft (float and NF4 bases; merge, format, the quantized engine).
 //! - `docs`: README's length and first screen, the book's table of contents, every link.
 //! - `families`: Qwen2 and Qwen3 (and any family in `tests/corpus`'s layout) against
 //!   transformers, llama.cpp's converter and bitsandbytes + peft.
@@ -35,6 +36,7 @@ mod chat_templates;
 mod checkpoints;
 mod data;
 mod docs;
+mod dora;
 mod families;
 mod floors;
 mod gguf_export;

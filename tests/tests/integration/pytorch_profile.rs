@@ -45,6 +45,7 @@ pub(crate) fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
             _ => PyTorchSetup::peft_default_targets(),
         },
         use_rslora: false,
+        use_dora: false,
     });
     let method = match mode {
         "full" => Method::Full,

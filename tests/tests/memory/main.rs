@@ -22,6 +22,7 @@ static ALLOC: CountingAllocator = CountingAllocator;
 
 mod attention;
 mod cuda_pool;
+mod dora;
 mod dropout;
 mod flex_products;
 mod gguf_blocks;
