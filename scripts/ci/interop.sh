@@ -31,6 +31,9 @@ echo "== a short LoRA run on $base, merged in f32"
 echo "== a short rsLoRA run (alpha/sqrt(r), peft's use_rslora)"
 "$napkin" train --model "$base" --data data/napkin-instruct.jsonl --out "$work/rslora" \
     --lora-r 8 --rslora --lr 2e-3 --steps 4 --seq-len 96 --save-every 0 --plain 2>&1 | tail -n 1
+echo "== a short DoRA run (peft's use_dora: a magnitude per output row)"
+"$napkin" train --model "$base" --data data/napkin-instruct.jsonl --out "$work/dora" \
+    --lora-r 8 --dora --lr 2e-3 --steps 4 --seq-len 96 --save-every 0 --plain 2>&1 | tail -n 1
 echo "== exports"
 "$napkin" export --model "$base" --adapter "$work/run" --format gguf --quant f32 \
     --out "$work/merged.f32.gguf"
@@ -39,7 +42,7 @@ echo "== exports"
 echo "== compared"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 TRANSFORMERS_VERBOSITY=error
 .venv/bin/python scripts/reference/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
-    --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora"
+    --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora" --dora-run "$work/dora"
 "${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/reference/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"
 echo "== Phi-3: napkin's merged folder (fused qkv_proj, gate_up_proj) in transformers"
 .venv/bin/python scripts/reference/interop_phi3.py "$napkin"

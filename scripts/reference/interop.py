@@ -7,7 +7,8 @@ napkin's GGUF exports of it, checks that
   - transformers' GGUF loader loads napkin's F32 GGUF export,
 each giving napkin's logits (napkin eval --logits) within 1e-5 of the largest logit (f32
 rounding over 30 blocks; two PyTorch paths differ by as much); and, with `--rslora-run`, that
-peft loads an rsLoRA adapter napkin trained (`use_rslora`, scale α/√r) to napkin's logits too.
+peft loads an rsLoRA adapter napkin trained (`use_rslora`, scale α/√r) to napkin's logits too,
+and with `--dora-run` a DoRA adapter (`use_dora`, its magnitude vectors).
 llama.cpp's check is scripts/reference/interop_llama_cpp.py.
 """
 
@@ -46,6 +47,7 @@ def main():
     p.add_argument("--run", required=True, type=Path, help="napkin train --out (with merged/)")
     p.add_argument("--gguf-f32", required=True, type=Path)
     p.add_argument("--rslora-run", type=Path, help="napkin train --rslora --out (adapter only)")
+    p.add_argument("--dora-run", type=Path, help="napkin train --dora --out (adapter only)")
     a = p.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -87,18 +89,20 @@ def main():
         a.gguf_f32.parent, gguf_file=a.gguf_f32.name, dtype=torch.float32).eval()
     compare("transformers GGUF loader(napkin export, F32) vs napkin", torch_logits(hf_gguf, ids), with_adapter)
 
-    if a.rslora_run:
-        config = json.loads((a.rslora_run / "adapter_config.json").read_text())
-        if config.get("use_rslora") is not True:
-            failures.append("the rsLoRA run's adapter_config.json says use_rslora true")
-        rs_napkin = napkin_logits(a.napkin, a.base, ids, work / "rslora.npy", adapter=a.rslora_run)
-        rs_base = AutoModelForCausalLM.from_pretrained(
+    for run, key, what in [(a.rslora_run, "use_rslora", "rsLoRA"), (a.dora_run, "use_dora", "DoRA")]:
+        if not run:
+            continue
+        config = json.loads((run / "adapter_config.json").read_text())
+        if config.get(key) is not True:
+            failures.append(f"the {what} run's adapter_config.json says {key} true")
+        run_napkin = napkin_logits(a.napkin, a.base, ids, work / f"{key}.npy", adapter=run)
+        run_base = AutoModelForCausalLM.from_pretrained(
             a.base.parent, gguf_file=a.base.name, dtype=torch.float32)
-        rs_peft = PeftModel.from_pretrained(rs_base, a.rslora_run).eval()
-        compare("peft PeftModel.from_pretrained(GGUF base, rsLoRA adapter) vs napkin",
-                torch_logits(rs_peft, ids), rs_napkin)
-        if float(np.abs(rs_napkin - napkin_logits(a.napkin, a.base, ids, work / "base.npy")).max()) == 0:
-            failures.append("the rsLoRA adapter leaves the logits unchanged")
+        run_peft = PeftModel.from_pretrained(run_base, run).eval()
+        compare(f"peft PeftModel.from_pretrained(GGUF base, {what} adapter) vs napkin",
+                torch_logits(run_peft, ids), run_napkin)
+        if float(np.abs(run_napkin - napkin_logits(a.napkin, a.base, ids, work / "base.npy")).max()) == 0:
+            failures.append(f"the {what} adapter leaves the logits unchanged")
 
     print(json.dumps({"failures": failures}))
     sys.exit(1 if failures else 0)
