@@ -217,6 +217,16 @@ try {
     .some((th) => th.textContent.startsWith('reference.')));
   await page.selectOption('#objective', 'sft');
 
+  step('DoRA adds 8 bytes an output row of each adapted linear (magnitude and kept squares)');
+  const adapters = () => page.$eval('g.layer[data-layer="layers.0"]', (g) => Number(g.dataset.adapters));
+  const loraAdapters = await adapters();
+  await page.check('#dora');
+  await page.waitForFunction((b) => Number(document.querySelector(
+    'g.layer[data-layer="layers.0"]').dataset.adapters) !== b, loraAdapters);
+  // SmolLM2-135M's block: q 576, k and v 192 each, o 576, gate and up 1536, down 576 rows.
+  assert.equal(await adapters() - loraAdapters, 8 * (576 + 2 * 192 + 576 + 2 * 1536 + 576));
+  await page.uncheck('#dora');
+
   step('a refused number is named under the controls, not ignored');
   await page.fill('#seq', '1');
   await page.dispatchEvent('#seq', 'change');

@@ -54,6 +54,9 @@ pub struct SandboxState {
     pub rank: usize,
     /// LoRA α (the adapter output is scaled by α/r; no effect on memory).
     pub alpha: f64,
+    /// DoRA: a trainable magnitude per output row of each adapter.
+    #[serde(default)]
+    pub dora: bool,
     /// The adapted linear layers.
     pub lora_targets: Vec<LoraTarget>,
     /// NF4 block size (weights per absmax scale).
@@ -99,6 +102,7 @@ impl Default for SandboxState {
             lora: true,
             rank: 16,
             alpha: 32.0,
+            dora: false,
             lora_targets: LoraTarget::ALL.to_vec(),
             nf4_block: 64,
             precision: Precision::F32,
@@ -131,6 +135,8 @@ pub enum Action {
     SetRank(usize),
     /// LoRA α (finite and positive; others ignored).
     SetAlpha(f64),
+    /// DoRA on the adapters (turns LoRA on).
+    SetDora(bool),
     /// Adapt one linear layer or not (at least one stays adapted).
     SetLoraTarget(LoraTarget, bool),
     /// NF4 block size (one of [`NF4_BLOCK_SIZES`]; others ignored).
@@ -228,6 +234,10 @@ pub fn reduce(state: &SandboxState, action: Action) -> SandboxState {
                 s.objective = ObjectiveKind::Sft;
             }
         }
+        Action::SetDora(on) => {
+            s.dora = on;
+            s.lora |= on;
+        }
         Action::SetObjective(objective) => {
             s.objective = objective;
             s.lora |= objective.has_reference();
@@ -323,6 +333,7 @@ impl SandboxState {
             objective: self.objective,
             lora_r: if self.lora { self.rank } else { 0 },
             lora_alpha: Some(self.alpha),
+            dora: self.lora && self.dora,
             lora_targets: self.lora_targets.clone(),
             nf4: self.nf4.then_some(Nf4Config {
                 block_size: self.nf4_block,
@@ -468,6 +479,8 @@ mod tests {
             Action::SetLora(false),
             Action::SetObjective(ObjectiveKind::Orpo),
             Action::SetLora(false),
+            Action::SetDora(true),
+            Action::SetLora(false),
         ];
         let mut s = SandboxState::default();
         for action in extremes {
@@ -501,6 +514,34 @@ mod tests {
             .map(|e| e.label)
             .collect();
         assert!(labels.iter().any(|l| l == "reference.logits"), "{labels:?}");
+    }
+
+    /// DoRA adds each adapted linear's magnitude (trained: its gradient and AdamW state too)
+    /// and kept squares, and its kept `[n, out]` sums; turning it on turns LoRA on.
+    #[test]
+    fn dora_adds_magnitudes_and_their_activations() {
+        use napkin_core::predict::inventory::Kind;
+        let lora = SandboxState::default();
+        let dora = reduce(
+            &reduce(&lora, Action::SetLora(false)),
+            Action::SetDora(true),
+        );
+        assert!(dora.lora && dora.scenario().lora.is_some_and(|l| l.use_dora));
+        let (a, b) = (lora.view().report, dora.view().report);
+        let kind = |r: &Report, k: Kind| r.inventory_bytes_by_kind.get(&k).copied().unwrap_or(0);
+        let c = lora.config();
+        let outs: u64 = c
+            .block_linears()
+            .iter()
+            .map(|&(_, out, _)| out as u64)
+            .sum::<u64>()
+            * c.num_hidden_layers as u64;
+        // Magnitude and squares: 8 bytes an output row, beside the adapters.
+        assert_eq!(
+            kind(&b, Kind::Adapters) - kind(&a, Kind::Adapters),
+            8 * outs
+        );
+        assert!(kind(&b, Kind::SavedActivations) > kind(&a, Kind::SavedActivations));
     }
 
     /// The PyTorch comparison appears only when asked for; QLoRA with checkpointing is far

@@ -98,7 +98,8 @@ pub fn layer_chart(props: &LayerChartProps) -> Html {
                 { hatch_defs() }
                 { for chart.bars.iter().zip(&props.view.report.per_layer).map(|(bar, row)| html! {
                     <g class="layer" data-layer={row.layer.clone()} data-weights={row.weights.to_string()}
-                       data-quant={row.quant.to_string()} data-activations={row.activations.to_string()}
+                       data-quant={row.quant.to_string()} data-adapters={row.adapters.to_string()}
+                       data-activations={row.activations.to_string()}
                        data-recomputed={row.recomputed.to_string()}>
                         { for bar.segments.iter().map(|r| html! {
                             <>

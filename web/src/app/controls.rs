@@ -141,6 +141,7 @@ pub fn controls(props: &ControlsProps) -> Html {
                 { checkbox("lora", "LoRA adapters (freeze the base)", s.lora, on_check(d, Action::SetLora)) }
                 { number("rank", "rank r", s.rank.to_string(), "1", on_number(d, "rank r", Accepts::WholeFrom(1), |v| Action::SetRank(v as usize))) }
                 { number("alpha", "α", s.alpha.to_string(), "0", on_number(d, "α", Accepts::From(0.0), Action::SetAlpha)) }
+                { checkbox("dora", "DoRA (a trained magnitude per output row)", s.dora, on_check(d, Action::SetDora)) }
                 <div class="targets">
                     { for LoraTarget::ALL.into_iter().map(|t| {
                         let d = d.clone();
