@@ -494,7 +494,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub dora: bool,
     /// The adapted linears: all-linear or a list such as q,v (q, k, v, o, gate, up, down;
-    /// Phi-3's qkv_proj and gate_up_proj name their parts).
+    /// Phi-3's qkv_proj and gate_up_proj name their parts), with embed_tokens and lm_head
+    /// for adapters on the embedding and the head (an untied model).
     #[arg(long, value_name = "LIST", visible_alias = "targets",
           default_value_t = train_defaults().lora_targets)]
     pub lora_targets: String,

@@ -1033,6 +1033,87 @@ fn a_dora_run_writes_peft_dora_and_scores_as_it_trained() {
     );
 }
 
+/// Adapters on the embedding and the head from the command line (`--lora-targets` with
+/// peft's `embed_tokens` and `lm_head`) on an untied model (`tests/corpus/head_lora`'s, whose
+/// 256 tokens take the shared byte-level tokenizer without its merges) with checkpointing,
+/// written in peft's layout; on a tied one (tiny-smol) refused in one line.
+#[test]
+fn embedding_and_head_adapters_train_from_the_command_line() {
+    let scratch = Scratch::new("outer");
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let mut tokenizer: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("tokenizer/tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let model = &mut tokenizer["model"];
+    model["merges"] = serde_json::json!([]);
+    let bytes: serde_json::Map<String, serde_json::Value> = model["vocab"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, id)| id.as_u64().is_some_and(|id| id < 256))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    model["vocab"] = serde_json::Value::Object(bytes);
+    let tokenizer_file = scratch.0.join("tokenizer.json");
+    std::fs::write(&tokenizer_file, tokenizer.to_string()).unwrap();
+    let run_on = |out: &Path, model: &[&str]| {
+        let args: Vec<String> = ["train"]
+            .iter()
+            .chain(model)
+            .chain(&[
+                "--tokenizer",
+                tokenizer_file.to_str().unwrap(),
+                "--chat-format",
+                "chatml",
+                "--data",
+                repo().join("data/napkin-instruct.jsonl").to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--lora-r",
+                "4",
+                "--lora-targets",
+                "q,v,lm_head,embed_tokens",
+                "--checkpointing",
+                "--seq-len",
+                "256",
+                "--steps",
+                "2",
+                "--plain",
+            ])
+            .map(|s| s.to_string())
+            .collect();
+        run(&args)
+    };
+    let corpus = repo().join("tests/corpus/head_lora/hf");
+    let out = scratch.0.join("run");
+    let (ok, stderr) = run_on(&out, &["--model", corpus.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("adapter_config.json")).unwrap()).unwrap();
+    let targets: Vec<&str> = config["target_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(targets, ["q_proj", "v_proj", "embed_tokens", "lm_head"]);
+    let tensors =
+        napkin_core::io::SafetensorsCheckpoint::open(&out.join("adapter_model.safetensors"))
+            .unwrap();
+    for key in [
+        "base_model.model.lm_head.lora_A.weight",
+        "base_model.model.lm_head.lora_B.weight",
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "base_model.model.model.embed_tokens.lora_embedding_B",
+    ] {
+        assert!(tensors.contains(key), "{key}");
+    }
+    let (ok, stderr) = run_on(&scratch.0.join("tied"), &["--preset", "tiny-smol"]);
+    assert!(!ok && stderr.contains("tied"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// Every shipped example configuration parses as a run's settings and passes the checks that
 /// need no model; the CPU QLoRA one runs a step from the repository root as its comment says
 /// (its model is the GGUF `scripts/fetch/smollm2.sh` fetches).

@@ -92,6 +92,52 @@ impl LoraTarget {
     }
 }
 
+/// A list of adapted modules split into the block linears and the two that are none: the
+/// token embedding and the LM head (peft's `embed_tokens`, `lm_head`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TargetNames {
+    /// The block linears.
+    pub blocks: Vec<LoraTarget>,
+    /// `embed_tokens`.
+    pub embedding: bool,
+    /// `lm_head`.
+    pub head: bool,
+}
+
+impl TargetNames {
+    /// Parses a comma-separated list as [`LoraTarget::parse_list`] does, with `embed_tokens`
+    /// and `lm_head` besides (at least one module in all).
+    pub fn parse(list: &str) -> Result<TargetNames> {
+        let mut names = TargetNames::default();
+        let mut blocks = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item {
+                "embed_tokens" => names.embedding = true,
+                "lm_head" => names.head = true,
+                other => blocks.push(other),
+            }
+        }
+        if !blocks.is_empty() {
+            names.blocks = LoraTarget::parse_list(&blocks.join(","))?;
+        } else if !(names.embedding || names.head) {
+            return Err(Error::config("--targets", "no LoRA target modules given"));
+        }
+        Ok(names)
+    }
+
+    /// The list in peft's names, block linears first.
+    pub fn peft_names(&self) -> Vec<&'static str> {
+        let mut out: Vec<&str> = self.blocks.iter().map(|t| t.module_name()).collect();
+        if self.embedding {
+            out.push("embed_tokens");
+        }
+        if self.head {
+            out.push("lm_head");
+        }
+        out
+    }
+}
+
 /// The block paths of Phi-3's fused module `name` (`qkv_proj`, `gate_up_proj`).
 fn fused_parts(name: &str) -> Option<&'static [&'static str]> {
     super::FUSED_PROJECTIONS
@@ -142,6 +188,12 @@ pub struct LoraConfig {
     /// DoRA: a trainable magnitude per output row over the adapted weight's direction.
     #[serde(default)]
     pub use_dora: bool,
+    /// An adapter on the token embedding (peft's `embed_tokens`: A `[r, V]`, B `[D, r]`).
+    #[serde(default)]
+    pub embedding: bool,
+    /// An adapter on the LM head (peft's `lm_head`, an untied head).
+    #[serde(default)]
+    pub head: bool,
 }
 
 impl Default for LoraConfig {
@@ -153,6 +205,8 @@ impl Default for LoraConfig {
             targets: LoraTarget::ALL.to_vec(),
             use_rslora: false,
             use_dora: false,
+            embedding: false,
+            head: false,
         }
     }
 }
@@ -187,7 +241,7 @@ impl LoraConfig {
                 format!("dropout must be in [0, 1), found {}", self.dropout),
             ));
         }
-        if self.targets.is_empty() {
+        if self.targets.is_empty() && !(self.embedding || self.head) {
             return Err(Error::config("--targets", "no LoRA target modules given"));
         }
         Ok(())
@@ -204,7 +258,21 @@ impl LoraConfig {
             .filter(|(_, t)| self.targets(*t))
             .map(|(&(_, out, inp), _)| self.r * (out + inp) + magnitude * out)
             .sum();
-        (per_block * model.num_hidden_layers) as u64
+        // The embedding's A `[r, V]` and B `[D, r]`; the head's A `[r, D]`, B `[V, r]` (and its
+        // magnitude with DoRA).
+        let (v, d) = (model.vocab_size, model.hidden_size);
+        let outer = usize::from(self.embedding) * self.r * (v + d)
+            + usize::from(self.head) * (self.r * (v + d) + magnitude * v);
+        (per_block * model.num_hidden_layers + outer) as u64
+    }
+
+    /// The adapted modules by name (block linears, embedding, head).
+    pub fn target_names(&self) -> TargetNames {
+        TargetNames {
+            blocks: self.targets.clone(),
+            embedding: self.embedding,
+            head: self.head,
+        }
     }
 
     /// Whether a block's linear is adapted.

@@ -18,7 +18,7 @@ pub use attention::{ATTENTION_TILE, AttentionKind, MASKED};
 pub use fused::{FUSED_PROJECTIONS, StoredRows};
 pub use kernels::Kernels;
 pub use llama::{LlamaConfig, RopeScaling};
-pub use lora::{LoraConfig, LoraTarget};
+pub use lora::{LoraConfig, LoraTarget, TargetNames};
 pub use nf4::{DOUBLE_QUANT_BLOCK, Nf4Config};
 pub use objective::ObjectiveKind;
 pub use optimizer::OptimizerKind;

@@ -138,6 +138,7 @@ pub fn build_llama(
         layers,
         norm: norm("model.norm.weight")?,
         lm_head,
+        embed_lora: None,
         config: config.clone(),
         attention: Default::default(),
     })

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::atomic::write_atomic;
 use super::peft_fused::{FusedPart, alpha_for, stack};
 use super::safetensors::SafetensorsCheckpoint;
-use crate::config::{FUSED_PROJECTIONS, LoraConfig, LoraTarget};
+use crate::config::{FUSED_PROJECTIONS, LoraConfig, LoraTarget, TargetNames};
 use crate::error::{Error, Result};
 use crate::kernels::values::to_f32_vec;
 use crate::model::Llama;
@@ -50,7 +50,12 @@ fn refuse_unused_tensors(
     }
     let extra: Vec<&str> = checkpoint
         .names()
-        .filter(|n| !n.contains(".lora_A.") && !n.contains(".lora_B.") && !n.ends_with(MAGNITUDE))
+        .filter(|n| {
+            !n.contains(".lora_A.")
+                && !n.contains(".lora_B.")
+                && !n.contains(".lora_embedding_")
+                && !n.ends_with(MAGNITUDE)
+        })
         .take(5)
         .collect();
     Err(Error::UnexpectedTensors {
@@ -100,6 +105,43 @@ pub fn load_lora_quantized(model: &mut QuantizedLlama, dir: &Path) -> Result<Lor
                     magnitude: read.magnitude.as_deref(),
                 },
             )?;
+        }
+    }
+    if config.embedding || config.head {
+        crate::model::apply_tricks::model_takes_outer_adapters(&model_config, &config)?;
+        let (v, d, r) = (model_config.vocab_size, model_config.hidden_size, config.r);
+        let mut read = |name: String, shape: &[usize]| -> Result<Vec<f32>> {
+            let values = checkpoint.read_f32(&name, shape)?;
+            used.insert(name);
+            Ok(values)
+        };
+        for (head, module) in [(false, "model.embed_tokens"), (true, "lm_head")] {
+            let wanted = if head { config.head } else { config.embedding };
+            let base = format!("{PEFT_PREFIX}{module}.base_layer.weight");
+            if wanted && checkpoint.contains(&base) {
+                model.replace_outer_weight(head, read(base, &[v, d])?)?;
+            }
+        }
+        if config.embedding {
+            let module = "model.embed_tokens";
+            let a = read(format!("{PEFT_PREFIX}{module}.lora_embedding_A"), &[r, v])?;
+            let b = read(format!("{PEFT_PREFIX}{module}.lora_embedding_B"), &[d, r])?;
+            model.attach_embedding_lora(&a, &b, r, config.scaling() as f32)?;
+        }
+        if config.head {
+            let a = read(format!("{PEFT_PREFIX}lm_head.lora_A.weight"), &[r, d])?;
+            let b = read(format!("{PEFT_PREFIX}lm_head.lora_B.weight"), &[v, r])?;
+            let magnitude = match config.use_dora {
+                true => Some(read(format!("{PEFT_PREFIX}lm_head{MAGNITUDE}"), &[v])?),
+                false => None,
+            };
+            model.attach_head_lora(&AdapterValues {
+                a: &a,
+                b: &b,
+                rank: r,
+                scale: config.scaling() as f32,
+                magnitude: magnitude.as_deref(),
+            })?;
         }
     }
     refuse_unused_tensors(&checkpoint, used.len(), &file)?;
@@ -243,13 +285,13 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         .unwrap_or(0.0);
     // Phi-3's fused modules name all their parts (`LoraTarget::parse_list`).
     let targets = match json.get("target_modules") {
-        Some(Value::String(s)) => LoraTarget::parse_list(s)?,
+        Some(Value::String(s)) => TargetNames::parse(s)?,
         Some(Value::Array(items)) => {
             let names: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
             if names.len() != items.len() {
                 return Err(err("`target_modules` must be a list of names".into()));
             }
-            LoraTarget::parse_list(&names.join(","))?
+            TargetNames::parse(&names.join(","))?
         }
         _ => return Err(err("missing `target_modules`".into())),
     };
@@ -257,7 +299,9 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
         r,
         alpha,
         dropout,
-        targets,
+        targets: targets.blocks,
+        embedding: targets.embedding,
+        head: targets.head,
         use_rslora: json
             .get("use_rslora")
             .and_then(Value::as_bool)
@@ -274,7 +318,7 @@ pub fn parse_adapter_config(json: &Value, source: &str) -> Result<LoraConfig> {
 /// The `adapter_config.json` peft writes for this config (keys peft reads; the rest default),
 /// naming the base model when it is known (`AutoPeftModel` loads the base from it).
 pub fn adapter_config_json(config: &LoraConfig, base: Option<&str>) -> Value {
-    let targets: Vec<&str> = config.targets.iter().map(|t| t.module_name()).collect();
+    let targets = config.target_names().peft_names();
     json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -339,8 +383,76 @@ impl Llama {
                 None => adapter,
             });
         }
+        model.load_outer_adapters(&checkpoint, &config, &mut used)?;
         refuse_unused_tensors(&checkpoint, used.len(), &file)?;
         Ok((model, config))
+    }
+
+    /// The adapters of the embedding and the head (peft's `embed_tokens`, `lm_head`), with the
+    /// base weights peft writes beside them (`….base_layer.weight`, its
+    /// `save_embedding_layers="auto"`), which replace the model's as peft's loading does.
+    fn load_outer_adapters(
+        &mut self,
+        checkpoint: &SafetensorsCheckpoint,
+        config: &LoraConfig,
+        used: &mut std::collections::BTreeSet<String>,
+    ) -> Result<()> {
+        crate::model::apply_tricks::model_takes_outer_adapters(&self.config, config)?;
+        let device = self.device();
+        let (v, d, r) = (self.config.vocab_size, self.config.hidden_size, config.r);
+        let mut read = |name: String, shape: &[usize]| -> Result<Vec<f32>> {
+            let values = checkpoint.read_f32(&name, shape)?;
+            used.insert(name);
+            Ok(values)
+        };
+        let base_of = |module: &str| format!("{PEFT_PREFIX}{module}.base_layer.weight");
+        if config.embedding {
+            let module = "model.embed_tokens";
+            if checkpoint.contains(&base_of(module)) {
+                let table = read(base_of(module), &[v, d])?;
+                self.embed_tokens = burn::module::Param::from_tensor(matrix(table, v, d, &device))
+                    .set_require_grad(false);
+            }
+            let a = read(format!("{PEFT_PREFIX}{module}.lora_embedding_A"), &[r, v])?;
+            let b = read(format!("{PEFT_PREFIX}{module}.lora_embedding_B"), &[d, r])?;
+            self.embed_lora = Some(crate::model::embedding_lora::EmbeddingLora::from_weights(
+                matrix(a, r, v, &device),
+                matrix(b, d, r, &device),
+                config.scaling(),
+            ));
+        }
+        if config.head {
+            let module = "lm_head";
+            let Some(head) = self.lm_head.as_mut() else {
+                return Err(Error::Internal("an untied model without its head".into()));
+            };
+            if checkpoint.contains(&base_of(module)) {
+                let weight = read(base_of(module), &[v, d])?;
+                head.base = crate::model::linear::BaseWeight::Dense(
+                    burn::module::Param::from_tensor(matrix(weight, v, d, &device))
+                        .set_require_grad(false),
+                );
+            }
+            let a = read(format!("{PEFT_PREFIX}{module}.lora_A.weight"), &[r, d])?;
+            let b = read(format!("{PEFT_PREFIX}{module}.lora_B.weight"), &[v, r])?;
+            let adapter = LoraAdapter::from_weights(
+                matrix(a, r, d, &device),
+                matrix(b, v, r, &device),
+                config.scaling(),
+                config.dropout,
+            );
+            head.lora = Some(if config.use_dora {
+                let m = read(format!("{PEFT_PREFIX}{module}{MAGNITUDE}"), &[v])?;
+                let weight = head.dense_weight(&device).detach();
+                adapter.with_dora(
+                    Tensor::from_data(burn::tensor::TensorData::new(m, [v]), &device),
+                    weight.cast(burn::tensor::FloatDType::F32),
+                )
+            } else {
+                adapter
+            });
+        }
+        Ok(())
     }
 
     /// Writes the model's adapters in peft format (`adapter_config.json` and
@@ -365,35 +477,56 @@ impl Llama {
         base: Option<&str>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
-        let mut insert_key = |key: String, dims: Vec<usize>, values: &[f32]| {
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut insert_key = |key: String, value: Tensor<1>, dims: Vec<usize>| {
+            let bytes = to_f32_vec(value)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             tensors.insert(key, (dims, bytes));
         };
-        for (path, _, adapter) in self.lora_adapters() {
-            if self.config.stored_rows(&format!("{path}.weight")).is_some() {
-                continue; // written stacked below
-            }
+        // One linear's adapter: A and B under `….weight`, DoRA's magnitude without it.
+        let mut insert_linear = |path: &str, adapter: &LoraAdapter| {
             for (name, param) in [("lora_A", &adapter.lora_a), ("lora_B", &adapter.lora_b)] {
                 let value = param.val();
                 let dims = value.dims().to_vec();
                 insert_key(
                     format!("{PEFT_PREFIX}{path}.{name}.weight"),
+                    value.reshape([-1]),
                     dims,
-                    &to_f32_vec(value),
                 );
             }
             if let Some(magnitude) = &adapter.magnitude {
                 let value = magnitude.val();
                 let dims = value.dims().to_vec();
+                insert_key(format!("{PEFT_PREFIX}{path}{MAGNITUDE}"), value, dims);
+            }
+        };
+        for (path, _, adapter) in self.lora_adapters() {
+            if self.config.stored_rows(&format!("{path}.weight")).is_some() {
+                continue; // written stacked below
+            }
+            insert_linear(&path, adapter);
+        }
+        if let Some((path, adapter)) = self.head_adapter() {
+            insert_linear(path, adapter);
+        }
+        if let Some(lora) = &self.embed_lora {
+            for (name, param) in [
+                ("lora_embedding_A", &lora.lora_a),
+                ("lora_embedding_B", &lora.lora_b),
+            ] {
+                let value = param.val();
+                let dims = value.dims().to_vec();
                 insert_key(
-                    format!("{PEFT_PREFIX}{path}{MAGNITUDE}"),
+                    format!("{PEFT_PREFIX}model.embed_tokens.{name}"),
+                    value.reshape([-1]),
                     dims,
-                    &to_f32_vec(value),
                 );
             }
         }
         let mut insert = |name: String, dims: Vec<usize>, values: &[f32]| {
-            insert_key(format!("{PEFT_PREFIX}{name}.weight"), dims, values);
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.insert(format!("{PEFT_PREFIX}{name}.weight"), (dims, bytes));
         };
         // Phi-3's fused modules: their parts' adapters stacked, with the stacked rank and α.
         let mut patterns: BTreeMap<String, (usize, f64)> = BTreeMap::new();

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, FloatDType, Tensor};
 
+use super::embedding_lora::EmbeddingLora;
 use super::linear::{BaseWeight, Linear, Nf4Weight};
 use super::llama::Llama;
 use super::lora::LoraAdapter;
@@ -94,6 +95,37 @@ fn quantize_block(
 /// Adapters taken out of a model by [`Llama::merge_lora`], keyed by HF module path.
 pub type DetachedAdapters = Vec<(String, LoraAdapter)>;
 
+/// A fresh adapter for `linear` (peft's defaults: A kaiming-uniform, B = 0; with DoRA the
+/// magnitude at the base weight's row norms, NF4's dequantized).
+fn fresh_adapter(linear: &Linear, config: &LoraConfig, device: &Device) -> LoraAdapter {
+    let [out, inp] = linear.dims();
+    let adapter = LoraAdapter::init(out, inp, config.r, config.scaling(), config.dropout, device);
+    if !config.use_dora {
+        return adapter;
+    }
+    let weight = linear.dense_weight(device).detach().cast(FloatDType::F32);
+    let magnitude = adapter.direct_norm(weight.clone());
+    adapter.with_dora(magnitude, weight)
+}
+
+/// Refuses adapters on the embedding or the head that napkin does not build: either on a model
+/// whose head is its embedding (the two would no longer be one matrix), DoRA on the embedding.
+pub(crate) fn model_takes_outer_adapters(model: &LlamaConfig, lora: &LoraConfig) -> Result<()> {
+    if (lora.embedding || lora.head) && model.tie_word_embeddings {
+        return Err(Error::config(
+            "--lora-targets",
+            "LoRA on embed_tokens or lm_head of a model whose head is tied to its embedding is not supported",
+        ));
+    }
+    if lora.embedding && lora.use_dora {
+        return Err(Error::config(
+            "--dora",
+            "DoRA on embed_tokens is not supported (lm_head and the block linears take it)",
+        ));
+    }
+    Ok(())
+}
+
 impl Llama {
     /// Freezes every base parameter (no gradients, no optimizer state).
     pub fn freeze_base(self) -> Self {
@@ -154,28 +186,25 @@ impl Llama {
                 "DoRA on a model with fused projections (Phi-3) is not supported",
             ));
         }
+        model_takes_outer_adapters(&self.config, config)?;
         let mut model = self.freeze_base();
         let device = model.device();
+        let (vocab, dim) = (model.config.vocab_size, model.config.hidden_size);
+        if config.embedding {
+            model.embed_lora = Some(EmbeddingLora::init(
+                vocab,
+                dim,
+                config.r,
+                config.scaling(),
+                &device,
+            ));
+        }
+        if let Some(head) = model.lm_head.as_mut().filter(|_| config.head) {
+            head.lora = Some(fresh_adapter(head, config, &device));
+        }
         for named in model.block_linears_mut() {
             if config.targets(named.target) {
-                let [out, inp] = named.linear.dims();
-                let adapter = LoraAdapter::init(
-                    out,
-                    inp,
-                    config.r,
-                    config.scaling(),
-                    config.dropout,
-                    &device,
-                );
-                let adapter = if config.use_dora {
-                    let weight = named.linear.dense_weight(&device).detach();
-                    let weight = weight.cast(FloatDType::F32);
-                    let magnitude = adapter.direct_norm(weight.clone());
-                    adapter.with_dora(magnitude, weight)
-                } else {
-                    adapter
-                };
-                named.linear.lora = Some(adapter);
+                named.linear.lora = Some(fresh_adapter(named.linear, config, &device));
             }
         }
         Ok(model)
@@ -187,6 +216,18 @@ impl Llama {
     pub fn merge_lora(mut self) -> (Self, DetachedAdapters) {
         let device = self.device();
         let mut detached = Vec::new();
+        if let Some(lora) = self.embed_lora.take() {
+            let merged = self.embed_tokens.val() + lora.delta_weight();
+            self.embed_tokens = Param::from_tensor(merged.detach()).set_require_grad(false);
+        }
+        if let Some(head) = &mut self.lm_head
+            && let Some(adapter) = head.lora.take()
+        {
+            let merged = adapter.merged_weight(head.dense_weight(&device));
+            head.base =
+                BaseWeight::Dense(Param::from_tensor(merged.detach()).set_require_grad(false));
+            detached.push(("lm_head".to_string(), adapter));
+        }
         for named in self.block_linears_mut() {
             if let Some(adapter) = named.linear.lora.take() {
                 let merged = adapter.merged_weight(named.linear.dense_weight(&device));
@@ -205,6 +246,10 @@ impl Llama {
         let mut base = self.clone();
         for named in base.block_linears_mut() {
             named.linear.lora = None;
+        }
+        base.embed_lora = None;
+        if let Some(head) = &mut base.lm_head {
+            head.lora = None;
         }
         base
     }
@@ -255,17 +300,31 @@ impl Llama {
             .collect()
     }
 
+    /// The adapters outside the blocks: the LM head's (`lm_head`), with its module path.
+    pub fn head_adapter(&self) -> Option<(&'static str, &LoraAdapter)> {
+        self.lm_head
+            .as_ref()
+            .and_then(|h| h.lora.as_ref())
+            .map(|a| ("lm_head", a))
+    }
+
     /// Number of trainable values: adapters when present, else every parameter.
     pub fn trainable_parameters(&self) -> u64 {
+        let embedding = self.embed_lora.as_ref().map_or(0, |e| {
+            (e.lora_a.shape().num_elements() + e.lora_b.shape().num_elements()) as u64
+        });
         let adapters: u64 = self
             .lora_adapters()
-            .iter()
-            .map(|(_, _, a)| {
+            .into_iter()
+            .map(|(_, _, a)| a)
+            .chain(self.head_adapter().map(|(_, a)| a))
+            .map(|a| {
                 let magnitude = a.magnitude.as_ref().map_or(0, |m| m.shape().num_elements());
                 (a.lora_a.shape().num_elements() + a.lora_b.shape().num_elements() + magnitude)
                     as u64
             })
-            .sum();
+            .sum::<u64>()
+            + embedding;
         if adapters > 0 {
             adapters
         } else {

@@ -8,6 +8,7 @@ use super::attention::AttentionMask;
 use super::autocast::linear_matmul;
 use super::batch::TokenBatch;
 use super::block::DecoderBlock;
+use super::embedding_lora::EmbeddingLora;
 use super::linear::Linear;
 use super::rms_norm::RmsNorm;
 use super::rope::{RopeTables, inverse_frequencies};
@@ -23,8 +24,10 @@ pub struct Llama {
     pub layers: Vec<DecoderBlock>,
     /// Final RMSNorm.
     pub norm: RmsNorm,
-    /// `[V, D]` LM head; `None` when the embedding is tied.
+    /// `[V, D]` LM head; `None` when the embedding is tied. It may carry a LoRA adapter.
     pub lm_head: Option<Linear>,
+    /// A LoRA adapter on the token embedding (peft's `embed_tokens`).
+    pub embed_lora: Option<EmbeddingLora>,
     /// The hyper-parameters the model was built from.
     #[module(skip)]
     pub config: LlamaConfig,
@@ -77,6 +80,7 @@ impl Llama {
             norm: RmsNorm::init(config.hidden_size, config.rms_norm_eps, device),
             lm_head: (!config.tie_word_embeddings)
                 .then(|| Linear::init(config.vocab_size, config.hidden_size, device)),
+            embed_lora: None,
             config: config.clone(),
             attention: AttentionKind::default(),
         })
@@ -110,7 +114,12 @@ impl Llama {
     /// # Shapes
     /// - returns the embedded tokens `[B, T, D]`
     pub fn embed(&self, batch: &TokenBatch) -> Tensor<3> {
-        embedding(self.embed_tokens.val(), batch.ids_tensor(&self.device()))
+        let ids = batch.ids_tensor(&self.device());
+        let x = embedding(self.embed_tokens.val(), ids.clone());
+        match &self.embed_lora {
+            Some(lora) => x + lora.forward(ids),
+            None => x,
+        }
     }
 
     /// Final norm and LM head.

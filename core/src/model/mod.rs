@@ -6,6 +6,7 @@ pub mod autocast;
 pub mod batch;
 pub mod block;
 pub mod dropout_draw;
+pub mod embedding_lora;
 pub mod generate;
 pub mod kv_cache;
 pub mod linear;

@@ -69,7 +69,13 @@ impl Llama {
             }
         };
         match name {
-            "model.embed_tokens.weight" => return Some(Matrix(self.embed_tokens.val())),
+            "model.embed_tokens.weight" => {
+                let table = self.embed_tokens.val();
+                return Some(Matrix(match (&self.embed_lora, merge_lora) {
+                    (Some(lora), true) => table + lora.delta_weight(),
+                    _ => table,
+                }));
+            }
             "model.norm.weight" => return Some(Vector(self.norm.weight.val())),
             "lm_head.weight" => return self.lm_head.as_ref().map(|h| Matrix(linear_value(h))),
             _ => {}

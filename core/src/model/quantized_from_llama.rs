@@ -42,6 +42,8 @@ impl QuantizedLlama {
             .block_linears()
             .iter()
             .any(|l| l.linear.lora.is_some())
+            || model.embed_lora.is_some()
+            || model.lm_head.as_ref().is_some_and(|h| h.lora.is_some())
         {
             return Err(Error::Input(
                 "the model carries LoRA adapters: convert its base, then attach them from their \

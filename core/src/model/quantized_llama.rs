@@ -227,6 +227,10 @@ pub struct QuantizedLlama {
     inv_freq: Vec<f32>,
     /// The precision the products' inputs are quantized to.
     activation_bits: ActivationBits,
+    /// An adapter on the token embedding: A `[r, V]`, B `[D, r]`, its scale.
+    embed_lora: Option<(Vec<f32>, Vec<f32>, f32)>,
+    /// An adapter on the (untied) head.
+    head_lora: Option<HostLora>,
 }
 
 /// Which new tokens' logits a pass computes.
@@ -337,7 +341,81 @@ impl QuantizedLlama {
             norm,
             head,
             activation_bits: ActivationBits::default(),
+            embed_lora: None,
+            head_lora: None,
         })
+    }
+
+    /// Puts peft's adapter on the token embedding (`lora_embedding_A` `[r, V]`,
+    /// `lora_embedding_B` `[D, r]`, row-major f32): each looked-up row gains `s·Aᵀ[id]Bᵀ`.
+    pub fn attach_embedding_lora(
+        &mut self,
+        a: &[f32],
+        b: &[f32],
+        r: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let (v, d) = (self.config.vocab_size, self.config.hidden_size);
+        if r == 0 || a.len() != r * v || b.len() != d * r {
+            return Err(Error::Input(format!(
+                "embed_tokens: a LoRA of rank {r} needs A [{r}, {v}] and B [{d}, {r}], got {} and {} values",
+                a.len(),
+                b.len()
+            )));
+        }
+        self.embed_lora = Some((a.to_vec(), b.to_vec(), scale));
+        Ok(())
+    }
+
+    /// Puts an adapter on the untied LM head (see [`AdapterValues`]).
+    pub fn attach_head_lora(&mut self, adapter: &AdapterValues<'_>) -> Result<()> {
+        let &AdapterValues {
+            a,
+            b,
+            rank: r,
+            scale,
+            magnitude,
+        } = adapter;
+        let (v, d) = (self.config.vocab_size, self.config.hidden_size);
+        let Some(head) = &self.head else {
+            return Err(Error::Input(
+                "lm_head: the head is tied to the embedding; an adapter on it is not supported"
+                    .into(),
+            ));
+        };
+        if r == 0 || a.len() != r * d || b.len() != v * r {
+            return Err(Error::Input(format!(
+                "lm_head: a LoRA of rank {r} needs A [{r}, {d}] and B [{v}, {r}], got {} and {} values",
+                a.len(),
+                b.len()
+            )));
+        }
+        let dora = magnitude.map(|m| dora_factors(head, a, b, r, scale, m));
+        self.head_lora = Some(HostLora {
+            a: QuantizedMatrix::from_f32(r, d, a.to_vec()),
+            b: QuantizedMatrix::from_f32(v, r, b.to_vec()),
+            scale,
+            dora,
+        });
+        Ok(())
+    }
+
+    /// Replaces the embedding (or the untied head) with peft's copy of its base layer,
+    /// `[V, D]` row-major f32, as peft's loading does.
+    pub fn replace_outer_weight(&mut self, head: bool, values: Vec<f32>) -> Result<()> {
+        let (v, d) = (self.config.vocab_size, self.config.hidden_size);
+        if values.len() != v * d {
+            return Err(Error::Input(format!(
+                "a base layer of {} values for [{v}, {d}]",
+                values.len()
+            )));
+        }
+        let matrix = QuantizedMatrix::from_f32(v, d, values);
+        match head {
+            true => self.head = Some(matrix),
+            false => self.embed = matrix,
+        }
+        Ok(())
     }
 
     /// The same model with its products' inputs quantized to `bits`: 16 (the default: logits
@@ -529,6 +607,14 @@ impl QuantizedLlama {
         let mut x = vec![0.0f32; t * d]; // [T, D]
         for (row, &id) in x.chunks_exact_mut(d).zip(new_ids) {
             self.embed.dequantize_row(id as usize, row);
+            if let Some((a, b, scale)) = &self.embed_lora {
+                let (v, r) = (c.vocab_size, a.len() / c.vocab_size);
+                let id = id as usize;
+                for (j, value) in row.iter_mut().enumerate() {
+                    let low: f32 = (0..r).map(|k| b[j * r + k] * a[k * v + id]).sum();
+                    *value += scale * low;
+                }
+            }
         }
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
             self.block(layer, &mut x, &cos, &sin, layer_cache, past, lead);
@@ -544,7 +630,13 @@ impl QuantizedLlama {
             rms_norm(row, &self.norm, c.rms_norm_eps as f32);
         }
         let mut logits = vec![0.0; normed.len() / d * c.vocab_size];
-        head.matmul(&self.quantized(&normed, d), &mut logits);
+        let input = self.quantized(&normed, d);
+        head.matmul(&input, &mut logits);
+        if let Some(lora) = &self.head_lora {
+            let mut low = vec![0.0; normed.len() / d * lora.a.rows()]; // [rows, r]
+            lora.a.matmul(&input, &mut low);
+            lora.add_from_low_rank(&low, &mut logits);
+        }
         logits
     }
 

@@ -458,13 +458,29 @@ pub fn kept_activations(
         r.produce("attention_mask", Size::rows(masks * t, t), false);
     }
 
+    let embedding_lora = trainable.lora.filter(|l| l.embedding);
     let mut x = r.scoped("embed_tokens", |r| {
-        r.binary(
+        let looked_up = r.binary(
             "output",
             Replay::param(trainable.embedding_and_norms),
             Replay::param(false),
             Size::rows(n, d),
-        )
+        );
+        let Some(lora) = embedding_lora else {
+            return looked_up;
+        };
+        // peft's embedding adapter (`model/embedding_lora.rs`): the rows of Aᵀ (a view of a
+        // trained parameter), scaled, through B; added to the frozen lookup.
+        let rank = lora.r as u64;
+        let rows = r.produce("lora_A.rows", Size::rows(n, rank), true);
+        let rows = r.view(rows, 1);
+        let scaled = r.stateless("lora_scaled", &[rows], Size::rows(n, rank));
+        let trains = Weight::Dense {
+            trainable: true,
+            stored_half: false,
+        };
+        let up = r.product("lora_B.output", scaled, trains, n, [d, rank]);
+        r.stateless("output_with_lora", &[looked_up, up], Size::rows(n, d))
     });
     for layer in 0..c.num_hidden_layers {
         r.layer = Some(layer);
@@ -611,12 +627,20 @@ pub fn kept_activations(
     r.layer = None;
     let normed = r.scoped("norm", |r| r.rms_norm(x, n, d, norms_trainable));
     let head_trainable = trainable.embedding_and_norms;
+    let head_lora = trainable
+        .lora
+        .filter(|l| l.head)
+        .map(|l| (l.r as u64, d, l.dropout > 0.0, l.use_dora));
     let logits = r.scoped("lm_head", |r| {
-        let normed = r.merge_rows(normed, n, d);
         let head = Weight::Dense {
             trainable: head_trainable,
             stored_half: false,
         };
+        if head_lora.is_some() {
+            // An adapter on the head: the linear's own replay (its input kept for A).
+            return r.linear(normed, n, [v, d], head, head_lora);
+        }
+        let normed = r.merge_rows(normed, n, d);
         let logits = r.product("output", normed, head, n, [v, d]);
         r.view(logits, 1)
     });

@@ -185,6 +185,17 @@ impl Scenario {
             })
     }
 
+    /// Whether the step checkpoints its blocks: asked for, and something below the LM head
+    /// trains (with an adapter on the head alone, the blocks run without a graph and keep
+    /// nothing to recompute; `train/step.rs` then runs the plain step).
+    pub fn checkpoints_blocks(&self) -> bool {
+        self.checkpointing
+            && self
+                .lora
+                .as_ref()
+                .is_none_or(|l| !l.targets.is_empty() || l.embedding)
+    }
+
     /// B·T.
     pub fn tokens(&self) -> u64 {
         (self.micro_batch * self.seq_len) as u64
@@ -193,6 +204,9 @@ impl Scenario {
 
 /// Bytes of one f32 value.
 const F32: u64 = 4;
+
+/// The checkpointed step's head input (`[B·T, D]`).
+pub const HEAD_INPUT: &str = "head.checkpoint_input";
 
 /// The entry of the optimizer state's map (host memory; in a CPU inventory only).
 pub const OPTIMIZER_MAP: &str = "optimizer.map";
@@ -348,6 +362,55 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             }
         }
     }
+    // Adapters outside the blocks: the embedding's A `[r, V]` and B `[D, r]`; the untied
+    // head's A `[r, D]` and B `[V, r]` (with DoRA, its magnitude and kept squares `[V]`).
+    if let Some(lora) = s.lora.as_ref().filter(|l| l.embedding || l.head) {
+        let r = lora.r as u64;
+        let adapter = |out: &mut Vec<Entry>, name: String, size: Size, trains: bool| {
+            out.push(Entry {
+                name: name.clone(),
+                layer: None,
+                kind: Kind::Adapters,
+                bytes: f32_bytes(size),
+                phases: Phases::ALWAYS,
+            });
+            if trains {
+                trainable(out, &name, None, size);
+            }
+        };
+        if lora.embedding {
+            adapter(
+                &mut out,
+                "embed_tokens.lora_A".into(),
+                Size::rows(r, v),
+                true,
+            );
+            adapter(
+                &mut out,
+                "embed_tokens.lora_B".into(),
+                Size::rows(d, r),
+                true,
+            );
+        }
+        if lora.head {
+            adapter(&mut out, "lm_head.lora_A".into(), Size::rows(r, d), true);
+            adapter(&mut out, "lm_head.lora_B".into(), Size::rows(v, r), true);
+            if lora.use_dora {
+                adapter(
+                    &mut out,
+                    "lm_head.lora_magnitude".into(),
+                    Size::flat(v),
+                    true,
+                );
+                adapter(
+                    &mut out,
+                    "lm_head.lora_base_row_squares".into(),
+                    Size::flat(v),
+                    false,
+                );
+            }
+        }
+    }
     out.push(weight("norm", None, Size::flat(d)));
     if full {
         trainable(&mut out, "norm", None, Size::flat(d));
@@ -426,7 +489,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
         .filter_map(|k| k.layer)
         .collect();
     // With checkpointing a block's kept tensors exist only while its backward recomputes it.
-    let recomputed = |layer: Option<usize>| s.checkpointing && layer.is_some();
+    let recomputed = |layer: Option<usize>| s.checkpoints_blocks() && layer.is_some();
     let kept_phases = |layer| Phases {
         forward: !recomputed(layer),
         ..Phases::ACTIVATION
@@ -456,7 +519,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             phases: kept_phases(layer),
         });
     }
-    if s.checkpointing {
+    if s.checkpoints_blocks() {
         for layer in 0..c.num_hidden_layers {
             out.push(Entry {
                 name: format!("layers.{layer}.checkpoint_input"),
@@ -466,6 +529,16 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
                 phases: Phases::ACTIVATION,
             });
         }
+        // The last block's output, the head's input: a leaf of the head's graph, alive from
+        // the end of the forward until the head's backward (`train/step.rs`: `top`); no block
+        // input, so a workspace of the step's middle, not a checkpoint input.
+        out.push(Entry {
+            name: HEAD_INPUT.into(),
+            layer: None,
+            kind: Kind::Workspace,
+            bytes: s.rows.bytes(Size::rows(n, c.hidden_size as u64), F32),
+            phases: Phases::ACTIVATION,
+        });
     }
     out.push(Entry {
         name: "logits".into(),

@@ -102,7 +102,7 @@ pub fn host_transfer(s: &Scenario, entries: &[Entry], offload: Offload) -> HostT
     ]);
     let trainable = F32 * s.trainable_parameters();
     let micro_batches = s.accumulation.max(1) as u64;
-    let passes = if s.checkpointing { 3 } else { 2 };
+    let passes = if s.checkpoints_blocks() { 3 } else { 2 };
     let mut t = HostTransfer::default();
     if offload.optimizer {
         // The state's values and the f32 masters, and the state's map (one entry per tensor),

@@ -31,6 +31,10 @@ pub struct StepSettings {
     pub dora: bool,
     /// The adapted linears.
     pub lora_targets: Vec<LoraTarget>,
+    /// An adapter on the token embedding too.
+    pub lora_embedding: bool,
+    /// An adapter on the LM head too.
+    pub lora_head: bool,
     /// The frozen block linears as NF4 (QLoRA with LoRA), with these settings.
     pub nf4: Option<Nf4Config>,
     /// The optimizer.
@@ -64,6 +68,8 @@ impl Default for StepSettings {
             rslora: false,
             dora: false,
             lora_targets: LoraTarget::ALL.to_vec(),
+            lora_embedding: false,
+            lora_head: false,
             nf4: None,
             optimizer: OptimizerKind::AdamW,
             checkpointing: false,
@@ -87,6 +93,8 @@ impl StepSettings {
             targets: self.lora_targets.clone(),
             use_rslora: self.rslora,
             use_dora: self.dora,
+            embedding: self.lora_embedding,
+            head: self.lora_head,
         })
     }
 
@@ -159,7 +167,10 @@ impl StepSettings {
                 format!("must be in [0, 1), found {}", self.lora_dropout),
             );
         }
-        if self.lora_r > 0 && self.lora_targets.is_empty() {
+        if self.lora_r > 0
+            && self.lora_targets.is_empty()
+            && !(self.lora_embedding || self.lora_head)
+        {
             return bad(
                 "lora_targets",
                 "LoRA needs at least one target linear".into(),

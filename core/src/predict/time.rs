@@ -136,7 +136,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
     let micro = s.accumulation.max(1) as f64;
     let full = s.lora.is_none() && s.nf4.is_none();
     let (blocks, head, backward) = micro_batch_flops(s, full);
-    let recompute = if s.checkpointing { blocks } else { 0.0 };
+    let recompute = if s.checkpoints_blocks() { blocks } else { 0.0 };
     // DPO's reference: one more forward of the base, adapters off.
     let reference = if s.objective.has_reference() {
         let base = Scenario {
@@ -182,7 +182,7 @@ pub fn step_work(s: &Scenario) -> StepWork {
     } else {
         0.0
     };
-    let passes = if s.checkpointing { 3.0 } else { 2.0 }
+    let passes = if s.checkpoints_blocks() { 3.0 } else { 2.0 }
         + if s.objective.has_reference() {
             1.0
         } else {

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::inventory::{Entry, Kind, Phase, Scenario, inventory};
+use super::inventory::{Entry, HEAD_INPUT, Kind, Phase, Scenario, inventory};
 
 /// The bytes alive at one point of the step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -183,11 +183,14 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
             }
             alive.remove(&hidden.name);
         }
-        for e in outside.iter().filter(|e| !s.checkpointing || is_table(e)) {
+        for e in outside
+            .iter()
+            .filter(|e| !s.checkpoints_blocks() || is_table(e))
+        {
             alive.add(e);
         }
         for layer in 0..layers {
-            if s.checkpointing {
+            if s.checkpoints_blocks() {
                 if let Some(input) = named(&format!("layers.{layer}.checkpoint_input")) {
                     alive.add(input);
                 }
@@ -209,11 +212,20 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
         for e in &outside {
             alive.add(e);
         }
+        if let Some(top) = named(HEAD_INPUT) {
+            alive.add(top);
+        }
         // The loss keeps the logits; its backward writes their gradient in place, which
         // lives until the head's backward has used it.
         let logits = named("logits");
         if let Some(logits) = logits {
             alive.add(logits);
+            // A head adapter's product, beside the logits until it is added to them.
+            if let Some(w) = named("lm_head.lora_workspace") {
+                alive.add(w);
+                alive.event("forward.lm_head.lora".into(), Phase::Forward);
+                alive.remove(&w.name);
+            }
             alive.event("forward.loss".into(), Phase::Forward);
         }
 
@@ -245,10 +257,11 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
         {
             alive.remove(&e.name);
         }
+        alive.remove(HEAD_INPUT);
 
         for layer in (0..layers).rev() {
             let kept = kept_of(Some(layer));
-            if s.checkpointing {
+            if s.checkpoints_blocks() {
                 for e in &kept {
                     alive.add(e);
                 }

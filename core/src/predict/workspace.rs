@@ -355,6 +355,16 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
             forward,
         ));
     }
+    if s.lora.as_ref().is_some_and(|l| l.head) {
+        // An adapter on the head: its `[B·T, V]` product exists beside the base's before the
+        // two are added (measured: one more `[B·T, V]` at the step's peak than without).
+        out.push(workspace(
+            "lm_head.lora_workspace".into(),
+            None,
+            s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32),
+            forward,
+        ));
+    }
     for layer in 0..c.num_hidden_layers {
         out.push(workspace(
             format!("layers.{layer}.mlp.backward_workspace"),
@@ -372,7 +382,7 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
             ),
             backward,
         ));
-        if s.checkpointing {
+        if s.checkpoints_blocks() {
             // The backward's recomputation of the block peaks at its last product,
             // `down_proj`: every tensor the block keeps is alive, with the product's input
             // `silu(gate)·up` (unless kept), its dequantized NF4 weight and, from above, the

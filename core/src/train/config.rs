@@ -11,7 +11,7 @@ use super::schedule::ScheduleKind;
 use crate::chat::BuiltInChat;
 use crate::config::spellings;
 use crate::config::{
-    AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, ObjectiveKind,
+    AttentionKind, Kernels, LlamaConfig, LoraConfig, Nf4Config, ObjectiveKind, TargetNames,
 };
 use crate::data::DataFormat;
 use crate::device::DeviceKind;
@@ -259,6 +259,7 @@ impl TrainConfig {
 
     /// The step's settings, as the predictor takes them from every front end.
     pub fn step_settings(&self) -> Result<StepSettings> {
+        let targets = TargetNames::parse(&self.lora_targets)?;
         Ok(StepSettings {
             micro_batch: self.micro_batch,
             seq_len: self.seq_len,
@@ -268,7 +269,9 @@ impl TrainConfig {
             lora_dropout: self.lora_dropout,
             rslora: self.rslora,
             dora: self.dora,
-            lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
+            lora_targets: targets.blocks,
+            lora_embedding: targets.embedding,
+            lora_head: targets.head,
             nf4: self.nf4_config(),
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
@@ -449,12 +452,12 @@ impl TrainConfig {
             return Ok(None);
         };
         let lora = crate::io::peft::read_adapter_config(dir)?;
-        let targets: Vec<&str> = lora.targets.iter().map(|t| t.module_name()).collect();
-        let targets = targets.join(",");
+        let names = lora.target_names();
+        let targets = names.peft_names().join(",");
         let before = (
             self.lora_r,
             self.lora_alpha,
-            LoraTarget::parse_list(&self.lora_targets).ok(),
+            TargetNames::parse(&self.lora_targets).ok(),
             self.rslora,
             self.dora,
         );
@@ -462,7 +465,7 @@ impl TrainConfig {
             != (
                 lora.r,
                 lora.alpha,
-                Some(lora.targets.clone()),
+                Some(names),
                 lora.use_rslora,
                 lora.use_dora,
             );

@@ -203,11 +203,22 @@ pub(super) fn micro_backward(
     mark: &mut dyn FnMut(),
     head_loss: &mut HeadLoss<'_>,
 ) -> Result<(ParamGrads, Tensor<1>)> {
-    if checkpointing {
+    // With nothing below the head trained (an adapter on the head alone) the plain forward
+    // keeps no block activation: there is nothing for checkpointing to recompute.
+    if checkpointing && below_head_trains(model) {
         checkpointed_backward(model, micro, dropout_key, mark, head_loss)
     } else {
         plain_backward(model, micro, dropout_key, mark, head_loss)
     }
+}
+
+/// Whether anything below the LM head trains: a block parameter, the embedding or its adapter.
+/// Otherwise the blocks run without a graph and a step needs no checkpointing
+/// (`Scenario::checkpoints_blocks` predicts the same).
+pub fn below_head_trains(model: &Llama) -> bool {
+    model.embed_lora.is_some()
+        || model.embed_tokens.val().is_require_grad()
+        || !super::optimizer::trainable_ids(&model.layers).is_empty()
 }
 
 /// Backward through the whole graph: every activation is kept until the backward.
@@ -277,7 +288,8 @@ fn plain_backward(
 ///    recomputation draws its LoRA dropout masks from the draw its first forward started at,
 ///    so it drops what that forward dropped (`model::dropout_draw`), as PyTorch's checkpoint
 ///    does by restoring the RNG state.
-/// 4. The embedding gets `∂E[idsᵢ] += upstreamᵢ` (nothing when it is frozen).
+/// 4. An adapter on the embedding backpropagates `upstream` through its part of the lookup.
+/// 5. The embedding gets `∂E[idsᵢ] += upstreamᵢ` (nothing when it is frozen).
 fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
@@ -331,7 +343,18 @@ fn checkpointed_backward(
         grads.add(ParamGrads::from_backward(block, &mut block_grads));
     }
 
-    // 4. Embedding, when it trains (full fine-tuning; with LoRA it is frozen).
+    // 4. The embedding's adapter (peft's `embed_tokens` LoRA): its part of the lookup again
+    //    with a graph, backward `Σ(part ⊙ upstream)`.
+    if let Some(lora) = &model.embed_lora {
+        let ids = batch.ids_tensor(&model.device());
+        let part = lora.forward(ids); // [B, T, D]
+        let mut lora_grads = (part * Tensor::from_inner(upstream.clone()))
+            .sum()
+            .backward();
+        grads.add(ParamGrads::from_backward(lora, &mut lora_grads));
+    }
+
+    // 5. Embedding, when it trains (full fine-tuning; with LoRA it is frozen).
     // Its gradient is `upstream`'s rows added into the rows of the looked-up ids, straight
     // into the gradient the tied LM head already left (no `[V, D]` zeros and no second
     // `[V, D]` sum, which burn's ops would run on one thread).

@@ -82,8 +82,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
                 alpha: 2.0 * s.lora_r as f64,
                 dropout: p.lora_dropout,
                 targets: LoraTarget::parse_list(&s.lora_targets)?,
-                use_rslora: false,
-                use_dora: false,
+                ..LoraConfig::default()
             })
         })
         .transpose()?;

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{
-    AttentionKind, LlamaConfig, LoraConfig, LoraTarget, Nf4Config, OptimizerKind,
+    AttentionKind, LlamaConfig, LoraConfig, Nf4Config, OptimizerKind, TargetNames,
 };
 use napkin_core::device::DeviceKind;
 use napkin_core::predict::inventory::Scenario;
@@ -56,6 +56,7 @@ pub fn offload_optimizer(what: Offload) -> Result<bool> {
 impl ScenarioArgs {
     /// The step's settings as the flags ask (f32; see [`with_autocast`]).
     pub fn settings(&self, optimizer: OptimizerKind) -> Result<StepSettings> {
+        let targets = TargetNames::parse(&self.lora_targets)?;
         Ok(StepSettings {
             micro_batch: self.micro_batch,
             seq_len: self.seq_len,
@@ -63,7 +64,9 @@ impl ScenarioArgs {
             lora_r: self.lora_r,
             dora: self.dora,
             lora_alpha: self.lora_alpha,
-            lora_targets: LoraTarget::parse_list(&self.lora_targets)?,
+            lora_targets: targets.blocks,
+            lora_embedding: targets.embedding,
+            lora_head: targets.head,
             nf4: self.nf4(),
             optimizer,
             checkpointing: self.checkpointing,

@@ -15,6 +15,7 @@
 //! - `gguf_export`: models written as GGUF and read back (every weight type).
 //! - `gguf_files`: GGUF from synthetic files: names, Q/K permutation, malformed input.
 //! - `gguf_tokenizers`: tokenizers built from GGUF metadata against llama.cpp's tokenizer tests.
+//! - `head_lora`: LoRA on the embedding and the LM head against peft.
 //! - `hostile_input`: thousands of mutated model, config, tokenizer, adapter, data files and
 //!   answers: typed errors, never a panic.
 //! - `lora_parity`: LoRA and QLoRA against peft; merge, unmerge, the peft format.
@@ -43,6 +44,7 @@ mod gguf_export;
 mod gguf_files;
 mod gguf_tokenizers;
 mod gguf_type_mix;
+mod head_lora;
 mod hostile_input;
 mod llama3_rope;
 mod llama_parity;

@@ -44,8 +44,7 @@ pub(crate) fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
             Some("all-linear") => LoraTarget::ALL.to_vec(),
             _ => PyTorchSetup::peft_default_targets(),
         },
-        use_rslora: false,
-        use_dora: false,
+        ..LoraConfig::default()
     });
     let method = match mode {
         "full" => Method::Full,

@@ -22,8 +22,7 @@ fn seed_000_setup() -> PyTorchSetup {
         alpha: 32.0,
         dropout: 0.05,
         targets: PyTorchSetup::peft_default_targets(),
-        use_rslora: false,
-        use_dora: false,
+        ..LoraConfig::default()
     };
     let mut setup = PyTorchSetup::qlora_prepared(1, 1200, Quant4bit::Fp4, lora, true);
     setup.mode = ModuleMode::AsLoaded;

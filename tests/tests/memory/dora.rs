@@ -10,23 +10,9 @@
 //! targets, dropout, accumulation, the efficient attention) were chosen on 2026-12-07 before
 //! they ran.
 
+use super::lora_case::{Case, check_within_5_percent};
 use super::*;
 use napkin_core::config::{AttentionKind, LoraTarget};
-use napkin_core::data::MicroBatch;
-use napkin_core::predict::timeline::step_timeline;
-
-struct Case {
-    label: &'static str,
-    config: LlamaConfig,
-    lora: LoraConfig,
-    nf4: Option<Nf4Config>,
-    batch: usize,
-    seq: usize,
-    checkpointing: bool,
-    accumulation: usize,
-    attention: AttentionKind,
-    held_out: bool,
-}
 
 fn cases() -> Vec<Case> {
     let dora = |r: usize, targets: &[LoraTarget], dropout: f64| LoraConfig {
@@ -46,7 +32,8 @@ fn cases() -> Vec<Case> {
                     (false, true) => "small DoRA r8 all ckpt",
                     (true, false) => "small QDoRA r8 all",
                     (true, true) => "small QDoRA r8 all ckpt",
-                },
+                }
+                .into(),
                 config: LlamaConfig::small(),
                 lora: dora(8, &LoraTarget::ALL, 0.0),
                 nf4,
@@ -62,7 +49,7 @@ fn cases() -> Vec<Case> {
     use LoraTarget::*;
     out.extend([
         Case {
-            label: "tiny-smol QDoRA(DQ) r16 q,v,down dropout ckpt B=2 T=48 accum 2",
+            label: "tiny-smol QDoRA(DQ) r16 q,v,down dropout ckpt B=2 T=48 accum 2".into(),
             config: LlamaConfig::tiny_smol(),
             lora: dora(16, &[QProj, VProj, DownProj], 0.1),
             nf4: Some(Nf4Config {
@@ -77,7 +64,7 @@ fn cases() -> Vec<Case> {
             held_out: true,
         },
         Case {
-            label: "small DoRA r4 k,o,gate,up T=128",
+            label: "small DoRA r4 k,o,gate,up T=128".into(),
             config: LlamaConfig::small(),
             lora: dora(4, &[KProj, OProj, GateProj, UpProj], 0.0),
             nf4: None,
@@ -89,7 +76,7 @@ fn cases() -> Vec<Case> {
             held_out: true,
         },
         Case {
-            label: "tiny-smol QDoRA r8 all efficient ckpt T=96",
+            label: "tiny-smol QDoRA r8 all efficient ckpt T=96".into(),
             config: LlamaConfig::tiny_smol(),
             lora: dora(8, &LoraTarget::ALL, 0.0),
             nf4: Some(Nf4Config::default()),
@@ -107,75 +94,5 @@ fn cases() -> Vec<Case> {
 #[test]
 fn dora_step_peak_gradients_and_kept_activations_are_within_5_percent() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut worst = [0f64; 2];
-    for case in cases() {
-        let mut model = build(&case.config, case.nf4.as_ref(), true)
-            .with_lora(&case.lora)
-            .unwrap();
-        model.attention = case.attention;
-        let scenario = Scenario {
-            lora: Some(case.lora.clone()),
-            nf4: case.nf4,
-            checkpointing: case.checkpointing,
-            accumulation: case.accumulation,
-            attention: case.attention,
-            ..Scenario::new(case.config.clone(), case.batch, case.seq)
-        };
-        let rows = |seed: usize| {
-            let rows: Vec<Vec<u32>> = (0..case.batch)
-                .map(|b| {
-                    (0..case.seq)
-                        .map(|i| ((i * 31 + b * 17 + seed * 7) % case.config.vocab_size) as u32)
-                        .collect()
-                })
-                .collect();
-            MicroBatch::causal(TokenBatch::from_rows(&rows).unwrap())
-        };
-        let micro: Vec<MicroBatch> = (0..case.accumulation).map(rows).collect();
-        drop(one_step(&model, &micro, case.checkpointing));
-        let start = reset_peak();
-        let out = one_step(&model, &micro, case.checkpointing);
-        let peak = (peak_bytes() - start) as f64;
-        let held = live_bytes().saturating_sub(start) as f64;
-        drop(out);
-        let start = live_bytes();
-        let loss = causal_lm_loss(model.forward(&micro[0].batch), &micro[0].labels).unwrap();
-        let kept = (live_bytes() - start) as f64;
-        drop(loss);
-
-        let timeline = step_timeline(&scenario);
-        let totals = totals_by_kind(&inventory(&scenario));
-        let k = usize::from(case.held_out);
-        for (what, measured, predicted) in [
-            (
-                "step peak",
-                peak,
-                (timeline.peak.bytes - timeline.persistent) as f64,
-            ),
-            ("gradients", held, totals[&Kind::Gradients] as f64),
-            (
-                "kept activations",
-                kept,
-                (totals[&Kind::SavedActivations] + totals[&Kind::Logits]) as f64,
-            ),
-        ] {
-            let ratio = measured / predicted;
-            eprintln!(
-                "{:<9} {:<64} {what:<16} measured {measured:>11.0} predicted {predicted:>11.0} \
-                 ratio {ratio:.4}",
-                if case.held_out { "held out" } else { "fit" },
-                case.label
-            );
-            worst[k] = worst[k].max((ratio - 1.0).abs());
-            assert!(
-                (ratio - 1.0).abs() <= 0.05,
-                "{} {what}: measured {measured} vs predicted {predicted}",
-                case.label
-            );
-        }
-    }
-    eprintln!(
-        "worst |measured/predicted − 1|: fit {:.4}, held out {:.4}",
-        worst[0], worst[1]
-    );
+    check_within_5_percent(&cases());
 }

@@ -28,6 +28,8 @@ mod flex_products;
 mod gguf_blocks;
 mod grid;
 mod held_out;
+mod lora_case;
+mod outer_lora;
 mod preference;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
