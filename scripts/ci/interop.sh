@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# napkin's adapter, merged folder and GGUF exports loaded by peft, transformers and (when
+# napkin's adapters (LoRA, rsLoRA, DoRA, on the embedding and the head), merged folder and GGUF
+# exports loaded by peft, transformers and (when
 # LLAMA_CPP_PYTHON names a Python with llama-cpp-python, or .venv has it) llama.cpp, compared
 # with napkin's own logits and greedy answer; the K-quant exports compared tensor by tensor with
 # llama.cpp's quantizer's files of the same weights; the Phi-3 corpus model's merged folder read by
@@ -44,6 +45,9 @@ export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 TRANSFORMERS_VERBOSITY=erro
 .venv/bin/python scripts/reference/interop.py --napkin "$napkin" --base "$base" --run "$work/run" \
     --gguf-f32 "$work/merged.f32.gguf" --rslora-run "$work/rslora" --dora-run "$work/dora"
 "${LLAMA_CPP_PYTHON:-.venv/bin/python}" scripts/reference/interop_llama_cpp.py "$napkin" "$work/merged.q8_0.gguf"
+echo "== adapters on embed_tokens and lm_head (an untied corpus model) in peft"
+.venv/bin/python scripts/reference/interop_outer.py "$napkin" \
+    "${NAPKIN_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 echo "== Phi-3: napkin's merged folder (fused qkv_proj, gate_up_proj) in transformers"
 .venv/bin/python scripts/reference/interop_phi3.py "$napkin"
 echo "== K-quant exports (Q4_K_M, Q5_K_M, Q6_K) against llama.cpp's own quantizer"
