@@ -102,6 +102,13 @@ impl StepSettings {
     /// no step can run with.
     pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
         self.check()?;
+        if self.lora_r > 0 && (self.lora_embedding || self.lora_head) && config.tie_word_embeddings
+        {
+            return Err(Error::config(
+                "--lora-targets / lora_targets",
+                "LoRA on embed_tokens or lm_head of a model whose head is tied to its embedding is not supported",
+            ));
+        }
         Ok(self.build(config))
     }
 
@@ -262,6 +269,24 @@ mod tests {
         }
         let sft = settings(ObjectiveKind::Sft).scenario(config).unwrap();
         assert_eq!((sft.seq_len, sft.packed), (128, false));
+    }
+
+    /// Adapters on the embedding or the head: counted on an untied model, refused on a tied one.
+    #[test]
+    fn outer_adapters_need_an_untied_head() {
+        let settings = StepSettings {
+            lora_r: 8,
+            lora_head: true,
+            lora_embedding: true,
+            ..StepSettings::default()
+        };
+        let untied = settings.scenario(LlamaConfig::small()).unwrap();
+        assert!(untied.lora.is_some_and(|l| l.head && l.embedding));
+        let error = settings
+            .scenario(LlamaConfig::tiny_smol())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("tied"), "{error}");
     }
 
     #[test]
