@@ -684,6 +684,14 @@ pub struct PyTorchArgs {
     /// MiB (32 on Hopper, measured on an H200; NVIDIA recommends 4 before Hopper).
     #[arg(long, value_name = "MIB", default_value_t = 32)]
     pub cublas_workspace_mib: u64,
+    /// pytorch with --objective dpo: TRL's precompute_ref_log_probs (the step runs no
+    /// reference forward).
+    #[arg(long)]
+    pub precompute_ref: bool,
+    /// pytorch with --objective dpo on cuda: prompt positions per sequence, which TRL's fused
+    /// head does not score (default 0: every position scored, the most it holds).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prompt_tokens: usize,
 }
 
 /// `estimate --engine`.
@@ -825,7 +833,8 @@ pub struct ScenarioArgs {
     #[arg(long, default_value_t = 256)]
     pub seq_len: usize,
     /// What the step minimises: sft, or dpo / orpo on preference pairs (DPO adds a reference
-    /// forward, graph-free, of each micro-batch). napkin's engine only; `measure` runs sft.
+    /// forward, graph-free, of each micro-batch). `--engine pytorch` replays sft and dpo (TRL's
+    /// DPOTrainer over an adapter); `measure` runs sft.
     #[arg(long, value_name = "OBJECTIVE", value_enum, ignore_case = true, default_value_t = ObjectiveKind::Sft)]
     pub objective: ObjectiveKind,
     /// Block-level gradient checkpointing.

@@ -203,6 +203,85 @@ fn estimate_reproduces_accelerates_bert_table_and_deepspeeds_zero2() {
     assert_eq!(format!("{gpu:.2}"), "15.93");
 }
 
+/// `napkin estimate --engine pytorch --objective dpo` replays TRL's DPOTrainer: a micro-batch
+/// of B pairs is 2B rows, precomputed reference log-probabilities take the reference forward
+/// out of the step (never raising its peak), and what it does not replay (ORPO, DPO without an
+/// adapter) is refused naming the flag.
+#[test]
+fn estimate_with_the_pytorch_engine_replays_trl_dpo() {
+    let dpo = [
+        "estimate",
+        "--preset",
+        "smollm2-135m",
+        "--engine",
+        "pytorch",
+        "--lora-r",
+        "8",
+        "--objective",
+        "dpo",
+        "--micro-batch",
+        "2",
+        "--seq-len",
+        "128",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = dpo.to_vec();
+        args.extend(extra);
+        let (ok, stdout, stderr) = napkin(&args);
+        assert!(ok, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let with_reference = run(&[]);
+    assert_eq!(with_reference["setup"]["batch"], 4);
+    assert_eq!(with_reference["setup"]["dpo"]["precompute_ref"], false);
+    let precomputed = run(&["--precompute-ref"]);
+    assert_eq!(precomputed["setup"]["dpo"]["precompute_ref"], true);
+    let peak = |v: &serde_json::Value| v["peak_allocated"].as_u64().unwrap();
+    assert!(peak(&precomputed) <= peak(&with_reference));
+    let text = {
+        let mut args = dpo.to_vec();
+        args.pop();
+        let (ok, stdout, stderr) = napkin(&args);
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    assert!(text.contains("TRL DPOTrainer: 2 pairs = 4 rows"), "{text}");
+    assert!(text.contains("dropout disabled by TRL"), "{text}");
+    for (args, named) in [
+        (&["--lora-r", "8", "--objective", "orpo"][..], "ORPOTrainer"),
+        (&["--objective", "dpo"][..], "needs --lora-r"),
+        (
+            &["--lora-r", "8", "--precompute-ref"][..],
+            "give --objective dpo",
+        ),
+        (
+            &[
+                "--lora-r",
+                "8",
+                "--objective",
+                "dpo",
+                "--prompt-tokens",
+                "128",
+            ][..],
+            "--prompt-tokens 128",
+        ),
+    ] {
+        let mut all = vec![
+            "estimate",
+            "--preset",
+            "smollm2-135m",
+            "--engine",
+            "pytorch",
+            "--seq-len",
+            "128",
+        ];
+        all.extend(args);
+        let (ok, _, stderr) = napkin(&all);
+        assert!(!ok && stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
 /// `napkin estimate --engine pytorch` with seed 000's settings gives its 6.42 GB within 5 %;
 /// the same model trained (`model.train()`) checkpoints and needs far less; a wrong value names
 /// its flag.

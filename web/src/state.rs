@@ -14,7 +14,7 @@ use napkin_core::predict::pytorch::device_process::{
 };
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
-    TorchDevice, TorchDtype,
+    TorchDevice, TorchDtype, TrlDpo,
 };
 use napkin_core::predict::report::{Report, ReportOptions, report};
 use napkin_core::predict::settings::StepSettings;
@@ -359,7 +359,8 @@ impl SandboxState {
     /// The step as a Hugging Face user would run it on CUDA with `model.train()`: peft LoRA on
     /// the same targets (no dropout, peft's default), QLoRA through
     /// `prepare_model_for_kbit_training` (f32 hidden states, bf16 4-bit compute), bf16 when
-    /// the sandbox autocasts, sdpa for the efficient attention, HF's reentrant checkpointing.
+    /// the sandbox autocasts, sdpa for the efficient attention, HF's reentrant checkpointing;
+    /// for DPO, TRL's `DPOTrainer` with its defaults.
     pub fn pytorch_setup(&self) -> PyTorchSetup {
         let lora = self.scenario().lora;
         let method = match (self.lora, self.nf4) {
@@ -375,8 +376,17 @@ impl SandboxState {
             (false, Precision::Bf16Autocast) => TorchDtype::Bf16,
             _ => TorchDtype::F32,
         };
+        let dpo = (self.objective == ObjectiveKind::Dpo).then_some(TrlDpo {
+            precompute_ref: false,
+            prompt_tokens: 0,
+        });
         PyTorchSetup {
-            batch: self.micro_batch,
+            // TRL's DPO micro-batch of B pairs is 2B rows of T tokens.
+            batch: if dpo.is_some() {
+                2 * self.micro_batch
+            } else {
+                self.micro_batch
+            },
             seq: self.seq_len,
             method,
             lora: lora.map(|l| LoraConfig { dropout: 0.0, ..l }),
@@ -395,13 +405,15 @@ impl SandboxState {
             },
             device: TorchDevice::Cuda,
             stack: Stack::MEASURED,
+            dpo,
         }
     }
 
-    /// Whether the PyTorch profile is drawn: on request, for a supervised step (it replays
-    /// transformers' step, not TRL's preference trainers).
+    /// Whether the PyTorch profile is drawn: on request, for a supervised step (transformers'
+    /// step) or DPO (always over adapters here: TRL's `DPOTrainer`, every position scored, the
+    /// reference forward in the step); not for ORPO, which it does not replay.
     pub fn pytorch_shown(&self) -> bool {
-        self.compare_pytorch && !self.objective.is_preference()
+        self.compare_pytorch && self.objective != ObjectiveKind::Orpo
     }
 
     /// Everything the charts need.
@@ -492,8 +504,8 @@ mod tests {
 
     /// DPO needs the adapters (its reference is the base with them off): choosing it turns
     /// LoRA on, and turning LoRA off goes back to supervised; ORPO keeps either. A preference
-    /// step runs pair rows of twice the sequence, DPO's with a reference forward of its own,
-    /// and the PyTorch profile (transformers' supervised step) is not drawn for it.
+    /// step runs pair rows of twice the sequence, DPO's with a reference forward of its own.
+    /// The PyTorch profile replays TRL's DPO step (two rows of T per pair), not ORPO.
     #[test]
     fn the_objective_control_keeps_dpo_on_adapters() {
         let s = reduce(&SandboxState::default(), Action::SetLora(false));
@@ -505,7 +517,12 @@ mod tests {
         let orpo = reduce(&s, Action::SetObjective(ObjectiveKind::Orpo));
         assert!(!orpo.lora && orpo.settings().check().is_ok());
         let compare = reduce(&dpo, Action::SetComparePyTorch(true));
-        assert!(compare.view().pytorch.is_none());
+        assert!(compare.view().pytorch.is_some());
+        let torch = compare.pytorch_setup();
+        assert_eq!((torch.batch, torch.seq), (2 * dpo.micro_batch, dpo.seq_len));
+        assert!(torch.dpo.is_some_and(|d| !d.precompute_ref));
+        let orpo_compare = reduce(&orpo, Action::SetComparePyTorch(true));
+        assert!(orpo_compare.view().pytorch.is_none());
         let labels: Vec<String> = dpo
             .view()
             .report

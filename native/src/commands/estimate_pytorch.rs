@@ -2,11 +2,11 @@
 //! spends it (`predict::pytorch`), for a model napkin knows the shape of.
 
 use anyhow::{Result, bail};
-use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget};
+use napkin_core::config::{LlamaConfig, LoraConfig, LoraTarget, ObjectiveKind};
 use napkin_core::predict::pytorch::device_process::{self, DeviceProcess, Workspaces};
 use napkin_core::predict::pytorch::{
     Attention, Checkpointing, Method, ModuleMode, PyTorchSetup, PyTorchStep, Quant4bit, Stack,
-    TorchDevice, TorchDtype, predict,
+    TorchDevice, TorchDtype, TrlDpo, predict,
 };
 use napkin_core::predict::units::accelerate_units;
 use serde_json::json;
@@ -22,11 +22,15 @@ pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> 
             "--dora with --engine pytorch: the PyTorch profile replays peft's plain LoRA, not its DoRA layers (napkin's own engine predicts DoRA: drop --engine pytorch)"
         );
     }
-    if args.scenario.objective.is_preference() {
-        anyhow::bail!(
-            "--objective {} with --engine pytorch: the PyTorch profile replays transformers' supervised step; TRL's DPO and ORPO trainers are not profiled (napkin's own engine is: drop --engine pytorch)",
-            args.scenario.objective
-        );
+    match args.scenario.objective {
+        ObjectiveKind::Sft | ObjectiveKind::Dpo => {}
+        ObjectiveKind::Orpo => anyhow::bail!(
+            "--objective orpo with --engine pytorch: the PyTorch profile replays transformers' supervised step and TRL's DPOTrainer, not its ORPOTrainer (napkin's own engine predicts ORPO: drop --engine pytorch)"
+        ),
+    }
+    let p = &args.pytorch;
+    if args.scenario.objective != ObjectiveKind::Dpo && (p.precompute_ref || p.prompt_tokens > 0) {
+        bail!("--precompute-ref and --prompt-tokens describe TRL's DPO step: give --objective dpo");
     }
     let setup = setup(args)?;
     let step = predict(config, &setup);
@@ -96,6 +100,26 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         },
         (true, false) => bail!("--nf4 with --engine pytorch is QLoRA: give --lora-r too"),
     };
+    let dpo = (s.objective == ObjectiveKind::Dpo)
+        .then(|| -> Result<TrlDpo> {
+            if lora.is_none() {
+                bail!(
+                    "--objective dpo with --engine pytorch needs --lora-r: the profile replays TRL's DPOTrainer over a peft adapter, whose reference is the base with the adapter disabled (full fine-tuning's reference is a second model, not profiled)"
+                );
+            }
+            if p.prompt_tokens >= s.seq_len {
+                bail!(
+                    "--prompt-tokens {} leaves no completion in a --seq-len {} sequence",
+                    p.prompt_tokens,
+                    s.seq_len
+                );
+            }
+            Ok(TrlDpo {
+                precompute_ref: p.precompute_ref,
+                prompt_tokens: p.prompt_tokens,
+            })
+        })
+        .transpose()?;
     let qlora = matches!(method, Method::QLora { .. });
     let checkpointing = s.checkpointing.then_some(if p.non_reentrant {
         Checkpointing::NonReentrant
@@ -103,7 +127,12 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
         Checkpointing::Reentrant
     });
     Ok(PyTorchSetup {
-        batch: s.micro_batch,
+        // A DPO micro-batch of B pairs is 2B rows of T tokens: the chosen, then the rejected.
+        batch: if dpo.is_some() {
+            2 * s.micro_batch
+        } else {
+            s.micro_batch
+        },
         seq: s.seq_len,
         method,
         lora,
@@ -134,6 +163,7 @@ fn setup(args: &EstimateArgs) -> Result<PyTorchSetup> {
             Releases::Current => Stack::MEASURED,
             Releases::Spring2024 => Stack::SPRING_2024,
         },
+        dpo,
     })
 }
 
@@ -167,12 +197,14 @@ fn report(
     };
     let adapters = setup.lora.as_ref().map_or(String::new(), |l| {
         let targets: Vec<String> = l.targets.iter().map(|t| t.to_string()).collect();
-        format!(
-            " r {} on {} (dropout {})",
-            l.r,
-            targets.join(","),
-            l.dropout
-        )
+        let dropout = if setup.adapter_dropout_runs() {
+            format!("dropout {}", l.dropout)
+        } else if setup.dpo.is_some() {
+            "dropout disabled by TRL".to_string()
+        } else {
+            "dropout off in eval mode".to_string()
+        };
+        format!(" r {} on {} ({dropout})", l.r, targets.join(","))
     });
     let saved: u64 = step.saved_per_layer.iter().sum::<u64>() + step.saved_outside;
     let largest_layer = step.saved_per_layer.iter().copied().max().unwrap_or(0);
@@ -201,6 +233,18 @@ fn report(
         },
         setup.stack.name,
     );
+    if let Some(dpo) = setup.dpo {
+        out += &format!(
+            "  TRL DPOTrainer: {} pairs = {} rows (chosen, rejected), fused LM head, {}\n",
+            setup.batch / 2,
+            setup.batch,
+            if dpo.precompute_ref {
+                "reference log-probs precomputed".to_string()
+            } else {
+                "reference forward with the adapter disabled".to_string()
+            }
+        );
+    }
     out += &format!("  weights (+ 4-bit absmax)          {}\n", gb(step.weights));
     out += &format!(
         "  .grad of the trainable values     {}\n",
@@ -213,12 +257,21 @@ fn report(
         accelerate_units(step.saved_outside as f64)
     );
     out += &format!(
-        "  after the forward (+ logits)      {}  (above the weights)\n",
+        "  {:<34}{}  (above the weights)\n",
+        if setup.dpo.is_some() {
+            "after the forwards (+ loss)"
+        } else {
+            "after the forward (+ logits)"
+        },
         gb(step.alive_after_forward)
     );
     out += &format!(
-        "  peak of forward + backward        {}  (torch.cuda.max_memory_allocated)\n",
-        gb(step.peak_allocated())
+        "  peak of forward + backward        {}  ({})\n",
+        gb(step.peak_allocated()),
+        match setup.device {
+            TorchDevice::Cuda => "torch.cuda.max_memory_allocated",
+            TorchDevice::Cpu => "the CPU allocator's running total, as torch.profiler counts it",
+        }
     );
     out += &format!(
         "  + AdamW moments once stepped      {}\n",

@@ -19,7 +19,7 @@ Writes, beside this script:
     `loss`, `nll` [1], `chosen_logps`, `rejected_logps` [8] (means over completion tokens),
     its metrics, and `orpo.grad.<peft name>`.
 
-    .venv/bin/pip install trl==1.16.0 (beside scripts/reference/requirements.txt); then
+    .venv/bin/pip install trl==1.16.0 datasets==5.2.0 (beside scripts/reference/requirements.txt); then
     .venv/bin/python tests/corpus/preference/make_case.py NAPKIN_FIXTURES-or-../shared/fixtures
 """
 

@@ -56,6 +56,7 @@ mod nf4_parity;
 mod optimizers;
 mod preference;
 mod pytorch_profile;
+mod pytorch_profile_dpo;
 mod quantized_adapters;
 mod quantized_checkpoint;
 mod seed_figures;

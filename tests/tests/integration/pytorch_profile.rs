@@ -20,7 +20,7 @@ use serde_json::Value;
 /// Every figure within this much of PyTorch's.
 const TOLERANCE: f64 = 0.05;
 
-fn corpus(file: &str) -> Value {
+pub(crate) fn corpus(file: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("corpus/pytorch_profile")
         .join(file);
@@ -83,14 +83,15 @@ pub(crate) fn setup(case: &Value, device: TorchDevice) -> PyTorchSetup {
         },
         device,
         stack: Stack::MEASURED,
+        dpo: None,
     }
 }
 
-fn within(predicted: u64, measured: u64) -> bool {
+pub(crate) fn within(predicted: u64, measured: u64) -> bool {
     (predicted as f64 / measured as f64 - 1.0).abs() <= TOLERANCE
 }
 
-fn ratio(predicted: u64, measured: u64) -> String {
+pub(crate) fn ratio(predicted: u64, measured: u64) -> String {
     format!(
         "{predicted} / {measured} = {:.3}",
         predicted as f64 / measured as f64

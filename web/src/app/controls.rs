@@ -190,7 +190,7 @@ pub fn controls(props: &ControlsProps) -> Html {
             </fieldset>
             <fieldset>
                 <legend>{ "Compare" }</legend>
-                { checkbox("compare-pytorch", "the same step in PyTorch (transformers + peft + bitsandbytes on CUDA; supervised steps)", s.compare_pytorch, on_check(d, Action::SetComparePyTorch)) }
+                { checkbox("compare-pytorch", "the same step in PyTorch (transformers + peft + bitsandbytes on CUDA; supervised steps, and TRL's DPO over an adapter)", s.compare_pytorch, on_check(d, Action::SetComparePyTorch)) }
             </fieldset>
             <fieldset>
                 <legend>{ "Hardware" }</legend>

@@ -49,6 +49,20 @@ impl Tape {
         StepAllocations { forward, backward }
     }
 
+    /// The forward's highest allocation above the weights: its own temporaries and scratch
+    /// (a no-grad reference forward, a fused head's tiles) on top of what it has kept so far.
+    pub fn forward_peak(&self) -> u64 {
+        let (mut live, mut peak) = (0u64, 0u64);
+        self.forward_allocations(0, true, &[], None, &mut |event| match event {
+            Allocation::Malloc { bytes, .. } => {
+                live += bytes;
+                peak = peak.max(live);
+            }
+            Allocation::Free { bytes, .. } => live -= bytes,
+        });
+        peak
+    }
+
     /// The forward's allocations, storage `s` as id `base + s`. `grad`: whether autograd keeps
     /// what ops save (off under `no_grad`); `held`: storages someone else frees; `output`: a
     /// storage that is someone else's tensor under another id (a checkpointed block's output).

@@ -27,31 +27,41 @@ pub fn record(config: &LlamaConfig, setup: &PyTorchSetup) -> Recorded {
         config,
         setup,
         next_param: 0,
+        no_grad: false,
     };
     let loss = b.forward();
     Recorded { tape: b.tape, loss }
 }
 
-struct Builder<'a> {
-    tape: Tape,
-    config: &'a LlamaConfig,
-    setup: &'a PyTorchSetup,
+pub(super) struct Builder<'a> {
+    pub(super) tape: Tape,
+    pub(super) config: &'a LlamaConfig,
+    pub(super) setup: &'a PyTorchSetup,
     next_param: usize,
+    /// Recording a forward under `torch.no_grad()` with the adapters disabled (DPO's
+    /// reference): nothing is tracked, nothing checkpointed.
+    pub(super) no_grad: bool,
 }
 
 impl Builder<'_> {
     /// N = B·T.
-    fn n(&self) -> u64 {
+    pub(super) fn n(&self) -> u64 {
         (self.setup.batch * self.setup.seq) as u64
     }
 
     /// Bytes of one value of the hidden states.
-    fn w(&self) -> u64 {
+    pub(super) fn w(&self) -> u64 {
         self.setup.dtype.bytes()
     }
 
     fn full(&self) -> bool {
         matches!(self.setup.method, Method::Full)
+    }
+
+    /// Checkpointing as this forward runs it (never under `no_grad`: TRL disables it for the
+    /// reference forward).
+    fn checkpointing(&self) -> Option<Checkpointing> {
+        self.setup.active_checkpointing().filter(|_| !self.no_grad)
     }
 
     fn param(&mut self, bytes: u64, trainable: bool) -> Param {
@@ -68,12 +78,29 @@ impl Builder<'_> {
         let (n, d, w) = (self.n(), c.hidden_size as u64, self.w());
         let vocab = c.vocab_size as u64;
         self.tape.enter(None);
-
-        // embed_tokens → [B, T, D]. Under LoRA its output needs no gradient unless
-        // `enable_input_require_grads` hooks it.
         let ids = self.tape.external(n * 8, false);
         let table = self.param(vocab * d * w, self.full());
-        let hooked = self.setup.input_require_grads;
+        let h = self.backbone(ids, table);
+        let head = if c.tie_word_embeddings {
+            table
+        } else {
+            self.param(vocab * d * w, self.full())
+        };
+        if let Some(dpo) = self.setup.dpo {
+            return self.dpo_step(dpo, ids, table, h);
+        }
+        let logits = self.tape.linear(h, head, n * vocab * w); // [B, T, V]
+        self.loss(logits)
+    }
+
+    /// `LlamaModel`: the embedding of `ids`, the decoder layers and the final norm, its
+    /// output `[B, T, D]`.
+    pub(super) fn backbone(&mut self, ids: Val, table: Param) -> Val {
+        let c = self.config;
+        let (n, d, w) = (self.n(), c.hidden_size as u64, self.w());
+        // embed_tokens → [B, T, D]. Under LoRA its output needs no gradient unless
+        // `enable_input_require_grads` hooks it (which has no effect under `no_grad`).
+        let hooked = self.setup.input_require_grads && !self.no_grad;
         let mut x = self.tape.embedding(ids, table, n * d * w, hooked);
 
         // position_ids [1, T] (int64), and the rotary tables cos, sin: [1, T, d] each in the
@@ -87,21 +114,14 @@ impl Builder<'_> {
 
         for layer in 0..c.num_hidden_layers {
             self.tape.enter(Some(layer));
-            x = match self.setup.active_checkpointing() {
+            x = match self.checkpointing() {
                 Some(kind) => self.checkpointed_layer(x, rope, positions, kind),
                 None => self.decoder_layer(x, rope),
             };
         }
         self.tape.enter(None);
         let norm = self.param(d * w, self.full());
-        let h = self.rms_norm(x, norm);
-        let head = if c.tie_word_embeddings {
-            table
-        } else {
-            self.param(vocab * d * w, self.full())
-        };
-        let logits = self.tape.linear(h, head, n * vocab * w); // [B, T, V]
-        self.loss(logits)
+        self.rms_norm(x, norm)
     }
 
     /// The causal-LM loss: logits to f32, mean cross-entropy over the next tokens =
@@ -177,6 +197,7 @@ impl Builder<'_> {
             config: self.config,
             setup: self.setup,
             next_param: self.next_param,
+            no_grad: false,
         };
         // The rerun sees an input that needs a gradient exactly when the original did; the
         // non-reentrant variant also runs it when only the layer's own parameters train.
@@ -245,7 +266,7 @@ impl Builder<'_> {
     }
 
     /// A cast to a tensor of `bytes` (none when the size, hence the dtype, is unchanged).
-    fn cast(&mut self, x: Val, bytes: u64) -> Val {
+    pub(super) fn cast(&mut self, x: Val, bytes: u64) -> Val {
         if x.bytes == bytes {
             x
         } else {
@@ -407,18 +428,26 @@ impl Builder<'_> {
         let Some(lora) = self.setup.lora.as_ref() else {
             return base;
         };
-        if !lora.targets.contains(&target) {
+        // Under `disable_adapter()` peft's layer runs its base layer alone.
+        if !lora.targets.contains(&target) || self.no_grad {
             return base;
         }
         let r = lora.r as u64;
-        // peft keeps the adapters in f32 and casts the input to their dtype.
-        let x = self.cast(x, n * fan_in * 4);
+        // peft casts the input to the adapters' dtype (f32, or bf16 where TRL cast them).
+        let ab = self.setup.adapter_bytes();
+        let x = self.cast(x, n * fan_in * ab);
         let x = self.dropout(x, lora.dropout);
-        let a = self.param(r * fan_in * 4, true);
-        let b = self.param(fan_out * r * 4, true);
-        let down = self.tape.linear(x, a, n * r * 4);
-        let up = self.tape.linear(down, b, n * fan_out * 4);
+        let a = self.param(r * fan_in * ab, true);
+        let b = self.param(fan_out * r * ab, true);
+        let down = self.tape.linear(x, a, n * r * ab);
+        let up = self.tape.linear(down, b, n * fan_out * ab);
         let scaled = self.tape.fresh(&[up], up.bytes, FreshGrad::Allocates);
+        // bitsandbytes' LoRA layer casts the adapters' output to the result's dtype before
+        // the sum.
+        let scaled = match self.setup.method {
+            Method::QLora { .. } => self.cast(scaled, n * fan_out * w),
+            _ => scaled,
+        };
         let sum = self.tape.add(base, scaled);
         self.cast(sum, n * fan_out * w)
     }

@@ -15,7 +15,8 @@
 //!   and scales, a few small tables) and frees it. peft's `prepare_model_for_kbit_training`
 //!   ends with `empty_cache()` (releases since 2025);
 //! - peft then adds each adapter's A and B in the base layer's dtype (the compute dtype under
-//!   bitsandbytes) and casts them to f32 one by one.
+//!   bitsandbytes) and casts them to f32 one by one (TRL's `DPOTrainer` then casts a quantized
+//!   model's to bf16, one by one).
 //!
 //! Spring 2024's releases (`Stack::SPRING_2024`, from their sources, not measured): no warm-up
 //! block and no `empty_cache()`; transformers 4's bitsandbytes quantizer loaded in f16 when no
@@ -195,8 +196,19 @@ pub fn load_events(config: &LlamaConfig, setup: &PyTorchSetup) -> Vec<LoadEvent>
             }
         }
         if made_in != TorchDtype::F32 {
+            adapters = adapters
+                .into_iter()
+                .map(|block| {
+                    let cast = r.malloc(block.1 / made_in.bytes() * 4);
+                    r.free(block);
+                    cast
+                })
+                .collect();
+        }
+        // TRL's DPOTrainer then casts a quantized model's adapters to bf16, one by one.
+        if setup.adapter_bytes() == 2 {
             for block in adapters {
-                r.malloc(block.1 / made_in.bytes() * 4);
+                r.malloc(block.1 / 2);
                 r.free(block);
             }
         }

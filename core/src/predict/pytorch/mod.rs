@@ -11,6 +11,8 @@
 //!
 //! - `tape`: autograd's saving and freeing rules, op by op, and the backward walk.
 //! - `llama`: the HF forward written onto the tape.
+//! - `trl_dpo`: TRL's `DPOTrainer` step on the same tape: its fused LM head, the reference
+//!   forward with the adapter disabled, the DPO loss.
 //! - `caching_allocator`: the CUDA caching allocator's segments and rounding (reserved bytes).
 
 pub mod allocation_order;
@@ -19,6 +21,7 @@ pub mod device_process;
 pub mod llama;
 pub mod loading;
 pub mod tape;
+pub mod trl_dpo;
 
 use serde::Serialize;
 
@@ -213,6 +216,25 @@ pub struct PyTorchSetup {
     pub device: TorchDevice,
     /// The releases' behaviours.
     pub stack: Stack,
+    /// TRL's `DPOTrainer` step instead of the causal-LM step (`batch` then counts rows: the
+    /// chosen and the rejected sequence of each pair).
+    pub dpo: Option<TrlDpo>,
+}
+
+/// One step of TRL's `DPOTrainer` (`_compute_loss` and its backward) over a peft adapter, as
+/// TRL 1.16 runs it without autocast (`bf16=False`): the policy forward through TRL's fused LM
+/// head (per-token log-probabilities in tiles, never the `[N, V]` logits), the reference
+/// forward under `no_grad` with the adapter disabled, the sigmoid loss. TRL's defaults apply:
+/// dropout disabled in the model (`disable_dropout`), a quantized model's adapters cast to
+/// bf16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TrlDpo {
+    /// `precompute_ref_log_probs`: the batch brings the reference's log-probabilities, so the
+    /// step runs no reference forward.
+    pub precompute_ref: bool,
+    /// Positions of each row that are prompt (`completion_mask` 0). On CUDA the fused head
+    /// scores only the completion's positions; the CPU's scores every position.
+    pub prompt_tokens: usize,
 }
 
 impl PyTorchSetup {
@@ -266,6 +288,7 @@ impl PyTorchSetup {
             attention: Attention::Sdpa,
             device: TorchDevice::Cuda,
             stack: Stack::MEASURED,
+            dpo: None,
         }
     }
 
@@ -281,9 +304,18 @@ impl PyTorchSetup {
             .filter(|_| matches!(self.mode, ModuleMode::Train))
     }
 
-    /// Whether the adapters' dropout runs.
+    /// Whether the adapters' dropout runs (TRL's `DPOTrainer` disables it by default).
     pub fn adapter_dropout_runs(&self) -> bool {
-        matches!(self.mode, ModuleMode::Train | ModuleMode::AsLoaded)
+        matches!(self.mode, ModuleMode::Train | ModuleMode::AsLoaded) && self.dpo.is_none()
+    }
+
+    /// Bytes of one adapter value: peft keeps adapters in f32; TRL's `DPOTrainer` casts a
+    /// quantized model's to bf16 (QLoRA's recipe).
+    pub fn adapter_bytes(&self) -> u64 {
+        match (self.dpo, self.method) {
+            (Some(_), Method::QLora { .. }) => 2,
+            _ => 4,
+        }
     }
 }
 
@@ -326,7 +358,10 @@ pub fn predict(config: &LlamaConfig, setup: &PyTorchSetup) -> PyTorchStep {
         saved_per_layer,
         saved_outside: per.get(&None).copied().unwrap_or(0),
         alive_after_forward: recorded.tape.alive_after_forward(),
-        peak_above_weights: recorded.tape.backward_peak(recorded.loss),
+        peak_above_weights: recorded
+            .tape
+            .forward_peak()
+            .max(recorded.tape.backward_peak(recorded.loss)),
     }
 }
 
@@ -343,10 +378,9 @@ fn parameter_bytes(config: &LlamaConfig, setup: &PyTorchSetup) -> (u64, u64) {
         .block_linears()
         .map(|(_, out, inp)| (out * inp) as u64);
     let linears = layers * linear_shapes.iter().sum::<u64>();
-    let adapters = setup
-        .lora
-        .as_ref()
-        .map_or(0, |lora| layers * lora_parameters(config, lora) * 4);
+    let adapters = setup.lora.as_ref().map_or(0, |lora| {
+        layers * lora_parameters(config, lora) * setup.adapter_bytes()
+    });
     let dense = (embedding + norms) * w + buffers;
     let (linear_bytes, trainable) = match setup.method {
         Method::Full => (linears * w, (embedding + norms + linears) * w),

@@ -408,6 +408,12 @@ impl Tape {
         out
     }
 
+    /// An op that only reads `inputs` and makes nothing autograd sees (a metric taken with
+    /// `.item()`): it keeps them alive in the forward until it runs.
+    pub fn read(&mut self, inputs: &[Val]) {
+        self.begin(inputs);
+    }
+
     /// Whether some op saves `x`'s storage.
     pub fn saves(&self, x: Val) -> bool {
         self.saved_by.contains_key(&x.storage)
