@@ -219,6 +219,10 @@ pub struct BenchArgs {
     /// float model that dequantizes them; replaces the f32 engine.
     #[arg(long)]
     pub nf4: bool,
+    /// `generate`: leave out the float engine (every weight dequantized to f32), which decodes a
+    /// GGUF 5–6× slower than its blocks and dominates a long run's time.
+    #[arg(long)]
+    pub no_float: bool,
     /// `gpu`: also report the fraction of this device preset's f32 peak (t4, rtx3090,
     /// rtx4090, a100-40gb, a100-80gb, h100, ...: the devices of `napkin estimate`'s roofline).
     #[arg(long, value_name = "ID")]

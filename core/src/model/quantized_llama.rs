@@ -13,7 +13,7 @@
 use super::rope::{inverse_frequencies, tables};
 use crate::config::{LlamaConfig, LoraTarget};
 use crate::error::{Error, Result};
-use crate::kernels::cpu::cached_attention::CachedAttention;
+use crate::kernels::cpu::cached_attention::{CachedAttention, HostKv};
 use crate::kernels::cpu::quantized::{
     ActivationBits, BlockFormat, QuantizedActivations, QuantizedMatrix,
 };
@@ -186,17 +186,10 @@ impl QuantizedBlock {
     }
 }
 
-/// One block's cached keys and values, `[S, Hkv·Dh]` each (RoPE applied to the keys).
-#[derive(Debug, Clone, Default)]
-pub struct HostLayerCache {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
 /// The keys and values of every block.
 #[derive(Debug, Clone, Default)]
 pub struct QuantizedKvCache {
-    layers: Vec<HostLayerCache>,
+    layers: Vec<HostKv>,
     len: usize,
 }
 
@@ -600,9 +593,9 @@ impl QuantizedLlama {
         let past = cache.len;
         let positions: Vec<u32> = (past as u32..(past + t) as u32).collect();
         let (cos, sin) = tables(&self.inv_freq, &positions); // [T, Dh] each
-        cache
-            .layers
-            .resize_with(self.layers.len(), HostLayerCache::default);
+        cache.layers.resize_with(self.layers.len(), || {
+            HostKv::new(c.num_key_value_heads, c.head_dim)
+        });
 
         let mut x = vec![0.0f32; t * d]; // [T, D]
         for (row, &id) in x.chunks_exact_mut(d).zip(new_ids) {
@@ -648,7 +641,7 @@ impl QuantizedLlama {
         x: &mut [f32],
         cos: &[f32],
         sin: &[f32],
-        cache: &mut HostLayerCache,
+        cache: &mut HostKv,
         past: usize,
         lead: &Lead<'_, 'w>,
     ) {
@@ -677,8 +670,7 @@ impl QuantizedLlama {
         }
         rotate(&mut q, cos, sin, dh);
         rotate(&mut k, cos, sin, dh);
-        cache.keys.extend_from_slice(&k);
-        cache.values.extend_from_slice(&v);
+        cache.append(&k, &v);
         let attended = CachedAttention {
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads,
@@ -686,7 +678,7 @@ impl QuantizedLlama {
             past,
             window: c.sliding_window,
         }
-        .run(&q, &cache.keys, &cache.values); // [T, H·Dh]
+        .run(&q, cache); // [T, H·Dh]
         lead.warm(layer.o.stored_bytes()); // the attention's pass ended the first request
         let attended = self.quantized(&attended, q_rows);
         let o = layer.project(std::slice::from_ref(&layer.o), 3, &attended); // [T, D]

@@ -213,18 +213,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None
     };
     let mut float = None;
-    let float_resident = grown_while(&mut || {
-        let model = load_model_with(path, &DeviceKind::Cpu.open()?, nf4.as_ref())
-            .with_context(|| format!("loading {}", path.display()))?;
-        Napkin {
-            model: &model,
-            prompt: &prompt,
-            new_tokens: args.tokens,
-        }
-        .run_once()?;
-        float = Some(model);
-        Ok(())
-    })?;
+    let float_resident = if args.no_float {
+        None
+    } else {
+        grown_while(&mut || {
+            let model = load_model_with(path, &DeviceKind::Cpu.open()?, nf4.as_ref())
+                .with_context(|| format!("loading {}", path.display()))?;
+            Napkin {
+                model: &model,
+                prompt: &prompt,
+                new_tokens: args.tokens,
+            }
+            .run_once()?;
+            float = Some(model);
+            Ok(())
+        })?
+    };
 
     let narrow = blocks
         .clone()

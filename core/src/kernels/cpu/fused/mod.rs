@@ -11,7 +11,7 @@
 //! CUDA, half precision) runs the same formula with burn's ops.
 
 pub mod cross_entropy;
-mod exp;
+pub(crate) mod exp;
 pub mod rms_norm;
 pub mod rope;
 mod runtime;
