@@ -212,6 +212,8 @@ pub const HEAD_INPUT: &str = "head.checkpoint_input";
 pub const OPTIMIZER_MAP: &str = "optimizer.map";
 /// The entry of the gradients' map (host memory; in a CPU inventory only).
 pub const GRADIENTS_MAP: &str = "gradients.map";
+/// The entry of burn's bookkeeping of the parameter tensors (CPU backends), beside their values.
+pub const PARAMETER_BOOKKEEPING: &str = "parameters.bookkeeping";
 
 /// The inventory of a scenario.
 pub fn inventory(s: &Scenario) -> Vec<Entry> {
@@ -430,7 +432,7 @@ pub fn inventory(s: &Scenario) -> Vec<Entry> {
             .filter(|e| matches!(e.kind, Kind::Weights | Kind::Adapters))
             .count() as u64;
         out.push(Entry {
-            name: "parameters.bookkeeping".into(),
+            name: PARAMETER_BOOKKEEPING.into(),
             layer: None,
             kind: Kind::Weights,
             bytes: workspace::parameter_bytes() * parameters,
@@ -670,7 +672,7 @@ mod tests {
             let parameters = if nf4.is_some() { 62 } else { 62 + 210 };
             let bookkeeping = entries
                 .iter()
-                .find(|e| e.name == "parameters.bookkeeping")
+                .find(|e| e.name == PARAMETER_BOOKKEEPING)
                 .map(|e| e.bytes);
             assert_eq!(bookkeeping, Some(workspace::parameter_bytes() * parameters));
             assert_eq!(

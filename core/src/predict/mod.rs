@@ -12,6 +12,8 @@
 //! - `preflight`: the predicted peak against the memory available, before a run starts.
 //! - `workspace`: the short-lived buffers of the largest ops and burn's graph bookkeeping.
 //! - `sharding`: per-GPU and host memory under DDP, FSDP and ZeRO, with CPU offload.
+//! - `communication`: the collectives of DDP, FSDP and ZeRO per optimizer step, the bytes a rank
+//!   sends and their time on NVLink, PCIe and Ethernet.
 //! - `offload`: bytes offload keeps on the host and moves over PCIe / NVLink-C2C each step.
 //! - `link`: what a step sends over the host link on a GPU when the weights are resident.
 //! - `time`: FLOPs and bytes of a step, device presets, the roofline verdict and step time.
@@ -25,6 +27,7 @@
 pub mod accelerate;
 pub mod activations;
 pub mod bert;
+pub mod communication;
 pub mod inventory;
 pub mod link;
 pub mod offload;

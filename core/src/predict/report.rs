@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::communication::{Communication, communication};
 use super::inventory::{Entry, Kind, LayerBytes, Scenario, inventory, per_layer, totals_by_kind};
 use super::offload::{host_links, host_transfer};
 use super::recompute::{ActivationSplit, activation_split};
@@ -56,6 +57,8 @@ pub struct Report {
     pub time: StepTime,
     /// Per-GPU and per-node memory, when a strategy was given.
     pub sharding: Option<ShardedMemory>,
+    /// The collectives between the GPUs per optimizer step, when a strategy was given.
+    pub communication: Option<Communication>,
     /// One GPU with offload: device and host bytes, the link traffic of each optimizer step.
     pub offload: Option<OffloadReport>,
 }
@@ -159,6 +162,9 @@ pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
             offload,
         )
     });
+    let communication = options.strategy.map(|strategy| {
+        communication(s, strategy, options.gpus.max(1), options.nodes.max(1))
+    });
     let offload = options
         .offload
         .map(|offload| offload_report(s, &entries, offload, peak));
@@ -186,6 +192,7 @@ pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
         timeline: timeline.events,
         entries,
         sharding,
+        communication,
         offload,
     }
 }

@@ -505,4 +505,42 @@ fn print_report(r: &Report) {
             accelerate_units(m.cpu_per_node as f64),
         );
     }
+    if let Some(c) = &r.communication {
+        println!(
+            "  communication per optimizer step ({} GPU(s), ring collectives; payload = the whole tensor):",
+            c.gpus
+        );
+        for call in &c.calls {
+            println!(
+                "    {:<34} {:<15} {:>10} × {:<3} over {} rank(s): {} sent per rank",
+                call.what,
+                call.op.name(),
+                accelerate_units(call.payload as f64),
+                call.calls,
+                call.ranks,
+                accelerate_units(call.sent_per_rank() as f64),
+            );
+        }
+        println!(
+            "    sent per rank in all: {}{}",
+            accelerate_units(c.sent_per_rank as f64),
+            if c.sent_across_nodes_per_rank > 0 {
+                format!(
+                    " ({} of it across nodes)",
+                    accelerate_units(c.sent_across_nodes_per_rank as f64)
+                )
+            } else {
+                String::new()
+            }
+        );
+        if c.sent_per_rank > 0 {
+            for link in &c.links {
+                println!(
+                    "    {:<32} {:>9.2} ms per step, nothing overlapped",
+                    link.name,
+                    1e3 * link.seconds_per_step
+                );
+            }
+        }
+    }
 }

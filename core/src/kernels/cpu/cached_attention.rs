@@ -222,10 +222,8 @@ impl CachedAttention {
                 total += lane;
             }
             let inverse = 1.0 / total;
-            for s in scores.iter_mut() {
-                for l in 0..TILE {
-                    s[l] *= inverse;
-                }
+            for p in scores.as_flattened_mut() {
+                *p *= inverse;
             }
 
             // Values: 32 output dimensions in four registers over every position seen, then
