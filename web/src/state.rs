@@ -808,5 +808,18 @@ mod tests {
         let eight = s.view();
         let sharded = eight.report.sharding.expect("sharded");
         assert!(sharded.gpu_peak < one.report.step_peak.bytes);
+        // What the GPUs send: full sharding gathers every parameter twice a micro-batch, so
+        // each GPU sends more than the whole model; one GPU sends nothing.
+        let sent = eight
+            .report
+            .communication
+            .expect("communication")
+            .sent_per_rank;
+        assert!(sent > 2 * 7 * one.report.per_layer.iter().map(|l| l.weights).sum::<u64>() / 8);
+        assert!(
+            one.report
+                .communication
+                .is_none_or(|c| c.sent_per_rank == 0)
+        );
     }
 }

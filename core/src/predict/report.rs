@@ -162,9 +162,9 @@ pub fn report(s: &Scenario, options: &ReportOptions) -> Report {
             offload,
         )
     });
-    let communication = options.strategy.map(|strategy| {
-        communication(s, strategy, options.gpus.max(1), options.nodes.max(1))
-    });
+    let communication = options
+        .strategy
+        .map(|strategy| communication(s, strategy, options.gpus.max(1), options.nodes.max(1)));
     let offload = options
         .offload
         .map(|offload| offload_report(s, &entries, offload, peak));

@@ -87,6 +87,12 @@ pub fn summary(props: &SummaryProps) -> Html {
             if let Some(m) = &r.sharding {
                 <p class="note">{ format!("{} GPUs, {:?}: {} per GPU, {} per node in CPU memory", m.gpus, m.strategy, bytes(m.gpu_peak as f64), bytes(m.cpu_per_node as f64)) }</p>
             }
+            if let Some(c) = r.communication.as_ref().filter(|c| c.gpus > 1) {
+                <p id="communication" class="note">{ format!("Each optimizer step the GPUs exchange {}; each GPU sends {} (ring algorithms), nothing overlapped: {}.",
+                    c.calls.iter().map(|call| format!("{} {} of {} ×{}", call.what, call.op.name(), bytes(call.payload as f64), call.calls)).collect::<Vec<_>>().join(", "),
+                    bytes(c.sent_per_rank as f64),
+                    c.links.iter().map(|l| format!("{} {}", l.name, seconds(l.seconds_per_step))).collect::<Vec<_>>().join(", ")) }</p>
+            }
             if let Some(o) = &r.offload {
                 <p id="offload" class="note">{ format!("Optimizer offload: {} of state in host memory; each step sends {} of gradients to the host and {} of updated weights back: {}.",
                     bytes(o.host_bytes as f64), bytes(o.to_host_bytes_per_step as f64), bytes(o.to_device_bytes_per_step as f64),
