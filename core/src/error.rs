@@ -139,6 +139,16 @@ pub enum Error {
         message: String,
     },
 
+    /// A collective engine (MPI, NCCL) that cannot be loaded, or a collective call that
+    /// failed.
+    #[error("collective engine {engine}: {message}")]
+    Collective {
+        /// The engine (`Open MPI`).
+        engine: String,
+        /// What went wrong.
+        message: String,
+    },
+
     /// A GPU had no memory for an allocation in the middle of the work (the pre-flight check
     /// holds the predicted peak against the driver's budget; this is what happens past it).
     #[error(

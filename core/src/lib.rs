@@ -15,6 +15,7 @@ pub mod chat;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod exercises;
 pub mod export;

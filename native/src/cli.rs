@@ -442,6 +442,12 @@ pub struct TrainArgs {
     /// kept in OUT/best (0: never).
     #[arg(long, value_name = "N", default_value_t = train_defaults().early_stopping)]
     pub early_stopping: usize,
+    /// Data-parallel training over the ranks a launcher started: `mpirun -np N napkin train
+    /// … --shard ddp` (Open MPI, CPU ranks). --micro-batch is per rank; each step trains on
+    /// micro-batch × accumulation × ranks sequences. Only ddp trains (`napkin estimate
+    /// --shard` predicts the others).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub shard: Option<Strategy>,
     /// A prompt answered greedily at each evaluation (through the chat template), logged to
     /// metrics.jsonl and printed; repeatable. With no held-out data, answered every
     /// --eval-every steps.

@@ -1457,3 +1457,179 @@ fn generate_runs_a_qlora_adapter_on_its_nf4_base_kept_as_codes() {
         "{stderr}"
     );
 }
+
+/// The f32 tensors of an adapter file, by name.
+fn adapter_values(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(dir.join("adapter_model.safetensors")).expect("the adapter");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    let mut out: Vec<(String, Vec<f32>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `mpirun -np 2 napkin train --shard ddp` (Open MPI, two CPU ranks on loopback) trains what
+/// one process trains with twice the accumulation: each step's loss equal (the global mean over
+/// both ranks' label tokens) and the adapter equal after 3 SGD steps; the gradients' all-reduce
+/// carries exactly the bytes `napkin estimate --shard ddp` predicts.
+#[test]
+fn two_mpi_ranks_train_what_one_process_trains_with_twice_the_accumulation() {
+    let mpirun = Command::new("mpirun").arg("--version").output();
+    assert!(
+        mpirun.is_ok_and(|o| o.status.success()),
+        "mpirun not found: install Open MPI (scripts/setup-system.sh installs Debian's openmpi-bin)"
+    );
+    let f = fixtures();
+    let (ranks, one) = (Scratch::new("ddp-ranks"), Scratch::new("ddp-one"));
+    let common = |out: &Path, accumulation: &str| -> Vec<String> {
+        [
+            "train",
+            "--model",
+            f.join("tiny-smol").to_str().unwrap(),
+            "--tokenizer",
+            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
+            "--chat-format",
+            "chatml",
+            "--data",
+            repo().join("data/napkin-instruct.jsonl").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--lora-r",
+            "8",
+            "--lora-targets",
+            "q_proj,v_proj,down_proj",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.5",
+            "--seq-len",
+            "96",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "3",
+            "--plain",
+            "--accum",
+            accumulation,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut ddp = common(&ranks.0, "1");
+    ddp.extend(["--shard".to_string(), "ddp".to_string()]);
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "-np", "2", env!("CARGO_BIN_EXE_napkin")])
+        .args(&ddp)
+        // Open MPI refuses root unless told twice (CI runs as root).
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("over 2 ranks"), "{stderr}");
+    let (ok, stderr) = run(&common(&one.0, "2"));
+    assert!(ok, "{stderr}");
+
+    let (a, b) = (losses(&ranks.0), losses(&one.0));
+    assert_eq!(a.len(), 3);
+    for ((step, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs(),
+            "step {step}: loss {x} on 2 ranks, {y} on one"
+        );
+    }
+    let (a, b) = (adapter_values(&ranks.0), adapter_values(&one.0));
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let gap = x
+            .iter()
+            .zip(y)
+            .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            gap <= 2e-6 * scale,
+            "{name}: {gap} apart (largest value {scale})"
+        );
+    }
+
+    // Counted at the call against the prediction for the same adapter on 2 GPUs.
+    let counts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(ranks.0.join("communication.json")).expect("communication.json"),
+    )
+    .unwrap();
+    let gradients = counts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["what"] == "gradients")
+        .expect("the gradients' all-reduce");
+    assert_eq!(gradients["calls"], 3);
+    let estimate = Command::new(env!("CARGO_BIN_EXE_napkin"))
+        .args([
+            "estimate",
+            "--model",
+            f.join("tiny-smol").to_str().unwrap(),
+            "--lora-r",
+            "8",
+            "--lora-targets",
+            "q_proj,v_proj,down_proj",
+            "--shard",
+            "ddp",
+            "--gpus",
+            "2",
+            "--json",
+        ])
+        .output()
+        .expect("run napkin estimate");
+    assert!(estimate.status.success());
+    let predicted: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    let payload = predicted["inventory"]["communication"]["calls"][0]["payload"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(gradients["payload_bytes"].as_u64().unwrap(), 3 * payload);
+
+    // What it does not do is refused in one line: torchrun's rendezvous (NCCL), several ranks
+    // without --shard ddp, and a strategy that is only predicted.
+    let refused = |extra: &[&str], env: &[(&str, &str)], wanted: &[&str]| {
+        let mut args = common(&one.0, "1");
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = Command::new(env!("CARGO_BIN_EXE_napkin"))
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run napkin");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        for w in wanted {
+            assert!(stderr.contains(w), "missing {w:?} in {stderr}");
+        }
+    };
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ];
+    refused(
+        &["--shard", "ddp"],
+        &torchrun,
+        &["torchrun", "NCCL", "mpirun -np 2"],
+    );
+    refused(&[], &torchrun, &["rank 0 of 2", "--shard ddp"]);
+    refused(
+        &["--shard", "zero3"],
+        &[],
+        &["--shard", "napkin estimate --shard zero3"],
+    );
+}

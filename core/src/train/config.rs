@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::io::hf_writer::WeightDtype;
 use crate::predict::inventory::Scenario;
 use crate::predict::settings::StepSettings;
+use crate::predict::sharding::Strategy;
 
 /// The precision the linear layers compute in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,6 +89,9 @@ pub struct TrainConfig {
     pub sample_prompts: Vec<String>,
     /// Most tokens generated per sample prompt.
     pub sample_tokens: usize,
+    /// Data-parallel training over the ranks a launcher started (`mpirun -np N`): `ddp` only
+    /// (the other strategies are predicted by `napkin estimate --shard`, not trained).
+    pub shard: Option<Strategy>,
     /// Output folder: checkpoints, metrics, the final adapter (or model).
     pub out: PathBuf,
     /// A `tokenizer.json` instead of the model's own.
@@ -189,6 +193,7 @@ impl Default for TrainConfig {
             early_stopping: 0,
             sample_prompts: Vec::new(),
             sample_tokens: 48,
+            shard: None,
             out: PathBuf::new(),
             tokenizer: None,
             chat_format: None,
@@ -425,6 +430,17 @@ impl TrainConfig {
             return bad(
                 "--eval-data/--val-fraction",
                 "give one source of held-out data, not both".into(),
+            );
+        }
+        if let Some(strategy) = self.shard
+            && strategy != Strategy::Ddp
+        {
+            return bad(
+                "--shard",
+                format!(
+                    "training runs ddp only; `napkin estimate --shard {}` predicts {strategy:?}'s memory and communication",
+                    strategy.name()
+                ),
             );
         }
         if self.early_stopping > 0 && !self.has_eval() {

@@ -6,6 +6,7 @@ pub mod adamw8bit;
 pub mod checkpoint;
 pub mod config;
 mod data;
+pub mod data_parallel;
 pub mod eval;
 mod fused_adamw;
 pub mod grads;

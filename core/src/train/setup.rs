@@ -186,10 +186,12 @@ impl Progress {
 }
 
 /// The learning-rate schedule over the run's steps (`--steps`, or the epochs' batches).
-pub(super) fn schedule_for(config: &TrainConfig, loader: &Stream) -> LrSchedule {
+pub(super) fn schedule_for(config: &TrainConfig, loader: &Stream, ranks: usize) -> LrSchedule {
     let total_steps = config.steps.unwrap_or_else(|| {
         let epochs = config.epochs.unwrap_or(1.0);
-        let per_epoch = loader.batches_per_epoch().div_ceil(config.accumulation) as f64;
+        let per_epoch = loader
+            .batches_per_epoch()
+            .div_ceil(config.accumulation * ranks.max(1)) as f64;
         (epochs * per_epoch).ceil().max(1.0) as u64
     });
     LrSchedule {

@@ -27,6 +27,7 @@ use super::checkpoint::{
 };
 use super::config::TrainConfig;
 use super::data::{DataReport, HeldOut, Stream, TrainingData};
+use super::data_parallel::{REPLICA_HASH, StepFigures, all_reduce_step, replica_hash};
 use super::eval::{EvalReport, EvalState, held_out_loss, held_out_preference};
 use super::grads::ParamGrads;
 use super::optimizer::{Optimizer, trainable_ids};
@@ -41,6 +42,10 @@ use super::step::{StepOptions, forward_backward};
 use crate::config::{LoraConfig, ObjectiveKind};
 use crate::data::PairBatch;
 use crate::device::{guard_device_memory, is_gpu};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::distributed::Counted;
 use crate::error::{Error, Result};
 use crate::export::write_hf_folder;
 use crate::io::hf::hf_files;
@@ -118,6 +123,8 @@ pub struct Trainer {
     compute: Option<FloatDType>,
     loss_scale: f64,
     good_steps: u64,
+    /// With several ranks (DDP): the engine every step's all-reduce goes through.
+    collective: Option<Rc<RefCell<Counted>>>,
 }
 
 impl Trainer {
@@ -168,7 +175,7 @@ impl Trainer {
                 good_steps: state.good_steps,
             };
         }
-        let schedule = schedule_for(&config, &loader);
+        let schedule = schedule_for(&config, &loader, 1);
         Ok((
             Trainer {
                 config,
@@ -189,9 +196,56 @@ impl Trainer {
                 compute,
                 loss_scale: progress.loss_scale,
                 good_steps: progress.good_steps,
+                collective: None,
             },
             skipped,
         ))
+    }
+
+    /// Trains data-parallel with the ranks of `collective` (DDP, see `data_parallel.rs`): this
+    /// rank takes its share of each step's micro-batches, and the steps per epoch count every
+    /// rank's. Supervised objectives only.
+    /// The caller keeps its own handle on the engine, to finish or abort the ranks.
+    pub fn join(&mut self, collective: Rc<RefCell<Counted>>) -> Result<()> {
+        let world = collective.borrow().world();
+        if world > 1 && self.objective_kind().is_preference() {
+            return Err(Error::Input(format!(
+                "--shard ddp: {} on several ranks is not implemented yet (its loss is pair-weighted); train it on one process",
+                self.objective_kind()
+            )));
+        }
+        self.schedule = schedule_for(&self.config, &self.loader, world);
+        self.collective = Some(collective);
+        Ok(())
+    }
+
+    fn objective_kind(&self) -> ObjectiveKind {
+        self.config.objective
+    }
+
+    /// This process's rank and the ranks in all (0 of 1 alone).
+    pub fn rank_and_world(&self) -> (usize, usize) {
+        self.collective.as_ref().map_or((0, 1), |c| {
+            let c = c.borrow();
+            (c.rank(), c.world())
+        })
+    }
+
+    /// Checks that every rank holds the same trainable values (by hash); every rank calls it
+    /// at the same steps. An error names the step.
+    pub fn check_replicas(&mut self) -> Result<()> {
+        let Some(c) = self.collective.as_ref() else {
+            return Ok(());
+        };
+        let hash = replica_hash(&self.model)?;
+        let (low, high) = c.borrow_mut().min_max_u64(REPLICA_HASH, hash)?;
+        if low != high {
+            return Err(Error::Internal(format!(
+                "after step {} the ranks' trainable values differ (hashes {low:016x} … {high:016x})",
+                self.step
+            )));
+        }
+        Ok(())
     }
 
     /// Optimizer steps in the whole run.
@@ -256,7 +310,8 @@ impl Trainer {
     /// weights to `best/` (crash-safely). Returns whether it was a new best.
     pub fn record_eval(&mut self, report: &EvalReport) -> Result<bool> {
         let improved = self.eval.record(self.step, report.loss);
-        if improved {
+        // With several ranks only rank 0 writes (every rank keeps the same record).
+        if improved && self.rank_and_world().0 == 0 {
             write_folder(
                 &self.config.out,
                 BEST_DIR,
@@ -309,6 +364,26 @@ impl Trainer {
             .with_loss_scale(loss_scale)
             .with_dropout_key(dropout_key);
         let mut step = self.forward_backward(&options)?;
+        if let Some(c) = self.collective.as_ref()
+            && c.borrow().world() > 1
+        {
+            let mut figures = StepFigures {
+                loss: step.loss,
+                label_tokens: step.label_tokens,
+                tokens: step.tokens,
+            };
+            let device = self.device.clone().inner();
+            all_reduce_step(
+                &mut c.borrow_mut(),
+                &self.model,
+                &mut step.grads,
+                &mut figures,
+                &device,
+            )?;
+            step.loss = figures.loss;
+            step.label_tokens = figures.label_tokens;
+            step.tokens = figures.tokens;
+        }
         // 3. A non-finite loss stops the run before the weights change.
         if !step.loss.is_finite() {
             return Err(Error::Input(format!(
@@ -378,7 +453,17 @@ impl Trainer {
         let _precision = autocast(self.compute);
         match &mut self.loader {
             Stream::Tokens(loader) => {
-                let micro: Vec<_> = (0..k).map(|_| loader.next_batch()).collect();
+                // With N ranks, this rank's K of the step's N·K micro-batches (round-robin).
+                let (rank, world) = self.collective.as_ref().map_or((0, 1), |c| {
+                    let c = c.borrow();
+                    (c.rank(), c.world())
+                });
+                let micro: Vec<_> = (0..k * world)
+                    .map(|_| loader.next_batch())
+                    .enumerate()
+                    .filter(|(i, _)| i % world == rank)
+                    .map(|(_, m)| m)
+                    .collect();
                 let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
                 let step = forward_backward(&self.model, &micro, options)?.read();
                 Ok(Forward {

@@ -6,13 +6,17 @@
 //! see `napkin_core::train::checkpoint`), `best/` (the weights of the lowest held-out loss),
 //! and at the end the adapter (or the full model), and with `--merge` the merged model.
 
+use std::cell::RefCell;
 use std::fs;
 use std::io::{IsTerminal, Write};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use napkin_core::device::DeviceKind;
+use napkin_core::distributed::Counted;
+use napkin_core::distributed::launch::Launch;
 use napkin_core::exercises::{Dimension, answer::parse_quantity};
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::memory::counting_alloc::{live_bytes, peak_bytes, reset_peak};
@@ -38,10 +42,53 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
         eprintln!("{change}");
     }
     config.validate()?;
+    // Several ranks: every rank runs this command; rank 0 alone prints and writes.
+    let launch = Launch::from_env()?;
+    if launch.world > 1 && config.shard.is_none() {
+        bail!(
+            "this process is rank {} of {} ({:?} launcher): pass --shard ddp to train data-parallel",
+            launch.rank,
+            launch.world,
+            launch.launcher
+        );
+    }
+    let collective = match config.shard {
+        Some(_) => Some(Rc::new(RefCell::new(Counted::for_launch(&launch)?))),
+        None => None,
+    };
+    let result = train(args, config, &launch, collective.clone());
+    if let Some(c) = collective {
+        let mut c = c.borrow_mut();
+        match &result {
+            Ok(()) => c.finish(),
+            Err(e) if c.world() > 1 => {
+                // The other ranks may wait in a collective this one will not call: end them
+                // all, after saying why.
+                eprintln!(
+                    "error on rank {} of {}: {e:#}; stopping every rank",
+                    c.rank(),
+                    c.world()
+                );
+                c.abort(1);
+            }
+            Err(_) => {}
+        }
+    }
+    result
+}
+
+/// The run itself, on this rank (`collective`: its engine under `--shard ddp`).
+fn train(
+    args: &TrainArgs,
+    config: TrainConfig,
+    launch: &Launch,
+    collective: Option<Rc<RefCell<Counted>>>,
+) -> Result<()> {
+    let lead = launch.rank == 0;
     preflight(args, &config)?;
     fs::create_dir_all(&config.out)
         .with_context(|| format!("creating {}", config.out.display()))?;
-    let plain = args.plain || !std::io::stderr().is_terminal();
+    let plain = args.plain || !std::io::stderr().is_terminal() || !lead;
     let what = format!(
         "loading {}{}, reading the data",
         config.model_name(),
@@ -53,26 +100,53 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
     );
     let loaded = super::working(&what, plain, || Trainer::new(config, args.resume));
     let (mut trainer, skipped) = loaded?;
+    let engine = collective.as_ref().map(|c| c.borrow().engine());
+    let counts = || {
+        collective
+            .as_ref()
+            .map(|c| c.borrow().counts().to_vec())
+            .unwrap_or_default()
+    };
+    if let Some(c) = collective.clone() {
+        trainer.join(c)?;
+    }
+    let (_, world) = trainer.rank_and_world();
+    // Only rank 0 speaks: the other ranks' lines would repeat its own.
+    macro_rules! say {
+        ($($arg:tt)*) => { if lead { eprintln!($($arg)*); } };
+    }
     for damaged in &skipped {
-        eprintln!("warning: skipped a damaged checkpoint: {damaged}");
+        say!("warning: skipped a damaged checkpoint: {damaged}");
     }
     let config = trainer.config.clone();
-    // The run file names its files absolutely: `napkin report`, `eval --adapter` and a later
-    // `--config` find them from any folder.
-    let toml = toml::to_string_pretty(&with_absolute_paths(&config))
-        .context("writing the run settings")?;
-    write_atomic(&config.out.join("run_config.toml"), toml.as_bytes())?;
     let metrics_path = config.out.join("metrics.jsonl");
-    keep_metrics_up_to(&metrics_path, trainer.step)?;
+    if lead {
+        // The run file names its files absolutely: `napkin report`, `eval --adapter` and a
+        // later `--config` find them from any folder.
+        let toml = toml::to_string_pretty(&with_absolute_paths(&config))
+            .context("writing the run settings")?;
+        write_atomic(&config.out.join("run_config.toml"), toml.as_bytes())?;
+        keep_metrics_up_to(&metrics_path, trainer.step)?;
+    }
+    if world > 1 {
+        say!(
+            "data-parallel (DDP) over {world} ranks ({}): each step trains on {} × {} × {world} = {} sequences of {} tokens; rank r takes micro-batches r, r + {world}, … of each step's",
+            engine.clone().unwrap_or_default(),
+            config.micro_batch,
+            config.accumulation,
+            config.micro_batch * config.accumulation * world,
+            config.seq_len
+        );
+    }
     if trainer.step > 0 {
-        eprintln!(
+        say!(
             "resuming after step {} of {}",
             trainer.step,
             trainer.total_steps()
         );
     }
-    eprintln!("{}", data_summary(&trainer));
-    eprintln!(
+    say!("{}", data_summary(&trainer));
+    say!(
         "{} trainable parameters; {} steps",
         trainer.model.trainable_parameters(),
         trainer.total_steps()
@@ -80,11 +154,18 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
 
     // Without a terminal (a log file, CI) a bar would print nothing: lines instead.
     let bar = progress_bar(&trainer, plain);
-    let mut metrics = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("opening {}", metrics_path.display()))?;
+    // Rank 0's metrics file; the other ranks write into nothing.
+    let mut metrics: Box<dyn Write> = if lead {
+        Box::new(
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .with_context(|| format!("opening {}", metrics_path.display()))?,
+        )
+    } else {
+        Box::new(std::io::sink())
+    };
     if trainer.step == 0 && (trainer.has_eval() || !config.sample_prompts.is_empty()) {
         // The baseline before any update: where the curves start (not a candidate for best/).
         let eval = trainer.evaluate()?;
@@ -92,13 +173,14 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
         let mut line = json!({ "step": 0 });
         add_eval(&mut line, eval.as_ref(), &samples);
         if let Some(e) = &eval {
-            bar.suspend(|| eprintln!("before training: eval {}", e.describe()));
+            bar.suspend(|| say!("before training: eval {}", e.describe()));
         }
         for s in &samples {
             bar.suspend(|| {
-                eprintln!(
+                say!(
                     "  sample before training: {:?} → {:?}",
-                    s.prompt, s.completion
+                    s.prompt,
+                    s.completion
                 )
             });
         }
@@ -154,26 +236,35 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
             step_peak as f64 / MIB
         );
         if plain {
-            eprintln!("step {}/{}  {message}", report.step, trainer.total_steps());
+            say!("step {}/{}  {message}", report.step, trainer.total_steps());
         } else {
             bar.set_position(report.step);
             bar.set_message(message);
         }
         for s in &samples {
             bar.suspend(|| {
-                eprintln!(
+                say!(
                     "  sample after step {}: {:?} → {:?}",
-                    report.step, s.prompt, s.completion
+                    report.step,
+                    s.prompt,
+                    s.completion
                 )
             });
         }
         let at_end = trainer.is_done();
         if (config.save_every > 0 && report.step % config.save_every == 0) || at_end {
-            let dir = trainer.save_checkpoint()?;
-            bar.suspend(|| eprintln!("saved {}", dir.display()));
+            // Every rank checks that the replicas agree; rank 0 writes.
+            trainer.check_replicas()?;
+            if lead {
+                let dir = trainer.save_checkpoint()?;
+                bar.suspend(|| eprintln!("saved {}", dir.display()));
+            }
         }
     }
     bar.finish();
+    if !lead {
+        return Ok(());
+    }
     if trainer.stopped_early() {
         eprintln!(
             "stopped early after step {} of {}: the held-out loss has not improved for {} evaluations (best {:.4} after step {}, its weights in {})",
@@ -201,6 +292,29 @@ pub fn run(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
     );
     for path in written {
         eprintln!("wrote {}", path.display());
+    }
+    if world > 1 {
+        let counts = counts();
+        let line: Vec<String> = counts
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} × {} ({} bytes)",
+                    c.what,
+                    c.op.name(),
+                    c.calls,
+                    c.payload_bytes
+                )
+            })
+            .collect();
+        eprintln!(
+            "collectives (counted at the call, rank 0): {}",
+            line.join("; ")
+        );
+        write_atomic(
+            &config.out.join("communication.json"),
+            serde_json::to_string_pretty(&counts)?.as_bytes(),
+        )?;
     }
     let page = super::report::write_report(&config.out, &config.out.join("report.html"))?;
     eprintln!("wrote {} (napkin report)", page.display());

@@ -51,6 +51,7 @@ pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result
         val_fraction,
         eval_every,
         early_stopping,
+        shard,
         sample_tokens,
         lora_r,
         lora_alpha,
