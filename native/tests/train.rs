@@ -35,10 +35,11 @@ impl Drop for Scratch {
     }
 }
 
-/// The arguments of a small QLoRA run writing into `out`.
-fn train_args(out: &Path, steps: u64) -> Vec<String> {
+/// `napkin train` on the tiny SmolLM2-shaped fixture (ChatML, plain progress lines) reading
+/// `data`, writing into `out`, with `extra` settings.
+fn tiny_run(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     let f = fixtures();
-    [
+    let mut args: Vec<String> = [
         "train",
         "--model",
         f.join("tiny-smol").to_str().unwrap(),
@@ -47,33 +48,46 @@ fn train_args(out: &Path, steps: u64) -> Vec<String> {
         "--chat-format",
         "chatml",
         "--data",
-        repo().join("data/napkin-instruct.jsonl").to_str().unwrap(),
+        data.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-        "--nf4",
-        "--lora-r",
-        "8",
-        "--lr",
-        "3e-3",
-        "--seq-len",
-        "96",
-        "--micro-batch",
-        "2",
-        "--accum",
-        "2",
-        "--optimizer",
-        "adamw8bit",
-        "--lora-dropout",
-        "0.1",
-        "--steps",
-        &steps.to_string(),
-        "--save-every",
-        "3",
         "--plain",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// The arguments of a small QLoRA run writing into `out`.
+fn train_args(out: &Path, steps: u64) -> Vec<String> {
+    let steps = steps.to_string();
+    tiny_run(
+        &repo().join("data/napkin-instruct.jsonl"),
+        out,
+        &[
+            "--nf4",
+            "--lora-r",
+            "8",
+            "--lr",
+            "3e-3",
+            "--seq-len",
+            "96",
+            "--micro-batch",
+            "2",
+            "--accum",
+            "2",
+            "--optimizer",
+            "adamw8bit",
+            "--lora-dropout",
+            "0.1",
+            "--steps",
+            &steps,
+            "--save-every",
+            "3",
+        ],
+    )
 }
 
 fn losses(out: &Path) -> Vec<(u64, f64)> {
@@ -1478,79 +1492,19 @@ fn adapter_values(dir: &Path) -> Vec<(String, Vec<f32>)> {
     out
 }
 
-/// `mpirun -np 2 napkin train --shard ddp` (Open MPI, two CPU ranks on loopback) trains what
-/// one process trains with twice the accumulation: each step's loss equal (the global mean over
-/// both ranks' label tokens) and the adapter equal after 3 SGD steps; the gradients' all-reduce
-/// carries exactly the bytes `napkin estimate --shard ddp` predicts.
-#[test]
-fn two_mpi_ranks_train_what_one_process_trains_with_twice_the_accumulation() {
-    let mpirun = Command::new("mpirun").arg("--version").output();
-    assert!(
-        mpirun.is_ok_and(|o| o.status.success()),
-        "mpirun not found: install Open MPI (scripts/setup-system.sh installs Debian's openmpi-bin)"
-    );
-    let f = fixtures();
-    let (ranks, one) = (Scratch::new("ddp-ranks"), Scratch::new("ddp-one"));
-    let common = |out: &Path, accumulation: &str| -> Vec<String> {
-        [
-            "train",
-            "--model",
-            f.join("tiny-smol").to_str().unwrap(),
-            "--tokenizer",
-            f.join("tokenizer/tokenizer.json").to_str().unwrap(),
-            "--chat-format",
-            "chatml",
-            "--data",
-            repo().join("data/napkin-instruct.jsonl").to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--lora-r",
-            "8",
-            "--lora-targets",
-            "q_proj,v_proj,down_proj",
-            "--optimizer",
-            "sgd",
-            "--lr",
-            "0.5",
-            "--seq-len",
-            "96",
-            "--micro-batch",
-            "2",
-            "--steps",
-            "3",
-            "--plain",
-            "--accum",
-            accumulation,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
-    let mut ddp = common(&ranks.0, "1");
-    ddp.extend(["--shard".to_string(), "ddp".to_string()]);
-    let out = Command::new("mpirun")
-        .args(["--oversubscribe", "-np", "2", env!("CARGO_BIN_EXE_napkin")])
-        .args(&ddp)
-        // Open MPI refuses root unless told twice (CI runs as root).
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("run mpirun");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("over 2 ranks"), "{stderr}");
-    let (ok, stderr) = run(&common(&one.0, "2"));
-    assert!(ok, "{stderr}");
-
-    let (a, b) = (losses(&ranks.0), losses(&one.0));
-    assert_eq!(a.len(), 3);
+/// The run in `ranks` (several processes) trained what the one in `one` did: `steps` losses
+/// each within 1e-6, every adapter value within 2e-6 of its tensor's largest (the sums run in
+/// another order).
+fn same_run(ranks: &Path, one: &Path, steps: usize) {
+    let (a, b) = (losses(ranks), losses(one));
+    assert_eq!((a.len(), b.len()), (steps, steps));
     for ((step, x), (_, y)) in a.iter().zip(&b) {
         assert!(
-            (x - y).abs() <= 1e-5 * y.abs(),
-            "step {step}: loss {x} on 2 ranks, {y} on one"
+            (x - y).abs() <= 1e-6 * y.abs(),
+            "step {step}: loss {x} on the ranks, {y} alone"
         );
     }
-    let (a, b) = (adapter_values(&ranks.0), adapter_values(&one.0));
+    let (a, b) = (adapter_values(ranks), adapter_values(one));
     assert_eq!(a.len(), b.len());
     for ((name, x), (_, y)) in a.iter().zip(&b) {
         let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -1563,6 +1517,56 @@ fn two_mpi_ranks_train_what_one_process_trains_with_twice_the_accumulation() {
             "{name}: {gap} apart (largest value {scale})"
         );
     }
+}
+
+/// `mpirun -np 2 napkin train --shard ddp` (Open MPI, two CPU ranks on loopback) trains what
+/// one process trains with twice the accumulation: each step's loss equal (the global mean over
+/// both ranks' label tokens) and the adapter equal after 3 SGD steps; the gradients' all-reduce
+/// carries exactly the bytes `napkin estimate --shard ddp` predicts.
+#[test]
+fn two_mpi_ranks_train_what_one_process_trains_with_twice_the_accumulation() {
+    let version = Command::new("mpirun").arg("--version").output();
+    assert!(
+        version.is_ok_and(|o| o.status.success()),
+        "mpirun not found: install Open MPI (scripts/setup-system.sh installs Debian's openmpi-bin)"
+    );
+    let f = fixtures();
+    let (ranks, one) = (Scratch::new("ddp-ranks"), Scratch::new("ddp-one"));
+    let data = repo().join("data/napkin-instruct.jsonl");
+    let common = |out: &Path, accumulation: &str| -> Vec<String> {
+        tiny_run(
+            &data,
+            out,
+            &[
+                "--lora-r",
+                "8",
+                "--lora-targets",
+                "q_proj,v_proj,down_proj",
+                "--optimizer",
+                "sgd",
+                "--lr",
+                "0.5",
+                "--seq-len",
+                "96",
+                "--micro-batch",
+                "2",
+                "--steps",
+                "3",
+                "--accum",
+                accumulation,
+            ],
+        )
+    };
+    let mut ddp = common(&ranks.0, "1");
+    ddp.extend(["--shard".to_string(), "ddp".to_string()]);
+    let out = mpirun(2).args(&ddp).output().expect("run mpirun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("over 2 ranks"), "{stderr}");
+    let (ok, stderr) = run(&common(&one.0, "2"));
+    assert!(ok, "{stderr}");
+
+    same_run(&ranks.0, &one.0, 3);
 
     // Counted at the call against the prediction for the same adapter on 2 GPUs.
     let counts: serde_json::Value = serde_json::from_str(
@@ -1632,4 +1636,142 @@ fn two_mpi_ranks_train_what_one_process_trains_with_twice_the_accumulation() {
         &[],
         &["--shard", "napkin estimate --shard zero3"],
     );
+}
+
+/// `mpirun` as CI runs it: more ranks than cores, and as root (which Open MPI refuses unless
+/// told twice).
+fn mpirun(ranks: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--oversubscribe",
+        "-np",
+        &ranks.to_string(),
+        env!("CARGO_BIN_EXE_napkin"),
+    ])
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// A small SGD run on the first `records` records of the shipped instruction data, in `dir`.
+fn small_run(dir: &Path, records: usize, extra: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let data = dir.join("data.jsonl");
+    let text = std::fs::read_to_string(repo().join("data/napkin-instruct.jsonl")).unwrap();
+    let head: Vec<&str> = text.lines().take(records).collect();
+    std::fs::write(&data, head.join("\n") + "\n").unwrap();
+    let mut settings = vec![
+        "--lora-r",
+        "4",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--seq-len",
+        "64",
+        "--micro-batch",
+        "1",
+    ];
+    settings.extend(extra);
+    tiny_run(&data, &dir.join("out"), &settings)
+}
+
+/// Three ranks over an epoch of 4 micro-batches (not a multiple of 3): each 3-micro-batch step
+/// runs on into the next epoch as one process with 3 accumulation steps does, and the losses
+/// and adapter equal that process's.
+#[test]
+fn three_mpi_ranks_over_an_uneven_epoch_equal_one_process() {
+    let (ranks, one) = (Scratch::new("ddp3-ranks"), Scratch::new("ddp3-one"));
+    let mut args = small_run(
+        &ranks.0,
+        12,
+        &["--steps", "5", "--accum", "1", "--shard", "ddp"],
+    );
+    let out = mpirun(3).args(args.drain(..)).output().expect("run mpirun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("4 micro-batches of 1×64 per epoch"),
+        "{stderr}"
+    );
+    let (ok, stderr) = run(&small_run(&one.0, 12, &["--steps", "5", "--accum", "3"]));
+    assert!(ok, "{stderr}");
+    same_run(&ranks.0.join("out"), &one.0.join("out"), 5);
+}
+
+/// The process of this user whose environment says it is MPI rank `rank` and whose command
+/// line names `dir`.
+fn rank_process(rank: usize, dir: &Path) -> Option<i32> {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let environ = std::fs::read(e.path().join("environ")).ok()?;
+            let has = |bytes: &[u8], text: &str| {
+                bytes
+                    .split(|b| *b == 0)
+                    .any(|part| String::from_utf8_lossy(part).contains(text))
+            };
+            (has(&cmdline, &dir) && has(&environ, &wanted) && has(&cmdline, "train")).then_some(pid)
+        })
+}
+
+/// SIGKILL on rank 1 in the middle of a run: `mpirun` ends rank 0 and exits non-zero within
+/// 30 seconds, and every checkpoint rank 0 wrote is intact.
+#[test]
+fn killing_one_rank_stops_the_others_and_keeps_the_checkpoints() {
+    let dir = Scratch::new("ddp-kill");
+    let out = dir.0.join("out");
+    let args = small_run(
+        &dir.0,
+        40,
+        &["--steps", "100000", "--save-every", "1", "--shard", "ddp"],
+    );
+    let mut child = mpirun(2)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mpirun");
+    let start = Instant::now();
+    // Once two checkpoints exist, kill rank 1.
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no checkpoint written"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended by itself"
+        );
+        if list_checkpoints(&out).len() >= 2
+            && let Some(pid) = rank_process(1, &dir.0)
+        {
+            let killed = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            assert!(killed.is_ok_and(|s| s.success()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "rank 0 still running 30 s after rank 1 was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "mpirun exited 0 after a rank was killed");
+    let checkpoints = list_checkpoints(&out);
+    assert!(!checkpoints.is_empty());
+    for (_, dir) in &checkpoints {
+        read_checkpoint(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
 }

@@ -98,7 +98,11 @@ fn train(
             ""
         }
     );
-    let loaded = super::working(&what, plain, || Trainer::new(config, args.resume));
+    let loaded = if lead {
+        super::working(&what, plain, || Trainer::new(config, args.resume))
+    } else {
+        Trainer::new(config, args.resume)
+    };
     let (mut trainer, skipped) = loaded?;
     let engine = collective.as_ref().map(|c| c.borrow().engine());
     let counts = || {
