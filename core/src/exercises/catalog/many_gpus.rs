@@ -1,9 +1,13 @@
-//! Many GPUs: ZeRO-2, ZeRO-3 and FSDP memory per GPU.
+//! Many GPUs: ZeRO-2, ZeRO-3 and FSDP memory per GPU, and what DDP sends each step.
 
 use super::{
-    Drawn, Exercise, PRESETS, SandboxSettings, expected, gb, model, sandbox, with_mistakes,
+    Drawn, Exercise, PRESETS, SandboxSettings, expected, gb, mb, model, sandbox, with_mistakes,
 };
+use crate::config::{LoraConfig, LoraTarget};
 use crate::exercises::answer::Dimension;
+use crate::predict::communication::communication;
+use crate::predict::inventory::Scenario;
+use crate::predict::sharding::Strategy;
 use crate::predict::zero::{Cluster, Zero3Offload, zero2, zero3};
 
 /// The exercises of this topic, in teaching order.
@@ -114,6 +118,61 @@ pub(super) fn exercises() -> Vec<Exercise> {
                     sandbox: Some(SandboxSettings {
                         gpus,
                         ..sandbox(id, 0, false, 512)
+                    }),
+                }
+            },
+        },
+        Exercise {
+            id: "ddp-allreduce",
+            title: "What DDP sends each step with LoRA",
+            make: |d| {
+                let (id, name, c) = model(d, &PRESETS);
+                let gpus = d.pick(&[2u64, 4, 8]);
+                let r = d.pick(&[8usize, 16, 64]);
+                let (targets, which) = d.pick(&[
+                    (vec![LoraTarget::QProj, LoraTarget::VProj], "q and v"),
+                    (LoraTarget::ALL.to_vec(), "all seven projections"),
+                ]);
+                let s = Scenario {
+                    lora: Some(LoraConfig {
+                        r,
+                        targets,
+                        ..LoraConfig::default()
+                    }),
+                    ..Scenario::new(c, 1, 512)
+                };
+                let trainable = s.trainable_parameters();
+                let payload = 4.0 * trainable as f64;
+                let sent = communication(&s, Strategy::Ddp, gpus, 1).sent_per_rank as f64;
+                let all = 4.0 * s.config.num_parameters() as f64;
+                let ring = 2.0 * (gpus - 1) as f64 / gpus as f64;
+                Drawn {
+                    question: format!(
+                        "LoRA r {r} on {which} of {name} ({trainable} trainable parameters), \
+                            DDP on {gpus} GPUs: once per optimizer step a ring all-reduce sums \
+                            the float32 gradients of the trainable parameters. How many bytes \
+                            does each GPU send per step?"
+                    ),
+                    expected: with_mistakes(
+                        expected(Dimension::Bytes, sent, mb(sent)),
+                        &[
+                            ("sent the gradients once", payload),
+                            ("forgot the ring's (N − 1)/N", 2.0 * payload),
+                            ("all-reduced the whole model's gradients", ring * all),
+                        ],
+                    ),
+                    hint: "A ring all-reduce sends 2·(N − 1)/N of the payload from each GPU; the \
+                        payload is 4 bytes per trainable parameter."
+                        .into(),
+                    explanation: format!(
+                        "4 × {trainable} = {} of gradients; each GPU sends 2 × ({gpus} − 1) / \
+                            {gpus} of them: {}. The frozen base sends nothing.",
+                        mb(payload),
+                        mb(sent)
+                    ),
+                    sandbox: Some(SandboxSettings {
+                        gpus,
+                        ..sandbox(id, r, false, 512)
                     }),
                 }
             },

@@ -3,7 +3,7 @@
 //! course walks them: `bytes_per_parameter` (a dtype, full fine-tuning, mixed precision),
 //! `lora`, `quantization` (NF4 and QLoRA), `activations` (and checkpointing, efficient
 //! attention), `accumulation`, `optimizer_state` (8-bit AdamW, FP8), `logits`, `time` (the
-//! roofline), `many_gpus` (ZeRO, FSDP), `offload`, `will_it_fit`, `preference` (DPO's
+//! roofline), `many_gpus` (ZeRO, FSDP, DDP's all-reduce), `offload`, `will_it_fit`, `preference` (DPO's
 //! reference, DPO against ORPO). This file holds what they
 //! share: the drawn instance, the seeded draw, the presets and the answer helpers.
 
