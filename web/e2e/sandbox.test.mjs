@@ -201,7 +201,7 @@ try {
   const recipes = await page.$$eval('#precision-table tbody tr', (rows) => rows.length);
   assert.equal(recipes, 9, 'one precision-table row per recipe');
 
-  step('DPO replays its reference forward; ORPO none; the PyTorch profile is not drawn for them');
+  step('DPO replays its reference forward; ORPO none; the PyTorch profile replays TRL\'s DPOTrainer, not ORPO');
   const timelineLabels = () => page.$$eval('#timeline-table tbody tr th', (ths) => ths.map((th) => th.textContent));
   assert.ok(!(await timelineLabels()).some((l) => l.startsWith('reference.')), 'no reference for SFT');
   await page.selectOption('#objective', 'dpo');
@@ -210,11 +210,13 @@ try {
   // SmolLM2-135M has 30 blocks: one reference event each, then its logits.
   assert.equal((await timelineLabels()).filter((l) => l.startsWith('reference.')).length, 31);
   await page.check('#compare-pytorch');
-  assert.equal(await page.$('#pytorch'), null, 'no PyTorch profile for a DPO step');
-  await page.uncheck('#compare-pytorch');
+  await page.waitForSelector('#pytorch');
+  assert.match(await page.textContent('#pytorch'), /TRL's DPOTrainer/);
   await page.selectOption('#objective', 'orpo');
   await page.waitForFunction(() => ![...document.querySelectorAll('#timeline-table tbody tr th')]
     .some((th) => th.textContent.startsWith('reference.')));
+  assert.equal(await page.$('#pytorch'), null, 'no PyTorch profile for an ORPO step');
+  await page.uncheck('#compare-pytorch');
   await page.selectOption('#objective', 'sft');
 
   step('DoRA adds 8 bytes an output row of each adapted linear (magnitude and kept squares)');

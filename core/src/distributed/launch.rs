@@ -2,7 +2,7 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` first, then Open MPI's
 //! `OMPI_COMM_WORLD_RANK`, `…_SIZE`, `…_LOCAL_RANK`, `…_LOCAL_SIZE` (`mpirun`), then Slurm's
 //! `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE` (`srun`). Without
-//! any of them the process is rank 0 of 1.
+//! a rank and a world size from one of them the process is rank 0 of 1.
 
 use serde::Serialize;
 
@@ -79,7 +79,8 @@ impl Launch {
             ),
         ];
         for (launcher, [rank, world, local_rank, local_world]) in schemes {
-            let Some(rank_text) = var(rank) else {
+            // A launcher sets both; one alone (a stray `RANK` in a shell) names no launch.
+            let (Some(rank_text), Some(world_text)) = (var(rank), var(world)) else {
                 continue;
             };
             let number = |name: &str, text: Option<String>| -> Result<Option<usize>> {
@@ -95,11 +96,7 @@ impl Launch {
                 .transpose()
             };
             let rank_value = number(rank, Some(rank_text))?.unwrap_or(0);
-            let world_value = number(world, var(world))?.ok_or_else(|| {
-                Error::Input(format!(
-                    "environment variable {rank} is set but {world} is not: a launcher sets both"
-                ))
-            })?;
+            let world_value = number(world, Some(world_text))?.unwrap_or(1);
             let local_rank_value = number(local_rank, var(local_rank))?.unwrap_or(rank_value);
             let local_world_value = number(local_world, var(local_world))?.unwrap_or(world_value);
             if world_value == 0 || rank_value >= world_value {
@@ -186,7 +183,8 @@ mod tests {
         assert!(err.to_string().contains("RANK=\"x\""), "{err}");
         let err = Launch::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(err.to_string().contains("below the world size"), "{err}");
-        let err = Launch::from_vars(vars(&[("OMPI_COMM_WORLD_RANK", "0")])).unwrap_err();
-        assert!(err.to_string().contains("OMPI_COMM_WORLD_SIZE"), "{err}");
+        // A rank without a world size is no launch.
+        let stray = Launch::from_vars(vars(&[("RANK", "3")])).unwrap();
+        assert_eq!(stray, Launch::ALONE);
     }
 }

@@ -4,6 +4,7 @@
 
 use std::rc::Rc;
 
+use napkin_core::config::ObjectiveKind;
 use napkin_core::predict::pytorch::device_process::HOPPER_CUBLAS_WORKSPACE;
 use napkin_core::predict::time::Bound;
 use yew::prelude::*;
@@ -105,7 +106,12 @@ pub fn summary(props: &SummaryProps) -> Html {
             </p>
             if let (Some(p), Some(process)) = (&v.pytorch, &v.pytorch_process) {
                 <p id="pytorch" class="note">
-                    { format!("In PyTorch (a Hugging Face step on CUDA, model.train(){}): weights {}, {} saved for the backward, a forward-and-backward peak of {} allocated (torch.cuda.max_memory_allocated; AdamW's state comes on top once it steps). A fresh process that loads the model and runs this step: {} allocated at most, {} reserved by the caching allocator (max_memory_reserved, what nvidia-smi shows less the CUDA context; cuBLAS {} MiB a handle, as on Hopper). napkin's engine: {} at its step peak.",
+                    { format!("In PyTorch ({}{}): weights {}, {} saved for the backward, a forward-and-backward peak of {} allocated (torch.cuda.max_memory_allocated; AdamW's state comes on top once it steps). A fresh process that loads the model and runs this step: {} allocated at most, {} reserved by the caching allocator (max_memory_reserved, what nvidia-smi shows less the CUDA context; cuBLAS {} MiB a handle, as on Hopper). napkin's engine: {} at its step peak.",
+                        if s.objective == ObjectiveKind::Dpo {
+                            "TRL's DPOTrainer on CUDA: chosen and rejected rows, its fused LM head, the reference forward with the adapter disabled"
+                        } else {
+                            "a Hugging Face step on CUDA, model.train()"
+                        },
                         if s.checkpointing { ", reentrant checkpointing" } else { "" },
                         bytes(p.weights as f64),
                         bytes((p.saved_per_layer.iter().sum::<u64>() + p.saved_outside) as f64),
