@@ -25,8 +25,8 @@
 
 use serde::Serialize;
 
-use super::inventory::{Kind, PARAMETER_BOOKKEEPING, Scenario, inventory};
-use super::sharding::Strategy;
+use super::inventory::{PARAMETER_BOOKKEEPING, Scenario, inventory};
+use super::sharding::{Strategy, is_parameter};
 
 /// Bytes of an f32 gradient or master parameter.
 const F32: u64 = 4;
@@ -184,13 +184,7 @@ pub fn communication(
     let gradients = F32 * s.trainable_parameters();
     let parameters: u64 = inventory(s)
         .iter()
-        .filter(|e| {
-            e.name != PARAMETER_BOOKKEEPING
-                && matches!(
-                    e.kind,
-                    Kind::Weights | Kind::QuantCodes | Kind::QuantScales | Kind::Adapters
-                )
-        })
+        .filter(|e| e.name != PARAMETER_BOOKKEEPING && is_parameter(e.kind))
         .map(|e| e.bytes)
         .sum();
     let call = |what, op, payload, ranks, calls| CollectiveCall {

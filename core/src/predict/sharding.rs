@@ -125,7 +125,8 @@ pub struct ShardedMemory {
     pub cpu_per_node: u64,
 }
 
-fn is_parameter(kind: Kind) -> bool {
+/// Whether `kind` holds parameter values (float weights, NF4 codes and scales, adapters).
+pub(super) fn is_parameter(kind: Kind) -> bool {
     matches!(
         kind,
         Kind::Weights | Kind::QuantCodes | Kind::QuantScales | Kind::Adapters

@@ -208,19 +208,15 @@ impl Trainer {
     /// The caller keeps its own handle on the engine, to finish or abort the ranks.
     pub fn join(&mut self, collective: Rc<RefCell<Counted>>) -> Result<()> {
         let world = collective.borrow().world();
-        if world > 1 && self.objective_kind().is_preference() {
+        if world > 1 && self.config.objective.is_preference() {
             return Err(Error::Input(format!(
                 "--shard ddp: {} on several ranks is not implemented yet (its loss is pair-weighted); train it on one process",
-                self.objective_kind()
+                self.config.objective
             )));
         }
         self.schedule = schedule_for(&self.config, &self.loader, world);
         self.collective = Some(collective);
         Ok(())
-    }
-
-    fn objective_kind(&self) -> ObjectiveKind {
-        self.config.objective
     }
 
     /// This process's rank and the ranks in all (0 of 1 alone).
@@ -450,14 +446,11 @@ impl Trainer {
     /// The step's micro-batches from the stream, forward and backward.
     fn forward_backward(&mut self, options: &StepOptions) -> Result<Forward> {
         let k = self.config.accumulation;
+        // With N ranks, this rank's K of the step's N·K micro-batches (round-robin).
+        let (rank, world) = self.rank_and_world();
         let _precision = autocast(self.compute);
         match &mut self.loader {
             Stream::Tokens(loader) => {
-                // With N ranks, this rank's K of the step's N·K micro-batches (round-robin).
-                let (rank, world) = self.collective.as_ref().map_or((0, 1), |c| {
-                    let c = c.borrow();
-                    (c.rank(), c.world())
-                });
                 let micro: Vec<_> = (0..k * world)
                     .map(|_| loader.next_batch())
                     .enumerate()

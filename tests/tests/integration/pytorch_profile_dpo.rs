@@ -16,7 +16,7 @@ use napkin_core::predict::pytorch::{
 };
 use serde_json::Value;
 
-use crate::pytorch_profile::{corpus, ratio};
+use crate::pytorch_profile::{corpus, measured_figures, ratio};
 
 /// Alive-after-forward and peak within this much of PyTorch's (the worst of the fit and
 /// held-out cases measured: 0.02 %).
@@ -81,37 +81,7 @@ fn check(file: &str) {
         let name = case["name"].as_str().unwrap();
         let config = LlamaConfig::from_hf_json(&case["config"], name).unwrap();
         let step = predict(&config, &setup(case));
-        let mut figures = vec![
-            (
-                "trainable",
-                step.trainable,
-                case["trainable_bytes"].as_u64().unwrap(),
-            ),
-            (
-                "alive after forward",
-                step.alive_after_forward,
-                case["alive_after_forward"].as_u64().unwrap(),
-            ),
-            (
-                "peak",
-                step.peak_above_weights,
-                case["peak"].as_u64().unwrap(),
-            ),
-        ];
-        if let Some(per_layer) = case["saved_per_layer"].as_array() {
-            for (layer, measured) in per_layer.iter().enumerate() {
-                figures.push((
-                    "saved in a layer",
-                    step.saved_per_layer[layer],
-                    measured.as_u64().unwrap(),
-                ));
-            }
-            figures.push((
-                "saved outside",
-                step.saved_outside,
-                case["saved_outside"].as_u64().unwrap(),
-            ));
-        }
+        let figures = measured_figures(&step, case);
         for (what, predicted, measured) in figures {
             let line = format!("{name}: {what} {}", ratio(predicted, measured));
             println!("{line}");
