@@ -57,6 +57,9 @@ pub struct AdamW {
     /// Between [`AdamW::begin_step`] and [`AdamW::finish_step`]: GPU updates queued to be
     /// launched a group at a time.
     pending: Pending,
+    /// Every gradient of the current step is taken as `g · grad_factor` (gradient clipping's
+    /// factor, applied inside the update instead of as a pass of its own; 1 for none).
+    grad_factor: f64,
 }
 
 impl AdamW {
@@ -67,6 +70,7 @@ impl AdamW {
             steps: 0,
             moments: HashMap::new(),
             pending: Pending::default(),
+            grad_factor: 1.0,
         }
     }
 
@@ -132,7 +136,15 @@ impl AdamW {
             step_size: lr / (1.0 - c.beta1.powi(t)),
             bias_correction2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
             eps: c.eps,
+            grad_factor: self.grad_factor,
         }
+    }
+
+    /// Until the next call, every update takes its gradient as `g · factor` (1: as given).
+    /// The update multiplies each value as it reads it, in f32, as `g * factor` on the tensor
+    /// would: the same values as scaling the gradients first, without a pass over them.
+    pub fn set_grad_factor(&mut self, factor: f64) {
+        self.grad_factor = factor;
     }
 
     /// The moments of a parameter, if it has been stepped.
@@ -171,6 +183,8 @@ pub(crate) struct StepScalars {
     pub bias_correction2_sqrt: f64,
     /// ε.
     pub eps: f64,
+    /// The gradient is taken as `g · grad_factor` (gradient clipping; 1 for none).
+    pub grad_factor: f64,
 }
 
 /// The update as burn tensor ops (any device; fresh moments are zeros):
@@ -214,6 +228,7 @@ fn on_gpu(
             step_size: s.step_size as f32,
             bias_correction2_sqrt: s.bias_correction2_sqrt as f32,
             eps: s.eps as f32,
+            grad_factor: s.grad_factor as f32,
         };
         let (p, m, v) = match pending.open && groups_fit(&param) {
             true => {
@@ -314,6 +329,11 @@ pub(crate) fn update_with_tensor_ops(
         exp_avg: p.zeros_like(),
         exp_avg_sq: p.zeros_like(),
     });
+    let g = if s.grad_factor == 1.0 {
+        g
+    } else {
+        g * s.grad_factor
+    };
     let p = p * s.decay;
     let m = state.exp_avg.clone() + (g.clone() - state.exp_avg) * s.one_minus_beta1; // lerp toward g
     let v = state.exp_avg_sq * s.beta2 + g.clone() * g * s.one_minus_beta2;

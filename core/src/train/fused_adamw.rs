@@ -122,12 +122,15 @@ fn step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &StepScalars)
     let step_size = s.step_size as f32;
     let bias_correction2_sqrt = s.bias_correction2_sqrt as f32;
     let eps = s.eps as f32;
+    // As `g * factor` on the tensor: the f32 product (exact when the factor is 1).
+    let grad_factor = s.grad_factor as f32;
     p.par_chunks_mut(VALUES_PER_TASK)
         .zip(m.par_chunks_mut(VALUES_PER_TASK))
         .zip(v.par_chunks_mut(VALUES_PER_TASK))
         .zip(g.par_chunks(VALUES_PER_TASK))
         .for_each(|(((p, m), v), g)| {
             for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                let g = g * grad_factor;
                 *m += (g - *m) * one_minus_beta1;
                 *v = *v * beta2 + g * g * one_minus_beta2;
                 let denom = v.sqrt() / bias_correction2_sqrt + eps;
@@ -145,6 +148,7 @@ mod tests {
     use crate::device::DeviceKind;
     use crate::kernels::values::to_f32_vec;
 
+    /// Step `t`'s scalars; the second step's gradient is clipped (taken at 0.37 of itself).
     fn scalars(t: i32) -> StepScalars {
         let (lr, b1, b2, wd) = (3e-3, 0.9f64, 0.999f64, 0.01);
         StepScalars {
@@ -155,6 +159,7 @@ mod tests {
             step_size: lr / (1.0 - b1.powi(t)),
             bias_correction2_sqrt: (1.0 - b2.powi(t)).sqrt(),
             eps: 1e-8,
+            grad_factor: if t == 2 { 0.37 } else { 1.0 },
         }
     }
 
@@ -179,8 +184,8 @@ mod tests {
         }
     }
 
-    /// Two steps (fresh moments, then carried ones) give what burn's tensor ops give, on every
-    /// CPU backend compiled in.
+    /// Two steps (fresh moments, then carried ones, the second with a clipping factor) give
+    /// what burn's tensor ops give, on every CPU backend compiled in.
     #[test]
     fn fused_update_matches_the_tensor_ops() {
         for kind in DeviceKind::cpu_backends() {

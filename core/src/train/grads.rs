@@ -109,9 +109,12 @@ impl ParamGrads {
         self.grads.is_empty()
     }
 
-    /// The global L2 norm over every gradient, `√Σ g²` (summed in f64).
+    /// The global L2 norm over every gradient, `√Σ g²`: summed in f64 on the CPU backends, in
+    /// f32 on a GPU (one kernel for six tensors, one read: `kernels/gpu/sum_of_squares.rs`).
     pub fn global_norm(&self) -> f64 {
-        self.grads.values().map(sum_of_squares).sum::<f64>().sqrt()
+        let grads: Vec<&Tensor<1>> = self.grads.values().collect();
+        crate::kernels::gpu::sum_of_squares::global_norm(&grads)
+            .unwrap_or_else(|| grads.into_iter().map(sum_of_squares).sum::<f64>().sqrt())
     }
 
     /// Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: when the norm
@@ -125,7 +128,7 @@ impl ParamGrads {
 
     /// [`ParamGrads::clip_global_norm`] when the global norm is already known.
     pub fn clip_known_norm(&mut self, max_norm: f64, norm: f64) {
-        let factor = max_norm / (norm + 1e-6);
+        let factor = clip_factor(max_norm, norm);
         if factor < 1.0 {
             self.scale(factor);
         }
@@ -197,6 +200,13 @@ impl<F: FnMut(ParamId, Tensor<1>, Tensor<1>) -> Tensor<1>> ModuleMapper for Upda
 /// `Σ g²` of one gradient in f64. On the CPU backends one pass over the values in place, split
 /// over rayon's threads; burn's ops would square into a new buffer (113 MB for SmolLM2's
 /// embedding) on one thread and sum it in f32.
+/// What gradient clipping multiplies every gradient by, as `torch.nn.utils.clip_grad_norm_`:
+/// `max_norm / (norm + 1e-6)` when that is below 1, else 1.
+pub fn clip_factor(max_norm: f64, norm: f64) -> f64 {
+    let factor = max_norm / (norm + 1e-6);
+    if factor < 1.0 { factor } else { 1.0 }
+}
+
 fn sum_of_squares(g: &Tensor<1>) -> f64 {
     let on_cpu = read_on_cpu(&[g], |values| {
         values[0]

@@ -29,7 +29,7 @@ use super::config::TrainConfig;
 use super::data::{DataReport, HeldOut, Stream, TrainingData};
 use super::data_parallel::{REPLICA_HASH, StepFigures, all_reduce_step, replica_hash};
 use super::eval::{EvalReport, EvalState, held_out_loss, held_out_preference};
-use super::grads::ParamGrads;
+use super::grads::{ParamGrads, clip_factor};
 use super::optimizer::{Optimizer, trainable_ids};
 use super::preference::{Objective, PreferenceMetrics, preference_forward_backward};
 use super::samples::{SamplePrompts, SampleText};
@@ -418,16 +418,20 @@ impl Trainer {
                 self.good_steps = 0;
             }
         }
-        // 4. Clipping by global norm.
-        if self.config.max_grad_norm > 0.0 {
-            step.grads
-                .clip_known_norm(self.config.max_grad_norm, grad_norm);
-        }
+        // 4. Clipping by global norm: the factor every gradient is multiplied by, which the
+        //    update applies as it reads each value.
+        let clip = if self.config.max_grad_norm > 0.0 {
+            clip_factor(self.config.max_grad_norm, grad_norm)
+        } else {
+            1.0
+        };
         // 5. The learning rate of this step.
         let lr = self.schedule.lr_at(self.step);
         // 6. The update.
         // (Cloning a module shares its tensors; nothing is copied.)
-        self.model = self.optimizer.step(self.model.clone(), &step.grads, lr);
+        self.model = self
+            .optimizer
+            .step_scaled(self.model.clone(), &step.grads, lr, clip);
         self.step += 1;
         Ok(StepReport {
             step: self.step,

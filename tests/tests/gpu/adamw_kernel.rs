@@ -115,6 +115,7 @@ fn adamw_update_on_a_gpu_is_the_kernels_result() {
         step_size: (lr / (1.0 - c.beta1)) as f32,
         bias_correction2_sqrt: (1.0 - c.beta2).sqrt() as f32,
         eps: c.eps as f32,
+        grad_factor: 1.0,
     };
     let cube = |t: Tensor<1>| t.try_into_primitive::<burn::backend::Cube>().unwrap();
     let (p_new, _, _) = update(cube(p), cube(g), None, &scalars);

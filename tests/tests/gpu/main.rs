@@ -27,6 +27,7 @@ mod adapter_generation;
 mod attention_rows;
 mod device_pool;
 mod fused_training;
+mod gradient_clipping;
 mod kv_cache;
 mod nf4_backward;
 mod nf4_device;

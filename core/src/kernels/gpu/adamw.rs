@@ -8,7 +8,8 @@
 //! 420 LoRA tensors took 0.75–0.80 s of AdamW per step, ~150 µs a launch. Here each value's
 //! `p, g, m, v` are read once and the new three written, in 420 launches, or 105 grouped.
 //!
-//! Per value, in the order and precision (f32) of the tensor-op version:
+//! Per value, in the order and precision (f32) of the tensor-op version, with the gradient taken
+//! as `g·c` (gradient clipping's factor `c`, folded in instead of a pass over every gradient):
 //! `m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²; p ← p·decay − (m / (√v / √(1−β2ᵗ) + ε))·step_size`.
 //! Each intermediate is stored in a variable of its own, as the tensor ops store each in a
 //! buffer; a GPU compiler may still contract a product and a sum into one fused multiply-add,
@@ -38,6 +39,8 @@ pub struct AdamWScalars {
     pub bias_correction2_sqrt: f32,
     /// ε.
     pub eps: f32,
+    /// The gradient is taken as `g · grad_factor` (gradient clipping's factor; 1 for none).
+    pub grad_factor: f32,
 }
 
 /// Value `i`'s update: reads `p`, `g`, `m`, `v` at `i` and writes the new three at `i`. With
@@ -61,9 +64,11 @@ fn adamw_at(
     step_size: f32,
     bias_correction2_sqrt: f32,
     eps: f32,
+    grad_factor: f32,
     #[comptime] first: bool,
 ) {
-    let grad = g[i];
+    // As `g * factor` on the tensor would (exact when the factor is 1).
+    let grad = g[i] * grad_factor;
     let mut m_old = 0.0f32;
     let mut v_old = 0.0f32;
     if !first {
@@ -106,6 +111,7 @@ fn adamw_values(
     step_size: f32,
     bias_correction2_sqrt: f32,
     eps: f32,
+    grad_factor: f32,
     #[comptime] first: bool,
 ) {
     let i = ABSOLUTE_POS;
@@ -128,6 +134,7 @@ fn adamw_values(
         step_size,
         bias_correction2_sqrt,
         eps,
+        grad_factor,
         first,
     );
 }
@@ -183,6 +190,7 @@ fn adamw_group(
     step_size: f32,
     bias_correction2_sqrt: f32,
     eps: f32,
+    grad_factor: f32,
     #[comptime] first: bool,
 ) {
     let at = ABSOLUTE_POS;
@@ -206,6 +214,7 @@ fn adamw_group(
             step_size,
             bias_correction2_sqrt,
             eps,
+            grad_factor,
             first,
         );
     } else if at < end1 {
@@ -225,6 +234,7 @@ fn adamw_group(
             step_size,
             bias_correction2_sqrt,
             eps,
+            grad_factor,
             first,
         );
     } else if at < end2 {
@@ -244,6 +254,7 @@ fn adamw_group(
             step_size,
             bias_correction2_sqrt,
             eps,
+            grad_factor,
             first,
         );
     } else {
@@ -263,6 +274,7 @@ fn adamw_group(
             step_size,
             bias_correction2_sqrt,
             eps,
+            grad_factor,
             first,
         );
     }
@@ -318,6 +330,7 @@ pub fn update(
             s.step_size,
             s.bias_correction2_sqrt,
             s.eps,
+            s.grad_factor,
             first,
         );
     }
@@ -438,6 +451,7 @@ pub fn update_group(members: Vec<GroupMember>, s: &AdamWScalars) {
             s.step_size,
             s.bias_correction2_sqrt,
             s.eps,
+            s.grad_factor,
             first,
         );
     }

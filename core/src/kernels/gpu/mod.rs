@@ -5,7 +5,9 @@
 //!   sum (cubecl custom autodiff ops with `cpu/fused/`'s formulas and keeps), forward and
 //!   backward.
 //! - `adamw.rs`: AdamW's update of four parameters in one launch (one a launch where a device
-//!   offers too few bindings), instead of ~13 ops each.
+//!   offers too few bindings), instead of ~13 ops each, with gradient clipping's factor folded in;
+//! - `sum_of_squares.rs`: the gradients' global norm, six tensors a launch and one read, instead
+//!   of two ops and a read per tensor;
 //! - `resident_nf4.rs`: an NF4 weight's codes and scales on a GPU device, uploaded once;
 //! - `nf4_dequantize.rs`: their dequantization there, bit-exact with the CPU;
 //! - `nf4_row_product.rs`: a few rows times such a weight straight from its codes, KV-cached
@@ -31,6 +33,7 @@ mod reduce;
 pub mod resident_nf4;
 pub mod rms_norm_rows;
 pub mod rope_rows;
+pub mod sum_of_squares;
 pub mod swiglu_rows;
 
 /// The most rows (`B·T`) the `*_rows.rs` kernels take: KV-cached generation's new tokens.
