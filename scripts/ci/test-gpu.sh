@@ -129,5 +129,24 @@ if [ "$per_step" -gt "$step_launch_limit" ]; then
 fi
 echo "training step: $per_step launches (tiny-smol LoRA, at most $step_launch_limit)"
 
+# The same count for `napkin train`, which also takes the gradients' global norm and clips
+# (what `measure` does not): 674 launches a step when the norm was a square, a sum and a read
+# per tensor and clipping a product per tensor; 462 with the norm six tensors a launch
+# (kernels/gpu/sum_of_squares.rs, one read) and the clipping factor inside AdamW's update.
+train_launch_limit=462
+train_launches_in() { # steps → kernel runs in the whole train run
+    rm -rf "$run/train-$1" "$run/train-$1.log"
+    CUBECL_DEBUG_LOG="$run/train-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" train "${tiny[@]}" \
+        --chat-format chatml --data data/napkin-instruct.jsonl --out "$run/train-$1" \
+        --device wgpu --lora-r 8 --lr 3e-3 --seq-len 64 --steps "$1" --plain > /dev/null 2>&1
+    grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$run/train-$1.log"
+}
+per_train_step=$(( ($(train_launches_in 4) - $(train_launches_in 2)) / 2 ))
+if [ "$per_train_step" -gt "$train_launch_limit" ]; then
+    echo "error: a tiny-smol LoRA step of napkin train launches $per_train_step kernels; at most $train_launch_limit expected" >&2
+    exit 1
+fi
+echo "napkin train step: $per_train_step launches (tiny-smol LoRA, clipped, at most $train_launch_limit)"
+
 # The GPU benchmark's smoke case (scripts/bench/gpu.sh runs the full one on a real GPU).
 "$napkin" bench gpu --device wgpu --smoke --runs 3
