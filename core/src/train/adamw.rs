@@ -140,6 +140,15 @@ impl AdamW {
         }
     }
 
+    /// With `true`, a GPU step's updates (between [`AdamW::group_updates`] and
+    /// [`AdamW::finish_step`], where the device binds a group's buffers) are written over the
+    /// parameters and moments themselves instead of into new buffers, moments starting at
+    /// zeros: what a step captured as a device graph needs, since its replays read the
+    /// buffers they recorded. The values are the same either way.
+    pub fn set_in_place(&mut self, in_place: bool) {
+        self.pending.in_place = in_place;
+    }
+
     /// Until the next call, every update takes its gradient as `g · factor` (1: as given).
     /// The update multiplies each value as it reads it, in f32, as `g * factor` on the tensor
     /// would: the same values as scaling the gradients first, without a pass over them.
@@ -230,6 +239,28 @@ fn on_gpu(
             eps: s.eps as f32,
             grad_factor: s.grad_factor as f32,
         };
+        if pending.in_place && pending.open && groups_fit(&param) {
+            // Written over the parameter and its moments (zeros on the first step): the
+            // tensors handed back are the ones given.
+            let zeros = || Tensor::<1>::zeros([param.meta.shape().num_elements()], &p.device());
+            let state = state.unwrap_or_else(|| Moments {
+                exp_avg: zeros(),
+                exp_avg_sq: zeros(),
+            });
+            let (Some(m), Some(v)) = (cube(&state.exp_avg), cube(&state.exp_avg_sq)) else {
+                return Err((p, g, Some(state)));
+            };
+            pending.push_in_place(
+                crate::kernels::gpu::adamw::InPlaceMember {
+                    p: param,
+                    g: grad,
+                    m,
+                    v,
+                },
+                scalars,
+            );
+            return Ok((p, state));
+        }
         let (p, m, v) = match pending.open && groups_fit(&param) {
             true => {
                 let out = new_outputs(&param);
@@ -266,8 +297,12 @@ fn on_gpu(
 struct Pending {
     /// Inside a step: updates may be queued.
     open: bool,
+    /// Updates are written over the parameters and moments ([`AdamW::set_in_place`]).
+    in_place: bool,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     group: Vec<crate::kernels::gpu::adamw::GroupMember>,
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    in_place_group: Vec<crate::kernels::gpu::adamw::InPlaceMember>,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     scalars: Option<crate::kernels::gpu::adamw::AdamWScalars>,
 }
@@ -307,6 +342,27 @@ impl Pending {
         }
     }
 
+    /// Queues an update written in place (see [`Pending::push`]).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn push_in_place(
+        &mut self,
+        member: crate::kernels::gpu::adamw::InPlaceMember,
+        scalars: crate::kernels::gpu::adamw::AdamWScalars,
+    ) {
+        let fits = self
+            .in_place_group
+            .first()
+            .is_none_or(|first| first.p.device == member.p.device && self.scalars == Some(scalars));
+        if !fits {
+            self.flush();
+        }
+        self.scalars = Some(scalars);
+        self.in_place_group.push(member);
+        if self.in_place_group.len() == crate::kernels::gpu::adamw::GROUP {
+            self.flush();
+        }
+    }
+
     /// Launches the queued group, if any.
     fn flush(&mut self) {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -314,6 +370,10 @@ impl Pending {
             let group = std::mem::take(&mut self.group);
             if !group.is_empty() {
                 crate::kernels::gpu::adamw::update_group(group, &scalars);
+            }
+            let group = std::mem::take(&mut self.in_place_group);
+            if !group.is_empty() {
+                crate::kernels::gpu::adamw::update_group_in_place(group, &scalars);
             }
         }
     }

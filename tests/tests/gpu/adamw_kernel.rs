@@ -194,3 +194,71 @@ fn grouped_updates_equal_one_launch_each_bit_for_bit() {
         }
     }
 }
+
+/// With `set_in_place(true)` a step writes each update over the parameter's and moments' own
+/// buffers (a tensor held from before the step reads the new values), with the values of the
+/// grouped kernel's new buffers bit for bit, on the first step (moments from zeros) and the next.
+#[test]
+fn updates_written_in_place_equal_the_grouped_kernels_bit_for_bit() {
+    use burn::module::{Module, Param};
+    use napkin_core::train::grads::ParamGrads;
+
+    #[derive(Module, Debug)]
+    struct Five {
+        tensors: Vec<Param<Tensor<1>>>,
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device();
+    let lengths = [1usize, 10_007, 64, 3, 129];
+    let make = || Five {
+        tensors: lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Param::from_tensor(tensor(&values(i as u64, 0.5)[..n], &device)))
+            .collect(),
+    };
+    let (mut fresh, mut in_place) = (make(), make());
+    let grads_of = |model: &Five, step: u64| {
+        let mut grads = ParamGrads::new();
+        for (i, (p, &n)) in model.tensors.iter().zip(&lengths).enumerate() {
+            grads.insert(
+                p.id,
+                tensor(&values(100 * step + i as u64, 0.01)[..n], &device),
+            );
+        }
+        grads
+    };
+    let (mut a, mut b) = (
+        AdamW::new(AdamWConfig::default()),
+        AdamW::new(AdamWConfig::default()),
+    );
+    b.set_in_place(true);
+    for step in 1..=2u64 {
+        let held: Vec<Tensor<1>> = in_place.tensors.iter().map(|p| p.val()).collect();
+        let (ga, gb) = (grads_of(&fresh, step), grads_of(&in_place, step));
+        fresh = a.step(fresh, &ga, 1e-3);
+        in_place = b.step(in_place, &gb, 1e-3);
+        for (i, ((p, q), before)) in fresh
+            .tensors
+            .iter()
+            .zip(&in_place.tensors)
+            .zip(held)
+            .enumerate()
+        {
+            let updated = host(q.val());
+            assert_eq!(host(p.val()), updated, "step {step}, p{i}");
+            assert_eq!(
+                host(before),
+                updated,
+                "step {step}, p{i}: the tensor held from before the step was not written over"
+            );
+            let (ma, mb) = (a.moments(p.id).unwrap(), b.moments(q.id).unwrap());
+            assert_eq!(host(ma.exp_avg.clone()), host(mb.exp_avg.clone()), "m{i}");
+            assert_eq!(
+                host(ma.exp_avg_sq.clone()),
+                host(mb.exp_avg_sq.clone()),
+                "v{i}"
+            );
+        }
+    }
+}

@@ -43,6 +43,44 @@ pub struct AdamWScalars {
     pub grad_factor: f32,
 }
 
+/// The new first moment: `m + (1−β1)(g − m)`.
+#[cube]
+fn moved_m(grad: f32, m_old: f32, one_minus_beta1: f32) -> f32 {
+    let toward = grad - m_old;
+    let moved = toward * one_minus_beta1;
+    m_old + moved
+}
+
+/// The new second moment: `β2·v + (1−β2)·g²`.
+#[cube]
+fn moved_v(grad: f32, v_old: f32, beta2: f32, one_minus_beta2: f32) -> f32 {
+    let v_kept = v_old * beta2;
+    let squared = grad * grad;
+    let v_added = squared * one_minus_beta2;
+    v_kept + v_added
+}
+
+/// The new parameter: `p·decay − (m / (√v / √(1−β2ᵗ) + ε))·step_size`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn moved_p(
+    p_old: f32,
+    m_new: f32,
+    v_new: f32,
+    decay: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+) -> f32 {
+    let root = f32::sqrt(v_new);
+    let corrected = root / bias_correction2_sqrt;
+    let denom = corrected + eps;
+    let decayed = p_old * decay;
+    let ratio = m_new / denom;
+    let step = ratio * step_size;
+    decayed - step
+}
+
 /// Value `i`'s update: reads `p`, `g`, `m`, `v` at `i` and writes the new three at `i`. With
 /// `first` the moments are zero: `m` and `v` are stand-ins (any tensor of `i`'s length) whose
 /// values are unused.
@@ -75,22 +113,55 @@ fn adamw_at(
         m_old = m[i];
         v_old = v[i];
     }
-    let toward = grad - m_old;
-    let moved = toward * one_minus_beta1;
-    let m_new = m_old + moved;
-    let v_kept = v_old * beta2;
-    let squared = grad * grad;
-    let v_added = squared * one_minus_beta2;
-    let v_new = v_kept + v_added;
-    let root = f32::sqrt(v_new);
-    let corrected = root / bias_correction2_sqrt;
-    let denom = corrected + eps;
-    let decayed = p[i] * decay;
-    let ratio = m_new / denom;
-    let step = ratio * step_size;
-    p_out[i] = decayed - step;
+    let m_new = moved_m(grad, m_old, one_minus_beta1);
+    let v_new = moved_v(grad, v_old, beta2, one_minus_beta2);
+    p_out[i] = moved_p(
+        p[i],
+        m_new,
+        v_new,
+        decay,
+        step_size,
+        bias_correction2_sqrt,
+        eps,
+    );
     m_out[i] = m_new;
     v_out[i] = v_new;
+}
+
+/// Value `i`'s update written over `p`, `m` and `v` themselves (each thread reads its own
+/// index, then writes it): the buffers a captured step's graph recorded stay the parameter's and
+/// moments' buffers.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn adamw_in_place_at(
+    p: &mut Tensor<f32>,
+    g: &Tensor<f32>,
+    m: &mut Tensor<f32>,
+    v: &mut Tensor<f32>,
+    i: usize,
+    decay: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    grad_factor: f32,
+) {
+    let grad = g[i] * grad_factor;
+    let m_new = moved_m(grad, m[i], one_minus_beta1);
+    let v_new = moved_v(grad, v[i], beta2, one_minus_beta2);
+    p[i] = moved_p(
+        p[i],
+        m_new,
+        v_new,
+        decay,
+        step_size,
+        bias_correction2_sqrt,
+        eps,
+    );
+    m[i] = m_new;
+    v[i] = v_new;
 }
 
 /// One thread per value. With `first`, the moments are zero and `m`, `v` are not read.
@@ -280,6 +351,111 @@ fn adamw_group(
     }
 }
 
+/// [`adamw_group`] written over each slot's own `p`, `m` and `v` ([`adamw_in_place_at`]);
+/// the moments are always read (a captured step starts them at zeros).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_group_in_place(
+    p0: &mut Tensor<f32>,
+    g0: &Tensor<f32>,
+    m0: &mut Tensor<f32>,
+    v0: &mut Tensor<f32>,
+    p1: &mut Tensor<f32>,
+    g1: &Tensor<f32>,
+    m1: &mut Tensor<f32>,
+    v1: &mut Tensor<f32>,
+    p2: &mut Tensor<f32>,
+    g2: &Tensor<f32>,
+    m2: &mut Tensor<f32>,
+    v2: &mut Tensor<f32>,
+    p3: &mut Tensor<f32>,
+    g3: &Tensor<f32>,
+    m3: &mut Tensor<f32>,
+    v3: &mut Tensor<f32>,
+    end0: usize,
+    end1: usize,
+    end2: usize,
+    end3: usize,
+    decay: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    grad_factor: f32,
+) {
+    let at = ABSOLUTE_POS;
+    if at >= end3 {
+        terminate!();
+    }
+    if at < end0 {
+        adamw_in_place_at(
+            p0,
+            g0,
+            m0,
+            v0,
+            at,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            grad_factor,
+        );
+    } else if at < end1 {
+        adamw_in_place_at(
+            p1,
+            g1,
+            m1,
+            v1,
+            at - end0,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            grad_factor,
+        );
+    } else if at < end2 {
+        adamw_in_place_at(
+            p2,
+            g2,
+            m2,
+            v2,
+            at - end1,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            grad_factor,
+        );
+    } else {
+        adamw_in_place_at(
+            p3,
+            g3,
+            m3,
+            v3,
+            at - end2,
+            decay,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            grad_factor,
+        );
+    }
+}
+
 /// Launches of the update kernel since the program started, counted at each launch.
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
@@ -453,6 +629,84 @@ pub fn update_group(members: Vec<GroupMember>, s: &AdamWScalars) {
             s.eps,
             s.grad_factor,
             first,
+        );
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One parameter's update as [`update_group_in_place`] takes it: the parameter, its gradient and
+/// its moments, all `[n]` f32, contiguous, on one device; the launch writes over `p`, `m`, `v`.
+#[derive(Clone)]
+pub struct InPlaceMember {
+    pub p: CubeTensor,
+    pub g: CubeTensor,
+    pub m: CubeTensor,
+    pub v: CubeTensor,
+}
+
+/// The updates of up to [`GROUP`] parameters in one launch, each written over its own
+/// parameter and moments (no new buffer): what a step whose graph is replayed needs, since the
+/// replay reads the buffers it recorded.
+///
+/// # Panics
+/// With no member or more than [`GROUP`]: the caller's grouping is wrong.
+pub fn update_group_in_place(members: Vec<InPlaceMember>, s: &AdamWScalars) {
+    assert!((1..=GROUP).contains(&members.len()), "1 to {GROUP} members");
+    let client = members[0].p.client.clone();
+    let mut args = Vec::with_capacity(GROUP);
+    let mut ends = [0usize; GROUP];
+    let mut total = 0;
+    for (slot, member) in members.into_iter().enumerate() {
+        total += member.p.meta.shape().num_elements();
+        ends[slot] = total;
+        args.push([member.p, member.g, member.m, member.v]);
+    }
+    for end in ends.iter_mut().skip(args.len()) {
+        *end = total;
+    }
+    while args.len() < GROUP {
+        args.push(args[args.len() - 1].clone());
+    }
+    let mut a = args.into_iter().flatten().map(CubeTensor::into_tensor_arg);
+    let mut next = || a.next().expect("four tensors a slot");
+    let (cube_count, cube_dim) = super::one_thread_each(&client, total.max(1));
+    // Safety: thread `at` < Σn belongs to the one slot with end_{k−1} ≤ at < end_k and reads
+    // and writes index at − end_{k−1} < n_k of that slot's tensors (n_k values each), no other
+    // thread touching that index; threads past Σn return first; empty slots (the last member
+    // repeated) are never chosen.
+    unsafe {
+        adamw_group_in_place::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            next(),
+            ends[0],
+            ends[1],
+            ends[2],
+            ends[3],
+            s.decay,
+            s.one_minus_beta1,
+            s.beta2,
+            s.one_minus_beta2,
+            s.step_size,
+            s.bias_correction2_sqrt,
+            s.eps,
+            s.grad_factor,
         );
     }
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
