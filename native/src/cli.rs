@@ -537,6 +537,10 @@ pub struct TrainArgs {
     /// One sample per row, padded, instead of packing.
     #[arg(long)]
     pub no_pack: bool,
+    /// On a GPU, launch every step op by op instead of capturing it once as a device graph
+    /// and replaying it (the capture is skipped, and said, where the run cannot replay).
+    #[arg(long)]
+    pub no_capture: bool,
     /// The optimizer.
     #[arg(long, value_enum, ignore_case = true, default_value_t = train_defaults().optimizer)]
     pub optimizer: OptimizerKind,

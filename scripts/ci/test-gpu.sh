@@ -58,7 +58,14 @@ trap 'rm -rf "$run"' EXIT
 tiny=(--model "$fixtures/tiny-smol" --tokenizer "$fixtures/tokenizer/tokenizer.json")
 "$napkin" train "${tiny[@]}" --chat-format chatml --data data/napkin-instruct.jsonl \
     --out "$run/out" --device wgpu --lora-r 8 --nf4 --double-quant --lr 3e-3 --seq-len 64 \
-    --steps 3 --plain
+    --steps 3 --plain 2> "$run/train.err" || { cat "$run/train.err" >&2; exit 1; }
+cat "$run/train.err" >&2
+# Its steps 2 and 3 are replayed from a recorded device graph (train/captured.rs), as a user's
+# run is by default.
+if ! grep -q 'captured as a device graph' "$run/train.err"; then
+    echo "error: napkin train on wgpu did not capture its step" >&2
+    exit 1
+fi
 for device in wgpu cpu; do
     "$napkin" generate "${tiny[@]}" --adapter "$run/out" --prompt "Compute 3 + 63." \
         --max-new-tokens 24 --temperature 1 --seed 3 --device "$device" > "$run/$device.txt"
@@ -129,16 +136,19 @@ if [ "$per_step" -gt "$step_launch_limit" ]; then
 fi
 echo "training step: $per_step launches (tiny-smol LoRA, at most $step_launch_limit)"
 
-# The same count for `napkin train`, which also takes the gradients' global norm and clips
-# (what `measure` does not): 674 launches a step when the norm was a square, a sum and a read
-# per tensor and clipping a product per tensor; 462 with the norm six tensors a launch
-# (kernels/gpu/sum_of_squares.rs, one read) and the clipping factor inside AdamW's update.
+# The same count for `napkin train` op by op (`--no-capture`: the launches a captured step's
+# graph holds; cubecl's profiler stops logging once a graph is recorded), which also takes the
+# gradients' global norm and clips (what `measure` does not): 674 launches a step when the norm
+# was a square, a sum and a read per tensor and clipping a product per tensor; 462 with the norm
+# six tensors a launch (kernels/gpu/sum_of_squares.rs, one read) and the clipping factor inside
+# AdamW's update. The captured step itself is checked against op by op in tests/tests/gpu.
 train_launch_limit=462
 train_launches_in() { # steps → kernel runs in the whole train run
     rm -rf "$run/train-$1" "$run/train-$1.log"
     CUBECL_DEBUG_LOG="$run/train-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" train "${tiny[@]}" \
         --chat-format chatml --data data/napkin-instruct.jsonl --out "$run/train-$1" \
-        --device wgpu --lora-r 8 --lr 3e-3 --seq-len 64 --steps "$1" --plain > /dev/null 2>&1
+        --device wgpu --lora-r 8 --lr 3e-3 --seq-len 64 --steps "$1" --plain --no-capture \
+        > /dev/null 2>&1
     grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$run/train-$1.log"
 }
 per_train_step=$(( ($(train_launches_in 4) - $(train_launches_in 2)) / 2 ))

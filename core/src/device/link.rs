@@ -110,6 +110,64 @@ fn counted_up<const D: usize, K: Basic>(t: Tensor<D, K>, traffic: Traffic) -> Te
     t
 }
 
+/// Writes `data` over `tensor`'s own device buffer, counted as `traffic` up: a step captured as
+/// a device graph reads the buffers it recorded, so each new batch goes into them. True when
+/// written; false (nothing written) on a CPU backend, or when the tensor is not a contiguous
+/// buffer of `data`'s length.
+pub fn write_over<const D: usize>(tensor: &Tensor<D>, data: TensorData, traffic: Traffic) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        is_across_link(&tensor.device())
+            && tensor
+                .clone()
+                .without_autodiff()
+                .try_into_primitive::<burn::backend::Cube>()
+                .is_ok_and(|cube| write_over_buffer(cube, data, traffic))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (tensor, data, traffic);
+        false
+    }
+}
+
+/// [`write_over`] for integer tensors (token ids).
+pub fn write_over_int<const D: usize>(
+    tensor: &Tensor<D, burn::tensor::Int>,
+    data: TensorData,
+    traffic: Traffic,
+) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        is_across_link(&tensor.device())
+            && tensor
+                .clone()
+                .without_autodiff()
+                .try_into_primitive::<burn::backend::Cube>()
+                .is_ok_and(|cube| write_over_buffer(cube, data, traffic))
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = (tensor, data, traffic);
+        false
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn write_over_buffer(
+    cube: burn_cubecl::tensor::CubeTensor,
+    data: TensorData,
+    traffic: Traffic,
+) -> bool {
+    if !cube.is_contiguous() || cube.meta.shape().num_elements() != data.num_elements() {
+        return false;
+    }
+    let bytes = data.convert_dtype(cube.dtype).into_bytes();
+    count_up(bytes.len(), traffic);
+    cube.client.write(&cube.handle, bytes);
+    true
+}
+
 /// A tensor's values on the host.
 pub fn read_back<const D: usize, K: Basic>(tensor: Tensor<D, K>) -> TensorData {
     let across = is_across_link(&tensor.device());

@@ -71,18 +71,24 @@ impl TokenBatch {
 
     /// The ids as a `[B, T]` tensor.
     pub fn ids_tensor(&self, device: &Device) -> Tensor<2, Int> {
+        link::upload(self.ids_data(), device, Traffic::Data)
+    }
+
+    /// The ids as `[B, T]` host data.
+    pub fn ids_data(&self) -> TensorData {
         let ids: Vec<i64> = self.input_ids.iter().map(|&id| id as i64).collect();
-        link::upload(
-            TensorData::new(ids, [self.batch, self.seq]),
-            device,
-            Traffic::Data,
-        )
+        TensorData::new(ids, [self.batch, self.seq])
     }
 
     /// The additive attention mask: 0 where query i may see key j (j ≤ i, same segment, and
     /// with a sliding `window`, i − j < window), [`MASKED`] elsewhere. `[1, 1, T, T]` for
     /// unpacked batches, `[B, 1, T, T]` when packed.
     pub fn attention_mask(&self, device: &Device, window: Option<usize>) -> Tensor<4> {
+        link::upload(self.attention_mask_data(window), device, Traffic::Data)
+    }
+
+    /// [`TokenBatch::attention_mask`] as host data.
+    pub fn attention_mask_data(&self, window: Option<usize>) -> TensorData {
         let t = self.seq;
         let rows = if self.is_packed() { self.batch } else { 1 };
         // A sliding window: query i sees keys i − window < j ≤ i (transformers' Mistral).
@@ -98,10 +104,6 @@ impl TokenBatch {
                 }
             }
         }
-        link::upload(
-            TensorData::new(mask, [rows, 1, t, t]),
-            device,
-            Traffic::Data,
-        )
+        TensorData::new(mask, [rows, 1, t, t])
     }
 }

@@ -2,7 +2,7 @@
 //! LM head (tied to the embedding or not).
 
 use burn::module::{Module, Param};
-use burn::tensor::{Device, Distribution, Tensor, module::embedding};
+use burn::tensor::{Device, Distribution, Int, Tensor, module::embedding};
 
 use super::attention::AttentionMask;
 use super::autocast::linear_matmul;
@@ -114,7 +114,14 @@ impl Llama {
     /// # Shapes
     /// - returns the embedded tokens `[B, T, D]`
     pub fn embed(&self, batch: &TokenBatch) -> Tensor<3> {
-        let ids = batch.ids_tensor(&self.device());
+        self.embed_ids(batch.ids_tensor(&self.device()))
+    }
+
+    /// [`Llama::embed`] of token ids already on the device.
+    ///
+    /// # Shapes
+    /// - `ids`: `[B, T]` → `[B, T, D]`
+    pub fn embed_ids(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let x = embedding(self.embed_tokens.val(), ids.clone());
         match &self.embed_lora {
             Some(lora) => x + lora.forward(ids),
@@ -151,8 +158,15 @@ impl Llama {
     ///
     /// # Shapes
     /// - `x`: `[B, T, D]` → logits `[B, T, V]`
-    pub fn forward_embedded(&self, mut x: Tensor<3>, batch: &TokenBatch) -> Tensor<3> {
-        let ctx = self.context(batch);
+    pub fn forward_embedded(&self, x: Tensor<3>, batch: &TokenBatch) -> Tensor<3> {
+        self.forward_in(x, &self.context(batch))
+    }
+
+    /// [`Llama::forward_embedded`] with the batch's RoPE tables and mask already on the device.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → logits `[B, T, V]`
+    pub fn forward_in(&self, mut x: Tensor<3>, ctx: &ForwardContext) -> Tensor<3> {
         for layer in &self.layers {
             x = layer.forward(x, &ctx.rope, &ctx.mask);
         }

@@ -209,11 +209,56 @@ fn uploaded_labels(
     rows: usize,
     device: &burn::tensor::Device,
 ) -> (Tensor<1>, Tensor<1>) {
-    let upload = |values: Vec<f32>| -> Tensor<1> {
-        link::upload(TensorData::new(values, [rows]), device, Traffic::Data)
-    };
+    let [classes, weights] = label_columns(shifted, rows);
+    let upload = |data| -> Tensor<1> { link::upload(data, device, Traffic::Data) };
+    (upload(classes), upload(weights))
+}
+
+/// The GPU loss kernel's two label columns, `[B·(T − 1)]` f32 each: the class (0 where
+/// ignored) and the weight.
+fn label_columns(shifted: &ShiftedLabels, rows: usize) -> [TensorData; 2] {
     let classes: Vec<f32> = shifted.targets.iter().map(|&c| c as f32).collect();
-    (upload(classes), upload(shifted.weights.to_vec()))
+    [
+        TensorData::new(classes, [rows]),
+        TensorData::new(shifted.weights.to_vec(), [rows]),
+    ]
+}
+
+/// The label columns the GPU loss kernel reads for logits of shape `dims` (`[B, T, V]`), every
+/// counted label weighing `weight`: a captured step's loss is then `Σ weight·(−log p)`, its
+/// token-weighted share of the step with no scalar baked into the graph.
+pub(crate) fn weighted_label_columns(
+    dims: [usize; 3],
+    labels: &[i64],
+    weight: f32,
+) -> Result<[TensorData; 2]> {
+    let [b, t, _] = dims;
+    let weights = vec![weight; labels.len()];
+    let shifted = shift_labels(dims, labels, Some(&weights))?;
+    Ok(label_columns(&shifted, b * t.saturating_sub(1)))
+}
+
+/// `Σ w·(−log p(label))` by the GPU loss kernel, from label columns already on the device
+/// ([`weighted_label_columns`]'s); an error where the kernel does not take the logits (not f32
+/// on a cubecl device).
+pub(crate) fn summed_nll_on_device(
+    logits: Tensor<3>,
+    classes: &Tensor<1>,
+    weights: &Tensor<1>,
+) -> Result<Tensor<1>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let outcome = crate::kernels::gpu::fused::cross_entropy::summed_nll(logits, classes, weights);
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    let outcome: std::result::Result<Tensor<1>, Tensor<3>> = {
+        let _ = (classes, weights);
+        Err(logits)
+    };
+    outcome.map_err(|logits| {
+        Error::Input(format!(
+            "the GPU loss kernel does not take {:?} logits on this device",
+            logits.dtype()
+        ))
+    })
 }
 
 #[cfg(test)]

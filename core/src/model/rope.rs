@@ -92,17 +92,34 @@ impl RopeTables {
     ) -> Self {
         let head_dim = 2 * inv_freq.len();
         let (cos, sin) = tables(inv_freq, positions);
-        let shape = [batch, 1, seq, head_dim];
         let host = HostTables {
             cos: Arc::from(cos.as_slice()),
             sin: Arc::from(sin.as_slice()),
             head_dim,
         };
+        let [cos, sin] = Self::data_of(cos, sin, batch, seq, head_dim);
         RopeTables {
-            cos: link::upload(TensorData::new(cos, shape), device, Traffic::Data),
-            sin: link::upload(TensorData::new(sin, shape), device, Traffic::Data),
+            cos: link::upload(cos, device, Traffic::Data),
+            sin: link::upload(sin, device, Traffic::Data),
             host,
         }
+    }
+
+    /// The cos and sin tables of [`RopeTables::new`] as `[B, 1, T, Dh]` host data.
+    pub fn data(inv_freq: &[f32], positions: &[u32], batch: usize, seq: usize) -> [TensorData; 2] {
+        let (cos, sin) = tables(inv_freq, positions);
+        Self::data_of(cos, sin, batch, seq, 2 * inv_freq.len())
+    }
+
+    fn data_of(
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+        batch: usize,
+        seq: usize,
+        head_dim: usize,
+    ) -> [TensorData; 2] {
+        let shape = [batch, 1, seq, head_dim];
+        [TensorData::new(cos, shape), TensorData::new(sin, shape)]
     }
 
     /// The tables on the host.

@@ -162,6 +162,9 @@ pub struct TrainConfig {
     pub dtype: ComputeDtype,
     /// cpu, wgpu, cuda (or flex, ndarray).
     pub device: DeviceKind,
+    /// On a GPU backend, capture a step as a device graph and replay it (one submission for
+    /// the forward's and backward's launches) where the run allows it; false: op by op.
+    pub capture: bool,
     /// Keep the optimizer state and an f32 master copy of the trainable weights in host
     /// memory, updating there (GPU devices only: on the CPU it is already host memory).
     pub offload_optimizer: bool,
@@ -226,6 +229,7 @@ impl Default for TrainConfig {
             seed: 42,
             dtype: ComputeDtype::F32,
             device: DeviceKind::Cpu,
+            capture: true,
             offload_optimizer: false,
             save_every: 50,
             keep_checkpoints: 2,

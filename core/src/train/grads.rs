@@ -104,6 +104,11 @@ impl ParamGrads {
         self.grads.len()
     }
 
+    /// Every gradient, in no particular order.
+    pub fn tensors(&self) -> impl Iterator<Item = &Tensor<1>> {
+        self.grads.values()
+    }
+
     /// Whether no parameter has a gradient.
     pub fn is_empty(&self) -> bool {
         self.grads.is_empty()

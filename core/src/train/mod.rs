@@ -3,6 +3,7 @@
 
 pub mod adamw;
 pub mod adamw8bit;
+pub mod captured;
 pub mod checkpoint;
 pub mod config;
 mod data;

@@ -194,6 +194,21 @@ impl Optimizer {
         module
     }
 
+    /// Switches AdamW on a GPU `device` to writing each update over the parameters and
+    /// moments (`AdamW::set_in_place`), what a replayed step needs. False (nothing changed)
+    /// for another rule, an offloaded optimizer, or a device that binds too few buffers.
+    pub fn update_in_place(&mut self, device: &Device) -> bool {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let (UpdateRule::AdamW(o), None) = (&mut self.rule, &self.offload)
+            && crate::kernels::gpu::adamw::groups_fit_on(&device.clone().inner())
+        {
+            o.set_in_place(true);
+            return true;
+        }
+        let _ = device;
+        false
+    }
+
     /// Whether a step reads values back to the host: 8-bit AdamW quantizes its moments there,
     /// an offloaded optimizer updates there. A caller that must not block on a device read
     /// (the browser on WebGPU) cannot use these.

@@ -3,15 +3,15 @@
 //! decoder-block granularity (as PyTorch/HF do it).
 
 use burn::module::Module;
-use burn::tensor::Tensor;
 use burn::tensor::module::embedding;
+use burn::tensor::{Int, Tensor};
 
 use super::grads::ParamGrads;
 use crate::data::MicroBatch;
 use crate::error::{Error, Result};
 use crate::kernels::values::scalar;
 use crate::model::dropout_draw::{drawing, micro_batch_key};
-use crate::model::{Llama, causal_lm_loss};
+use crate::model::{ForwardContext, Llama, TokenBatch, causal_lm_loss};
 
 /// How micro-batch losses are combined into the step's gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,12 +203,69 @@ pub(super) fn micro_backward(
     mark: &mut dyn FnMut(),
     head_loss: &mut HeadLoss<'_>,
 ) -> Result<(ParamGrads, Tensor<1>)> {
-    // With nothing below the head trained (an adapter on the head alone) the plain forward
-    // keeps no block activation: there is nothing for checkpointing to recompute.
-    if checkpointing && below_head_trains(model) {
-        checkpointed_backward(model, micro, dropout_key, mark, head_loss)
+    let recomputes = recomputes_blocks(model, checkpointing);
+    let inputs = StepInputs::upload(model, &micro.batch, recomputes);
+    micro_backward_on(
+        model,
+        micro,
+        &inputs,
+        recomputes,
+        dropout_key,
+        mark,
+        head_loss,
+    )
+}
+
+/// Whether a step recomputes blocks in its backward: with checkpointing, unless nothing below
+/// the LM head trains (an adapter on the head alone: the plain forward then keeps no block
+/// activation, so there is nothing to recompute).
+pub(super) fn recomputes_blocks(model: &Llama, checkpointing: bool) -> bool {
+    checkpointing && below_head_trains(model)
+}
+
+/// What a micro-batch's forward reads on the device besides the weights: its token ids and
+/// its RoPE tables and mask. A step captured as a device graph keeps one set and writes each
+/// new batch's values into it (`train/captured.rs`).
+#[derive(Debug, Clone)]
+pub(super) struct StepInputs {
+    /// `[B, T]`.
+    pub ids: Tensor<2, Int>,
+    /// The RoPE tables and the mask.
+    pub ctx: ForwardContext,
+}
+
+impl StepInputs {
+    /// `batch`'s inputs uploaded to `model`'s device: outside autodiff when the step
+    /// `recomputes` blocks (its graph-free forward reads them), beside the tracked weights
+    /// otherwise.
+    pub(super) fn upload(model: &Llama, batch: &TokenBatch, recomputes: bool) -> Self {
+        let on = |m: &Llama| StepInputs {
+            ids: batch.ids_tensor(&m.device()),
+            ctx: m.context(batch),
+        };
+        if recomputes {
+            on(&model.valid())
+        } else {
+            on(model)
+        }
+    }
+}
+
+/// [`micro_backward`] on inputs already on the device; `recomputes` as
+/// [`recomputes_blocks`] says, and `inputs` uploaded for it.
+pub(super) fn micro_backward_on(
+    model: &Llama,
+    micro: &MicroBatch,
+    inputs: &StepInputs,
+    recomputes: bool,
+    dropout_key: u64,
+    mark: &mut dyn FnMut(),
+    head_loss: &mut HeadLoss<'_>,
+) -> Result<(ParamGrads, Tensor<1>)> {
+    if recomputes {
+        checkpointed_backward(model, micro, inputs, dropout_key, mark, head_loss)
     } else {
-        plain_backward(model, micro, dropout_key, mark, head_loss)
+        plain_backward(model, micro, inputs, dropout_key, mark, head_loss)
     }
 }
 
@@ -232,6 +289,7 @@ pub fn below_head_trains(model: &Llama) -> bool {
 fn plain_backward(
     model: &Llama,
     micro: &MicroBatch,
+    inputs: &StepInputs,
     dropout_key: u64,
     mark: &mut dyn FnMut(),
     head_loss: &mut HeadLoss<'_>,
@@ -247,8 +305,8 @@ fn plain_backward(
     // The blocks draw their dropout masks in order from the micro-batch's stream, as the
     // checkpointed path's graph-free forward does.
     let (logits, _) = drawing(dropout_key, 0, || match &looked_up {
-        Some((_, embedded)) => model.forward_embedded(embedded.clone(), batch),
-        None => model.forward(batch),
+        Some((_, embedded)) => model.forward_in(embedded.clone(), &inputs.ctx),
+        None => model.forward_in(model.embed_ids(inputs.ids.clone()), &inputs.ctx),
     });
     let (loss, loss_sum) = head_loss(logits)?;
     mark();
@@ -293,6 +351,7 @@ fn plain_backward(
 fn checkpointed_backward(
     model: &Llama,
     micro: &MicroBatch,
+    inputs: &StepInputs,
     dropout_key: u64,
     mark: &mut dyn FnMut(),
     head_loss: &mut HeadLoss<'_>,
@@ -300,15 +359,15 @@ fn checkpointed_backward(
     let batch = &micro.batch;
     // 1. Graph-free forward: the same weights, outside autodiff.
     let frozen = model.valid();
-    let ctx = frozen.context(batch);
-    let mut inputs: Vec<(Tensor<3>, u64)> = Vec::with_capacity(model.layers.len() + 1);
-    let mut x = frozen.embed(batch); // [B, T, D]
+    let ctx = &inputs.ctx;
+    let mut saved: Vec<(Tensor<3>, u64)> = Vec::with_capacity(model.layers.len() + 1);
+    let mut x = frozen.embed_ids(inputs.ids.clone()); // [B, T, D]
     let mut draw = 0;
     for block in &frozen.layers {
         let (next, after) = drawing(dropout_key, draw, || {
             block.forward(x.clone(), &ctx.rope, &ctx.mask)
         });
-        inputs.push((x, draw));
+        saved.push((x, draw));
         (x, draw) = (next, after);
     }
     drop(frozen);
@@ -330,7 +389,7 @@ fn checkpointed_backward(
     drop(head_grads);
 
     // 3. Blocks, top down, one recomputation at a time.
-    for (block, (input, draw)) in model.layers.iter().zip(inputs).rev() {
+    for (block, (input, draw)) in model.layers.iter().zip(saved).rev() {
         let input = Tensor::from_inner(input).require_grad();
         let (output, _) = drawing(dropout_key, draw, || {
             block.forward(input.clone(), &ctx.rope, &ctx.mask)

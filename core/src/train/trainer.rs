@@ -21,6 +21,7 @@ use burn::module::Module;
 use burn::tensor::{Device, FloatDType};
 use serde::Serialize;
 
+use super::captured::{Capturing, RunFacts};
 use super::checkpoint::{
     BEST_DIR, OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
     write_checkpoint, write_folder,
@@ -38,8 +39,10 @@ use super::setup::{
     Progress, check_device, check_ids_fit, check_same_run, check_vocabulary, model_with_tricks,
     optimizer_for, schedule_for,
 };
-use super::step::{StepOptions, forward_backward};
+use super::step::{StepOptions, forward_backward, recomputes_blocks};
+use crate::config::{AttentionKind, OptimizerKind};
 use crate::config::{LoraConfig, ObjectiveKind};
+use crate::data::MicroBatch;
 use crate::data::PairBatch;
 use crate::device::{guard_device_memory, is_gpu};
 use std::cell::RefCell;
@@ -86,6 +89,8 @@ struct Forward {
     label_tokens: usize,
     tokens: usize,
     preference: Option<PreferenceMetrics>,
+    /// The gradients' global norm, when the step already read it (a replayed step).
+    grad_norm: Option<f64>,
 }
 
 /// f16 dynamic loss scaling as torch's `GradScaler`: start at 2^16, halve on overflow (and
@@ -125,6 +130,8 @@ pub struct Trainer {
     good_steps: u64,
     /// With several ranks (DDP): the engine every step's all-reduce goes through.
     collective: Option<Rc<RefCell<Counted>>>,
+    /// The step captured as a device graph (GPU backends), or why not.
+    capturing: Capturing,
 }
 
 impl Trainer {
@@ -176,6 +183,16 @@ impl Trainer {
             };
         }
         let schedule = schedule_for(&config, &loader, 1);
+        let capturing = Capturing::plan(&RunFacts {
+            model: &model,
+            on_gpu: is_gpu(&device),
+            wanted: config.capture,
+            supervised: config.objective == ObjectiveKind::Sft,
+            lora_dropout: config.lora_dropout,
+            efficient_attention: config.attention == AttentionKind::Efficient,
+            loss_scaling: progress.loss_scale != 1.0,
+            adamw_on_device: config.optimizer == OptimizerKind::AdamW && !config.offload_optimizer,
+        });
         Ok((
             Trainer {
                 config,
@@ -197,6 +214,7 @@ impl Trainer {
                 loss_scale: progress.loss_scale,
                 good_steps: progress.good_steps,
                 collective: None,
+                capturing,
             },
             skipped,
         ))
@@ -330,6 +348,16 @@ impl Trainer {
         }
     }
 
+    /// Why the step runs op by op on a GPU, or that it is captured: once, when it is known.
+    pub fn take_capture_note(&mut self) -> Option<String> {
+        self.capturing.take_note()
+    }
+
+    /// Whether the steps are replayed from a recorded device graph.
+    pub fn is_replaying(&self) -> bool {
+        self.capturing.is_replaying()
+    }
+
     /// One optimizer step (see the module documentation for the order of things). On a GPU an
     /// allocation that does not fit ends the step with [`Error::OutOfDeviceMemory`]; the model
     /// is left as it was before the step and the checkpoints on disk are untouched.
@@ -392,7 +420,10 @@ impl Trainer {
             step.grads.scale(1.0 / loss_scale);
         }
         // One global norm serves the overflow check and the clipping.
-        let grad_norm = step.grads.global_norm();
+        let grad_norm = match step.grad_norm {
+            Some(norm) => norm,
+            None => step.grads.global_norm(),
+        };
         if loss_scale != 1.0 {
             if !grad_norm.is_finite() {
                 // An f16 overflow: no update, a smaller scale next time.
@@ -462,6 +493,24 @@ impl Trainer {
                     .map(|(_, m)| m)
                     .collect();
                 let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
+                let recomputes = recomputes_blocks(&self.model, options.checkpointing);
+                let replayed = self.capturing.step(
+                    &self.model,
+                    &mut self.optimizer,
+                    &micro,
+                    recomputes,
+                    world,
+                )?;
+                if let Some(replayed) = replayed {
+                    return Ok(Forward {
+                        grads: replayed.grads,
+                        loss: replayed.loss,
+                        label_tokens: micro.iter().map(MicroBatch::label_tokens).sum(),
+                        tokens,
+                        preference: None,
+                        grad_norm: Some(replayed.grad_norm),
+                    });
+                }
                 let step = forward_backward(&self.model, &micro, options)?.read();
                 Ok(Forward {
                     grads: step.grads,
@@ -469,6 +518,7 @@ impl Trainer {
                     label_tokens: step.tokens,
                     tokens,
                     preference: None,
+                    grad_norm: None,
                 })
             }
             Stream::Pairs(loader) => {
@@ -491,6 +541,7 @@ impl Trainer {
                     label_tokens,
                     tokens,
                     preference: Some(step.metrics),
+                    grad_norm: None,
                 })
             }
         }

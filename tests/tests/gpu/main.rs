@@ -25,6 +25,7 @@ fn wgpu_device() -> Device {
 mod adamw_kernel;
 mod adapter_generation;
 mod attention_rows;
+mod captured_step;
 mod device_pool;
 mod fused_training;
 mod gradient_clipping;

@@ -540,6 +540,14 @@ pub fn groups_fit(p: &CubeTensor) -> bool {
     p.client.properties().hardware.max_bindings >= GROUP_BINDINGS
 }
 
+/// Whether `device` binds enough buffers for one launch of [`update_group`] or
+/// [`update_group_in_place`] (a GPU device; false elsewhere).
+pub fn groups_fit_on(device: &burn::tensor::Device) -> bool {
+    burn::tensor::Tensor::<1>::zeros([1], device)
+        .try_into_primitive::<burn::backend::Cube>()
+        .is_ok_and(|probe| groups_fit(&probe))
+}
+
 /// The updates of up to [`GROUP`] parameters in one launch, written into each member's
 /// outputs as [`update`] writes its own. The members all have moments or none has (one
 /// compiled kernel each way).

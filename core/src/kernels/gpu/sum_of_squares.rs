@@ -19,8 +19,15 @@ use burn::tensor::Tensor;
 pub const MEMBERS: usize = 6;
 
 /// `√(Σ Σ g²)` over `grads`, when every one is an f32 tensor on one GPU device; `None`
-/// otherwise (the caller sums on the host or with burn's ops). `Some(0.0)` for no gradient.
+/// otherwise (the caller sums on the host or with burn's ops).
 pub fn global_norm(grads: &[&Tensor<1>]) -> Option<f64> {
+    let total = sum_of_squares(grads)?;
+    Some(f64::from(crate::kernels::values::scalar(total)).sqrt())
+}
+
+/// `[1]`: `Σ Σ g²` over `grads` on their GPU device, not read (a captured step reads it with its
+/// loss); `None` where [`global_norm`] is.
+pub fn sum_of_squares(grads: &[&Tensor<1>]) -> Option<Tensor<1>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
         let first = grads.first()?;
@@ -40,8 +47,7 @@ pub fn global_norm(grads: &[&Tensor<1>]) -> Option<f64> {
             return None;
         }
         let partials = device::partial_sums(tensors);
-        let total = Tensor::<1>::from_primitive::<burn::backend::Cube>(partials).sum();
-        Some(f64::from(crate::kernels::values::scalar(total)).sqrt())
+        Some(Tensor::<1>::from_primitive::<burn::backend::Cube>(partials).sum())
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

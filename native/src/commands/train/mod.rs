@@ -207,6 +207,9 @@ fn train(
             }
         };
         tokens_total += report.tokens;
+        if let Some(note) = trainer.take_capture_note() {
+            bar.suspend(|| say!("{note}"));
+        }
         let due = trainer.eval_due();
         let eval = match due.then(|| trainer.evaluate()).transpose()?.flatten() {
             Some(e) => Some((e, trainer.record_eval(&e)?)),

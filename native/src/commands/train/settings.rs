@@ -108,6 +108,9 @@ pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result
     if args.no_pack {
         c.pack = false;
     }
+    if args.no_capture {
+        c.capture = false;
+    }
     if given("offload") {
         c.offload_optimizer = crate::commands::offload_optimizer(args.offload)?;
     }

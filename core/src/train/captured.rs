@@ -1,0 +1,422 @@
+//! A training step's forward and backward captured once as a device graph and replayed each
+//! step after (burn's backend graph: a CUDA graph on CUDA, cubecl's recorded dispatches on wgpu).
+//! Launched op by op a SmolLM2-135M LoRA step is ~3,450 kernel launches, each costing host time
+//! (10–19 µs on an H200); a replay is one submission for all of them.
+//!
+//! A replay reads and writes the buffers its recording was given, so:
+//! - each micro-batch's inputs (token ids, RoPE tables, mask, label columns) live in buffers
+//!   kept for the run, and each new batch is written into them (`link::write_over`) before
+//!   the replay; the loss's token weight (`1 / label tokens of the step`) is in the label
+//!   column, not a scalar of the graph;
+//! - the update writes the parameters and moments over their own buffers
+//!   (`AdamW::set_in_place`), so the next replay's forward reads the new weights;
+//! - nothing inside reads the device: the step's loss and `Σ g²` come out as one `[2]` tensor,
+//!   read once after the replay.
+//!
+//! One graph per step shape (micro-batches, B, T, packed or not, recomputed or not); a step of
+//! another shape runs op by op. The first step runs op by op after `graph_prepare`, and its
+//! buffers warm the pools the recording then reuses.
+//!
+//! # Shapes
+//! - each micro-batch: ids `[B, T]`, RoPE `[B, 1, T, Dh]` × 2, mask `[1 or B, 1, T, T]`, label
+//!   columns `[B·(T − 1)]` × 2; the figures `[2]`
+
+use burn::tensor::{Device, Tensor};
+use burn_backend::Backend;
+use burn_dispatch::Dispatch;
+
+use super::grads::ParamGrads;
+use super::step::{StepInputs, micro_backward_on};
+use crate::data::MicroBatch;
+use crate::device::link::{Traffic, write_over, write_over_int};
+use crate::error::{Error, Result};
+use crate::kernels::gpu::sum_of_squares::sum_of_squares;
+use crate::model::Llama;
+use crate::model::attention::AttentionMask;
+use crate::model::loss::{summed_nll_on_device, weighted_label_columns};
+use crate::model::rope::{RopeTables, inverse_frequencies};
+
+/// What one graph is recorded for: a step of another shape cannot replay it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StepShape {
+    micro_batches: usize,
+    batch: usize,
+    seq: usize,
+    packed: bool,
+    recomputes: bool,
+}
+
+impl StepShape {
+    fn of(micro: &[MicroBatch], recomputes: bool) -> Option<Self> {
+        let first = &micro.first()?.batch;
+        let shape = StepShape {
+            micro_batches: micro.len(),
+            batch: first.batch,
+            seq: first.seq,
+            packed: first.is_packed(),
+            recomputes,
+        };
+        micro
+            .iter()
+            .all(|m| {
+                m.batch.batch == shape.batch
+                    && m.batch.seq == shape.seq
+                    && m.batch.is_packed() == shape.packed
+            })
+            .then_some(shape)
+    }
+}
+
+/// One micro-batch's inputs in the buffers the graph recorded.
+struct KeptInputs {
+    inputs: StepInputs,
+    /// `[B·(T − 1)]`: each label's class (0 where ignored).
+    classes: Tensor<1>,
+    /// `[B·(T − 1)]`: each label's weight, `1 / label tokens of the step` (0 where ignored).
+    weights: Tensor<1>,
+}
+
+/// A recorded step and the buffers it reads and writes.
+pub struct CapturedStep {
+    shape: StepShape,
+    kept: Vec<KeptInputs>,
+    graph: burn_backend::BackendGraph<Dispatch>,
+    device: Device,
+    /// The gradients the replay writes (the recording's own tensors).
+    grads: ParamGrads,
+    /// `[2]`: the step's mean loss over its label tokens, and `Σ g²`.
+    figures: Tensor<1>,
+}
+
+/// What a replayed step gives the trainer.
+pub struct ReplayedStep {
+    /// The step's gradients (written by the replay).
+    pub grads: ParamGrads,
+    /// Mean loss over the step's label tokens.
+    pub loss: f32,
+    /// The gradients' global norm.
+    pub grad_norm: f64,
+}
+
+/// Readies `device` for a capture: called before the op-by-op step whose buffers the recording
+/// will reuse. An error where the backend records no graph.
+pub fn prepare(device: &Device) -> Result<()> {
+    // The device under autodiff records nothing itself: its inner device does.
+    Dispatch::graph_prepare(device.clone().inner().as_dispatch())
+        .map_err(|e| Error::Input(format!("this device cannot capture a step: {e:?}")))
+}
+
+impl CapturedStep {
+    /// Records the step of `micro` (its data written into buffers kept for the run) without
+    /// running it: [`CapturedStep::replay`] runs it. `recomputes` as `step::recomputes_blocks`.
+    pub fn record(model: &Llama, micro: &[MicroBatch], recomputes: bool) -> Result<Self> {
+        let shape = StepShape::of(micro, recomputes)
+            .ok_or_else(|| Error::Input("micro-batches of different shapes".into()))?;
+        let kept = micro
+            .iter()
+            .map(|m| {
+                let inputs = StepInputs::upload(model, &m.batch, recomputes);
+                // Beside the logits, as the op-by-op loss uploads them.
+                let (classes, weights) =
+                    label_tensors(model, m, &model.device(), step_weight(micro))?;
+                Ok(KeptInputs {
+                    inputs,
+                    classes,
+                    weights,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let device = model.device().inner();
+        let dispatch = device.as_dispatch();
+        Dispatch::graph_start_capture(dispatch)
+            .map_err(|e| Error::Input(format!("the device refused to record a step: {e:?}")))?;
+        let recorded = forward_backward(model, micro, &kept, recomputes);
+        // Stopped whatever the forward gave, so the device leaves recording.
+        let graph = Dispatch::graph_stop_capture(dispatch);
+        let (grads, figures) = recorded?;
+        let graph = graph
+            .map_err(|e| Error::Input(format!("the device could not seal the step: {e:?}")))?;
+        Ok(CapturedStep {
+            shape,
+            kept,
+            graph,
+            device,
+            grads,
+            figures,
+        })
+    }
+
+    /// Whether `micro` has the recorded shape.
+    pub fn fits(&self, micro: &[MicroBatch]) -> bool {
+        StepShape::of(micro, self.shape.recomputes) == Some(self.shape)
+    }
+
+    /// Writes `micro`'s data into the recorded buffers (the shapes must fit).
+    pub fn refresh(&self, model: &Llama, micro: &[MicroBatch]) -> Result<()> {
+        let weight = step_weight(micro);
+        let inv_freq = inverse_frequencies(&model.config);
+        for (kept, m) in self.kept.iter().zip(micro) {
+            let batch = &m.batch;
+            let [cos, sin] = RopeTables::data(&inv_freq, &batch.positions, batch.batch, batch.seq);
+            let [classes, weights] = weighted_label_columns(
+                [batch.batch, batch.seq, model.config.vocab_size],
+                &m.labels,
+                weight,
+            )?;
+            let rope = &kept.inputs.ctx.rope;
+            let mut written = write_over_int(&kept.inputs.ids, batch.ids_data(), Traffic::Data)
+                && write_over(&rope.cos, cos, Traffic::Data)
+                && write_over(&rope.sin, sin, Traffic::Data)
+                && write_over(&kept.classes, classes, Traffic::Data)
+                && write_over(&kept.weights, weights, Traffic::Data);
+            if let AttentionMask::Dense(mask) = &kept.inputs.ctx.mask {
+                let data = batch.attention_mask_data(model.config.sliding_window);
+                written &= write_over(mask, data, Traffic::Data);
+            }
+            if !written {
+                return Err(Error::Internal(
+                    "a captured step's input buffer could not be written".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the recorded step on the buffers' current data and reads its loss and gradient
+    /// norm (one read).
+    pub fn replay(&self) -> Result<ReplayedStep> {
+        // SAFETY: every buffer the recording touched is held by `self` (the inputs, the
+        // gradients and figures it wrote) or by the model (weights, updated in place by the
+        // optimizer, never swapped while a capture lives); the replay is issued from the
+        // thread that recorded it, and the read below waits for it.
+        unsafe { Dispatch::graph_replay(self.device.as_dispatch(), &self.graph) }
+            .map_err(|e| Error::Input(format!("replaying the captured step failed: {e:?}")))?;
+        let figures = crate::kernels::values::to_f32_vec(self.figures.clone());
+        let (loss, squares) = match figures.as_slice() {
+            [loss, squares] => (*loss, *squares),
+            _ => {
+                return Err(Error::Internal(
+                    "a captured step's figures are not two".into(),
+                ));
+            }
+        };
+        Ok(ReplayedStep {
+            grads: self.grads.clone(),
+            loss,
+            grad_norm: f64::from(squares).sqrt(),
+        })
+    }
+}
+
+/// Each counted label's weight in the step's loss: `1 / label tokens of the step`.
+fn step_weight(micro: &[MicroBatch]) -> f32 {
+    let total: usize = micro.iter().map(MicroBatch::label_tokens).sum();
+    1.0 / total.max(1) as f32
+}
+
+/// `m`'s label columns uploaded to `device`.
+fn label_tensors(
+    model: &Llama,
+    m: &MicroBatch,
+    device: &Device,
+    weight: f32,
+) -> Result<(Tensor<1>, Tensor<1>)> {
+    let dims = [m.batch.batch, m.batch.seq, model.config.vocab_size];
+    let [classes, weights] = weighted_label_columns(dims, &m.labels, weight)?;
+    let upload = |data| crate::device::link::upload(data, device, Traffic::Data);
+    Ok((upload(classes), upload(weights)))
+}
+
+/// The recorded work: every micro-batch's forward and backward on the kept inputs, the
+/// gradients summed, and the figures `[loss, Σ g²]`.
+fn forward_backward(
+    model: &Llama,
+    micro: &[MicroBatch],
+    kept: &[KeptInputs],
+    recomputes: bool,
+) -> Result<(ParamGrads, Tensor<1>)> {
+    let mut grads = ParamGrads::new();
+    let mut loss: Option<Tensor<1>> = None;
+    for (m, k) in micro.iter().zip(kept) {
+        let mut head_loss = |logits: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            let share = summed_nll_on_device(logits, &k.classes, &k.weights)?;
+            let value = share.clone().inner();
+            Ok((share, value))
+        };
+        let (g, value) = micro_backward_on(
+            model,
+            m,
+            &k.inputs,
+            recomputes,
+            0,
+            &mut || {},
+            &mut head_loss,
+        )?;
+        grads.add(g);
+        loss = Some(match loss {
+            Some(sum) => sum + value,
+            None => value,
+        });
+    }
+    let loss = loss.ok_or_else(|| Error::Input("a step needs a micro-batch".into()))?;
+    let tensors: Vec<&Tensor<1>> = grads.tensors().collect();
+    let squares = sum_of_squares(&tensors)
+        .ok_or_else(|| Error::Input("the gradients are not f32 on one GPU device".into()))?;
+    let figures = Tensor::cat(vec![loss, squares], 0);
+    Ok((grads, figures))
+}
+
+/// Where a run is with capturing its step (the trainer's side of this file).
+pub struct Capturing {
+    state: State,
+    /// Said once to the user: why the step runs op by op.
+    note: Option<String>,
+}
+
+enum State {
+    /// Op by op for the rest of the run.
+    Off,
+    /// The next step runs op by op after [`prepare`], warming the pools.
+    Warming,
+    /// The next step is recorded, then replayed.
+    Record,
+    /// Replaying.
+    Ready(Box<CapturedStep>),
+}
+
+impl std::fmt::Debug for Capturing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Off => "off",
+            State::Warming => "warming",
+            State::Record => "record",
+            State::Ready(_) => "replaying",
+        };
+        f.debug_struct("Capturing").field("state", &state).finish()
+    }
+}
+
+/// What the run's settings say about capturing, before any step.
+pub struct RunFacts<'a> {
+    pub model: &'a Llama,
+    pub on_gpu: bool,
+    pub wanted: bool,
+    pub supervised: bool,
+    pub lora_dropout: f64,
+    pub efficient_attention: bool,
+    pub loss_scaling: bool,
+    pub adamw_on_device: bool,
+}
+
+impl Capturing {
+    /// The plan for a run: capture from its second step, or op by op with the reason (none
+    /// where the user asked for op by op or the device is a CPU).
+    pub fn plan(facts: &RunFacts<'_>) -> Self {
+        let reason = if !facts.on_gpu || !facts.wanted {
+            return Capturing {
+                state: State::Off,
+                note: None,
+            };
+        } else if !facts.supervised {
+            Some("a preference objective")
+        } else if facts.lora_dropout > 0.0 {
+            Some("LoRA dropout (new masks each step)")
+        } else if facts.efficient_attention {
+            Some("--attention efficient (its tiles are chosen on the host)")
+        } else if facts.loss_scaling {
+            Some("f16's loss scaling (a step may be skipped)")
+        } else if !facts.adamw_on_device {
+            Some("an optimizer other than AdamW on the device")
+        } else if facts.model.embed_tokens.val().is_require_grad()
+            || facts.model.embed_lora.is_some()
+        {
+            Some("a trained embedding")
+        } else {
+            None
+        };
+        match reason {
+            Some(why) => Capturing {
+                state: State::Off,
+                note: Some(format!("the step runs op by op, not captured: {why}")),
+            },
+            None => Capturing {
+                state: State::Warming,
+                note: None,
+            },
+        }
+    }
+
+    /// A note for the user, once: why the step runs op by op, or that it is captured.
+    pub fn take_note(&mut self) -> Option<String> {
+        self.note.take()
+    }
+
+    /// Whether the step is replayed from a recorded graph.
+    pub fn is_replaying(&self) -> bool {
+        matches!(self.state, State::Ready(_))
+    }
+
+    /// This step through the recorded graph (recording it first when due), or `None`: run it
+    /// op by op. `optimizer` is switched to updating in place when capturing starts; `world`
+    /// is the data-parallel world size (several ranks run op by op).
+    pub fn step(
+        &mut self,
+        model: &Llama,
+        optimizer: &mut super::optimizer::Optimizer,
+        micro: &[MicroBatch],
+        recomputes: bool,
+        world: usize,
+    ) -> Result<Option<ReplayedStep>> {
+        match std::mem::replace(&mut self.state, State::Off) {
+            State::Off => Ok(None),
+            State::Warming => {
+                if world > 1 {
+                    self.note = Some("the step runs op by op, not captured: several ranks".into());
+                    return Ok(None);
+                }
+                match prepare(&model.device()) {
+                    Ok(()) if optimizer.update_in_place(&model.device()) => {
+                        self.state = State::Record
+                    }
+                    Ok(()) => {
+                        self.note = Some(
+                            "the step runs op by op, not captured: this device binds too few \
+                             buffers for AdamW's in-place update"
+                                .into(),
+                        )
+                    }
+                    Err(e) => self.note = Some(format!("the step runs op by op: {e}")),
+                }
+                Ok(None)
+            }
+            State::Record => match CapturedStep::record(model, micro, recomputes) {
+                Ok(captured) => {
+                    let replayed = captured.replay()?;
+                    self.state = State::Ready(Box::new(captured));
+                    self.note = Some(
+                        "the step is captured as a device graph and replayed (--no-capture: op \
+                         by op)"
+                            .into(),
+                    );
+                    Ok(Some(replayed))
+                }
+                Err(e) => {
+                    self.note = Some(format!(
+                        "the step runs op by op: recording it as a device graph failed ({e})"
+                    ));
+                    Ok(None)
+                }
+            },
+            State::Ready(captured) => {
+                if !captured.fits(micro) {
+                    self.state = State::Ready(captured);
+                    return Ok(None);
+                }
+                captured.refresh(model, micro)?;
+                let replayed = captured.replay()?;
+                self.state = State::Ready(captured);
+                Ok(Some(replayed))
+            }
+        }
+    }
+}
