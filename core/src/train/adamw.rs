@@ -149,6 +149,73 @@ impl AdamW {
         self.pending.in_place = in_place;
     }
 
+    /// One update of every parameter of `module` with a gradient in `grads`, written in place
+    /// ([`AdamW::set_in_place`] must be on) with the scalars read from the device tensor
+    /// `scalars` (`[kernels::gpu::adamw::DEVICE_SCALARS]`, f32): a step recorded as a device
+    /// graph, whose learning rate, bias corrections and clipping factor change each replay.
+    /// The caller counts the step ([`AdamW::begin_step`]) before each replay. An error where a
+    /// parameter would not be updated in place (it would then be a new buffer each replay).
+    pub fn step_on_device<M: Module>(
+        &mut self,
+        module: M,
+        grads: &ParamGrads,
+        scalars: &Tensor<1>,
+    ) -> crate::error::Result<M> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            let device_scalars = scalars
+                .clone()
+                .try_into_primitive::<burn::backend::Cube>()
+                .ok()
+                .filter(|_| self.pending.in_place);
+            let Some(device_scalars) = device_scalars else {
+                return Err(crate::error::Error::Internal(
+                    "AdamW's device scalars need an in-place GPU update".into(),
+                ));
+            };
+            self.pending.device_scalars = Some(device_scalars);
+            self.pending.in_place_updates = 0;
+            self.group_updates();
+            let mut updated = 0;
+            let module = update_parameters(module, grads, |id, p, g| {
+                updated += 1;
+                self.update(id, p, g, 0.0)
+            });
+            self.finish_step();
+            let in_place = self.pending.in_place_updates;
+            self.pending.device_scalars = None;
+            if in_place != updated {
+                return Err(crate::error::Error::Internal(format!(
+                    "{} of {updated} parameters were not updated in place",
+                    updated - in_place
+                )));
+            }
+            Ok(module)
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = (module, grads, scalars);
+            Err(crate::error::Error::Internal(
+                "AdamW's device scalars need a GPU backend".into(),
+            ))
+        }
+    }
+
+    /// This step's scalars at `lr` as the first seven of `kernels::gpu::adamw::DEVICE_SCALARS`
+    /// (the gradient's factor and apply come after them), f32.
+    pub fn host_scalars(&self, lr: f64) -> [f32; 7] {
+        let s = self.scalars(lr);
+        [
+            s.decay as f32,
+            s.one_minus_beta1 as f32,
+            s.beta2 as f32,
+            s.one_minus_beta2 as f32,
+            s.step_size as f32,
+            s.bias_correction2_sqrt as f32,
+            s.eps as f32,
+        ]
+    }
+
     /// Until the next call, every update takes its gradient as `g · factor` (1: as given).
     /// The update multiplies each value as it reads it, in f32, as `g * factor` on the tensor
     /// would: the same values as scaling the gradients first, without a pass over them.
@@ -250,6 +317,24 @@ fn on_gpu(
             let (Some(m), Some(v)) = (cube(&state.exp_avg), cube(&state.exp_avg_sq)) else {
                 return Err((p, g, Some(state)));
             };
+            if pending.device_scalars.is_none() {
+                // Op by op: this step's scalars uploaded once, for every group of the step.
+                let stale = pending.uploaded.as_ref().is_none_or(|(s, _)| *s != scalars);
+                if stale {
+                    let values = scalars.device_values().to_vec();
+                    let n = values.len();
+                    let uploaded: Tensor<1> = crate::device::link::upload(
+                        burn::tensor::TensorData::new(values, [n]),
+                        &p.device(),
+                        crate::device::link::Traffic::Data,
+                    );
+                    let Some(uploaded) = cube(&uploaded) else {
+                        return Err((p, g, Some(state)));
+                    };
+                    pending.flush();
+                    pending.uploaded = Some((scalars, uploaded));
+                }
+            }
             pending.push_in_place(
                 crate::kernels::gpu::adamw::InPlaceMember {
                     p: param,
@@ -303,6 +388,18 @@ struct Pending {
     group: Vec<crate::kernels::gpu::adamw::GroupMember>,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     in_place_group: Vec<crate::kernels::gpu::adamw::InPlaceMember>,
+    /// The in-place updates' scalars on the device, set by [`AdamW::step_on_device`] (a
+    /// recorded step's, computed on the device).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    device_scalars: Option<burn_cubecl::tensor::CubeTensor>,
+    /// Op by op: the scalars last uploaded for the in-place updates, and their tensor.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    uploaded: Option<(
+        crate::kernels::gpu::adamw::AdamWScalars,
+        burn_cubecl::tensor::CubeTensor,
+    )>,
+    /// In-place updates queued since the count was last taken.
+    in_place_updates: usize,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     scalars: Option<crate::kernels::gpu::adamw::AdamWScalars>,
 }
@@ -357,6 +454,7 @@ impl Pending {
             self.flush();
         }
         self.scalars = Some(scalars);
+        self.in_place_updates += 1;
         self.in_place_group.push(member);
         if self.in_place_group.len() == crate::kernels::gpu::adamw::GROUP {
             self.flush();
@@ -372,8 +470,12 @@ impl Pending {
                 crate::kernels::gpu::adamw::update_group(group, &scalars);
             }
             let group = std::mem::take(&mut self.in_place_group);
-            if !group.is_empty() {
-                crate::kernels::gpu::adamw::update_group_in_place(group, &scalars);
+            let on_device = self
+                .device_scalars
+                .as_ref()
+                .or(self.uploaded.as_ref().map(|(_, t)| t));
+            if let (false, Some(on_device)) = (group.is_empty(), on_device) {
+                crate::kernels::gpu::adamw::update_group_in_place(group, on_device);
             }
         }
     }

@@ -21,7 +21,7 @@
 //! - each micro-batch: ids `[B, T]`, RoPE `[B, 1, T, Dh]` × 2, mask `[1 or B, 1, T, T]`, label
 //!   columns `[B·(T − 1)]` × 2; the figures `[2]`
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, TensorData};
 use burn_backend::Backend;
 use burn_dispatch::Dispatch;
 
@@ -86,6 +86,9 @@ pub struct CapturedStep {
     grads: ParamGrads,
     /// `[2]`: the step's mean loss over its label tokens, and `Σ g²`.
     figures: Tensor<1>,
+    /// `[7]`: AdamW's scalars of the step (learning rate, bias corrections), written before
+    /// each replay; the clipping factor and the apply flag are computed in the graph.
+    scalars: Tensor<1>,
 }
 
 /// What a replayed step gives the trainer.
@@ -96,6 +99,33 @@ pub struct ReplayedStep {
     pub loss: f32,
     /// The gradients' global norm.
     pub grad_norm: f64,
+}
+
+/// What the recorded update needs besides the gradients: the optimizer (AdamW, in place),
+/// this step's learning rate and the clipping norm (0: none).
+pub struct Update<'a> {
+    pub optimizer: &'a mut super::optimizer::Optimizer,
+    pub lr: f64,
+    pub max_grad_norm: f64,
+}
+
+impl Update<'_> {
+    /// Counts the step in AdamW and gives its scalars as host data (`[7]`).
+    fn begin(&mut self) -> Result<TensorData> {
+        let adamw = self
+            .optimizer
+            .adamw_mut()
+            .ok_or_else(|| Error::Internal("a captured step's update is AdamW's".into()))?;
+        adamw.begin_step();
+        Ok(TensorData::new(adamw.host_scalars(self.lr).to_vec(), [7]))
+    }
+
+    /// Takes back [`Update::begin`]'s count (a recording that failed: the step runs op by op).
+    fn uncount(&mut self) {
+        if let Some(adamw) = self.optimizer.adamw_mut() {
+            adamw.steps = adamw.steps.saturating_sub(1);
+        }
+    }
 }
 
 /// Readies `device` for a capture: called before the op-by-op step whose buffers the recording
@@ -109,7 +139,12 @@ pub fn prepare(device: &Device) -> Result<()> {
 impl CapturedStep {
     /// Records the step of `micro` (its data written into buffers kept for the run) without
     /// running it: [`CapturedStep::replay`] runs it. `recomputes` as `step::recomputes_blocks`.
-    pub fn record(model: &Llama, micro: &[MicroBatch], recomputes: bool) -> Result<Self> {
+    pub fn record(
+        model: &Llama,
+        micro: &[MicroBatch],
+        recomputes: bool,
+        update: &mut Update<'_>,
+    ) -> Result<Self> {
         let shape = StepShape::of(micro, recomputes)
             .ok_or_else(|| Error::Input("micro-batches of different shapes".into()))?;
         let kept = micro
@@ -127,15 +162,35 @@ impl CapturedStep {
             })
             .collect::<Result<Vec<_>>>()?;
         let device = model.device().inner();
+        let scalars: Tensor<1> =
+            crate::device::link::upload(update.begin()?, &device, Traffic::Data);
         let dispatch = device.as_dispatch();
         Dispatch::graph_start_capture(dispatch)
             .map_err(|e| Error::Input(format!("the device refused to record a step: {e:?}")))?;
-        let recorded = forward_backward(model, micro, &kept, recomputes);
-        // Stopped whatever the forward gave, so the device leaves recording.
+        let recorded =
+            forward_backward(model, micro, &kept, recomputes).and_then(|(grads, figures)| {
+                let all = device_scalars(&figures, &scalars, update.max_grad_norm);
+                update
+                    .optimizer
+                    .adamw_mut()
+                    .ok_or_else(|| Error::Internal("a captured step's update is AdamW's".into()))?
+                    .step_on_device(model.clone(), &grads, &all)?;
+                Ok((grads, figures))
+            });
+        // Stopped whatever the step gave, so the device leaves recording.
         let graph = Dispatch::graph_stop_capture(dispatch);
-        let (grads, figures) = recorded?;
-        let graph = graph
-            .map_err(|e| Error::Input(format!("the device could not seal the step: {e:?}")))?;
+        let ((grads, figures), graph) = match (recorded, graph) {
+            (Ok(outputs), Ok(graph)) => (outputs, graph),
+            (recorded, graph) => {
+                // Nothing recorded ran: the step is run op by op, and counted there.
+                update.uncount();
+                recorded?;
+                return Err(Error::Input(format!(
+                    "the device could not seal the step: {:?}",
+                    graph.err()
+                )));
+            }
+        };
         Ok(CapturedStep {
             shape,
             kept,
@@ -143,6 +198,7 @@ impl CapturedStep {
             device,
             grads,
             figures,
+            scalars,
         })
     }
 
@@ -151,8 +207,20 @@ impl CapturedStep {
         StepShape::of(micro, self.shape.recomputes) == Some(self.shape)
     }
 
-    /// Writes `micro`'s data into the recorded buffers (the shapes must fit).
-    pub fn refresh(&self, model: &Llama, micro: &[MicroBatch]) -> Result<()> {
+    /// Writes `micro`'s data and this step's AdamW scalars into the recorded buffers (the
+    /// shapes must fit), counting the step in AdamW.
+    pub fn refresh(
+        &self,
+        model: &Llama,
+        micro: &[MicroBatch],
+        update: &mut Update<'_>,
+    ) -> Result<usize> {
+        if !write_over(&self.scalars, update.begin()?, Traffic::Data) {
+            return Err(Error::Internal(
+                "a captured step's scalars could not be written".into(),
+            ));
+        }
+        let mut writes = 1;
         let weight = step_weight(micro);
         let inv_freq = inverse_frequencies(&model.config);
         for (kept, m) in self.kept.iter().zip(micro) {
@@ -169,9 +237,11 @@ impl CapturedStep {
                 && write_over(&rope.sin, sin, Traffic::Data)
                 && write_over(&kept.classes, classes, Traffic::Data)
                 && write_over(&kept.weights, weights, Traffic::Data);
+            writes += 5;
             if let AttentionMask::Dense(mask) = &kept.inputs.ctx.mask {
                 let data = batch.attention_mask_data(model.config.sliding_window);
                 written &= write_over(mask, data, Traffic::Data);
+                writes += 1;
             }
             if !written {
                 return Err(Error::Internal(
@@ -179,11 +249,12 @@ impl CapturedStep {
                 ));
             }
         }
-        Ok(())
+        Ok(writes)
     }
 
-    /// Runs the recorded step on the buffers' current data and reads its loss and gradient
-    /// norm (one read).
+    /// Runs the recorded step on the buffers' current data (forward, backward and AdamW's
+    /// update in place, skipped on a non-finite loss) and reads its loss and gradient norm (one
+    /// read).
     pub fn replay(&self) -> Result<ReplayedStep> {
         // SAFETY: every buffer the recording touched is held by `self` (the inputs, the
         // gradients and figures it wrote) or by the model (weights, updated in place by the
@@ -206,6 +277,21 @@ impl CapturedStep {
             grad_norm: f64::from(squares).sqrt(),
         })
     }
+}
+
+/// `[DEVICE_SCALARS]`: `host` (`[7]`), then the clipping factor `min(1, max_norm / (‖g‖ +
+/// 1e-6))` (1 without clipping) and apply (1 when the loss is finite), computed on the device
+/// from `figures` (`[loss, Σ g²]`), as the trainer computes them on the host op by op.
+fn device_scalars(figures: &Tensor<1>, host: &Tensor<1>, max_grad_norm: f64) -> Tensor<1> {
+    let loss = figures.clone().narrow(0, 0, 1);
+    let squares = figures.clone().narrow(0, 1, 1);
+    let factor = if max_grad_norm > 0.0 {
+        ((squares.sqrt() + 1e-6).recip() * max_grad_norm).clamp_max(1.0)
+    } else {
+        squares.ones_like()
+    };
+    let apply = loss.is_finite().float();
+    Tensor::cat(vec![host.clone(), factor, apply], 0)
 }
 
 /// Each counted label's weight in the step's loss: `1 / label tokens of the step`.
@@ -271,6 +357,9 @@ pub struct Capturing {
     state: State,
     /// Said once to the user: why the step runs op by op.
     note: Option<String>,
+    /// What the last replayed step submitted from the host: its writes into the kept buffers,
+    /// the replay and the read (counted as they are issued).
+    submissions: Option<usize>,
 }
 
 enum State {
@@ -316,6 +405,7 @@ impl Capturing {
             return Capturing {
                 state: State::Off,
                 note: None,
+                submissions: None,
             };
         } else if !facts.supervised {
             Some("a preference objective")
@@ -338,10 +428,12 @@ impl Capturing {
             Some(why) => Capturing {
                 state: State::Off,
                 note: Some(format!("the step runs op by op, not captured: {why}")),
+                submissions: None,
             },
             None => Capturing {
                 state: State::Warming,
                 note: None,
+                submissions: None,
             },
         }
     }
@@ -349,6 +441,11 @@ impl Capturing {
     /// A note for the user, once: why the step runs op by op, or that it is captured.
     pub fn take_note(&mut self) -> Option<String> {
         self.note.take()
+    }
+
+    /// What the last replayed step submitted from the host (writes, the replay, the read).
+    pub fn submissions(&self) -> Option<usize> {
+        self.submissions
     }
 
     /// Whether the step is replayed from a recorded graph.
@@ -362,7 +459,7 @@ impl Capturing {
     pub fn step(
         &mut self,
         model: &Llama,
-        optimizer: &mut super::optimizer::Optimizer,
+        update: &mut Update<'_>,
         micro: &[MicroBatch],
         recomputes: bool,
         world: usize,
@@ -375,7 +472,7 @@ impl Capturing {
                     return Ok(None);
                 }
                 match prepare(&model.device()) {
-                    Ok(()) if optimizer.update_in_place(&model.device()) => {
+                    Ok(()) if update.optimizer.update_in_place(&model.device()) => {
                         self.state = State::Record
                     }
                     Ok(()) => {
@@ -389,7 +486,7 @@ impl Capturing {
                 }
                 Ok(None)
             }
-            State::Record => match CapturedStep::record(model, micro, recomputes) {
+            State::Record => match CapturedStep::record(model, micro, recomputes, update) {
                 Ok(captured) => {
                     let replayed = captured.replay()?;
                     self.state = State::Ready(Box::new(captured));
@@ -412,8 +509,10 @@ impl Capturing {
                     self.state = State::Ready(captured);
                     return Ok(None);
                 }
-                captured.refresh(model, micro)?;
+                let writes = captured.refresh(model, micro, update)?;
                 let replayed = captured.replay()?;
+                // The writes, the replay and the read of the figures.
+                self.submissions = Some(writes + 2);
                 self.state = State::Ready(captured);
                 Ok(Some(replayed))
             }

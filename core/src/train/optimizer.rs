@@ -127,6 +127,14 @@ impl Optimizer {
         }
     }
 
+    /// AdamW, when it is the rule and its state lives beside the parameters.
+    pub fn adamw_mut(&mut self) -> Option<&mut AdamW> {
+        match (&mut self.rule, &self.offload) {
+            (UpdateRule::AdamW(o), None) => Some(o),
+            _ => None,
+        }
+    }
+
     /// The update rule and its state.
     pub fn rule(&self) -> &UpdateRule {
         &self.rule

@@ -21,7 +21,7 @@ use burn::module::Module;
 use burn::tensor::{Device, FloatDType};
 use serde::Serialize;
 
-use super::captured::{Capturing, RunFacts};
+use super::captured::{Capturing, RunFacts, Update};
 use super::checkpoint::{
     BEST_DIR, OPTIMIZER_FILE, TrainerState, newest_intact, optimizer_bytes, prune, read_optimizer,
     write_checkpoint, write_folder,
@@ -91,6 +91,9 @@ struct Forward {
     preference: Option<PreferenceMetrics>,
     /// The gradients' global norm, when the step already read it (a replayed step).
     grad_norm: Option<f64>,
+    /// The optimizer's update already ran (inside a replayed step's graph, skipped there when
+    /// the loss was not finite).
+    updated: bool,
 }
 
 /// f16 dynamic loss scaling as torch's `GradScaler`: start at 2^16, halve on overflow (and
@@ -358,6 +361,12 @@ impl Trainer {
         self.capturing.is_replaying()
     }
 
+    /// What the last replayed step submitted from the host: its writes into the recorded
+    /// input buffers, the replay and one read.
+    pub fn replay_submissions(&self) -> Option<usize> {
+        self.capturing.submissions()
+    }
+
     /// One optimizer step (see the module documentation for the order of things). On a GPU an
     /// allocation that does not fit ends the step with [`Error::OutOfDeviceMemory`]; the model
     /// is left as it was before the step and the checkpoints on disk are untouched.
@@ -460,9 +469,11 @@ impl Trainer {
         let lr = self.schedule.lr_at(self.step);
         // 6. The update.
         // (Cloning a module shares its tensors; nothing is copied.)
-        self.model = self
-            .optimizer
-            .step_scaled(self.model.clone(), &step.grads, lr, clip);
+        if !step.updated {
+            self.model = self
+                .optimizer
+                .step_scaled(self.model.clone(), &step.grads, lr, clip);
+        }
         self.step += 1;
         Ok(StepReport {
             step: self.step,
@@ -494,13 +505,14 @@ impl Trainer {
                     .collect();
                 let tokens = micro.iter().map(|m| m.batch.batch * m.batch.seq).sum();
                 let recomputes = recomputes_blocks(&self.model, options.checkpointing);
-                let replayed = self.capturing.step(
-                    &self.model,
-                    &mut self.optimizer,
-                    &micro,
-                    recomputes,
-                    world,
-                )?;
+                let mut update = Update {
+                    optimizer: &mut self.optimizer,
+                    lr: self.schedule.lr_at(self.step),
+                    max_grad_norm: self.config.max_grad_norm,
+                };
+                let replayed =
+                    self.capturing
+                        .step(&self.model, &mut update, &micro, recomputes, world)?;
                 if let Some(replayed) = replayed {
                     return Ok(Forward {
                         grads: replayed.grads,
@@ -509,6 +521,7 @@ impl Trainer {
                         tokens,
                         preference: None,
                         grad_norm: Some(replayed.grad_norm),
+                        updated: true,
                     });
                 }
                 let step = forward_backward(&self.model, &micro, options)?.read();
@@ -519,6 +532,7 @@ impl Trainer {
                     tokens,
                     preference: None,
                     grad_norm: None,
+                    updated: false,
                 })
             }
             Stream::Pairs(loader) => {
@@ -542,6 +556,7 @@ impl Trainer {
                     tokens,
                     preference: Some(step.metrics),
                     grad_norm: None,
+                    updated: false,
                 })
             }
         }

@@ -4,7 +4,10 @@
 //! - 20 LoRA steps, held-out evaluations between them (other device work between replays);
 //! - 12 QLoRA steps (NF4 + double quantization) with checkpointing and two micro-batches a step.
 //!
-//! The captured run replays from its second step; its losses equal the op-by-op run's within
+//! The captured run replays from its second step, AdamW's update and the gradients' norm inside
+//! the graph (napkin launches neither from the host from step 3 on, counted at the launch); its
+//! host submits only its writes into the recorded inputs, the replay and one read (9 with one
+//! micro-batch); its losses equal the op-by-op run's within
 //! 1e-6 (relative) at every step, and its adapter's relative L2 distance from the op-by-op
 //! adapter is at most 1e-6 (seen: 0.9–1.7e-7 and 1.2e-7). Not to the bit: the op-by-op run is
 //! not reproducible to the bit itself on lavapipe (cubecl picks its product kernels by timing;
@@ -23,11 +26,22 @@ use napkin_tests::fixture_root;
 
 use super::ONE_AT_A_TIME;
 
-/// Steps' losses, whether the run replayed, and the adapter's values in module order.
+/// Steps' losses, whether the run replayed, the adapter's values in module order, and the
+/// launches of napkin's update and norm kernels issued from the host in each step.
 struct Run {
     losses: Vec<f32>,
     replayed: bool,
     adapter: Vec<Vec<f32>>,
+    host_launches: Vec<u64>,
+    /// What the last replayed step submitted from the host.
+    submissions: Option<usize>,
+}
+
+/// AdamW's and the global norm's kernel launches so far, counted at each launch (a recording
+/// counts the launches it records; a replay counts none).
+fn napkin_launches() -> u64 {
+    napkin_core::kernels::gpu::adamw::launches()
+        + napkin_core::kernels::gpu::sum_of_squares::launches()
 }
 
 fn run(capture: bool, out: &Path, settings: impl Fn(&mut TrainConfig)) -> Run {
@@ -48,9 +62,11 @@ fn run(capture: bool, out: &Path, settings: impl Fn(&mut TrainConfig)) -> Run {
     };
     settings(&mut config);
     let (mut trainer, _) = Trainer::new(config, false).expect("the trainer starts");
-    let mut losses = Vec::new();
+    let (mut losses, mut host_launches) = (Vec::new(), Vec::new());
     while !trainer.is_done() {
+        let before = napkin_launches();
         losses.push(trainer.train_step().expect("a step").loss);
+        host_launches.push(napkin_launches() - before);
         if trainer.eval_due() {
             let report = trainer.evaluate().expect("an evaluation");
             if let Some(report) = report {
@@ -64,6 +80,8 @@ fn run(capture: bool, out: &Path, settings: impl Fn(&mut TrainConfig)) -> Run {
         losses,
         replayed: trainer.is_replaying(),
         adapter,
+        host_launches,
+        submissions: trainer.replay_submissions(),
     }
 }
 
@@ -84,7 +102,7 @@ impl burn::module::ModuleVisitor for Collect<'_> {
     }
 }
 
-fn compare(name: &str, settings: impl Fn(&mut TrainConfig) + Copy) {
+fn compare(name: &str, submissions: usize, settings: impl Fn(&mut TrainConfig) + Copy) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!(
         "napkin-captured-step-{}-{}",
@@ -119,6 +137,28 @@ fn compare(name: &str, settings: impl Fn(&mut TrainConfig) + Copy) {
         eager.losses[eager.losses.len() - 1]
     );
     assert!(loss_gap <= 1e-6, "{name}: losses {loss_gap:e} apart");
+    // Step 1 op by op, step 2 recorded: from step 3 on, the update and the norm are in the
+    // graph and the host launches neither.
+    assert!(
+        eager.host_launches.iter().all(|&n| n > 0),
+        "{name}: op by op launches them"
+    );
+    assert_eq!(
+        captured.host_launches[2..].iter().sum::<u64>(),
+        0,
+        "{name}: a replayed step launched AdamW or the norm from the host: {:?}",
+        captured.host_launches
+    );
+    println!(
+        "{name}: a replayed step submits {:?} from the host (op by op it launched {} of \
+         napkin's update and norm kernels alone)",
+        captured.submissions, eager.host_launches[2]
+    );
+    assert_eq!(
+        captured.submissions,
+        Some(submissions),
+        "{name}: host submissions"
+    );
     assert!(
         adapter_gap <= 1e-6,
         "{name}: adapters {adapter_gap:e} apart"
@@ -127,7 +167,9 @@ fn compare(name: &str, settings: impl Fn(&mut TrainConfig) + Copy) {
 
 #[test]
 fn a_replayed_lora_step_trains_as_op_by_op_with_evaluations_between() {
-    compare("LoRA r 8, eval every 5", |c| {
+    // One micro-batch: six writes (ids, RoPE cos and sin, mask, two label columns) and AdamW's
+    // scalars, the replay, the read.
+    compare("LoRA r 8, eval every 5", 9, |c| {
         c.steps = Some(20);
         c.val_fraction = 0.1;
         c.eval_every = 5;
@@ -136,11 +178,15 @@ fn a_replayed_lora_step_trains_as_op_by_op_with_evaluations_between() {
 
 #[test]
 fn a_replayed_qlora_step_with_checkpointing_and_accumulation_trains_as_op_by_op() {
-    compare("QLoRA r 8 NF4+DQ, checkpointing, 2 micro-batches", |c| {
-        c.steps = Some(12);
-        c.nf4 = true;
-        c.double_quant = true;
-        c.checkpointing = true;
-        c.accumulation = 2;
-    });
+    compare(
+        "QLoRA r 8 NF4+DQ, checkpointing, 2 micro-batches",
+        15,
+        |c| {
+            c.steps = Some(12);
+            c.nf4 = true;
+            c.double_quant = true;
+            c.checkpointing = true;
+            c.accumulation = 2;
+        },
+    );
 }

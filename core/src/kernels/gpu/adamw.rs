@@ -130,36 +130,20 @@ fn adamw_at(
 
 /// Value `i`'s update written over `p`, `m` and `v` themselves (each thread reads its own
 /// index, then writes it): the buffers a captured step's graph recorded stay the parameter's and
-/// moments' buffers.
+/// moments' buffers. The scalars come from the device tensor `s` ([`DEVICE_SCALARS`]).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn adamw_in_place_at(
     p: &mut Tensor<f32>,
     g: &Tensor<f32>,
     m: &mut Tensor<f32>,
     v: &mut Tensor<f32>,
+    s: &Tensor<f32>,
     i: usize,
-    decay: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    grad_factor: f32,
 ) {
-    let grad = g[i] * grad_factor;
-    let m_new = moved_m(grad, m[i], one_minus_beta1);
-    let v_new = moved_v(grad, v[i], beta2, one_minus_beta2);
-    p[i] = moved_p(
-        p[i],
-        m_new,
-        v_new,
-        decay,
-        step_size,
-        bias_correction2_sqrt,
-        eps,
-    );
+    let grad = g[i] * s[7];
+    let m_new = moved_m(grad, m[i], s[1]);
+    let v_new = moved_v(grad, v[i], s[2], s[3]);
+    p[i] = moved_p(p[i], m_new, v_new, s[0], s[4], s[5], s[6]);
     m[i] = m_new;
     v[i] = v_new;
 }
@@ -351,8 +335,9 @@ fn adamw_group(
     }
 }
 
-/// [`adamw_group`] written over each slot's own `p`, `m` and `v` ([`adamw_in_place_at`]);
-/// the moments are always read (a captured step starts them at zeros).
+/// [`adamw_group`] written over each slot's own `p`, `m` and `v` ([`adamw_in_place_at`]),
+/// its scalars read from the device tensor `s`; nothing is written when `s[8]` (apply) is 0.
+/// The moments are always read (a captured step starts them at zeros).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn adamw_group_in_place(
@@ -372,87 +357,24 @@ fn adamw_group_in_place(
     g3: &Tensor<f32>,
     m3: &mut Tensor<f32>,
     v3: &mut Tensor<f32>,
+    s: &Tensor<f32>,
     end0: usize,
     end1: usize,
     end2: usize,
     end3: usize,
-    decay: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    grad_factor: f32,
 ) {
     let at = ABSOLUTE_POS;
-    if at >= end3 {
+    if at >= end3 || s[8] == 0.0 {
         terminate!();
     }
     if at < end0 {
-        adamw_in_place_at(
-            p0,
-            g0,
-            m0,
-            v0,
-            at,
-            decay,
-            one_minus_beta1,
-            beta2,
-            one_minus_beta2,
-            step_size,
-            bias_correction2_sqrt,
-            eps,
-            grad_factor,
-        );
+        adamw_in_place_at(p0, g0, m0, v0, s, at);
     } else if at < end1 {
-        adamw_in_place_at(
-            p1,
-            g1,
-            m1,
-            v1,
-            at - end0,
-            decay,
-            one_minus_beta1,
-            beta2,
-            one_minus_beta2,
-            step_size,
-            bias_correction2_sqrt,
-            eps,
-            grad_factor,
-        );
+        adamw_in_place_at(p1, g1, m1, v1, s, at - end0);
     } else if at < end2 {
-        adamw_in_place_at(
-            p2,
-            g2,
-            m2,
-            v2,
-            at - end1,
-            decay,
-            one_minus_beta1,
-            beta2,
-            one_minus_beta2,
-            step_size,
-            bias_correction2_sqrt,
-            eps,
-            grad_factor,
-        );
+        adamw_in_place_at(p2, g2, m2, v2, s, at - end1);
     } else {
-        adamw_in_place_at(
-            p3,
-            g3,
-            m3,
-            v3,
-            at - end2,
-            decay,
-            one_minus_beta1,
-            beta2,
-            one_minus_beta2,
-            step_size,
-            bias_correction2_sqrt,
-            eps,
-            grad_factor,
-        );
+        adamw_in_place_at(p3, g3, m3, v3, s, at - end2);
     }
 }
 
@@ -652,13 +574,36 @@ pub struct InPlaceMember {
     pub v: CubeTensor,
 }
 
+/// The scalars [`update_group_in_place`] reads from the device, in this order: `1 − lr·wd`,
+/// `1 − β1`, β2, `1 − β2`, `lr / (1 − β1ᵗ)`, `√(1 − β2ᵗ)`, ε, the gradient's factor, and
+/// apply (1: update; 0: write nothing, a step whose loss was not finite).
+pub const DEVICE_SCALARS: usize = 9;
+
+impl AdamWScalars {
+    /// The [`DEVICE_SCALARS`] values, applied.
+    pub fn device_values(&self) -> [f32; DEVICE_SCALARS] {
+        [
+            self.decay,
+            self.one_minus_beta1,
+            self.beta2,
+            self.one_minus_beta2,
+            self.step_size,
+            self.bias_correction2_sqrt,
+            self.eps,
+            self.grad_factor,
+            1.0,
+        ]
+    }
+}
+
 /// The updates of up to [`GROUP`] parameters in one launch, each written over its own
-/// parameter and moments (no new buffer): what a step whose graph is replayed needs, since the
-/// replay reads the buffers it recorded.
+/// parameter and moments (no new buffer), the scalars read from `scalars` (`[DEVICE_SCALARS]`
+/// f32 on their device): what a step whose graph is replayed needs, since the replay reads the
+/// buffers it recorded, and its scalars change each step.
 ///
 /// # Panics
 /// With no member or more than [`GROUP`]: the caller's grouping is wrong.
-pub fn update_group_in_place(members: Vec<InPlaceMember>, s: &AdamWScalars) {
+pub fn update_group_in_place(members: Vec<InPlaceMember>, scalars: &CubeTensor) {
     assert!((1..=GROUP).contains(&members.len()), "1 to {GROUP} members");
     let client = members[0].p.client.clone();
     let mut args = Vec::with_capacity(GROUP);
@@ -681,7 +626,7 @@ pub fn update_group_in_place(members: Vec<InPlaceMember>, s: &AdamWScalars) {
     // Safety: thread `at` < Σn belongs to the one slot with end_{k−1} ≤ at < end_k and reads
     // and writes index at − end_{k−1} < n_k of that slot's tensors (n_k values each), no other
     // thread touching that index; threads past Σn return first; empty slots (the last member
-    // repeated) are never chosen.
+    // repeated) are never chosen; `scalars` holds DEVICE_SCALARS values, indexed below it.
     unsafe {
         adamw_group_in_place::launch_unchecked(
             &client,
@@ -703,18 +648,11 @@ pub fn update_group_in_place(members: Vec<InPlaceMember>, s: &AdamWScalars) {
             next(),
             next(),
             next(),
+            scalars.clone().into_tensor_arg(),
             ends[0],
             ends[1],
             ends[2],
             ends[3],
-            s.decay,
-            s.one_minus_beta1,
-            s.beta2,
-            s.one_minus_beta2,
-            s.step_size,
-            s.bias_correction2_sqrt,
-            s.eps,
-            s.grad_factor,
         );
     }
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
