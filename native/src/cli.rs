@@ -214,6 +214,10 @@ pub struct BenchArgs {
     /// `gpu`: one small case only (a smoke test on a software GPU such as lavapipe).
     #[arg(long)]
     pub smoke: bool,
+    /// `gpu`: time each case's steps op by op only, not also replayed from a device graph
+    /// recorded once (as `napkin train` runs them).
+    #[arg(long)]
+    pub no_capture: bool,
     /// `generate`: also a QLoRA base (the block linears as NF4, blocks of 64 with double
     /// quantization, as `train --nf4 --double-quant` makes it), kept as NF4 codes and as the
     /// float model that dequantizes them; replaces the f32 engine.

@@ -25,7 +25,7 @@ pub use gemm_rate::{
 };
 pub use inputs::{micro_batches_of, random_model, synthetic_micro_batches};
 pub use machine::{MachineProbe, this_machine};
-pub use run::measure;
+pub use run::{measure, measure_with};
 
 use crate::device::link::LinkBytes;
 use crate::memory::meter::MeterMethod;
@@ -121,6 +121,10 @@ pub struct MeasurementReport {
     /// predicts them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_up: Option<Comparison>,
+    /// Steps replayed from a device graph recorded once (`measure_with`'s capture; 0: every
+    /// step op by op).
+    #[serde(default)]
+    pub replayed_steps: usize,
 }
 
 /// Optimizer offload as measured: the host's bytes (counting allocator) and the bytes copied

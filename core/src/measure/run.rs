@@ -25,6 +25,8 @@ use crate::predict::offload::host_transfer;
 use crate::predict::sharding::Offload;
 use crate::predict::time::{roofline, step_work};
 use crate::predict::timeline::step_timeline;
+use crate::train::captured::{Capturing, RunFacts, Update};
+use crate::train::step::recomputes_blocks;
 use crate::train::{
     LinkTraffic, Optimizer, OptimizerConfig, StepOptions, forward_backward, forward_backward_marked,
 };
@@ -43,6 +45,22 @@ pub fn measure(
     steps: usize,
     probe: MachineProbe,
     offload_to: Option<Device>,
+    build: impl FnOnce() -> Result<Llama>,
+) -> Result<MeasurementReport> {
+    measure_with(s, device, steps, probe, offload_to, false, build)
+}
+
+/// [`measure`], with the steps after the first replayed from a device graph when `capture`
+/// is set and the scenario allows it on this device (`train/captured.rs`, as `napkin train`
+/// runs them): the first step, op by op, is the one whose memory is metered; the later ones
+/// give the step time. The report says how many steps were replayed.
+pub fn measure_with(
+    s: &Scenario,
+    device: &Device,
+    steps: usize,
+    probe: MachineProbe,
+    offload_to: Option<Device>,
+    capture: bool,
     build: impl FnOnce() -> Result<Llama>,
 ) -> Result<MeasurementReport> {
     let s = &Scenario {
@@ -80,7 +98,7 @@ pub fn measure(
         all,
     ));
     let run = training_steps(
-        s, model, &micro, device, steps, offload_to, &mut meter, &mut rec,
+        s, model, &micro, device, steps, offload_to, capture, &mut meter, &mut rec,
     )?;
 
     let parameters = kind(Kind::Weights)
@@ -160,6 +178,7 @@ pub fn measure(
                 )
             }),
         link_per_step: run.link_per_step,
+        replayed_steps: run.replayed_steps,
     })
 }
 
@@ -225,6 +244,9 @@ fn kept_per_block(
     Ok((layers, all))
 }
 
+/// The learning rate of `measure`'s steps (their updates are timed, not trained for).
+const LEARNING_RATE: f64 = 1e-4;
+
 /// What phase 3 measured.
 struct StepsMeasured {
     /// The largest step peak above the memory held between steps.
@@ -239,6 +261,8 @@ struct StepsMeasured {
     link_per_step: Option<LinkBytes>,
     /// With offload: host bytes and link traffic beside the prediction.
     offload: Option<OffloadMeasurement>,
+    /// Steps replayed from a recorded device graph.
+    replayed_steps: usize,
 }
 
 /// Phase 3: `steps` optimizer steps (at least one), each forward and backward metered where
@@ -251,6 +275,7 @@ fn training_steps(
     device: &Device,
     steps: usize,
     offload_to: Option<Device>,
+    capture: bool,
     meter: &mut Meter,
     rec: &mut Recorder,
 ) -> Result<StepsMeasured> {
@@ -275,13 +300,47 @@ fn training_steps(
         seconds: Vec::new(),
         link_per_step: None,
         offload: None,
+        replayed_steps: 0,
     };
+    let mut capturing = Capturing::plan(&RunFacts {
+        model: &model,
+        on_gpu: crate::device::is_gpu(device),
+        wanted: capture,
+        supervised: true,
+        lora_dropout: s.lora.as_ref().map_or(0.0, |l| l.dropout),
+        efficient_attention: s.attention == crate::config::AttentionKind::Efficient,
+        loss_scaling: false,
+        adamw_on_device: s.optimizer == crate::config::OptimizerKind::AdamW
+            && optimizer.offload().is_none(),
+    });
+    let recomputes = recomputes_blocks(&model, s.checkpointing);
     for step in 0..steps.max(1) {
+        // From the second step on, a replay of the step recorded once (forward, backward and
+        // AdamW's update; measure's learning rate, no clipping), timed as a whole.
+        let clock = Instant::now();
         let link_before = link::counted();
+        let mut update = Update {
+            optimizer: &mut optimizer,
+            lr: LEARNING_RATE,
+            max_grad_norm: 0.0,
+        };
+        if let Some(replayed) = capturing.step(&model, &mut update, micro, recomputes, 1)? {
+            if !replayed.loss.is_finite() {
+                return Err(Error::Input(format!(
+                    "step {step}: the loss is {}",
+                    replayed.loss
+                )));
+            }
+            let _ = device.sync();
+            out.seconds.push(clock.elapsed().as_secs_f64());
+            out.link_per_step =
+                link::is_across_link(device).then(|| link::counted().since(&link_before));
+            out.replayed_steps += 1;
+            continue;
+        }
         let between = meter.live();
         let host_between = host_meter.as_mut().map_or(0, Meter::live);
         let t0 = rec.now_us();
-        let clock = Instant::now();
         let start = meter.start_peak();
         // A device pool is read between operations only: mark it where the step holds most,
         // after each forward that keeps a graph and, in the first step, inside the backward
@@ -320,7 +379,7 @@ fn training_steps(
         rec.span(format!("step {step}: forward + backward"), t0);
         rec.counter(meter.live());
         let t1 = rec.now_us();
-        model = optimizer.step(model, &grads.grads, 1e-4);
+        model = optimizer.step(model, &grads.grads, LEARNING_RATE);
         drop(grads);
         let _ = device.sync(); // the optimizer's kernels are queued, not done, on a GPU
         out.seconds.push(clock.elapsed().as_secs_f64());

@@ -326,7 +326,7 @@ fn on_gpu(
                     let uploaded: Tensor<1> = crate::device::link::upload(
                         burn::tensor::TensorData::new(values, [n]),
                         &p.device(),
-                        crate::device::link::Traffic::Data,
+                        crate::device::link::Traffic::Optimizer,
                     );
                     let Some(uploaded) = cube(&uploaded) else {
                         return Err((p, g, Some(state)));

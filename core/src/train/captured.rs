@@ -162,8 +162,9 @@ impl CapturedStep {
             })
             .collect::<Result<Vec<_>>>()?;
         let device = model.device().inner();
+        // AdamW's scalars cross the link as optimizer traffic (the batch's inputs as data).
         let scalars: Tensor<1> =
-            crate::device::link::upload(update.begin()?, &device, Traffic::Data);
+            crate::device::link::upload(update.begin()?, &device, Traffic::Optimizer);
         let dispatch = device.as_dispatch();
         Dispatch::graph_start_capture(dispatch)
             .map_err(|e| Error::Input(format!("the device refused to record a step: {e:?}")))?;
@@ -215,7 +216,7 @@ impl CapturedStep {
         micro: &[MicroBatch],
         update: &mut Update<'_>,
     ) -> Result<usize> {
-        if !write_over(&self.scalars, update.begin()?, Traffic::Data) {
+        if !write_over(&self.scalars, update.begin()?, Traffic::Optimizer) {
             return Err(Error::Internal(
                 "a captured step's scalars could not be written".into(),
             ));

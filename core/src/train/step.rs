@@ -219,7 +219,7 @@ pub(super) fn micro_backward(
 /// Whether a step recomputes blocks in its backward: with checkpointing, unless nothing below
 /// the LM head trains (an adapter on the head alone: the plain forward then keeps no block
 /// activation, so there is nothing to recompute).
-pub(super) fn recomputes_blocks(model: &Llama, checkpointing: bool) -> bool {
+pub fn recomputes_blocks(model: &Llama, checkpointing: bool) -> bool {
     checkpointing && below_head_trains(model)
 }
 

@@ -18,7 +18,7 @@
 use anyhow::{Context, Result, bail};
 use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
 use napkin_core::device::{DeviceKind, guard_device_memory};
-use napkin_core::measure::{MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::measure::{MachineProbe, MeasurementReport, measure_with, random_model};
 use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::inventory::Scenario;
 use napkin_core::predict::time::{device_presets, step_work};
@@ -99,6 +99,10 @@ struct CaseFigures<'a> {
     achieved_flops: f64,
     device_gemm_flops: f64,
     report: MeasurementReport,
+    /// The same steps replayed from a device graph recorded once (`napkin train`'s way): the
+    /// median step's seconds, and how many steps were replayed (None: not run).
+    captured_median_step_seconds: Option<f64>,
+    replayed_steps: Option<usize>,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -155,20 +159,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             continue;
         }
         let s = &super::super::with_autocast(case.scenario.clone(), half);
-        let report: MeasurementReport = guard_device_memory(&kind.to_string(), case.name, || {
-            measure(
-                s,
-                &device,
-                args.runs.max(2),
-                MachineProbe::NATIVE,
-                None,
-                || {
-                    train.seed(7);
-                    random_model(s, &train)
-                },
-            )
-        })
-        .with_context(|| format!("{}: the measured steps", case.name))?;
+        let measured = |capture: bool| {
+            guard_device_memory(&kind.to_string(), case.name, || {
+                measure_with(
+                    s,
+                    &device,
+                    args.runs.max(2),
+                    MachineProbe::NATIVE,
+                    None,
+                    capture,
+                    || {
+                        train.seed(7);
+                        random_model(s, &train)
+                    },
+                )
+            })
+            .with_context(|| format!("{}: the measured steps", case.name))
+        };
+        let report: MeasurementReport = measured(false)?;
+        // The same steps as `napkin train` runs them: the first op by op, the later ones
+        // replayed from a device graph recorded once.
+        let replayed = if args.no_capture {
+            None
+        } else {
+            Some(measured(true)?)
+        };
         let seconds = report.time.measured_median_seconds;
         let tokens = (s.micro_batch * s.seq_len * s.accumulation.max(1)) as f64;
         let flops = step_work(s).flops();
@@ -206,6 +221,23 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(l) = &report.link_per_step {
             println!("  host link per step: {}", super::super::link_summary(l));
         }
+        match &replayed {
+            Some(r) if r.replayed_steps > 0 => {
+                let replay = r.time.measured_median_seconds;
+                println!(
+                    "  replayed from a device graph ({} of {} steps): {replay:.3} s median, {:.0} \
+                     tokens/s ({:.2}× the op-by-op step)",
+                    r.replayed_steps,
+                    args.runs.max(2),
+                    tokens / replay,
+                    seconds / replay
+                );
+            }
+            Some(_) => println!(
+                "  replayed from a device graph: not used (this case or device runs op by op)"
+            ),
+            None => {}
+        }
         let mut report = report;
         report.trace.clear();
         figures.push(CaseFigures {
@@ -218,6 +250,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             achieved_flops: flops / seconds,
             device_gemm_flops: report.this_machine.f32_flops,
             report,
+            captured_median_step_seconds: replayed
+                .as_ref()
+                .filter(|r| r.replayed_steps > 0)
+                .map(|r| r.time.measured_median_seconds),
+            replayed_steps: replayed.as_ref().map(|r| r.replayed_steps),
         });
     }
     if let Some(path) = &args.json {
