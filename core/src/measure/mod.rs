@@ -125,6 +125,10 @@ pub struct MeasurementReport {
     /// step op by op).
     #[serde(default)]
     pub replayed_steps: usize,
+    /// On a device pool, with replayed steps: the bytes in use after the last replay above
+    /// those before the recording, beside [`crate::predict::link::held_by_recorded_step`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by_graph: Option<Comparison>,
 }
 
 /// Optimizer offload as measured: the host's bytes (counting allocator) and the bytes copied

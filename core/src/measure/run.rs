@@ -20,7 +20,7 @@ use crate::memory::meter::{Meter, MeterMethod};
 use crate::model::autocast::{autocast, half_dtype};
 use crate::model::{Llama, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
-use crate::predict::link::step_link;
+use crate::predict::link::{held_by_recorded_step, step_link};
 use crate::predict::offload::host_transfer;
 use crate::predict::sharding::Offload;
 use crate::predict::time::{roofline, step_work};
@@ -179,6 +179,13 @@ pub fn measure_with(
             }),
         link_per_step: run.link_per_step,
         replayed_steps: run.replayed_steps,
+        held_by_graph: run.held_by_graph.map(|held| {
+            Comparison::new(
+                "held while replaying (gradients, the kept inputs, AdamW's scalars)",
+                kind(Kind::Gradients) + held_by_recorded_step(s).unwrap_or(0),
+                held,
+            )
+        }),
     })
 }
 
@@ -263,6 +270,10 @@ struct StepsMeasured {
     offload: Option<OffloadMeasurement>,
     /// Steps replayed from a recorded device graph.
     replayed_steps: usize,
+    /// On a device pool, with replayed steps: the bytes in use after the last replay above
+    /// those in use before the recording (the recording's kept inputs and the step's buffers
+    /// its graph holds).
+    held_by_graph: Option<u64>,
 }
 
 /// Phase 3: `steps` optimizer steps (at least one), each forward and backward metered where
@@ -301,7 +312,9 @@ fn training_steps(
         link_per_step: None,
         offload: None,
         replayed_steps: 0,
+        held_by_graph: None,
     };
+    let mut before_recording = None;
     let mut capturing = Capturing::plan(&RunFacts {
         model: &model,
         on_gpu: crate::device::is_gpu(device),
@@ -324,6 +337,9 @@ fn training_steps(
             lr: LEARNING_RATE,
             max_grad_norm: 0.0,
         };
+        if capturing.will_record() && meter.method() == MeterMethod::DevicePool {
+            before_recording = Some(meter.live());
+        }
         if let Some(replayed) = capturing.step(&model, &mut update, micro, recomputes, 1)? {
             if !replayed.loss.is_finite() {
                 return Err(Error::Input(format!(
@@ -336,6 +352,7 @@ fn training_steps(
             out.link_per_step =
                 link::is_across_link(device).then(|| link::counted().since(&link_before));
             out.replayed_steps += 1;
+            out.held_by_graph = before_recording.map(|b| meter.live().saturating_sub(b));
             continue;
         }
         let between = meter.live();

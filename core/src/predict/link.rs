@@ -56,6 +56,18 @@ pub fn step_link(s: &Scenario) -> Option<StepLink> {
     })
 }
 
+/// AdamW's scalars a recorded step reads from the device (`kernels::gpu::adamw::DEVICE_SCALARS`,
+/// the 7 the host writes and the 2 computed in the graph) and the step's `[loss, Σ g²]`.
+const RECORDED_STEP_SCALARS: u64 = 7 + 2 + 2;
+
+/// What a step recorded as a device graph (`train/captured.rs`) holds for the run beside the
+/// gradients (which it keeps too, where a step op by op frees them after the update): its
+/// inputs' buffers, each step's batch written into them (the bytes [`step_link`] counts), and
+/// the update's scalars. `None` where `step_link` is.
+pub fn held_by_recorded_step(s: &Scenario) -> Option<u64> {
+    Some(step_link(s)?.up() + WORD * RECORDED_STEP_SCALARS)
+}
+
 /// Values of the distinct causal tile masks the efficient attention makes for an unpacked
 /// batch of `t` positions on burn's ops: only the diagonal tiles hide keys, and a full one and
 /// the partial last one differ (a one-position tile hides nothing).

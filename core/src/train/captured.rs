@@ -449,6 +449,11 @@ impl Capturing {
         self.submissions
     }
 
+    /// Whether the next [`Capturing::step`] records the graph.
+    pub fn will_record(&self) -> bool {
+        matches!(self.state, State::Record)
+    }
+
     /// Whether the step is replayed from a recorded graph.
     pub fn is_replaying(&self) -> bool {
         matches!(self.state, State::Ready(_))

@@ -190,3 +190,69 @@ fn a_replayed_qlora_step_with_checkpointing_and_accumulation_trains_as_op_by_op(
         },
     );
 }
+
+/// What a replayed step holds for the run (`measure_with`'s capture on lavapipe): the
+/// gradients (which a step op by op frees after its update), the kept inputs and AdamW's
+/// scalars, `predict::link::held_by_recorded_step` beside the pool's bytes in use. The rule was
+/// written from `bench gpu --smoke`'s QLoRA case (1.004); these two cases were chosen before
+/// they were first run (2026-12-07), and are held within 2 %.
+#[test]
+fn what_a_replayed_step_holds_is_predicted() {
+    use napkin_core::config::{LlamaConfig, LoraConfig, Nf4Config};
+    use napkin_core::measure::{MachineProbe, measure_with, random_model};
+    use napkin_core::predict::inventory::Scenario;
+
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = super::wgpu_device();
+    let probe = MachineProbe {
+        gemm_n: 64,
+        copy_bytes: 1 << 20,
+    };
+    let cases = [
+        (
+            "tiny-gqa LoRA r 4, B = 2, T = 200",
+            Scenario {
+                lora: Some(LoraConfig {
+                    r: 4,
+                    ..LoraConfig::default()
+                }),
+                ..Scenario::new(LlamaConfig::tiny_gqa(), 2, 200)
+            },
+        ),
+        (
+            "tiny-mha QLoRA r 16 NF4+DQ, checkpointing, T = 128, 2 micro-batches",
+            Scenario {
+                lora: Some(LoraConfig {
+                    r: 16,
+                    ..LoraConfig::default()
+                }),
+                nf4: Some(Nf4Config {
+                    double_quant: true,
+                    ..Nf4Config::default()
+                }),
+                checkpointing: true,
+                accumulation: 2,
+                ..Scenario::new(LlamaConfig::tiny_mha(), 1, 128)
+            },
+        ),
+    ];
+    for (what, s) in cases {
+        let train = device.clone().autodiff();
+        let report = measure_with(&s, &device, 3, probe, None, true, || {
+            train.seed(7);
+            random_model(&s, &train)
+        })
+        .expect("measured steps");
+        assert_eq!(report.replayed_steps, 2, "{what}: steps 2 and 3 replayed");
+        let held = report.held_by_graph.expect("a device pool's reading");
+        println!(
+            "{what}: held while replaying, predicted {} B, measured {} B ({:.4})",
+            held.predicted, held.measured, held.ratio
+        );
+        assert!(
+            (held.ratio - 1.0).abs() <= 0.02,
+            "{what}: held {:.4} of the prediction",
+            held.ratio
+        );
+    }
+}

@@ -232,6 +232,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     tokens / replay,
                     seconds / replay
                 );
+                if let Some(held) = &r.held_by_graph {
+                    println!(
+                        "  held while replaying (gradients, kept inputs, AdamW's scalars): \
+                         predicted {}, device pool {} ({:.3}×)",
+                        accelerate_units(held.predicted as f64),
+                        accelerate_units(held.measured as f64),
+                        held.ratio
+                    );
+                }
             }
             Some(_) => println!(
                 "  replayed from a device graph: not used (this case or device runs op by op)"
