@@ -399,6 +399,7 @@ struct Pending {
         burn_cubecl::tensor::CubeTensor,
     )>,
     /// In-place updates queued since the count was last taken.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     in_place_updates: usize,
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     scalars: Option<crate::kernels::gpu::adamw::AdamWScalars>,

@@ -470,6 +470,11 @@ impl Capturing {
         recomputes: bool,
         world: usize,
     ) -> Result<Option<ReplayedStep>> {
+        // Without a GPU backend compiled in nothing records: the browser's CPU module links
+        // none of the code below.
+        if !cfg!(any(feature = "wgpu", feature = "cuda")) {
+            return Ok(None);
+        }
         match std::mem::replace(&mut self.state, State::Off) {
             State::Off => Ok(None),
             State::Warming => {
