@@ -102,6 +102,12 @@ impl AdamW {
     pub fn finish_step(&mut self) {
         self.pending.flush();
         self.pending.open = false;
+        // The step's uploaded scalars are not held past it: a buffer allocated after a step was
+        // recorded and held across its replays could alias the graph's intermediates.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            self.pending.uploaded = None;
+        }
     }
 
     /// One parameter's update: `p` and `g` are `[numel]` on the device its moments live on.
