@@ -9,7 +9,9 @@ use napkin_core::config::LlamaConfig;
 use napkin_core::device::guard_device_memory;
 use napkin_core::io::atomic::write_atomic;
 use napkin_core::io::load_model_with;
-use napkin_core::measure::{Comparison, MachineProbe, MeasurementReport, measure, random_model};
+use napkin_core::measure::{
+    Comparison, MachineProbe, MeasurementReport, measure_with, random_model,
+};
 use napkin_core::model::Llama;
 use napkin_core::model::autocast::half_dtype;
 use napkin_core::predict::offload::{HostTransfer, host_links};
@@ -72,12 +74,13 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
     );
     let run = || {
         guard_device_memory(&kind.to_string(), "the measured steps", || {
-            measure(
+            measure_with(
                 &scenario,
                 &device,
                 args.steps,
                 MachineProbe::NATIVE,
                 offload_to,
+                args.capture,
                 build,
             )
         })
@@ -169,6 +172,19 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
             "  host link in the last step (counted at each transfer): {}",
             super::link_summary(l)
         );
+    }
+    if args.capture {
+        match r.replayed_steps {
+            0 => println!(
+                "  replayed from a device graph: no step (op by op on this device or scenario)"
+            ),
+            n => {
+                println!("  replayed from a device graph: {n} step(s) after the first, timed above")
+            }
+        }
+        if let Some(c) = &r.held_by_graph {
+            row(c);
+        }
     }
     if let Some(trace) = &args.trace {
         println!(
