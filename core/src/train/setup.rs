@@ -14,6 +14,7 @@ use super::eval::EvalState;
 use super::optimizer::{Optimizer, OptimizerConfig};
 use super::schedule::LrSchedule;
 use crate::config::{LlamaConfig, LoraConfig};
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::load_model_with;
 use crate::model::Llama;
@@ -29,6 +30,19 @@ pub(super) fn check_device(config: &TrainConfig, compute: Option<FloatDType>) ->
             format!(
                 "{} on `{}` ({}): that backend computes in f32 only; use --device flex (CPU), wgpu or cuda, or --dtype f32",
                 config.dtype,
+                config.device,
+                kind.backend_name()
+            ),
+        ));
+    }
+    if compute == Some(FloatDType::BF16) && kind == DeviceKind::Wgpu {
+        // cubecl's wgpu backend compiles its kernels to WGSL, which has no bf16 type: the
+        // first bf16 kernel would panic in the shader compiler.
+        return Err(Error::config(
+            "--dtype",
+            format!(
+                "bf16 on `{}` ({}): WGSL, the shading language wgpu's kernels are compiled to, \
+                 has no bf16 type; use --dtype f16 there (with loss scaling), or bf16 on cuda",
                 config.device,
                 kind.backend_name()
             ),
@@ -238,4 +252,30 @@ pub(super) fn check_same_run(now: &TrainConfig, saved: &TrainConfig) -> Result<(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod device_checks {
+    use super::check_device;
+    use crate::device::DeviceKind;
+    use crate::train::{ComputeDtype, TrainConfig};
+
+    /// bf16 on wgpu is refused by name before any kernel is compiled (it panicked in cubecl's
+    /// WGSL compiler: `UnsupportedType("cube.bf16")`); f16 there and bf16 on CUDA pass.
+    #[test]
+    fn bf16_on_wgpu_is_refused_with_the_flag() {
+        let check = |device, dtype| {
+            let config = TrainConfig {
+                device,
+                dtype,
+                ..TrainConfig::default()
+            };
+            check_device(&config, config.compute_dtype().expect("a dtype"))
+        };
+        let refused = check(DeviceKind::Wgpu, ComputeDtype::Bf16).expect_err("refused");
+        let text = refused.to_string();
+        assert!(text.contains("--dtype") && text.contains("bf16") && text.contains("f16"));
+        assert!(check(DeviceKind::Wgpu, ComputeDtype::F16).is_ok());
+        assert!(check(DeviceKind::Cuda, ComputeDtype::Bf16).is_ok());
+    }
 }
