@@ -123,13 +123,18 @@ echo "KV cache: $per_token slice writes a decoded token ($layers layers, K and V
 # layout itself (cube_fused/rope.rs: 28 copies left of 56). A change that adds launches fails
 # here.
 step_launch_limit=450
-launches_in() { # steps → kernel runs in the whole measure run
-    rm -f "$run/step-$1.log"
-    CUBECL_DEBUG_LOG="$run/step-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" measure \
-        --preset tiny-smol --device wgpu --lora-r 8 --seq-len 64 --steps "$1" > /dev/null
-    grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$run/step-$1.log"
+launches_in() { # name, command... → kernel runs in the whole command (cubecl's profiler)
+    local log="$run/$1.log"
+    shift
+    rm -f "$log"
+    CUBECL_DEBUG_LOG="$log" CUBECL_DEBUG_OPTION=profile "$@" > /dev/null 2>&1
+    grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$log"
 }
-per_step=$(( ($(launches_in 4) - $(launches_in 2)) / 2 ))
+measure_launches() { # steps → kernel runs in the whole measure run
+    launches_in "step-$1" "$napkin" measure --preset tiny-smol --device wgpu --lora-r 8 \
+        --seq-len 64 --steps "$1"
+}
+per_step=$(( ($(measure_launches 4) - $(measure_launches 2)) / 2 ))
 if [ "$per_step" -gt "$step_launch_limit" ]; then
     echo "error: a tiny-smol LoRA step launches $per_step kernels; at most $step_launch_limit expected" >&2
     exit 1
@@ -144,12 +149,10 @@ echo "training step: $per_step launches (tiny-smol LoRA, at most $step_launch_li
 # AdamW's update. The captured step itself is checked against op by op in tests/tests/gpu.
 train_launch_limit=462
 train_launches_in() { # steps → kernel runs in the whole train run
-    rm -rf "$run/train-$1" "$run/train-$1.log"
-    CUBECL_DEBUG_LOG="$run/train-$1.log" CUBECL_DEBUG_OPTION=profile "$napkin" train "${tiny[@]}" \
-        --chat-format chatml --data data/napkin-instruct.jsonl --out "$run/train-$1" \
-        --device wgpu --lora-r 8 --lr 3e-3 --seq-len 64 --steps "$1" --plain --no-capture \
-        > /dev/null 2>&1
-    grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$run/train-$1.log"
+    rm -rf "$run/train-$1"
+    launches_in "train-$1" "$napkin" train "${tiny[@]}" --chat-format chatml \
+        --data data/napkin-instruct.jsonl --out "$run/train-$1" --device wgpu --lora-r 8 \
+        --lr 3e-3 --seq-len 64 --steps "$1" --plain --no-capture
 }
 per_train_step=$(( ($(train_launches_in 4) - $(train_launches_in 2)) / 2 ))
 if [ "$per_train_step" -gt "$train_launch_limit" ]; then

@@ -110,25 +110,33 @@ fn counted_up<const D: usize, K: Basic>(t: Tensor<D, K>, traffic: Traffic) -> Te
     t
 }
 
-/// Writes `data` over `tensor`'s own device buffer, counted as `traffic` up: a step captured as
-/// a device graph reads the buffers it recorded, so each new batch goes into them. True when
-/// written; false (nothing written) on a CPU backend, or when the tensor is not a contiguous
-/// buffer of `data`'s length.
+/// [`write_over`] for any tensor kind: the buffer behind `$tensor` (outside autodiff) on a GPU
+/// backend, or `false`.
+macro_rules! write_over_kind {
+    ($tensor:expr, $data:expr, $traffic:expr) => {{
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        {
+            is_across_link(&$tensor.device())
+                && $tensor
+                    .clone()
+                    .without_autodiff()
+                    .try_into_primitive::<burn::backend::Cube>()
+                    .is_ok_and(|cube| write_over_buffer(cube, $data, $traffic))
+        }
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        {
+            let _ = ($tensor, $data, $traffic);
+            false
+        }
+    }};
+}
+
+/// Writes `data` over `tensor`'s own device buffer, counted as `traffic` up and as one write
+/// ([`writes`]): a step captured as a device graph reads the buffers it recorded, so each new
+/// batch goes into them. True when written; false (nothing written) on a CPU backend, or when
+/// the tensor is not a contiguous buffer of `data`'s length.
 pub fn write_over<const D: usize>(tensor: &Tensor<D>, data: TensorData, traffic: Traffic) -> bool {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    {
-        is_across_link(&tensor.device())
-            && tensor
-                .clone()
-                .without_autodiff()
-                .try_into_primitive::<burn::backend::Cube>()
-                .is_ok_and(|cube| write_over_buffer(cube, data, traffic))
-    }
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    {
-        let _ = (tensor, data, traffic);
-        false
-    }
+    write_over_kind!(tensor, data, traffic)
 }
 
 /// [`write_over`] for integer tensors (token ids).
@@ -137,20 +145,15 @@ pub fn write_over_int<const D: usize>(
     data: TensorData,
     traffic: Traffic,
 ) -> bool {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    {
-        is_across_link(&tensor.device())
-            && tensor
-                .clone()
-                .without_autodiff()
-                .try_into_primitive::<burn::backend::Cube>()
-                .is_ok_and(|cube| write_over_buffer(cube, data, traffic))
-    }
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    {
-        let _ = (tensor, data, traffic);
-        false
-    }
+    write_over_kind!(tensor, data, traffic)
+}
+
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Writes into existing device buffers ([`write_over`]) so far, process-wide: each is one
+/// submission from the host.
+pub fn writes() -> u64 {
+    WRITES.load(Ordering::Relaxed)
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -165,6 +168,7 @@ fn write_over_buffer(
     let bytes = data.convert_dtype(cube.dtype).into_bytes();
     count_up(bytes.len(), traffic);
     cube.client.write(&cube.handle, bytes);
+    WRITES.fetch_add(1, Ordering::Relaxed);
     true
 }
 

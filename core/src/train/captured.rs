@@ -209,19 +209,19 @@ impl CapturedStep {
     }
 
     /// Writes `micro`'s data and this step's AdamW scalars into the recorded buffers (the
-    /// shapes must fit), counting the step in AdamW.
+    /// shapes must fit), counting the step in AdamW; the writes issued.
     pub fn refresh(
         &self,
         model: &Llama,
         micro: &[MicroBatch],
         update: &mut Update<'_>,
     ) -> Result<usize> {
+        let writes_before = crate::device::link::writes();
         if !write_over(&self.scalars, update.begin()?, Traffic::Optimizer) {
             return Err(Error::Internal(
                 "a captured step's scalars could not be written".into(),
             ));
         }
-        let mut writes = 1;
         let weight = step_weight(micro);
         let inv_freq = inverse_frequencies(&model.config);
         for (kept, m) in self.kept.iter().zip(micro) {
@@ -238,11 +238,9 @@ impl CapturedStep {
                 && write_over(&rope.sin, sin, Traffic::Data)
                 && write_over(&kept.classes, classes, Traffic::Data)
                 && write_over(&kept.weights, weights, Traffic::Data);
-            writes += 5;
             if let AttentionMask::Dense(mask) = &kept.inputs.ctx.mask {
                 let data = batch.attention_mask_data(model.config.sliding_window);
                 written &= write_over(mask, data, Traffic::Data);
-                writes += 1;
             }
             if !written {
                 return Err(Error::Internal(
@@ -250,7 +248,8 @@ impl CapturedStep {
                 ));
             }
         }
-        Ok(writes)
+        // Counted where each write is issued (`link::write_over`).
+        Ok((crate::device::link::writes() - writes_before) as usize)
     }
 
     /// Runs the recorded step on the buffers' current data (forward, backward and AdamW's

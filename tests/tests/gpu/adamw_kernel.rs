@@ -16,15 +16,7 @@ const N: usize = 10_007;
 
 /// Seeded values in [-scale, scale).
 fn values(seed: u64, scale: f32) -> Vec<f32> {
-    let mut x = seed;
-    (0..N)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
+    super::seeded_values(seed, N, scale)
 }
 
 fn tensor(v: &[f32], device: &Device) -> Tensor<1> {

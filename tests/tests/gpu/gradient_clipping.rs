@@ -24,15 +24,7 @@ const LENGTHS: [usize; 9] = [1, 7, 64, 1000, 3, 10_007, 5, 1_100_003, 2];
 
 /// Seeded values in [-scale, scale).
 fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
+    super::seeded_values(seed.wrapping_add(1), n, scale)
 }
 
 fn tensor(v: &[f32], device: &Device) -> Tensor<1> {

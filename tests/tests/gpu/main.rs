@@ -22,6 +22,19 @@ fn wgpu_device() -> Device {
         .expect("a wgpu adapter (lavapipe without a GPU)")
 }
 
+/// `n` seeded values in [-scale, scale) (a linear congruential sequence from `seed`).
+fn seeded_values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
 mod adamw_kernel;
 mod adapter_generation;
 mod attention_rows;

@@ -485,28 +485,15 @@ pub fn update_group(members: Vec<GroupMember>, s: &AdamWScalars) {
         "a group's members all have moments or none has"
     );
     let client = members[0].p.client.clone();
-    let mut args = Vec::with_capacity(GROUP);
-    let mut ends = [0usize; GROUP];
-    let mut total = 0;
-    for (slot, member) in members.into_iter().enumerate() {
-        total += member.p.meta.shape().num_elements();
-        ends[slot] = total;
+    let slots = members.into_iter().map(|member| {
         // Unread when `first`: the gradient stands in for the moments.
         let (m, v) = member
             .moments
             .unwrap_or_else(|| (member.g.clone(), member.g.clone()));
         let (po, mo, vo) = member.out;
-        args.push([member.p, member.g, m, v, po, mo, vo]);
-    }
-    // Empty slots: the last member's tensors stand in, never indexed (their end equals the
-    // one before).
-    for end in ends.iter_mut().skip(args.len()) {
-        *end = total;
-    }
-    while args.len() < GROUP {
-        args.push(args[args.len() - 1].clone());
-    }
-    let mut a = args.into_iter().flatten().map(CubeTensor::into_tensor_arg);
+        [member.p, member.g, m, v, po, mo, vo]
+    });
+    let (ends, total, mut a) = super::laid_end_to_end::<7, GROUP>(slots.collect());
     let mut next = || a.next().expect("seven tensors a slot");
     let (cube_count, cube_dim) = super::one_thread_each(&client, total.max(1));
     // Safety: thread `at` < Σn belongs to the one slot with end_{k−1} ≤ at < end_k and reads
@@ -606,21 +593,10 @@ impl AdamWScalars {
 pub fn update_group_in_place(members: Vec<InPlaceMember>, scalars: &CubeTensor) {
     assert!((1..=GROUP).contains(&members.len()), "1 to {GROUP} members");
     let client = members[0].p.client.clone();
-    let mut args = Vec::with_capacity(GROUP);
-    let mut ends = [0usize; GROUP];
-    let mut total = 0;
-    for (slot, member) in members.into_iter().enumerate() {
-        total += member.p.meta.shape().num_elements();
-        ends[slot] = total;
-        args.push([member.p, member.g, member.m, member.v]);
-    }
-    for end in ends.iter_mut().skip(args.len()) {
-        *end = total;
-    }
-    while args.len() < GROUP {
-        args.push(args[args.len() - 1].clone());
-    }
-    let mut a = args.into_iter().flatten().map(CubeTensor::into_tensor_arg);
+    let slots = members
+        .into_iter()
+        .map(|member| [member.p, member.g, member.m, member.v]);
+    let (ends, total, mut a) = super::laid_end_to_end::<4, GROUP>(slots.collect());
     let mut next = || a.next().expect("four tensors a slot");
     let (cube_count, cube_dim) = super::one_thread_each(&client, total.max(1));
     // Safety: thread `at` < Σn belongs to the one slot with end_{k−1} ≤ at < end_k and reads

@@ -85,3 +85,39 @@ fn one_thread_each(
         cube_dim,
     )
 }
+
+/// Up to `K` slots of `N` tensors each, laid end to end for one launch of a grouped kernel
+/// (thread `at` belongs to the first slot whose end exceeds it): the slots' running ends (their
+/// first tensor's length summed; empty slots end where the last member does, so none is
+/// chosen), the total, and every slot's tensors in order as launch arguments, padded to `K`
+/// slots with the last member repeated (never indexed).
+///
+/// # Panics
+/// With no slot or more than `K`: the caller's grouping is wrong.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn laid_end_to_end<const N: usize, const K: usize>(
+    mut slots: Vec<[burn_cubecl::tensor::CubeTensor; N]>,
+) -> (
+    [usize; K],
+    usize,
+    impl Iterator<Item = cubecl::prelude::TensorArg>,
+) {
+    assert!((1..=K).contains(&slots.len()), "1 to {K} slots");
+    let mut ends = [0usize; K];
+    let mut total = 0;
+    for (slot, tensors) in slots.iter().enumerate() {
+        total += tensors[0].meta.shape().num_elements();
+        ends[slot] = total;
+    }
+    for end in ends.iter_mut().skip(slots.len()) {
+        *end = total;
+    }
+    while slots.len() < K {
+        slots.push(slots[slots.len() - 1].clone());
+    }
+    let args = slots
+        .into_iter()
+        .flatten()
+        .map(burn_cubecl::tensor::CubeTensor::into_tensor_arg);
+    (ends, total, args)
+}

@@ -172,9 +172,9 @@ mod device {
         }
     }
 
-    /// Each launch's tensors and its cubes.
+    /// Each launch's arguments (six tensors end to end), their ends and its cubes.
     struct Launch {
-        tensors: Vec<CubeTensor>,
+        args: Vec<TensorArg>,
         ends: [usize; MEMBERS],
         cubes: usize,
     }
@@ -186,22 +186,12 @@ mod device {
         let mut rest = tensors.into_iter().map(into_contiguous).peekable();
         let client = rest.peek().map(|t| (t.client.clone(), t.device.clone()));
         while rest.peek().is_some() {
-            let group: Vec<CubeTensor> = rest.by_ref().take(MEMBERS).collect();
-            let mut ends = [0usize; MEMBERS];
-            let mut total = 0;
-            for (slot, t) in group.iter().enumerate() {
-                total += t.meta.shape().num_elements();
-                ends[slot] = total;
-            }
-            // Empty slots end where the last member does: never chosen.
-            for end in ends.iter_mut().skip(group.len()) {
-                *end = total;
-            }
-            let chunks = total.div_ceil(CHUNK);
+            let group = rest.by_ref().take(MEMBERS).map(|t| [t]).collect();
+            let (ends, total, args) = crate::kernels::gpu::laid_end_to_end::<1, MEMBERS>(group);
             launches.push(Launch {
-                tensors: group,
+                args: args.collect(),
                 ends,
-                cubes: chunks.clamp(1, MAX_CUBES),
+                cubes: total.div_ceil(CHUNK).clamp(1, MAX_CUBES),
             });
         }
         let Some((client, device)) = client else {
@@ -211,16 +201,8 @@ mod device {
         let partials =
             empty_device_contiguous_dtype(client.clone(), device, [slots].into(), DType::F32);
         let mut first = 0;
-        for Launch {
-            mut tensors,
-            ends,
-            cubes,
-        } in launches
-        {
-            while tensors.len() < MEMBERS {
-                tensors.push(tensors[tensors.len() - 1].clone());
-            }
-            let mut args = tensors.into_iter().map(CubeTensor::into_tensor_arg);
+        for Launch { args, ends, cubes } in launches {
+            let mut args = args.into_iter();
             let mut next = || args.next().expect("six tensors a launch");
             let chunks = ends[MEMBERS - 1].div_ceil(CHUNK);
             // Safety: every index read is below its slot's length (`at − end_{k−1} < n_k` for
