@@ -85,7 +85,15 @@ for t in "${targets[@]}"; do
         -max_len=65536 -rss_limit_mb=2048 -timeout=10 "${extra[@]}" > "fuzz/artifacts/$t.log" 2>&1 ||
         status=$?
     # The final coverage line, libFuzzer's summary, and any crash, hang or OOM report.
-    grep -E "DONE|^Done|ERROR|panicked|Test unit written" "fuzz/artifacts/$t.log" | tail -4
+    summary=$(grep -E "DONE|^Done|ERROR|panicked|Test unit written" "fuzz/artifacts/$t.log" | tail -4 || true)
+    [ -n "$summary" ] && echo "$summary"
     echo "   $t: $(( $(date +%s) - start )) s, exit $status"
-    [ "$status" -eq 0 ] || exit "$status"
+    if [ "$status" -ne 0 ] || ! grep -q "^Done $runs runs" "fuzz/artifacts/$t.log"; then
+        # A failed build or run (a compiler error, a full disk, a killed process) says why here
+        # rather than only in the log, which a CI machine does not keep.
+        echo "error: fuzz target $t did not complete $runs runs; the end of its log:" >&2
+        tail -n 25 "fuzz/artifacts/$t.log" >&2
+        df -h "$root" >&2 || true
+        exit $(( status == 0 ? 1 : status ))
+    fi
 done
