@@ -748,8 +748,8 @@ pub struct MeasureArgs {
     /// Optimizer steps to run.
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
-    /// f32, or bf16 / f16 mixed precision (autocast: the linear layers in 16 bits; bf16 where
-    /// the device has it, else f16).
+    /// f32, or bf16 / f16 mixed precision (autocast: the linear layers in 16 bits, and on a GPU
+    /// the attention's products and softmax too; bf16 where the device has it, else f16).
     #[arg(long, value_enum, ignore_case = true, default_value_t = ComputeDtype::F32)]
     pub dtype: ComputeDtype,
     /// Compute device.

@@ -70,7 +70,7 @@ pub fn measure_with(
     };
     let mut meter = Meter::for_device(device)?;
     // Mixed precision: every forward and backward below (recomputations included) runs its
-    // linear layers in 16 bits, as the trainer's do.
+    // linear layers (and on a GPU the attention) in 16 bits, as the trainer's do.
     let precision = autocast(s.half_compute.then(|| half_dtype(device)));
     if offload_to.is_some() && meter.method() != MeterMethod::DevicePool {
         return Err(Error::Input(

@@ -6,9 +6,14 @@
 //!
 //! With a [`AttentionMask::Tiled`] mask the softmax runs tile by tile instead
 //! (`efficient_attention.rs`) and the `[B, H, T, T]` scores never exist.
+//!
+//! Under autocast on a GPU the eager attention computes in the 16-bit dtype: q, k and v cast
+//! once, both products and the fused scale, mask and softmax (`kernels/gpu/fused/softmax.rs`,
+//! f32 arithmetic) on 16-bit values, the output cast back to f32. The scores, probabilities and
+//! their gradients are then half the bytes; the casts are 8 more launches a layer and step.
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor, activation::softmax};
+use burn::tensor::{Device, FloatDType, Tensor, activation::softmax};
 
 pub use super::kv_cache::LayerKvCache;
 use super::linear::Linear;
@@ -154,14 +159,34 @@ impl Attention {
         }
         let s = k.dims()[2];
 
+        // Under autocast on a GPU the `[B, H, T, S]` tensors are 16-bit, as PyTorch's
+        // attention under autocast: q, k and v cast once, both products and the fused softmax
+        // in the low precision (the softmax's arithmetic in f32), the output cast back.
+        let half = sixteen_bit_attention(&q);
+        let (q, k, v) = match half {
+            Some(dtype) => (q.cast(dtype), k.cast(dtype), v.cast(dtype)),
+            None => (q, k, v),
+        };
         // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.
         let q = q.reshape([b, hkv, group * t, dh]); // [B, Hkv, group·T, Dh]
         let scale = (dh as f64).powf(-0.5);
         let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, h, t, s]); // [B, H, T, S]
         let probs = scaled_masked_softmax(scores, scale, mask).reshape([b, hkv, group * t, s]);
         let out = probs.matmul(v); // [B, Hkv, group·T, Dh]
+        let out = match half {
+            Some(_) => out.cast(FloatDType::F32),
+            None => out,
+        };
         self.merge_heads(out.reshape([b, h, t, dh]), b, t)
     }
+}
+
+/// The 16-bit dtype the eager attention computes in: autocast's, on a GPU backend (where the
+/// fused softmax reads and writes it); None elsewhere (the CPU backends' softmax is burn's f32
+/// ops, and their 16-bit products widen to f32 anyway, `model/autocast.rs`).
+fn sixteen_bit_attention(q: &Tensor<4>) -> Option<FloatDType> {
+    let dtype = super::autocast::compute_dtype()?;
+    crate::device::is_gpu(&q.device()).then_some(dtype)
 }
 
 /// `softmax(scores · scale + mask)` over the keys: one fused op each way on a GPU

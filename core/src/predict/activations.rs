@@ -14,6 +14,10 @@
 //! attention keeps `q`, `k`, `v`, the shifted scores, their exponentials and the
 //! probabilities only because gradients flow through them.
 //!
+//! On a GPU the eager attention's scale, mask and softmax are one op keeping the probabilities
+//! only; under autocast there the attention keeps 16-bit casts of `q`, `k`, `v` and 16-bit
+//! probabilities (2 bytes a value, `Replay::half_attention`).
+//!
 //! The memory-efficient attention is one custom op: it keeps `q`, `k`, `v`, its output and
 //! one log-sum-exp per query row, and no `T × T` tensor (nor a dense mask) at all.
 //!
@@ -33,6 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::inventory::attention_value_bytes;
 use super::link::causal_tile_mask_values;
 use super::row_layout::{RowLayout, Size};
 use crate::config::{AttentionKind, Kernels, LlamaConfig, LoraConfig, LoraTarget};
@@ -190,13 +195,25 @@ impl Replay {
 
     /// `a·b`, `a/b`, `a @ b`: each operand kept when the other needs a gradient.
     fn binary(&mut self, name: &str, a: Value, b: Value, size: Size) -> Value {
+        self.binary_as(name, a, b, size, 4)
+    }
+
+    /// [`Replay::binary`] with an output of `bytes_per_value`.
+    fn binary_as(
+        &mut self,
+        name: &str,
+        a: Value,
+        b: Value,
+        size: Size,
+        bytes_per_value: u64,
+    ) -> Value {
         if b.tracked {
             self.keep(a);
         }
         if a.tracked {
             self.keep(b);
         }
-        self.produce(name, size, a.tracked || b.tracked)
+        self.produce_as(name, size, a.tracked || b.tracked, bytes_per_value)
     }
 
     /// `exp`, `sigmoid`, `sqrt`, `recip`, `log`: the input kept when it needs a gradient.
@@ -267,6 +284,65 @@ impl Replay {
             return self.binary("swiglu", silu, up, size);
         }
         self.fused("swiglu", &[gate, up], size)
+    }
+
+    /// The eager attention in f32 on `[q, k, v]` (their heads, Kᵀ a view): the scores
+    /// (`scores`: `[B, H, T, T]`), the scale, mask and softmax (one op keeping its output on a
+    /// GPU, burn's ops elsewhere) and their product with `v`, `out` (`[B·T·H, Dh]`).
+    fn f32_attention(&mut self, [q, k, v]: [Value; 3], scores: Size, out: Size) -> Value {
+        let raw = self.binary("scores", q, k, scores);
+        let probs = if self.kernels.fuses_softmax() {
+            // One op (scale, mask, softmax) that keeps its output only.
+            let raw = self.view(raw, 1);
+            let probs = self.produce("probs", scores, raw.tracked);
+            if raw.tracked {
+                self.keep(probs);
+            }
+            probs
+        } else {
+            let scaled = self.stateless("scores_scaled", &[raw], scores);
+            let scaled = self.view(scaled, 1);
+            let masked = self.stateless("scores_masked", &[scaled], scores);
+            let shifted = self.stateless("scores_shifted", &[masked], scores);
+            let exp = self.unary("scores_exp", shifted, scores);
+            let sum = self.stateless(
+                "scores_exp_sum",
+                &[exp],
+                Size::rows(scores.values / scores.row, 1),
+            );
+            self.binary("probs", exp, sum, scores)
+        };
+        let probs = self.view(probs, 1);
+        self.binary("probs_v", probs, v, out)
+    }
+
+    /// The eager attention under autocast on a GPU (`model/attention.rs`): q, k and v cast to
+    /// 16 bits (`heads`: their sizes), which the products keep instead of the f32 tensors;
+    /// 16-bit scores, the fused softmax keeping its 16-bit output, and the 16-bit product with
+    /// `v` cast back to f32 (a cast keeps nothing).
+    fn half_attention(
+        &mut self,
+        [q, k, v]: [Value; 3],
+        heads: [Size; 3],
+        scores: Size,
+        out: Size,
+    ) -> Value {
+        let cast =
+            |r: &mut Self, name: &str, x: Value, size| r.produce_as(name, size, x.tracked, 2);
+        let q = cast(self, "q_16", q, heads[0]);
+        let k = cast(self, "k_16", k, heads[1]);
+        let v = cast(self, "v_16", v, heads[2]);
+        let q = self.view(q, 1); // the groups folded into the rows
+        let k = self.view(k, 1); // Kᵀ
+        let raw = self.binary_as("scores_16", q, k, scores, 2);
+        let raw = self.view(raw, 1);
+        let probs = self.produce_as("probs_16", scores, raw.tracked, 2);
+        if raw.tracked {
+            self.keep(probs);
+        }
+        let probs = self.view(probs, 1);
+        let out16 = self.binary_as("probs_v_16", probs, v, out, 2);
+        self.stateless("probs_v", &[out16], out)
     }
 
     /// `x·Wᵀ` for `x` of `n` rows of `inp` and a `[out, inp]` weight (`weight`: None for the
@@ -567,35 +643,23 @@ pub fn kept_activations(
                     let merged = r.stateless("heads_merged", &[out], Size::rows(n, h * dh));
                     return linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim());
                 }
-                // Groups folded into the rows: a copy of the transposed heads, the same bytes
-                // as the rotation's output unless that lies in a padded projection buffer; a
-                // group of one is no reshape at all. Kᵀ: a view.
-                let q = match h > hkv && r.heads_in_padded_rows(b, h * dh) {
-                    true => r.stateless("q_grouped", &[q], Size::rows(b * h * t, dh)),
-                    false => r.view(q, 1),
-                };
-                let k = r.view(k, 1);
                 let scores = Size::rows(b * h * t, t); // [B, H, T, T]
-                let raw = r.binary("scores", q, k, scores);
-                let probs = if r.kernels.fuses_softmax() {
-                    // One op (scale, mask, softmax) that keeps its output only.
-                    let raw = r.view(raw, 1);
-                    let probs = r.produce("probs", scores, raw.tracked);
-                    if raw.tracked {
-                        r.keep(probs);
-                    }
-                    probs
+                let out = if attention_value_bytes(r.compute.half, r.kernels) == 2 {
+                    // Cast before the groups are folded (a fresh buffer of contiguous heads:
+                    // CUDA's padded projection rows are not modelled here, no run recorded).
+                    let heads = [h, hkv, hkv].map(|heads| Size::rows(b * heads * t, dh));
+                    r.half_attention([q, k, v], heads, scores, Size::rows(n * h, dh))
                 } else {
-                    let scaled = r.stateless("scores_scaled", &[raw], scores);
-                    let scaled = r.view(scaled, 1);
-                    let masked = r.stateless("scores_masked", &[scaled], scores);
-                    let shifted = r.stateless("scores_shifted", &[masked], scores);
-                    let exp = r.unary("scores_exp", shifted, scores);
-                    let sum = r.stateless("scores_exp_sum", &[exp], Size::rows(b * h * t, 1));
-                    r.binary("probs", exp, sum, scores)
+                    // Groups folded into the rows: a copy of the transposed heads, the same
+                    // bytes as the rotation's output unless that lies in a padded projection
+                    // buffer; a group of one is no reshape at all. Kᵀ: a view.
+                    let q = match h > hkv && r.heads_in_padded_rows(b, h * dh) {
+                        true => r.stateless("q_grouped", &[q], Size::rows(b * h * t, dh)),
+                        false => r.view(q, 1),
+                    };
+                    let k = r.view(k, 1);
+                    r.f32_attention([q, k, v], scores, Size::rows(n * h, dh))
                 };
-                let probs = r.view(probs, 1);
-                let out = r.binary("probs_v", probs, v, Size::rows(n * h, dh));
                 let out = r.view(out, 2);
                 let merged = r.stateless("heads_merged", &[out], Size::rows(n, h * dh));
                 linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim())

@@ -139,6 +139,14 @@ pub struct Scenario {
     pub rows: RowLayout,
 }
 
+/// [`Scenario::attention_value_bytes`] from its two settings.
+pub fn attention_value_bytes(half_compute: bool, kernels: Kernels) -> u64 {
+    match half_compute && kernels == Kernels::FusedGpu {
+        true => 2,
+        false => 4,
+    }
+}
+
 impl Scenario {
     /// A scenario with AdamW, f32, no checkpointing, no accumulation.
     pub fn new(config: LlamaConfig, micro_batch: usize, seq_len: usize) -> Self {
@@ -165,6 +173,12 @@ impl Scenario {
     /// block linears in f32. Derived, never set, so every caller maps the settings the same way.
     pub fn half_base(&self) -> bool {
         self.half_compute && self.lora.is_some() && self.nf4.is_none()
+    }
+
+    /// Bytes a value of the eager attention's `[B, H, T, T]` tensors takes: 2 under autocast
+    /// on a GPU, whose attention computes in 16 bits (`model/attention.rs`), else 4.
+    pub fn attention_value_bytes(&self) -> u64 {
+        attention_value_bytes(self.half_compute, self.kernels)
     }
 
     /// What the step trains.

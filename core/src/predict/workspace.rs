@@ -147,7 +147,7 @@ fn attention_workspaces(s: &Scenario) -> (u64, u64) {
     );
     match s.attention {
         AttentionKind::Eager => {
-            let scores = F32 * b * h * t * t;
+            let scores = s.attention_value_bytes() * b * h * t * t;
             let backward = match s.kernels.fuses_softmax() {
                 true => FUSED_SOFTMAX_BACKWARD_COPIES,
                 false => ATTENTION_BACKWARD_COPIES,

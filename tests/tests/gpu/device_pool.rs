@@ -280,11 +280,11 @@ fn the_efficient_attention_backward_workspace_on_a_device_pool() {
 
 /// Mixed precision on the device (`--dtype f16`: lavapipe has no bf16): each product keeps the
 /// 16-bit casts of its operands (its input, and the weight's cast copy when the input needs a
-/// gradient: the tied embedding's for the head) instead of the f32 tensors, while the norms,
-/// the softmax and the loss stay f32. The kept activations equal the 16-bit replay within
-/// 0.1 %: QLoRA (3,030,048 B on lavapipe, against 2,951,968 in f32: the head keeps the tied
-/// embedding's 16-bit copy) and full fine-tuning (4,670,752 B against 2,968,864: both casts
-/// are kept beside the f32 tensors other ops keep). The f32 replay would be 2.6 % and 36 % off.
+/// gradient: the tied embedding's for the head) instead of the f32 tensors, the attention its
+/// 16-bit q, k, v and probabilities, while the norms and the loss stay f32. The kept
+/// activations equal the 16-bit replay within 0.1 %: QLoRA (2,612,256 B on lavapipe, against
+/// 2,951,968 in f32) and full fine-tuning (4,252,960 B against 2,968,864: both casts are kept
+/// beside the f32 tensors other ops keep). The f32 replay would be 13 % and 30 % off.
 #[test]
 fn mixed_precision_activations_on_a_device_pool() {
     let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -545,6 +545,95 @@ fn fused_softmax_forward_and_backward_equal_burns_ops_and_f64() {
     }
 }
 
+/// The fused softmax on 16-bit scores (the attention under autocast, `model/attention.rs`):
+/// f16 in and out, f32 arithmetic inside. Against f64 on the same f16 inputs, each output is
+/// off by its own rounding to f16 (11 significant bits: at most 2⁻¹¹ ≈ 4.9e-4 of a value);
+/// `∂s` reads the rounded `p`, so a second rounding's worth. Held to 1e-3 of the largest
+/// value, where an f32 kernel's output is 1e-5 (above).
+#[test]
+fn fused_softmax_on_f16_scores_rounds_only_its_outputs() {
+    use burn::tensor::{DType, TensorData};
+    use napkin_core::config::MASKED;
+    use napkin_core::kernels::gpu::fused::softmax::scaled_masked_softmax;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(27);
+    let to_f16 = |v: Vec<f32>| -> Vec<f32> {
+        v.into_iter()
+            .map(|x| half::f16::from_f32(x).to_f32())
+            .collect()
+    };
+    let mut worst_seen = [0f64; 2];
+    for (b, h, t) in [(1, 3, 5), (2, 2, 37), (1, 1, 130)] {
+        let scale = 1.0 / 8f64.sqrt();
+        let mut mask = vec![0f32; t * t];
+        for i in 0..t {
+            for j in i + 1..t {
+                mask[i * t + j] = MASKED;
+            }
+        }
+        let mask_t = Tensor::<4>::from_data(TensorData::new(mask.clone(), [1, 1, t, t]), &device);
+        let s = to_f16(to_f32_vec(Tensor::<4>::random(
+            [b, h, t, t],
+            Distribution::Normal(0.0, 3.0),
+            &device,
+        )));
+        let dp = to_f16(to_f32_vec(Tensor::<4>::random(
+            [b, h, t, t],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        )));
+        let (mut p64, mut ds64) = (vec![0f64; s.len()], vec![0f64; s.len()]);
+        for row in 0..b * h * t {
+            let i = row % t;
+            let z: Vec<f64> = (0..t)
+                .map(|j| s[row * t + j] as f64 * scale + mask[i * t + j] as f64)
+                .collect();
+            let top = z.iter().copied().fold(f64::MIN, f64::max);
+            let total: f64 = z.iter().map(|v| (v - top).exp()).sum();
+            let p: Vec<f64> = z.iter().map(|v| (v - top).exp() / total).collect();
+            let dot: f64 = (0..t).map(|j| dp[row * t + j] as f64 * p[j]).sum();
+            for j in 0..t {
+                p64[row * t + j] = p[j];
+                ds64[row * t + j] = scale * p[j] * (dp[row * t + j] as f64 - dot);
+            }
+        }
+        let half = |v: &[f32]| {
+            Tensor::<4>::from_data(TensorData::new(v.to_vec(), [b, h, t, t]), &device)
+                .cast(DType::F16)
+        };
+        let leaf = half(&s).require_grad();
+        let before = launches();
+        let p = scaled_masked_softmax(leaf.clone() * 1.0, scale, &mask_t).expect("f16 on wgpu");
+        assert_eq!(
+            p.dtype(),
+            DType::F16,
+            "the probabilities keep the scores' dtype"
+        );
+        let grads = (p.clone() * half(&dp)).sum().backward();
+        assert_eq!(launches() - before, 2, "({b}, {h}, {t}): fused launches");
+        let ds = leaf.grad(&grads).expect("∂s");
+        assert_eq!(ds.dtype(), DType::F16);
+        let (p, ds) = (
+            to_f32_vec(p.inner().cast(DType::F32)),
+            to_f32_vec(ds.cast(DType::F32)),
+        );
+        worst_seen[0] = worst_seen[0].max(worst(&p, &p64));
+        worst_seen[1] = worst_seen[1].max(worst(&ds, &ds64));
+    }
+    eprintln!(
+        "fused softmax on f16 scores, worst relative error against f64 (p, ∂s): {:.1e}, {:.1e}",
+        worst_seen[0], worst_seen[1]
+    );
+    for (k, name) in ["p", "∂s"].into_iter().enumerate() {
+        assert!(
+            worst_seen[k] < 1e-3,
+            "{name}: {:e} against f64",
+            worst_seen[k]
+        );
+    }
+}
+
 /// The causal-LM loss on the GPU (`kernels/gpu/fused/cross_entropy.rs`, through
 /// `causal_lm_loss`) against burn's log-softmax, gather and weighted sum on the same device and
 /// against f64: two batch rows with ignored labels, vocabularies narrower and wider than the

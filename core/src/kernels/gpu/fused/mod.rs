@@ -17,8 +17,8 @@
 //! - `strided.rs`: where a value of a `[B, T, C]` tensor lies, for the row-padded layouts
 //!   burn's CUDA allocator gives (the last axis is always unit-stride).
 //!
-//! They take f32 inputs on `burn::backend::Cube` (under autodiff or not) and hand anything else
-//! back, for the caller to run burn's ops.
+//! They take f32 inputs on `burn::backend::Cube` (under autodiff or not; the softmax f16 and
+//! bf16 too) and hand anything else back, for the caller to run burn's ops.
 
 pub mod cross_entropy;
 pub mod rms_norm;
@@ -42,7 +42,7 @@ pub fn launches() -> u64 {
 }
 
 /// Where a kernel writes a result shaped like its input `x`: over `x` itself when nothing else
-/// holds it, else into a new buffer in the allocator's layout. Returns `(read, out, in_place)`:
+/// holds it, else into a new buffer of its dtype in the allocator's layout. Returns `(read, out, in_place)`:
 /// in place the kernel reads the values from `out` (each unit reads a value before it writes
 /// it), and `stand_in`, another tensor of the launch that is never read there, takes the
 /// input's binding, so no buffer is bound twice.
@@ -61,7 +61,7 @@ fn over_or_new(
         x.client.clone(),
         x.device.clone(),
         x.meta.shape().clone(),
-        DType::F32,
+        x.dtype,
     );
     (x, out, false)
 }

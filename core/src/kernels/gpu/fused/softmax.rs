@@ -8,9 +8,14 @@
 //! - backward, one launch: `∂s = scale · p ⊙ (∂p − Σ_row ∂p ⊙ p)`, written over `∂p` when
 //!   nothing else holds it.
 //!
+//! The scores, the probabilities and their gradients are f32, or all f16 or all bf16 (the
+//! 16-bit attention under autocast, `model/attention.rs`): the arithmetic is f32 either way,
+//! only what is read and written is 16-bit.
+//!
 //! # Shapes
-//! - `scores`: `[B, H, T, S]` f32 (rows anywhere in the buffer, the last axis unit-stride);
-//!   `mask`: `[1 or B, 1, T, S]` f32, contiguous → `[B, H, T, S]`
+//! - `scores`: `[B, H, T, S]` f32, f16 or bf16 (rows anywhere in the buffer, the last axis
+//!   unit-stride); `mask`: `[1 or B, 1, T, S]` f32, contiguous → `[B, H, T, S]` in the
+//!   scores' dtype
 
 use burn::backend::Cube;
 use burn::tensor::Tensor as BurnTensor;
@@ -20,6 +25,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::DType;
+use burn_backend::cubecl::dtype_to_storage_type;
 use burn_backend::tensor::FloatTensor;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
@@ -31,8 +37,9 @@ use super::{count_launch, over_or_new};
 use crate::kernels::gpu::reduce::{UNITS, halve_to_two};
 use crate::memory::inner_marks;
 
-/// `softmax(scores · scale + mask)` over the last axis when both are f32 on a cubecl device
-/// and the mask broadcasts as `[1 or B, 1, T, S]`; the scores back otherwise.
+/// `softmax(scores · scale + mask)` over the last axis when the scores are f32, f16 or bf16
+/// and the mask f32 on a cubecl device, and the mask broadcasts as `[1 or B, 1, T, S]`; the
+/// scores back otherwise.
 pub fn scaled_masked_softmax(
     scores: BurnTensor<4>,
     scale: f64,
@@ -40,7 +47,7 @@ pub fn scaled_masked_softmax(
 ) -> Result<BurnTensor<4>, BurnTensor<4>> {
     let [b, _, t, s] = scores.dims();
     let [mb, mh, mt, ms] = mask.dims();
-    let fits = scores.dtype() == DType::F32
+    let fits = matches!(scores.dtype(), DType::F32 | DType::F16 | DType::BF16)
         && mask.dtype() == DType::F32
         && (mb == 1 || mb == b)
         && [mh, mt, ms] == [1, t, s];
@@ -69,22 +76,29 @@ pub fn scaled_masked_softmax(
 
 /// Where row `row` (over `B·H·T`) of a rank-4 tensor starts.
 #[cube]
-fn row_of(x: &Tensor<f32>, row: usize) -> usize {
+fn row_of<F: Float>(x: &Tensor<F>, row: usize) -> usize {
     let (h, t) = (x.shape(1), x.shape(2));
     (row / (h * t)) * x.stride(0) + ((row / t) % h) * x.stride(1) + (row % t) * x.stride(2)
 }
 
 /// [`row_of`] for a tensor the kernel writes.
 #[cube]
-fn row_of_mut(x: &mut Tensor<f32>, row: usize) -> usize {
+fn row_of_mut<F: Float>(x: &mut Tensor<F>, row: usize) -> usize {
     let (h, t) = (x.shape(1), x.shape(2));
     (row / (h * t)) * x.stride(0) + ((row / t) % h) * x.stride(1) + (row % t) * x.stride(2)
 }
 
 /// One cube a row: the largest `s·scale + mask` (64 partial maxima halved in shared memory),
-/// the sum of their exponentials (likewise), then each unit writes its `p`.
+/// the sum of their exponentials (likewise), then each unit writes its `p`. f32 arithmetic
+/// whatever `F`.
 #[cube(launch_unchecked)]
-fn softmax_forward(scores: &Tensor<f32>, mask: &Tensor<f32>, p: &mut Tensor<f32>, scale: f32) {
+fn softmax_forward<F: Float>(
+    scores: &Tensor<F>,
+    mask: &Tensor<f32>,
+    p: &mut Tensor<F>,
+    scale: f32,
+    #[define(F)] _dtype: ElemType,
+) {
     let unit = UNIT_POS_X as usize;
     let row = CUBE_POS_X as usize;
     let width = scores.shape(3);
@@ -98,7 +112,10 @@ fn softmax_forward(scores: &Tensor<f32>, mask: &Tensor<f32>, p: &mut Tensor<f32>
     let mut largest = f32::new(-3.0e38); // below any score; WGSL has no infinity literal
     let mut i = unit;
     while i < width {
-        largest = max(largest, scores[at + i] * scale + mask[at_mask + i]);
+        largest = max(
+            largest,
+            f32::cast_from(scores[at + i]) * scale + mask[at_mask + i],
+        );
         i += UNITS;
     }
     let mut partial = Shared::<[f32]>::new_slice(UNITS);
@@ -111,7 +128,7 @@ fn softmax_forward(scores: &Tensor<f32>, mask: &Tensor<f32>, p: &mut Tensor<f32>
     let mut sum = 0.0f32;
     let mut i = unit;
     while i < width {
-        sum += f32::exp(scores[at + i] * scale + mask[at_mask + i] - shift);
+        sum += f32::exp(f32::cast_from(scores[at + i]) * scale + mask[at_mask + i] - shift);
         i += UNITS;
     }
     partial[unit] = sum;
@@ -121,21 +138,23 @@ fn softmax_forward(scores: &Tensor<f32>, mask: &Tensor<f32>, p: &mut Tensor<f32>
     let total = partial[0] + partial[1];
     let mut i = unit;
     while i < width {
-        p[to + i] = f32::exp(scores[at + i] * scale + mask[at_mask + i] - shift) / total;
+        let e = f32::exp(f32::cast_from(scores[at + i]) * scale + mask[at_mask + i] - shift);
+        p[to + i] = F::cast_from(e / total);
         i += UNITS;
     }
 }
 
 /// One cube a row: `dot = Σ ∂p·p` (64 partial sums halved in shared memory), then each unit
 /// writes `∂s = scale·p·(∂p − dot)` at the values it read. With `in_place`, `∂p` is read from
-/// `ds` itself and `grad` is not read.
+/// `ds` itself and `grad` is not read. f32 arithmetic whatever `F`.
 #[cube(launch_unchecked)]
-fn softmax_backward(
-    grad: &Tensor<f32>,
-    p: &Tensor<f32>,
-    ds: &mut Tensor<f32>,
+fn softmax_backward<F: Float>(
+    grad: &Tensor<F>,
+    p: &Tensor<F>,
+    ds: &mut Tensor<F>,
     scale: f32,
     #[comptime] in_place: bool,
+    #[define(F)] _dtype: ElemType,
 ) {
     let unit = UNIT_POS_X as usize;
     let row = CUBE_POS_X as usize;
@@ -149,11 +168,11 @@ fn softmax_backward(
     let mut i = unit;
     while i < width {
         let d = if in_place {
-            ds[at_ds + i]
+            f32::cast_from(ds[at_ds + i])
         } else {
-            grad[at_grad + i]
+            f32::cast_from(grad[at_grad + i])
         };
-        sum += d * p[at_p + i];
+        sum += d * f32::cast_from(p[at_p + i]);
         i += UNITS;
     }
     let mut partial = Shared::<[f32]>::new_slice(UNITS);
@@ -165,11 +184,11 @@ fn softmax_backward(
     let mut i = unit;
     while i < width {
         let d = if in_place {
-            ds[at_ds + i]
+            f32::cast_from(ds[at_ds + i])
         } else {
-            grad[at_grad + i]
+            f32::cast_from(grad[at_grad + i])
         };
-        ds[at_ds + i] = scale * p[at_p + i] * (d - dot);
+        ds[at_ds + i] = F::cast_from(scale * f32::cast_from(p[at_p + i]) * (d - dot));
         i += UNITS;
     }
 }
@@ -184,7 +203,8 @@ fn forward(scores: CubeTensor, mask: CubeTensor, scale: f32) -> CubeTensor {
     let shape = scores.meta.shape().clone();
     let rows = rows_of(&scores);
     let client = scores.client.clone();
-    let p = empty_device_dtype(client.clone(), scores.device.clone(), shape, DType::F32);
+    let dtype = scores.dtype;
+    let p = empty_device_dtype(client.clone(), scores.device.clone(), shape, dtype);
     // Safety: cube `row` < B·H·T reads row `row` of `scores` (S values from `row_of`,
     // unit-stride) and the mask's row for its batch row and position (`[1 or B, 1, T, S]`),
     // and writes row `row` of `p` (the scores' shape); the shared slice has UNITS values,
@@ -198,6 +218,7 @@ fn forward(scores: CubeTensor, mask: CubeTensor, scale: f32) -> CubeTensor {
             mask.into_tensor_arg(),
             p.clone().into_tensor_arg(),
             scale,
+            dtype_to_storage_type(dtype),
         );
     }
     count_launch();
@@ -205,9 +226,16 @@ fn forward(scores: CubeTensor, mask: CubeTensor, scale: f32) -> CubeTensor {
 }
 
 fn backward(grad: CubeTensor, p: CubeTensor, scale: f32) -> CubeTensor {
+    // The gradient arrives in the probabilities' dtype from burn's product; anything else is
+    // cast to it, so the kernel reads one dtype.
+    let grad = match grad.dtype == p.dtype {
+        true => grad,
+        false => burn_cubecl::kernel::cast(grad, p.dtype),
+    };
     let grad = unit_stride_rows(grad);
     let rows = rows_of(&grad);
     let client = grad.client.clone();
+    let dtype = p.dtype;
     // In place `p` stands in for the gradient, which is `ds` itself.
     let (grad, ds, in_place) = over_or_new(grad, &p);
     // A measurement reads the pool with the operands and the result alive, as they are while
@@ -226,6 +254,7 @@ fn backward(grad: CubeTensor, p: CubeTensor, scale: f32) -> CubeTensor {
             ds.clone().into_tensor_arg(),
             scale,
             in_place,
+            dtype_to_storage_type(dtype),
         );
     }
     count_launch();
