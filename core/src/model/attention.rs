@@ -7,10 +7,11 @@
 //! With a [`AttentionMask::Tiled`] mask the softmax runs tile by tile instead
 //! (`efficient_attention.rs`) and the `[B, H, T, T]` scores never exist.
 //!
-//! Under autocast on a GPU the eager attention computes in the 16-bit dtype: q, k and v cast
-//! once, both products and the fused scale, mask and softmax (`kernels/gpu/fused/softmax.rs`,
-//! f32 arithmetic) on 16-bit values, the output cast back to f32. The scores, probabilities and
-//! their gradients are then half the bytes; the casts are 8 more launches a layer and step.
+//! Under autocast on a GPU the eager attention computes in the 16-bit dtype: RoPE's kernel
+//! writes q and k in it, v is cast once, both products and the fused scale, mask and softmax
+//! (`kernels/gpu/fused/softmax.rs`, f32 arithmetic) run on 16-bit values, and the output is
+//! cast back to f32. The scores, probabilities and their gradients are then half the bytes; the
+//! two casts (and their gradients' two) are 4 more launches a layer and step.
 
 use burn::module::Module;
 use burn::tensor::{Device, FloatDType, Tensor, activation::softmax};
@@ -95,7 +96,7 @@ impl Attention {
             AttentionMask::Dense(mask) => self.forward_cached(x, rope, mask, None),
             AttentionMask::Tiled(mask) => {
                 let [b, t, _] = x.dims();
-                let (q, k, v) = self.project(x, rope);
+                let (q, k, v) = self.project(x, rope, None);
                 let out = efficient_attention(q, k, v, mask); // [B, H, T, Dh]
                 self.merge_heads(out, b, t)
             }
@@ -103,18 +104,24 @@ impl Attention {
     }
 
     /// Queries, keys and values split into heads, the head norms (Qwen3's) and RoPE applied
-    /// to the first two.
+    /// to the first two, which come out in `half` when given (the GPU's RoPE kernel writes
+    /// them so; v stays f32).
     ///
     /// # Shapes
     /// - `x`: `[B, T, D]` → q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`
-    fn project(&self, x: Tensor<3>, rope: &RopeTables) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    fn project(
+        &self,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        half: Option<FloatDType>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, t, _] = x.dims();
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, dh]).swap_dims(1, 2); // [B, n, T, Dh]
         let q = norm_heads(self.q_norm.as_ref(), self.q_proj.forward(x.clone()), h);
         let k = norm_heads(self.k_norm.as_ref(), self.k_proj.forward(x.clone()), hkv);
-        let q = rope.rotate_heads(q, h);
-        let k = rope.rotate_heads(k, hkv);
+        let q = rope.rotate_heads_as(q, h, half);
+        let k = rope.rotate_heads_as(k, hkv, half);
         let v = heads(self.v_proj.forward(x), hkv);
         (q, k, v)
     }
@@ -148,7 +155,16 @@ impl Attention {
         let (h, hkv, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let group = h / hkv; // query heads per K/V head
 
-        let (q, k, v) = self.project(x, rope); // [B, H, T, Dh], [B, Hkv, T, Dh] ×2
+        // Under autocast on a GPU the `[B, H, T, S]` tensors are 16-bit, as PyTorch's
+        // attention under autocast: q and k rotated into 16 bits by RoPE's kernel, v cast
+        // once, both products and the fused softmax in the low precision (the softmax's
+        // arithmetic in f32), the output cast back. Not with a KV cache (generation), which
+        // keeps f32 keys and values.
+        let half = match cache {
+            None => sixteen_bit_attention(&x.device()),
+            Some(_) => None,
+        };
+        let (q, k, v) = self.project(x, rope, half); // [B, H, T, Dh], [B, Hkv, T, Dh] ×2
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, S, Dh]
             None => (k, v),
@@ -159,13 +175,9 @@ impl Attention {
         }
         let s = k.dims()[2];
 
-        // Under autocast on a GPU the `[B, H, T, S]` tensors are 16-bit, as PyTorch's
-        // attention under autocast: q, k and v cast once, both products and the fused softmax
-        // in the low precision (the softmax's arithmetic in f32), the output cast back.
-        let half = sixteen_bit_attention(&q);
-        let (q, k, v) = match half {
-            Some(dtype) => (q.cast(dtype), k.cast(dtype), v.cast(dtype)),
-            None => (q, k, v),
+        let v = match half {
+            Some(dtype) => v.cast(dtype),
+            None => v,
         };
         // Query head h_q = g·group + r uses K/V head g: fold the group into the row axis.
         let q = q.reshape([b, hkv, group * t, dh]); // [B, Hkv, group·T, Dh]
@@ -184,9 +196,9 @@ impl Attention {
 /// The 16-bit dtype the eager attention computes in: autocast's, on a GPU backend (where the
 /// fused softmax reads and writes it); None elsewhere (the CPU backends' softmax is burn's f32
 /// ops, and their 16-bit products widen to f32 anyway, `model/autocast.rs`).
-fn sixteen_bit_attention(q: &Tensor<4>) -> Option<FloatDType> {
+fn sixteen_bit_attention(device: &Device) -> Option<FloatDType> {
     let dtype = super::autocast::compute_dtype()?;
-    crate::device::is_gpu(&q.device()).then_some(dtype)
+    crate::device::is_gpu(device).then_some(dtype)
 }
 
 /// `softmax(scores · scale + mask)` over the keys: one fused op each way on a GPU

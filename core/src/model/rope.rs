@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
 use crate::config::{LlamaConfig, RopeScaling};
 use crate::device::link::{self, Traffic};
@@ -136,6 +136,34 @@ impl RopeTables {
     /// # Shapes
     /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
     pub fn rotate_heads(&self, y: Tensor<3>, heads: usize) -> Tensor<4> {
+        self.rotate_heads_as(y, heads, None)
+    }
+
+    /// [`RopeTables::rotate_heads`] whose heads come out in `dtype` (None: f32): on a GPU the
+    /// kernel writes them so (the attention under autocast), elsewhere they are cast.
+    ///
+    /// # Shapes
+    /// - `y`: `[B, T, n·Dh]` → `[B, n, T, Dh]`
+    pub fn rotate_heads_as(
+        &self,
+        y: Tensor<3>,
+        heads: usize,
+        dtype: Option<FloatDType>,
+    ) -> Tensor<4> {
+        let rotated = self.rotate_heads_maybe_in(y, heads, dtype);
+        match dtype {
+            Some(dtype) if rotated.dtype() != DType::from(dtype) => rotated.cast(dtype),
+            _ => rotated,
+        }
+    }
+
+    /// The rotated heads, in `dtype` where the GPU kernel wrote them so, else in f32.
+    fn rotate_heads_maybe_in(
+        &self,
+        y: Tensor<3>,
+        heads: usize,
+        dtype: Option<FloatDType>,
+    ) -> Tensor<4> {
         let [b, t, _] = y.dims();
         let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, self.host.head_dim]).swap_dims(1, 2);
         // Generation's new token on a GPU: one launch instead of six.
@@ -149,10 +177,16 @@ impl RopeTables {
         // The GPU backends: the same rotation and keeps as a cubecl kernel, which writes the
         // heads' layout itself (no copy before the products read them).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let y = match crate::kernels::gpu::fused::rope::rope_heads(y, &self.cos, &self.sin, heads) {
-            Ok(rotated) => return rotated,
-            Err(y) => y,
+        let y = {
+            let out = dtype.map_or(DType::F32, DType::from);
+            match crate::kernels::gpu::fused::rope::rope_heads(y, &self.cos, &self.sin, heads, out)
+            {
+                Ok(rotated) => return rotated,
+                Err(y) => y,
+            }
         };
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let _ = dtype;
         self.apply(heads_of(y))
     }
 

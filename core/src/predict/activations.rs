@@ -316,22 +316,18 @@ impl Replay {
         self.binary("probs_v", probs, v, out)
     }
 
-    /// The eager attention under autocast on a GPU (`model/attention.rs`): q, k and v cast to
-    /// 16 bits (`heads`: their sizes), which the products keep instead of the f32 tensors;
-    /// 16-bit scores, the fused softmax keeping its 16-bit output, and the 16-bit product with
-    /// `v` cast back to f32 (a cast keeps nothing).
+    /// The eager attention under autocast on a GPU (`model/attention.rs`): q and k arrive in
+    /// 16 bits from RoPE's kernel, v is cast (`v_heads`: its size); the products keep those
+    /// instead of f32 tensors; 16-bit scores, the fused softmax keeping its 16-bit output, and
+    /// the 16-bit product with `v` cast back to f32 (a cast keeps nothing).
     fn half_attention(
         &mut self,
         [q, k, v]: [Value; 3],
-        heads: [Size; 3],
+        v_heads: Size,
         scores: Size,
         out: Size,
     ) -> Value {
-        let cast =
-            |r: &mut Self, name: &str, x: Value, size| r.produce_as(name, size, x.tracked, 2);
-        let q = cast(self, "q_16", q, heads[0]);
-        let k = cast(self, "k_16", k, heads[1]);
-        let v = cast(self, "v_16", v, heads[2]);
+        let v = self.produce_as("v_16", v_heads, v.tracked, 2);
         let q = self.view(q, 1); // the groups folded into the rows
         let k = self.view(k, 1); // Kᵀ
         let raw = self.binary_as("scores_16", q, k, scores, 2);
@@ -518,6 +514,9 @@ pub fn kept_activations(
         }
     };
     let norms_trainable = trainable.embedding_and_norms;
+    // The eager attention in 16 bits (`Replay::half_attention`).
+    let half_attention =
+        attention == AttentionKind::Eager && attention_value_bytes(compute.half, kernels) == 2;
     let lora_of = |target: LoraTarget, inp: usize| -> Lora {
         trainable
             .lora
@@ -600,8 +599,13 @@ pub fn kept_activations(
                                 r.keep(cos);
                                 r.keep(sin);
                             }
+                            // Under autocast the heads come out 16-bit for the attention.
                             let size = Size::rows(n, heads * dh);
-                            return r.stateless("output", &[x, cos, sin], size);
+                            let tracked = x.tracked;
+                            return match half_attention {
+                                true => r.produce_as("output_16", size, tracked, 2),
+                                false => r.stateless("output", &[x, cos, sin], size),
+                            };
                         }
                         let x_cos = r.binary("x_cos", x, cos, size);
                         r.record(x.tracked, 3); // two halves and a negation
@@ -644,11 +648,11 @@ pub fn kept_activations(
                     return linear(r, "o_proj", LoraTarget::OProj, merged, d, c.q_dim());
                 }
                 let scores = Size::rows(b * h * t, t); // [B, H, T, T]
-                let out = if attention_value_bytes(r.compute.half, r.kernels) == 2 {
-                    // Cast before the groups are folded (a fresh buffer of contiguous heads:
-                    // CUDA's padded projection rows are not modelled here, no run recorded).
-                    let heads = [h, hkv, hkv].map(|heads| Size::rows(b * heads * t, dh));
-                    r.half_attention([q, k, v], heads, scores, Size::rows(n * h, dh))
+                let out = if half_attention {
+                    // RoPE's fresh buffers of contiguous heads (CUDA's padded projection rows
+                    // are not modelled here, no run recorded).
+                    let v_heads = Size::rows(b * hkv * t, dh);
+                    r.half_attention([q, k, v], v_heads, scores, Size::rows(n * h, dh))
                 } else {
                     // Groups folded into the rows: a copy of the transposed heads, the same
                     // bytes as the rotation's output unless that lies in a padded projection

@@ -312,7 +312,8 @@ fn run_rope(
     let x = leaf.clone() * 1.0;
     let heads_of = |y: Tensor<3>| y.reshape([b, t, heads, width / heads]).swap_dims(1, 2);
     let y = match fused {
-        true => rope_heads(x, &tables.cos, &tables.sin, heads).expect("f32 on wgpu"),
+        true => rope_heads(x, &tables.cos, &tables.sin, heads, burn::tensor::DType::F32)
+            .expect("f32 on wgpu"),
         false => tables.apply(heads_of(x)),
     };
     assert_eq!(y.dims(), [b, heads, t, width / heads]);
@@ -401,6 +402,64 @@ fn fused_rope_forward_and_backward_equal_burns_ops_and_f64() {
             vs_burn[k] < 1e-6,
             "{name}: {:e} against burn's ops",
             vs_burn[k]
+        );
+    }
+}
+
+/// RoPE writing 16-bit heads (the attention under autocast): the f32 rotation rounded once,
+/// so bit for bit the f32 kernel's heads cast to f16; and its backward, reading the 16-bit
+/// heads' gradient, bit for bit the f32 backward on that gradient widened. One launch each
+/// way, no cast.
+#[test]
+fn fused_rope_writes_16_bit_heads_rounded_once() {
+    use burn::tensor::DType;
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = wgpu_device().autodiff();
+    device.seed(25);
+    for (b, t, heads, dh) in [(1, 7, 9, 64), (2, 37, 3, 16)] {
+        let inv_freq: Vec<f32> = (0..dh / 2)
+            .map(|j| 1.0 / 10_000f32.powf((2 * j) as f32 / dh as f32))
+            .collect();
+        let positions: Vec<u32> = (0..b * t).map(|i| (i * 97 % 1000) as u32).collect();
+        let tables = RopeTables::new(&inv_freq, &positions, b, t, &device);
+        let x0 = Tensor::<3>::random([b, t, heads * dh], Distribution::Normal(0.0, 1.0), &device);
+        // The upstream gradient as the 16-bit product would hand it back.
+        let up16 = Tensor::<4>::random([b, heads, t, dh], Distribution::Normal(0.0, 1.0), &device)
+            .cast(DType::F16);
+        let run = |out: DType| {
+            let leaf = x0.clone().require_grad();
+            let before = launches();
+            let y = rope_heads(leaf.clone() * 1.0, &tables.cos, &tables.sin, heads, out)
+                .expect("f32 projection on wgpu");
+            assert_eq!(y.dtype(), out);
+            let up = match out {
+                DType::F32 => up16.clone().cast(DType::F32),
+                _ => up16.clone(),
+            };
+            // `sum` of a 16-bit product: its gradient reaches RoPE's backward as 16-bit ones.
+            let grads = (y.clone() * up).sum().backward();
+            let dx = leaf.grad(&grads).expect("∂x");
+            assert_eq!(dx.dtype(), DType::F32, "the projection's gradient is f32");
+            let fused = launches() - before;
+            (y.inner().cast(DType::F16), to_f32_vec(dx), fused)
+        };
+        let (y16, dx16, launched16) = run(DType::F16);
+        let (y32, dx32, launched32) = run(DType::F32);
+        assert_eq!(
+            launched16, 2,
+            "({b}, {t}, {heads}, {dh}): one launch each way"
+        );
+        assert_eq!(launched32, 2);
+        assert_eq!(
+            y16.into_data().try_to_vec::<half::f16>().expect("f16"),
+            y32.into_data().try_to_vec::<half::f16>().expect("f16"),
+            "({b}, {t}, {heads}, {dh}): the 16-bit heads are the f32 ones rounded once"
+        );
+        // The 16-bit run's upstream gradient is `up16 · 1` in f16, the f32 run's the same
+        // values widened: the backward reads the same numbers.
+        assert_eq!(
+            dx16, dx32,
+            "({b}, {t}, {heads}, {dh}): the backward of 16-bit heads"
         );
     }
 }

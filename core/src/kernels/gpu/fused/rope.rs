@@ -14,9 +14,13 @@
 //! One unit a `(lo, hi)` pair, so a unit reads and writes only its own two values. It keeps
 //! the batch's tables (shared by every layer), nothing of the projection.
 //!
+//! The heads can be written in 16 bits (the attention under autocast, `model/attention.rs`):
+//! the rotation is f32 arithmetic, its output rounded once, and the backward reads a 16-bit
+//! gradient and writes the projection's f32 one, so no cast runs either way.
+//!
 //! # Shapes
 //! - `x`: `[B, T, n·Dh]` f32 (rows anywhere in its buffer, the last axis unit-stride);
-//!   `cos`, `sin`: `[B, 1, T, Dh]` f32, contiguous → `[B, n, T, Dh]`
+//!   `cos`, `sin`: `[B, 1, T, Dh]` f32, contiguous → `[B, n, T, Dh]` f32, f16 or bf16
 
 use burn::backend::Cube;
 use burn::tensor::Tensor as BurnTensor;
@@ -26,6 +30,7 @@ use burn_autodiff::checkpoint::strategy::NoCheckpointing;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn_backend::DType;
+use burn_backend::cubecl::dtype_to_storage_type;
 use burn_backend::tensor::FloatTensor;
 use burn_cubecl::kernel::{into_contiguous, untile};
 use burn_cubecl::ops::numeric::empty_device_dtype;
@@ -35,29 +40,35 @@ use cubecl::prelude::*;
 use super::count_launch;
 use super::strided::{row_start, row_start_mut, unit_stride_rows};
 
-/// Rotates every head of `x` and splits it into `heads` heads when it is f32 on a cubecl device
-/// with tables of `B·T` rows of `Dh` values; `x` back otherwise.
+/// Rotates every head of `x` and splits it into `heads` heads of dtype `out` (f32, f16 or
+/// bf16) when `x` is f32 on a cubecl device with tables of `B·T` rows of `Dh` values; `x`
+/// back otherwise.
 pub fn rope_heads(
     x: BurnTensor<3>,
     cos: &BurnTensor<4>,
     sin: &BurnTensor<4>,
     heads: usize,
+    out: DType,
 ) -> Result<BurnTensor<4>, BurnTensor<3>> {
     let [b, t, width] = x.dims();
     let [tb, _, tt, dh] = cos.dims();
-    let fits = x.dtype() == DType::F32 && dh % 2 == 0 && heads * dh == width && [tb, tt] == [b, t];
+    let fits = x.dtype() == DType::F32
+        && matches!(out, DType::F32 | DType::F16 | DType::BF16)
+        && dh % 2 == 0
+        && heads * dh == width
+        && [tb, tt] == [b, t];
     let tables = fits.then(|| Some((table(cos)?, table(sin)?))).flatten();
     let Some((cos, sin)) = tables else {
         return Err(x);
     };
     if let Ok(x) = x.clone().try_into_primitive::<Autodiff<Cube>>() {
         return Ok(BurnTensor::from_primitive::<Autodiff<Cube>>(tracked(
-            x, cos, sin, heads,
+            x, cos, sin, heads, out,
         )));
     }
     match x.clone().try_into_primitive::<Cube>() {
         Ok(x) => Ok(BurnTensor::from_primitive::<Cube>(into_heads(
-            x, &cos, &sin, heads,
+            x, &cos, &sin, heads, out,
         ))),
         Err(_) => Err(x),
     }
@@ -75,28 +86,29 @@ fn table(t: &BurnTensor<4>) -> Option<CubeTensor> {
 /// Where value `j` of head `head` of row `row = b·T + t` of a heads tensor `[B, n, T, Dh]` is,
 /// whatever its strides.
 #[cube]
-fn head_at(y: &Tensor<f32>, row: usize, head: usize, j: usize) -> usize {
+fn head_at<F: Float>(y: &Tensor<F>, row: usize, head: usize, j: usize) -> usize {
     let t = y.shape(2);
     (row / t) * y.stride(0) + head * y.stride(1) + (row % t) * y.stride(2) + j * y.stride(3)
 }
 
 /// [`head_at`] of a heads tensor the kernel writes.
 #[cube]
-fn head_at_mut(y: &mut Tensor<f32>, row: usize, head: usize, j: usize) -> usize {
+fn head_at_mut<F: Float>(y: &mut Tensor<F>, row: usize, head: usize, j: usize) -> usize {
     let t = y.shape(2);
     (row / t) * y.stride(0) + head * y.stride(1) + (row % t) * y.stride(2) + j * y.stride(3)
 }
 
 /// The forward, one unit a pair: the pair `(j, j + Dh/2)` of head `head` of `x`'s row `row`,
-/// rotated, into the heads tensor `y`.
+/// rotated, into the heads tensor `y` (f32 arithmetic, written as `F`).
 #[cube(launch_unchecked)]
-fn rope_into_heads(
+fn rope_into_heads<F: Float>(
     x: &Tensor<f32>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
-    y: &mut Tensor<f32>,
+    y: &mut Tensor<F>,
     pairs: usize,
     dh: usize,
+    #[define(F)] _dtype: ElemType,
 ) {
     let at = ABSOLUTE_POS;
     if at < pairs {
@@ -112,21 +124,22 @@ fn rope_into_heads(
         let (s_lo, s_hi) = (sin[table + j], sin[table + j + half]);
         let lo = head_at_mut(y, row, head, j);
         let hi = head_at_mut(y, row, head, j + half);
-        y[lo] = l * c_lo - h * s_lo;
-        y[hi] = h * c_hi + l * s_hi;
+        y[lo] = F::cast_from(l * c_lo - h * s_lo);
+        y[hi] = F::cast_from(h * c_hi + l * s_hi);
     }
 }
 
 /// The backward, one unit a pair: the pair of the heads gradient `g`, turned back, into the
-/// projection's rows `dx`.
+/// projection's rows `dx` (read as `G`, f32 arithmetic and output).
 #[cube(launch_unchecked)]
-fn rope_from_heads(
-    g: &Tensor<f32>,
+fn rope_from_heads<G: Float>(
+    g: &Tensor<G>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
     dx: &mut Tensor<f32>,
     pairs: usize,
     dh: usize,
+    #[define(G)] _dtype: ElemType,
 ) {
     let at = ABSOLUTE_POS;
     if at < pairs {
@@ -136,8 +149,8 @@ fn rope_from_heads(
         let head = (at % pairs_a_row) / half;
         let j = (at % pairs_a_row) % half;
         let (l, h) = (
-            g[head_at(g, row, head, j)],
-            g[head_at(g, row, head, j + half)],
+            f32::cast_from(g[head_at(g, row, head, j)]),
+            f32::cast_from(g[head_at(g, row, head, j + half)]),
         );
         let table = row * dh;
         let (c_lo, c_hi) = (cos[table + j], cos[table + j + half]);
@@ -148,8 +161,15 @@ fn rope_from_heads(
     }
 }
 
-/// `x` `[B, T, n·Dh]` rotated into `heads` heads `[B, n, T, Dh]` (a new buffer).
-fn into_heads(x: CubeTensor, cos: &CubeTensor, sin: &CubeTensor, heads: usize) -> CubeTensor {
+/// `x` `[B, T, n·Dh]` rotated into `heads` heads `[B, n, T, Dh]` of dtype `out` (a new
+/// buffer).
+fn into_heads(
+    x: CubeTensor,
+    cos: &CubeTensor,
+    sin: &CubeTensor,
+    heads: usize,
+    out: DType,
+) -> CubeTensor {
     let x = unit_stride_rows(x);
     let [b, t, width] = x.meta.shape().dims::<3>();
     let dh = width / heads;
@@ -159,7 +179,7 @@ fn into_heads(x: CubeTensor, cos: &CubeTensor, sin: &CubeTensor, heads: usize) -
         client.clone(),
         x.device.clone(),
         [b, heads, t, dh].into(),
-        DType::F32,
+        out,
     );
     let (cube_count, cube_dim) = crate::kernels::gpu::one_thread_each(&client, pairs);
     // Safety: unit `at` < pairs reads the pair `(j, j + Dh/2)` of one head of one row of `x`
@@ -177,6 +197,7 @@ fn into_heads(x: CubeTensor, cos: &CubeTensor, sin: &CubeTensor, heads: usize) -
             y.clone().into_tensor_arg(),
             pairs,
             dh,
+            dtype_to_storage_type(out),
         );
     }
     count_launch();
@@ -190,6 +211,7 @@ fn from_heads(g: CubeTensor, cos: &CubeTensor, sin: &CubeTensor) -> CubeTensor {
     let [b, heads, t, dh] = g.meta.shape().dims::<4>();
     let pairs = b * heads * t * dh / 2;
     let client = g.client.clone();
+    let read = dtype_to_storage_type(g.dtype);
     let dx = empty_device_dtype(
         client.clone(),
         g.device.clone(),
@@ -211,6 +233,7 @@ fn from_heads(g: CubeTensor, cos: &CubeTensor, sin: &CubeTensor) -> CubeTensor {
             dx.clone().into_tensor_arg(),
             pairs,
             dh,
+            read,
         );
     }
     count_launch();
@@ -237,12 +260,13 @@ fn tracked(
     cos: CubeTensor,
     sin: CubeTensor,
     heads: usize,
+    out: DType,
 ) -> FloatTensor<Autodiff<Cube>> {
     let prep = RopeBackward
         .prepare::<NoCheckpointing>([x.node()])
         .compute_bound()
         .stateful();
-    let y = into_heads(x.into_primitive(), &cos, &sin, heads);
+    let y = into_heads(x.into_primitive(), &cos, &sin, heads, out);
     match prep {
         OpsKind::Tracked(prep) => prep.finish((cos, sin), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
