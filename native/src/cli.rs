@@ -765,11 +765,12 @@ pub struct MeasureArgs {
     /// Also write the timeline as Chrome Trace Event JSON (open in Perfetto).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// On a GPU, replay the steps after the first from a device graph recorded once, as
-    /// `napkin train` runs them: the step time is the replays', and the bytes the replayed step
-    /// holds are compared with the prediction (the first step, op by op, is the one metered).
+    /// On a GPU, launch every step op by op instead of replaying the steps after the first
+    /// from a device graph recorded once, as `napkin train` runs them (then the step time is
+    /// the replays', and the bytes the replayed step holds are compared with the prediction;
+    /// the first step, op by op, is the one metered either way).
     #[arg(long)]
-    pub capture: bool,
+    pub no_capture: bool,
 }
 
 #[derive(Debug, Args)]

@@ -130,11 +130,17 @@ launches_in() { # name, command... → kernel runs in the whole command (cubecl'
     CUBECL_DEBUG_LOG="$log" CUBECL_DEBUG_OPTION=profile "$@" > /dev/null 2>&1
     grep -cE '^\| [0-9.]+(ns|µs|ms|s) +\| ' "$log"
 }
+# Op by op (`--no-capture`): cubecl's profiler logs nothing once a graph is recorded, so a
+# replayed step would count as none; fewer than 100 means the count read no step.
 measure_launches() { # steps → kernel runs in the whole measure run
     launches_in "step-$1" "$napkin" measure --preset tiny-smol --device wgpu --lora-r 8 \
-        --seq-len 64 --steps "$1"
+        --seq-len 64 --steps "$1" --no-capture
 }
 per_step=$(( ($(measure_launches 4) - $(measure_launches 2)) / 2 ))
+if [ "$per_step" -lt 100 ]; then
+    echo "error: a tiny-smol LoRA step counted $per_step launches: the profiler saw no step" >&2
+    exit 1
+fi
 if [ "$per_step" -gt "$step_launch_limit" ]; then
     echo "error: a tiny-smol LoRA step launches $per_step kernels; at most $step_launch_limit expected" >&2
     exit 1
@@ -155,6 +161,10 @@ train_launches_in() { # steps → kernel runs in the whole train run
         --lr 3e-3 --seq-len 64 --steps "$1" --plain --no-capture
 }
 per_train_step=$(( ($(train_launches_in 4) - $(train_launches_in 2)) / 2 ))
+if [ "$per_train_step" -lt 100 ]; then
+    echo "error: a tiny-smol LoRA step of napkin train counted $per_train_step launches: the profiler saw no step" >&2
+    exit 1
+fi
 if [ "$per_train_step" -gt "$train_launch_limit" ]; then
     echo "error: a tiny-smol LoRA step of napkin train launches $per_train_step kernels; at most $train_launch_limit expected" >&2
     exit 1

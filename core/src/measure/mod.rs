@@ -125,6 +125,10 @@ pub struct MeasurementReport {
     /// step op by op).
     #[serde(default)]
     pub replayed_steps: usize,
+    /// Why the steps ran op by op though a capture was asked for on a GPU (a preference
+    /// objective, LoRA dropout, an offloaded optimizer, …; `train/captured.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_captured: Option<String>,
     /// On a device pool, with replayed steps: the bytes in use after the last replay above
     /// those before the recording, beside [`crate::predict::link::held_by_recorded_step`].
     #[serde(default, skip_serializing_if = "Option::is_none")]

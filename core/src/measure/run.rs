@@ -179,6 +179,7 @@ pub fn measure_with(
             }),
         link_per_step: run.link_per_step,
         replayed_steps: run.replayed_steps,
+        not_captured: run.not_captured,
         held_by_graph: run.held_by_graph.map(|held| {
             Comparison::new(
                 "held while replaying (gradients, the kept inputs, AdamW's scalars)",
@@ -270,6 +271,8 @@ struct StepsMeasured {
     offload: Option<OffloadMeasurement>,
     /// Steps replayed from a recorded device graph.
     replayed_steps: usize,
+    /// Why a capture asked for on a GPU did not happen.
+    not_captured: Option<String>,
     /// On a device pool, with replayed steps: the bytes in use after the last replay above
     /// those in use before the recording (the recording's kept inputs and the step's buffers
     /// its graph holds).
@@ -312,6 +315,7 @@ fn training_steps(
         link_per_step: None,
         offload: None,
         replayed_steps: 0,
+        not_captured: None,
         held_by_graph: None,
     };
     let mut before_recording = None;
@@ -412,6 +416,12 @@ fn training_steps(
                 traffic_after_first = offload.traffic();
             }
         }
+    }
+    // The plan's reason, or a later one (recording failed); a replayed run's note only says
+    // that it was captured.
+    let note = capturing.take_note();
+    if out.replayed_steps == 0 {
+        out.not_captured = note;
     }
     out.offload = optimizer.offload().map(|o| {
         let predicted = host_transfer(s, &inventory(s), Offload::OPTIMIZER);

@@ -80,7 +80,7 @@ pub fn run(args: &MeasureArgs) -> Result<()> {
                 args.steps,
                 MachineProbe::NATIVE,
                 offload_to,
-                args.capture,
+                !args.no_capture,
                 build,
             )
         })
@@ -173,14 +173,14 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
             super::link_summary(l)
         );
     }
-    if args.capture {
-        match r.replayed_steps {
-            0 => println!(
-                "  replayed from a device graph: no step (op by op on this device or scenario)"
+    if !args.no_capture && !args.device.is_cpu() {
+        match (r.replayed_steps, &r.not_captured) {
+            (0, Some(why)) => println!("  {why}"),
+            (0, None) => println!("  replayed from a device graph: no step (--steps 1)"),
+            (n, _) => println!(
+                "  replayed from a device graph: {n} step(s) after the first, timed above \
+                 (--no-capture: op by op)"
             ),
-            n => {
-                println!("  replayed from a device graph: {n} step(s) after the first, timed above")
-            }
         }
         if let Some(c) = &r.held_by_graph {
             row(c);
