@@ -33,6 +33,16 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$bindgen_ver
     cargo install --quiet --debug wasm-bindgen-cli --version "$bindgen_version"
 fi
 
+# Lints in the builds themselves, as scripts/test.sh does for the native ones: the workspace's
+# crates compile through clippy-driver, so a warning under the page's feature sets (CPU,
+# real-model, WebGPU; wasm32 cfgs the native build never sees) fails the build.
+if clippy_driver="$(command -v clippy-driver)"; then
+    export RUSTC_WORKSPACE_WRAPPER="$clippy_driver"
+    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+else
+    echo "note: clippy-driver not found (rustup component add clippy): the page's builds are not linted"
+fi
+
 tmp=$(mktemp -d "$root/web/.dist.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 built=target/wasm32-unknown-unknown/release/napkin_web.wasm
