@@ -92,7 +92,7 @@ bash scripts/ci/test-gpu.sh
 step "fuzz targets: a short, seeded run of each (dev build; the long runs: docs/reliability.md)"
 env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS RUNS=10000 PROFILE=dev SEED=1 bash scripts/ci/fuzz.sh
 
-step "the book (docs/ with mdBook, installed from crates.io on first use; a warning fails it)"
+step "the book (docs/ with mdBook, prebuilt from PyPI or compiled from crates.io on first use; a warning fails it)"
 env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS bash scripts/book.sh
 
 step "the browser sandbox (bundle budget, headless Chromium end to end)"

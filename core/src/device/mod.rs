@@ -191,6 +191,26 @@ pub fn is_gpu(device: &Device) -> bool {
     }
 }
 
+/// The byte alignment of `device`'s memory offsets (cubecl's `memory.alignment`: on wgpu the
+/// larger of the uniform and storage binding offset alignments): a slice of a buffer whose
+/// ends lie at multiples of it is a view, elsewhere burn copies it. None on the CPU backends.
+pub fn memory_alignment(device: &Device) -> Option<u64> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        if let burn_dispatch::DispatchDevice::Cube(cube) =
+            device.clone().without_autodiff().as_dispatch()
+        {
+            return Some(cube.client().properties().memory.alignment);
+        }
+        None
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        None
+    }
+}
+
 /// How `device` lays a tensor's rows out in its memory: pitched on the runtimes whose
 /// allocator pads rows (CUDA, HIP: cubecl's `PitchedMemoryLayoutPolicy`, at the device's
 /// memory alignment), contiguous everywhere else.

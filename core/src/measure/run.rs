@@ -12,7 +12,7 @@ use super::trace::Recorder;
 use super::{Comparison, MeasurementReport, OffloadMeasurement, TimeComparison};
 use crate::data::MicroBatch;
 use crate::device::link::{self, LinkBytes};
-use crate::device::row_layout_on;
+use crate::device::{memory_alignment, row_layout_on};
 use crate::error::{Error, Result};
 use crate::kernels::cpu::fused::kernels_on;
 use crate::memory::inner_marks::InnerMarks;
@@ -183,7 +183,8 @@ pub fn measure_with(
         held_by_graph: run.held_by_graph.map(|held| {
             Comparison::new(
                 "held while replaying (gradients, the kept inputs, AdamW's scalars)",
-                kind(Kind::Gradients) + held_by_recorded_step(s).unwrap_or(0),
+                kind(Kind::Gradients)
+                    + held_by_recorded_step(s, memory_alignment(device).unwrap_or(1)).unwrap_or(0),
                 held,
             )
         }),

@@ -62,10 +62,30 @@ const RECORDED_STEP_SCALARS: u64 = 7 + 2 + 2;
 
 /// What a step recorded as a device graph (`train/captured.rs`) holds for the run beside the
 /// gradients (which it keeps too, where a step op by op frees them after the update): its
-/// inputs' buffers, each step's batch written into them (the bytes [`step_link`] counts), and
-/// the update's scalars. `None` where `step_link` is.
-pub fn held_by_recorded_step(s: &Scenario) -> Option<u64> {
-    Some(step_link(s)?.up() + WORD * RECORDED_STEP_SCALARS)
+/// inputs' buffers, one a kind for all micro-batches, each step's batch written into them (the
+/// bytes [`step_link`] counts); with two or more micro-batches, the copies the graph makes of
+/// a kind's parts whose bytes are not a multiple of the device's memory `alignment` (burn's
+/// slice is a view only at such offsets; `device::memory_alignment`, `captured_inputs.rs`);
+/// and the update's scalars. `None` where `step_link` is.
+pub fn held_by_recorded_step(s: &Scenario, alignment: u64) -> Option<u64> {
+    let link = step_link(s)?;
+    let micro = s.accumulation.max(1) as u64;
+    // Each kind's part: ids, the two label columns, cos and sin, the mask.
+    let parts = [
+        (link.ids / micro, 1),
+        (link.labels / micro / 2, 2),
+        (link.rope / micro / 2, 2),
+        (link.mask / micro, 1),
+    ];
+    let copied: u64 = match micro {
+        1 => 0,
+        _ => parts
+            .iter()
+            .filter(|(bytes, _)| !bytes.is_multiple_of(alignment.max(1)))
+            .map(|(bytes, kinds)| bytes * kinds * micro)
+            .sum(),
+    };
+    Some(link.up() + copied + WORD * RECORDED_STEP_SCALARS)
 }
 
 /// Values of the distinct causal tile masks the efficient attention makes for an unpacked

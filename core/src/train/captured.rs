@@ -4,9 +4,10 @@
 //! (10–19 µs on an H200); a replay is one submission for all of them.
 //!
 //! A replay reads and writes the buffers its recording was given, so:
-//! - each micro-batch's inputs (token ids, RoPE tables, mask, label columns) live in buffers
-//!   kept for the run, and each new batch is written into them (`link::write_over`) before
-//!   the replay; the loss's token weight (`1 / label tokens of the step`) is in the label
+//! - the micro-batches' inputs (token ids, RoPE tables, mask, label columns) live in buffers
+//!   kept for the run, one a kind for all micro-batches (`captured_inputs.rs`), and each new
+//!   step's batch is written into them (`link::write_over`, once a kind) before the replay;
+//!   the loss's token weight (`1 / label tokens of the step`) is in the label
 //!   column, not a scalar of the graph;
 //! - the update writes the parameters and moments over their own buffers
 //!   (`AdamW::set_in_place`), so the next replay's forward reads the new weights;
@@ -18,23 +19,22 @@
 //! buffers warm the pools the recording then reuses.
 //!
 //! # Shapes
-//! - each micro-batch: ids `[B, T]`, RoPE `[B, 1, T, Dh]` × 2, mask `[1 or B, 1, T, T]`, label
-//!   columns `[B·(T − 1)]` × 2; the figures `[2]`
+//! - the K micro-batches' inputs: ids `[K·B, T]`, RoPE `[K·B, 1, T, Dh]` × 2, mask
+//!   `[K·(1 or B), 1, T, T]`, label columns `[K·B·(T − 1)]` × 2; the figures `[2]`
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_backend::Backend;
 use burn_dispatch::Dispatch;
 
+use super::captured_inputs::{KeptInputs, PackedInputs};
 use super::grads::ParamGrads;
-use super::step::{StepInputs, micro_backward_on};
+use super::step::micro_backward_on;
 use crate::data::MicroBatch;
-use crate::device::link::{Traffic, write_over, write_over_int};
+use crate::device::link::{Traffic, write_over};
 use crate::error::{Error, Result};
 use crate::kernels::gpu::sum_of_squares::sum_of_squares;
 use crate::model::Llama;
-use crate::model::attention::AttentionMask;
-use crate::model::loss::{summed_nll_on_device, weighted_label_columns};
-use crate::model::rope::{RopeTables, inverse_frequencies};
+use crate::model::loss::summed_nll_on_device;
 
 /// What one graph is recorded for: a step of another shape cannot replay it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,19 +67,12 @@ impl StepShape {
     }
 }
 
-/// One micro-batch's inputs in the buffers the graph recorded.
-struct KeptInputs {
-    inputs: StepInputs,
-    /// `[B·(T − 1)]`: each label's class (0 where ignored).
-    classes: Tensor<1>,
-    /// `[B·(T − 1)]`: each label's weight, `1 / label tokens of the step` (0 where ignored).
-    weights: Tensor<1>,
-}
-
 /// A recorded step and the buffers it reads and writes.
 pub struct CapturedStep {
     shape: StepShape,
-    kept: Vec<KeptInputs>,
+    /// The step's input buffers, one a kind (`captured_inputs.rs`); the graph recorded each
+    /// micro-batch's views of them.
+    packed: PackedInputs,
     graph: burn_backend::BackendGraph<Dispatch>,
     device: Device,
     /// The gradients the replay writes (the recording's own tensors).
@@ -147,20 +140,7 @@ impl CapturedStep {
     ) -> Result<Self> {
         let shape = StepShape::of(micro, recomputes)
             .ok_or_else(|| Error::Input("micro-batches of different shapes".into()))?;
-        let kept = micro
-            .iter()
-            .map(|m| {
-                let inputs = StepInputs::upload(model, &m.batch, recomputes);
-                // Beside the logits, as the op-by-op loss uploads them.
-                let (classes, weights) =
-                    label_tensors(model, m, &model.device(), step_weight(micro))?;
-                Ok(KeptInputs {
-                    inputs,
-                    classes,
-                    weights,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (packed, contexts) = PackedInputs::upload(model, micro, recomputes)?;
         let device = model.device().inner();
         // AdamW's scalars cross the link as optimizer traffic (the batch's inputs as data).
         let scalars: Tensor<1> =
@@ -168,6 +148,7 @@ impl CapturedStep {
         let dispatch = device.as_dispatch();
         Dispatch::graph_start_capture(dispatch)
             .map_err(|e| Error::Input(format!("the device refused to record a step: {e:?}")))?;
+        let kept = packed.views(contexts);
         let recorded =
             forward_backward(model, micro, &kept, recomputes).and_then(|(grads, figures)| {
                 let all = device_scalars(&figures, &scalars, update.max_grad_norm);
@@ -194,7 +175,7 @@ impl CapturedStep {
         };
         Ok(CapturedStep {
             shape,
-            kept,
+            packed,
             graph,
             device,
             grads,
@@ -222,31 +203,10 @@ impl CapturedStep {
                 "a captured step's scalars could not be written".into(),
             ));
         }
-        let weight = step_weight(micro);
-        let inv_freq = inverse_frequencies(&model.config);
-        for (kept, m) in self.kept.iter().zip(micro) {
-            let batch = &m.batch;
-            let [cos, sin] = RopeTables::data(&inv_freq, &batch.positions, batch.batch, batch.seq);
-            let [classes, weights] = weighted_label_columns(
-                [batch.batch, batch.seq, model.config.vocab_size],
-                &m.labels,
-                weight,
-            )?;
-            let rope = &kept.inputs.ctx.rope;
-            let mut written = write_over_int(&kept.inputs.ids, batch.ids_data(), Traffic::Data)
-                && write_over(&rope.cos, cos, Traffic::Data)
-                && write_over(&rope.sin, sin, Traffic::Data)
-                && write_over(&kept.classes, classes, Traffic::Data)
-                && write_over(&kept.weights, weights, Traffic::Data);
-            if let AttentionMask::Dense(mask) = &kept.inputs.ctx.mask {
-                let data = batch.attention_mask_data(model.config.sliding_window);
-                written &= write_over(mask, data, Traffic::Data);
-            }
-            if !written {
-                return Err(Error::Internal(
-                    "a captured step's input buffer could not be written".into(),
-                ));
-            }
+        if !self.packed.refresh(model, micro)? {
+            return Err(Error::Internal(
+                "a captured step's input buffer could not be written".into(),
+            ));
         }
         // Counted where each write is issued (`link::write_over`).
         Ok((crate::device::link::writes() - writes_before) as usize)
@@ -292,25 +252,6 @@ fn device_scalars(figures: &Tensor<1>, host: &Tensor<1>, max_grad_norm: f64) -> 
     };
     let apply = loss.is_finite().float();
     Tensor::cat(vec![host.clone(), factor, apply], 0)
-}
-
-/// Each counted label's weight in the step's loss: `1 / label tokens of the step`.
-fn step_weight(micro: &[MicroBatch]) -> f32 {
-    let total: usize = micro.iter().map(MicroBatch::label_tokens).sum();
-    1.0 / total.max(1) as f32
-}
-
-/// `m`'s label columns uploaded to `device`.
-fn label_tensors(
-    model: &Llama,
-    m: &MicroBatch,
-    device: &Device,
-    weight: f32,
-) -> Result<(Tensor<1>, Tensor<1>)> {
-    let dims = [m.batch.batch, m.batch.seq, model.config.vocab_size];
-    let [classes, weights] = weighted_label_columns(dims, &m.labels, weight)?;
-    let upload = |data| crate::device::link::upload(data, device, Traffic::Data);
-    Ok((upload(classes), upload(weights)))
 }
 
 /// The recorded work: every micro-batch's forward and backward on the kept inputs, the

@@ -4,6 +4,7 @@
 pub mod adamw;
 pub mod adamw8bit;
 pub mod captured;
+mod captured_inputs;
 pub mod checkpoint;
 pub mod config;
 mod data;
