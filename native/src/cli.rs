@@ -525,6 +525,11 @@ pub struct TrainArgs {
     /// Recompute decoder blocks in the backward (gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
+    /// Run the LM head and the loss a chunk of rows at a time (16 MiB of f32 logits each), so
+    /// the [B·T, V] logits are never whole. Needs a frozen head (LoRA without lm_head in
+    /// --lora-targets) and --objective sft; on a GPU the step then runs op by op.
+    #[arg(long)]
+    pub chunked_loss: bool,
     /// How the attention's softmax is computed.
     #[arg(long, value_name = "KIND", value_enum, ignore_case = true,
           default_value_t = train_defaults().attention)]
@@ -864,6 +869,10 @@ pub struct ScenarioArgs {
     /// Block-level gradient checkpointing.
     #[arg(long)]
     pub checkpointing: bool,
+    /// The LM head and the loss a chunk of rows at a time (a frozen head): one chunk's
+    /// logits instead of the whole [B·T, V].
+    #[arg(long)]
+    pub chunked_loss: bool,
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, visible_alias = "accum", default_value_t = 1)]
     pub accumulation: usize,

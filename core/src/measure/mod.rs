@@ -114,7 +114,8 @@ pub struct MeasurementReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadMeasurement>,
     /// On a GPU: the bytes the last step moved over the host link, counted at each transfer
-    /// (`device::link`).
+    /// (`device::link`); not the recording step's (it also uploads the graph's kept input
+    /// buffers, once for the run), the step before it then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_per_step: Option<LinkBytes>,
     /// On a GPU: the host → device bytes of the last step beside `predict::link`'s (when it

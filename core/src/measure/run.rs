@@ -18,6 +18,7 @@ use crate::kernels::cpu::fused::kernels_on;
 use crate::memory::inner_marks::InnerMarks;
 use crate::memory::meter::{Meter, MeterMethod};
 use crate::model::autocast::{autocast, half_dtype};
+use crate::model::chunked_loss::chunked_lm_loss;
 use crate::model::{Llama, causal_lm_loss};
 use crate::predict::inventory::{Kind, Scenario, inventory, kept_by_layer, totals_by_kind};
 use crate::predict::link::{held_by_recorded_step, step_link};
@@ -242,14 +243,17 @@ fn kept_per_block(
         drop(input);
         last = meter.live();
     }
-    let loss = causal_lm_loss(model.head(x), &micro.labels)?;
+    let loss = match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+        Some(rows) => chunked_lm_loss(model, x, &micro.labels, rows)?.0,
+        None => causal_lm_loss(model.head(x), &micro.labels)?.sum,
+    };
     drop(ctx);
     let all = meter.live().saturating_sub(start);
     rec.span("forward (graph kept, measured per block)".into(), t);
     rec.counter(all + start);
     // Dropping the loss leaves burn's graph registered until some backward cleans it: run
     // this one's backward so the steps that follow start clean.
-    drop(loss.sum.backward());
+    drop(loss.backward());
     Ok((layers, all))
 }
 
@@ -327,6 +331,7 @@ fn training_steps(
         supervised: true,
         lora_dropout: s.lora.as_ref().map_or(0.0, |l| l.dropout),
         efficient_attention: s.attention == crate::config::AttentionKind::Efficient,
+        chunked_loss: s.chunked_loss,
         loss_scaling: false,
         adamw_on_device: s.optimizer == crate::config::OptimizerKind::AdamW
             && optimizer.offload().is_none(),
@@ -342,7 +347,8 @@ fn training_steps(
             lr: LEARNING_RATE,
             max_grad_norm: 0.0,
         };
-        if capturing.will_record() && meter.method() == MeterMethod::DevicePool {
+        let recording = capturing.will_record();
+        if recording && meter.method() == MeterMethod::DevicePool {
             before_recording = Some(meter.live());
         }
         if let Some(replayed) = capturing.step(&model, &mut update, micro, recomputes, 1)? {
@@ -354,8 +360,12 @@ fn training_steps(
             }
             let _ = device.sync();
             out.seconds.push(clock.elapsed().as_secs_f64());
-            out.link_per_step =
-                link::is_across_link(device).then(|| link::counted().since(&link_before));
+            // The recording's step also uploads the buffers the graph keeps its inputs in,
+            // once for the run: a step's traffic is a later replay's, or the op-by-op one's.
+            if !recording {
+                out.link_per_step =
+                    link::is_across_link(device).then(|| link::counted().since(&link_before));
+            }
             out.replayed_steps += 1;
             out.held_by_graph = before_recording.map(|b| meter.live().saturating_sub(b));
             continue;
@@ -377,7 +387,9 @@ fn training_steps(
         let grads = forward_backward_marked(
             &model,
             micro,
-            &StepOptions::default().with_checkpointing(s.checkpointing),
+            &StepOptions::default()
+                .with_checkpointing(s.checkpointing)
+                .with_loss_chunk_rows(s.loss_chunk_rows()),
             &mut || {
                 if pooled {
                     meter.live();

@@ -134,7 +134,14 @@ impl Llama {
     /// # Shapes
     /// - `x`: `[B, T, D]` → logits `[B, T, V]`
     pub fn head(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = self.norm.forward(x);
+        self.head_product(self.norm.forward(x))
+    }
+
+    /// The LM head alone, on the final norm's output.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → logits `[B, T, V]`
+    pub fn head_product(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(lm_head) => lm_head.forward(x),
             None => {
@@ -166,10 +173,18 @@ impl Llama {
     ///
     /// # Shapes
     /// - `x`: `[B, T, D]` → logits `[B, T, V]`
-    pub fn forward_in(&self, mut x: Tensor<3>, ctx: &ForwardContext) -> Tensor<3> {
+    pub fn forward_in(&self, x: Tensor<3>, ctx: &ForwardContext) -> Tensor<3> {
+        self.head(self.blocks_in(x, ctx))
+    }
+
+    /// The decoder blocks alone: the last block's output, the final norm's input.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, D]` → `[B, T, D]`
+    pub fn blocks_in(&self, mut x: Tensor<3>, ctx: &ForwardContext) -> Tensor<3> {
         for layer in &self.layers {
             x = layer.forward(x, &ctx.rope, &ctx.mask);
         }
-        self.head(x)
+        x
     }
 }

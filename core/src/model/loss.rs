@@ -122,7 +122,7 @@ fn rows_by_ops(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Vec<f32>> {
 
 /// The targets and weights the loss reads: labels shifted left by one; ignored ones point at
 /// class 0 with weight 0; the others weigh 1, or `weights`' value beside the label.
-fn shift_labels(
+pub(super) fn shift_labels(
     [b, t, v]: [usize; 3],
     labels: &[i64],
     weights: Option<&[f32]>,
@@ -165,7 +165,7 @@ fn shift_labels(
 
 /// `Σ w·(−log softmax(x)[label])` over the first `T − 1` positions: the fused kernel where
 /// the logits allow it, burn's ops elsewhere.
-fn weighted_nll(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Tensor<1>> {
+pub(super) fn weighted_nll(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Tensor<1>> {
     let [b, t, _] = logits.dims();
     let logits = match summed_nll(logits, shifted) {
         Ok(sum) => return Ok(sum),

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod autocast;
 pub mod batch;
 pub mod block;
+pub mod chunked_loss;
 pub mod dropout_draw;
 pub mod embedding_lora;
 pub mod generate;

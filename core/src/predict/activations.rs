@@ -123,6 +123,20 @@ struct Replay {
 }
 
 impl Replay {
+    /// What the replayed forward kept, in production order, and the ops it recorded.
+    fn finish(self) -> ForwardKeeps {
+        let Replay {
+            produced,
+            kept,
+            recorded,
+            ..
+        } = self;
+        ForwardKeeps {
+            tensors: kept.into_iter().map(|id| produced[id].clone()).collect(),
+            recorded_ops: recorded,
+        }
+    }
+
     fn produce(&mut self, name: &str, size: Size, tracked: bool) -> Value {
         self.produce_as(name, size, tracked, 4)
     }
@@ -484,6 +498,7 @@ pub fn kept_activations(
     kernels: Kernels,
     compute: LinearCompute,
     rows: RowLayout,
+    chunked_loss: bool,
 ) -> ForwardKeeps {
     let c = config;
     let (b, t) = (b as u64, t as u64);
@@ -699,6 +714,17 @@ pub fn kept_activations(
         .lora
         .filter(|l| l.head)
         .map(|l| (l.r as u64, d, l.dropout > 0.0, l.use_dora));
+    if chunked_loss && !head_trainable && head_lora.is_none() {
+        // The chunked loss (`model/chunked_loss.rs`): the head's products and the loss run
+        // outside the step's graph; the graph holds `Σ normed ⊙ G`, whose product keeps the
+        // constant `G` ([B·T, D] f32), then its sum.
+        r.scoped("loss", |r| {
+            let g = r.produce("head_input_gradient", Size::rows(n, d), false);
+            let product = r.binary("surrogate", normed, g, Size::rows(n, d));
+            r.stateless("sum", &[product], Size::flat(1));
+        });
+        return r.finish();
+    }
     let logits = r.scoped("lm_head", |r| {
         let head = Weight::Dense {
             trainable: head_trainable,
@@ -735,16 +761,7 @@ pub fn kept_activations(
         r.stateless("sum", &[logits], Size::flat(1));
     });
 
-    let Replay {
-        produced,
-        kept,
-        recorded,
-        ..
-    } = r;
-    ForwardKeeps {
-        tensors: kept.into_iter().map(|id| produced[id].clone()).collect(),
-        recorded_ops: recorded,
-    }
+    r.finish()
 }
 
 #[cfg(test)]
@@ -770,6 +787,7 @@ mod tests {
             kernels,
             LinearCompute::default(),
             RowLayout::Contiguous,
+            false,
         )
     }
 
@@ -856,6 +874,7 @@ mod efficient_attention_tests {
                 Kernels::FusedCpu,
                 LinearCompute::default(),
                 RowLayout::Contiguous,
+                false,
             )
             .tensors
             .iter()
@@ -881,6 +900,7 @@ mod efficient_attention_tests {
                 Kernels::FusedCpu,
                 LinearCompute::default(),
                 RowLayout::Contiguous,
+                false,
             )
             .tensors
             .iter()

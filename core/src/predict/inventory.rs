@@ -127,6 +127,9 @@ pub struct Scenario {
     pub half_compute: bool,
     /// Block-level gradient checkpointing.
     pub checkpointing: bool,
+    /// The head and the loss a chunk of rows at a time (`model::chunked_loss`): no whole
+    /// `[B·T, V]` logits, one chunk's at a time.
+    pub chunked_loss: bool,
     /// Micro-batches per optimizer step (1: none).
     pub accumulation: usize,
     /// Packed rows (one attention mask per row instead of one shared).
@@ -160,6 +163,7 @@ impl Scenario {
             objective: ObjectiveKind::Sft,
             half_compute: false,
             checkpointing: false,
+            chunked_loss: false,
             accumulation: 1,
             packed: false,
             attention: AttentionKind::Eager,
@@ -214,6 +218,18 @@ impl Scenario {
     pub fn tokens(&self) -> u64 {
         (self.micro_batch * self.seq_len) as u64
     }
+
+    /// Whether the step runs the chunked loss: asked for, with a frozen head (LoRA without an
+    /// adapter on it; `StepSettings::check` refuses the rest).
+    pub fn chunks_loss(&self) -> bool {
+        self.chunked_loss && self.lora.as_ref().is_some_and(|l| !l.head)
+    }
+
+    /// The logits rows a chunk of the chunked loss takes (None: the whole logits at once).
+    pub fn loss_chunk_rows(&self) -> Option<usize> {
+        self.chunked_loss
+            .then(|| crate::model::chunked_loss::default_chunk_rows(self.config.vocab_size))
+    }
 }
 
 /// Bytes of one f32 value.
@@ -222,6 +238,8 @@ const F32: u64 = 4;
 /// The checkpointed step's head input (`[B·T, D]`).
 pub const HEAD_INPUT: &str = "head.checkpoint_input";
 
+/// The entry of the chunked loss's transients (`model/chunked_loss.rs`), in the forward.
+pub const CHUNKED_LOSS: &str = "loss.chunks_workspace";
 /// The entry of the optimizer state's map (host memory; in a CPU inventory only).
 pub const OPTIMIZER_MAP: &str = "optimizer.map";
 /// The entry of the gradients' map (host memory; in a CPU inventory only).
@@ -496,6 +514,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             half_base: s.half_base(),
         },
         s.rows,
+        s.chunked_loss,
     );
     // The blocks whose down projection keeps its input (`silu(gate)·up`) as an f32 tensor.
     let down_input_kept: Vec<usize> = keeps
@@ -556,16 +575,52 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             phases: Phases::ACTIVATION,
         });
     }
-    out.push(Entry {
-        name: "logits".into(),
-        layer: None,
-        kind: Kind::Logits,
-        bytes: s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32),
-        // Kept by the loss for its backward, which turns them into their own gradient.
-        phases: Phases::ACTIVATION,
-    });
+    match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+        // The chunked loss keeps no logits: one chunk's at a time exist while it runs.
+        Some(rows) => out.push(Entry {
+            name: CHUNKED_LOSS.into(),
+            layer: None,
+            kind: Kind::Workspace,
+            bytes: chunked_loss_bytes(s, rows as u64),
+            phases: Phases {
+                forward: true,
+                ..Phases::default()
+            },
+        }),
+        None => out.push(Entry {
+            name: "logits".into(),
+            layer: None,
+            kind: Kind::Logits,
+            bytes: s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32),
+            // Kept by the loss for its backward, which turns them into their own gradient.
+            phases: Phases::ACTIVATION,
+        }),
+    }
     out.extend(workspace::entries(s, &down_input_kept));
     out
+}
+
+/// The most the chunked loss (`model/chunked_loss.rs`) holds while it runs, beyond what the
+/// forward keeps (its `G` is the replay's `loss.head_input_gradient`, counted from the start):
+/// the final norm's output `[B·T, D]`, the chunks' `∂h` rows so far, and one chunk's logits
+/// (`[R + 1, V]`, their gradient written over them) and `∂h` (`[R + 1, D]`); at the end the
+/// chunks' `∂h` beside `G`, which they are joined into.
+fn chunked_loss_bytes(s: &Scenario, chunk_rows: u64) -> u64 {
+    let c = &s.config;
+    let (n, d, v) = (s.tokens(), c.hidden_size as u64, c.vocab_size as u64);
+    let row = |width: u64| s.rows.bytes(Size::rows(1, width), F32);
+    let labels = n.saturating_sub(1);
+    let chunk_rows = chunk_rows.max(1);
+    let mut most = n * row(d); // the joining: the chunks' `∂h` and `G`
+    let mut start = 0;
+    while start < labels {
+        let rows = chunk_rows.min(labels - start);
+        // `G` is counted from the forward's start but made only after the chunks.
+        let chunk = start * row(d) + (rows + 1) * (row(v) + row(d));
+        most = most.max(chunk.saturating_sub(n * row(d)));
+        start += rows;
+    }
+    n * row(d) + most
 }
 
 /// A phase of one optimizer step.

@@ -49,7 +49,14 @@ pub fn step_link(s: &Scenario) -> Option<StepLink> {
     };
     Some(StepLink {
         ids: micro * WORD * b * t,
-        labels: micro * 2 * WORD * b * t.saturating_sub(1),
+        // The chunked loss uploads each chunk's labels, one a logits row but the last of all.
+        labels: micro
+            * 2
+            * WORD
+            * match s.chunks_loss() {
+                true => (b * t).saturating_sub(1),
+                false => b * t.saturating_sub(1),
+            },
         rope: micro * 2 * WORD * b * t * head_dim,
         mask: micro * mask,
         read_back: WORD,

@@ -41,6 +41,8 @@ pub struct StepSettings {
     pub optimizer: OptimizerKind,
     /// Block-level gradient checkpointing.
     pub checkpointing: bool,
+    /// The head and the loss a chunk of rows at a time (a frozen head; `model::chunked_loss`).
+    pub chunked_loss: bool,
     /// Micro-batches per optimizer step.
     pub accumulation: usize,
     /// Rows packed with several samples (no padding).
@@ -73,6 +75,7 @@ impl Default for StepSettings {
             nf4: None,
             optimizer: OptimizerKind::AdamW,
             checkpointing: false,
+            chunked_loss: false,
             accumulation: 1,
             packed: false,
             attention: AttentionKind::Eager,
@@ -128,6 +131,7 @@ impl StepSettings {
             optimizer: self.optimizer,
             half_compute: self.half_compute,
             checkpointing: self.checkpointing,
+            chunked_loss: self.chunked_loss,
             accumulation: self.accumulation,
             attention: self.attention,
             kernels: self.kernels,
@@ -194,6 +198,21 @@ impl StepSettings {
                 "objective",
                 format!(
                     "{} needs LoRA (--lora-r ≥ 1): its reference is the base with the adapters off; with full fine-tuning it would be a second copy of every weight, which napkin does not keep",
+                    self.objective
+                ),
+            );
+        }
+        if self.chunked_loss && (self.lora_r == 0 || self.lora_head) {
+            return bad(
+                "chunked_loss",
+                "needs a frozen LM head: LoRA (--lora-r ≥ 1) without an adapter on lm_head".into(),
+            );
+        }
+        if self.chunked_loss && self.objective.is_preference() {
+            return bad(
+                "chunked_loss",
+                format!(
+                    "runs the sft objective only; {} reads every label's log-probability from the whole logits",
                     self.objective
                 ),
             );

@@ -20,6 +20,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::inventory::{Kind, Scenario, inventory, totals_by_kind};
+use super::row_layout::Size;
 use crate::config::{ATTENTION_TILE, AttentionKind, LoraTarget, OptimizerKind};
 
 /// FLOPs and bytes of one optimizer step.
@@ -188,7 +189,13 @@ pub fn step_work(s: &Scenario) -> StepWork {
         } else {
             0.0
         };
-    let activations = 2.0 * kind(Kind::SavedActivations) + 4.0 * kind(Kind::Logits);
+    // The logits cross memory four times whole or chunked (the chunked loss keeps none, but
+    // each chunk's are written, read by the loss, overwritten by their gradient and read).
+    let logits = (s
+        .rows
+        .bytes(Size::rows(s.tokens(), s.config.vocab_size as u64), 4)
+        * u64::from(s.chunks_loss())) as f64;
+    let activations = 2.0 * kind(Kind::SavedActivations) + 4.0 * (kind(Kind::Logits) + logits);
     let trainable_values = kind(Kind::Gradients) / 4.0;
     let optimizer_bytes_per_value = match s.optimizer {
         OptimizerKind::AdamW => 28.0,     // read p, g, m, v; write p, m, v

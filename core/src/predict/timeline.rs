@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::inventory::{Entry, HEAD_INPUT, Kind, Phase, Scenario, inventory};
+use super::inventory::{CHUNKED_LOSS, Entry, HEAD_INPUT, Kind, Phase, Scenario, inventory};
 
 /// The bytes alive at one point of the step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -216,7 +216,8 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
             alive.add(top);
         }
         // The loss keeps the logits; its backward writes their gradient in place, which
-        // lives until the head's backward has used it.
+        // lives until the head's backward has used it. The chunked loss keeps none: one
+        // chunk's at a time exist while it runs.
         let logits = named("logits");
         if let Some(logits) = logits {
             alive.add(logits);
@@ -227,6 +228,11 @@ pub fn step_timeline(s: &Scenario) -> StepTimeline {
                 alive.remove(&w.name);
             }
             alive.event("forward.loss".into(), Phase::Forward);
+        }
+        if let Some(chunks) = named(CHUNKED_LOSS) {
+            alive.add(chunks);
+            alive.event("forward.loss".into(), Phase::Forward);
+            alive.remove(&chunks.name);
         }
 
         // The loss backward, then the head's.

@@ -265,8 +265,8 @@ fn forward_backward(
     let mut grads = ParamGrads::new();
     let mut loss: Option<Tensor<1>> = None;
     for (m, k) in micro.iter().zip(kept) {
-        let mut head_loss = |logits: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
-            let share = summed_nll_on_device(logits, &k.classes, &k.weights)?;
+        let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            let share = summed_nll_on_device(model.head(top), &k.classes, &k.weights)?;
             let value = share.clone().inner();
             Ok((share, value))
         };
@@ -334,6 +334,7 @@ pub struct RunFacts<'a> {
     pub supervised: bool,
     pub lora_dropout: f64,
     pub efficient_attention: bool,
+    pub chunked_loss: bool,
     pub loss_scaling: bool,
     pub adamw_on_device: bool,
 }
@@ -354,6 +355,8 @@ impl Capturing {
             Some("LoRA dropout (new masks each step)")
         } else if facts.efficient_attention {
             Some("--attention efficient (its tiles are chosen on the host)")
+        } else if facts.chunked_loss {
+            Some("--chunked-loss (each chunk's labels are uploaded in the step)")
         } else if facts.loss_scaling {
             Some("f16's loss scaling (a step may be skipped)")
         } else if !facts.adamw_on_device {

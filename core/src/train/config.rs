@@ -124,6 +124,9 @@ pub struct TrainConfig {
     pub nf4_block_size: usize,
     /// Recompute each decoder block in the backward instead of keeping its activations.
     pub checkpointing: bool,
+    /// Run the LM head and the loss a chunk of rows at a time, so that the `[B·T, V]` logits
+    /// are never whole (a frozen head: LoRA without an adapter on lm_head, sft).
+    pub chunked_loss: bool,
     /// `eager` (keeps the `[B, H, T, T]` probabilities) or `efficient` (tiled, keeps none).
     pub attention: AttentionKind,
     /// B: rows per micro-batch.
@@ -211,6 +214,7 @@ impl Default for TrainConfig {
             double_quant: false,
             nf4_block_size: 64,
             checkpointing: false,
+            chunked_loss: false,
             attention: AttentionKind::Eager,
             micro_batch: 1,
             accumulation: 1,
@@ -284,6 +288,7 @@ impl TrainConfig {
             nf4: self.nf4_config(),
             optimizer: self.optimizer,
             checkpointing: self.checkpointing,
+            chunked_loss: self.chunked_loss,
             accumulation: self.accumulation,
             packed: self.pack,
             attention: self.attention,

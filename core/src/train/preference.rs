@@ -339,7 +339,8 @@ pub fn preference_forward_backward(
     for (index, batch) in batches.iter().enumerate() {
         let micro = &batch.micro;
         let reference = reference_logps(objective, reference, batch)?;
-        let mut head_loss = |logits: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+        let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            let logits = model.head(top);
             let per_token = label_log_probs(logits.clone(), &micro.labels)?;
             let weights = micro_terms(
                 objective,

@@ -10,6 +10,7 @@ use super::grads::ParamGrads;
 use crate::data::MicroBatch;
 use crate::error::{Error, Result};
 use crate::kernels::values::scalar;
+use crate::model::chunked_loss::chunked_lm_loss;
 use crate::model::dropout_draw::{drawing, micro_batch_key};
 use crate::model::{ForwardContext, Llama, TokenBatch, causal_lm_loss};
 
@@ -78,6 +79,9 @@ pub struct StepOptions {
     /// The step's LoRA dropout stream: micro-batch `i` draws its masks from
     /// `dropout_draw::micro_batch_key(dropout_key, i)`, with or without checkpointing.
     pub dropout_key: u64,
+    /// The head and the loss this many logits rows at a time (`model::chunked_loss`; a frozen
+    /// head only), or the whole `[B, T, V]` logits at once (None).
+    pub loss_chunk_rows: Option<usize>,
 }
 
 impl Default for StepOptions {
@@ -88,6 +92,7 @@ impl Default for StepOptions {
             accumulation: Accumulation::TokenWeighted,
             loss_scale: 1.0,
             dropout_key: 0,
+            loss_chunk_rows: None,
         }
     }
 }
@@ -97,6 +102,15 @@ impl StepOptions {
     pub fn with_checkpointing(self, checkpointing: bool) -> Self {
         StepOptions {
             checkpointing,
+            ..self
+        }
+    }
+
+    /// These options with the head and the loss run `rows` logits rows at a time (None: the
+    /// whole logits).
+    pub fn with_loss_chunk_rows(self, rows: Option<usize>) -> Self {
+        StepOptions {
+            loss_chunk_rows: rows,
             ..self
         }
     }
@@ -150,6 +164,7 @@ pub fn forward_backward_marked(
         accumulation,
         loss_scale,
         dropout_key,
+        loss_chunk_rows,
     } = *options;
     let total: usize = micro_batches.iter().map(MicroBatch::label_tokens).sum();
     if total == 0 {
@@ -168,8 +183,12 @@ pub fn forward_backward_marked(
                 loss_scale / (micro_batches.len() * micro.label_tokens().max(1)) as f64
             }
         };
-        let mut head_loss = |logits: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
-            let loss = causal_lm_loss(logits, &micro.labels)?;
+        let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            if let Some(rows) = loss_chunk_rows {
+                let (surrogate, sum) = chunked_lm_loss(model, top, &micro.labels, rows)?;
+                return Ok((surrogate * scale, sum));
+            }
+            let loss = causal_lm_loss(model.head(top), &micro.labels)?;
             Ok((loss.sum.clone() * scale, loss.sum.inner()))
         };
         let (micro_grads, micro_loss_sum) =
@@ -188,13 +207,14 @@ pub fn forward_backward_marked(
     })
 }
 
-/// What a micro-batch's logits (`[B, T, V]`, in the graph) become: the scaled loss whose
-/// backward gives the micro-batch's share of the step's gradient, and the `[1]` value the step
-/// reports, outside the graph.
+/// What a micro-batch's last block output (`[B, T, D]`, in the graph: the final norm's input)
+/// becomes through the head and the loss: the scaled loss whose backward gives the
+/// micro-batch's share of the step's gradient, and the `[1]` value the step reports, outside
+/// the graph.
 pub(super) type HeadLoss<'a> = dyn FnMut(Tensor<3>) -> Result<(Tensor<1>, Tensor<1>)> + 'a;
 
 /// One micro-batch's forward and backward, whole or checkpointed, with the loss `head_loss`
-/// makes of its logits: its gradients and the value `head_loss` reported.
+/// makes of its last block's output: its gradients and the value `head_loss` reported.
 pub(super) fn micro_backward(
     model: &Llama,
     micro: &MicroBatch,
@@ -304,11 +324,11 @@ fn plain_backward(
     });
     // The blocks draw their dropout masks in order from the micro-batch's stream, as the
     // checkpointed path's graph-free forward does.
-    let (logits, _) = drawing(dropout_key, 0, || match &looked_up {
-        Some((_, embedded)) => model.forward_in(embedded.clone(), &inputs.ctx),
-        None => model.forward_in(model.embed_ids(inputs.ids.clone()), &inputs.ctx),
+    let (top, _) = drawing(dropout_key, 0, || match &looked_up {
+        Some((_, embedded)) => model.blocks_in(embedded.clone(), &inputs.ctx),
+        None => model.blocks_in(model.embed_ids(inputs.ids.clone()), &inputs.ctx),
     });
-    let (loss, loss_sum) = head_loss(logits)?;
+    let (loss, loss_sum) = head_loss(top)?;
     mark();
     let mut backward = loss.backward();
     let upstream = match looked_up {
@@ -376,7 +396,7 @@ fn checkpointed_backward(
     // 2. Head with a graph.
     let mut grads = ParamGrads::new();
     let top = Tensor::from_inner(x).require_grad(); // [B, T, D]
-    let (loss, loss_sum) = head_loss(model.head(top.clone()))?;
+    let (loss, loss_sum) = head_loss(top.clone())?;
     mark();
     let mut head_grads = loss.backward();
     let mut upstream = top

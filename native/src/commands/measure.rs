@@ -169,7 +169,7 @@ fn print_report(r: &MeasurementReport, args: &MeasureArgs) {
     }
     if let Some(l) = &r.link_per_step {
         println!(
-            "  host link in the last step (counted at each transfer): {}",
+            "  host link in the last step but a recording one (counted at each transfer): {}",
             super::link_summary(l)
         );
     }

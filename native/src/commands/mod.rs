@@ -70,6 +70,7 @@ impl ScenarioArgs {
             nf4: self.nf4(),
             optimizer,
             checkpointing: self.checkpointing,
+            chunked_loss: self.chunked_loss,
             accumulation: self.accumulation,
             attention: match self.attention {
                 None => AttentionKind::Eager,

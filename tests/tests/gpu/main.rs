@@ -39,6 +39,7 @@ mod adamw_kernel;
 mod adapter_generation;
 mod attention_rows;
 mod captured_step;
+mod chunked_loss;
 mod device_pool;
 mod fused_training;
 mod gradient_clipping;

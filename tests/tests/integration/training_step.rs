@@ -203,6 +203,56 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
     }
 }
 
+/// The head and loss a chunk of rows at a time (`--chunked-loss`) give the whole-logits step's
+/// loss and adapter gradients, on the fixtures' two masked rows as one micro-batch, with chunks
+/// of 1 row, of odd sizes that straddle the rows' boundary, of all rows but one and of more
+/// rows than there are, with and without checkpointing; a head that trains is refused.
+#[test]
+fn the_chunked_loss_gives_the_whole_logits_step() {
+    for dir in model_dirs() {
+        let reference = Reference::open(&dir);
+        let (_, big) = masked_micro_batches(&reference);
+        let micro = vec![big];
+        let rows = micro[0].labels.len();
+        let model = lora_model(&dir);
+        for checkpointing in [false, true] {
+            let options = StepOptions::default().with_checkpointing(checkpointing);
+            let whole = forward_backward(&model, &micro, &options).unwrap().read();
+            for chunk in [1, 3, 7, rows - 1, 4 * rows] {
+                let what = format!(
+                    "{}: chunks of {chunk} of {rows} rows, checkpointing {checkpointing}",
+                    reference.name
+                );
+                let chunked =
+                    forward_backward(&model, &micro, &options.with_loss_chunk_rows(Some(chunk)))
+                        .unwrap()
+                        .read();
+                assert!(
+                    (chunked.loss - whole.loss).abs() <= 1e-6 * whole.loss.abs(),
+                    "{what}: loss {} against {}",
+                    chunked.loss,
+                    whole.loss
+                );
+                assert_eq!(chunked.grads.len(), whole.grads.len(), "{what}");
+                let worst = worst_gradient_gap(&what, &model, &chunked.grads, &whole.grads);
+                eprintln!("{what}: max gradient diff {worst:.2e}");
+            }
+        }
+        let full = load_hf_llama(&dir, &DeviceKind::Cpu.open().unwrap().autodiff()).unwrap();
+        let refused = forward_backward(
+            &full,
+            &micro,
+            &StepOptions::default().with_loss_chunk_rows(Some(8)),
+        );
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("--chunked-loss needs a frozen LM head"),
+            "{}: full fine-tuning with the chunked loss: {message:?}",
+            reference.name
+        );
+    }
+}
+
 /// A model with a sliding window (Mistral v0.1's `sliding_window`) of a third of the sequence:
 /// the efficient attention, with and without checkpointing, gives the eager step's loss and
 /// LoRA gradients (the eager mask is checked against transformers in `sliding_window.rs`), and

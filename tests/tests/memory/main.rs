@@ -21,6 +21,7 @@ use napkin_core::train::{StepGradients, StepOptions, forward_backward};
 static ALLOC: CountingAllocator = CountingAllocator;
 
 mod attention;
+mod chunked_loss;
 mod cuda_pool;
 mod dora;
 mod dropout;

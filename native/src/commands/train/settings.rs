@@ -103,6 +103,7 @@ pub(super) fn settings(args: &TrainArgs, given: &dyn Fn(&str) -> bool) -> Result
     c.nf4 |= args.nf4;
     c.double_quant |= args.double_quant;
     c.checkpointing |= args.checkpointing;
+    c.chunked_loss |= args.chunked_loss;
     c.rslora |= args.rslora;
     c.dora |= args.dora;
     if args.no_pack {

@@ -1,0 +1,147 @@
+//! The LM head and the causal-LM loss a chunk of rows at a time, so that the `[B·T, V]`
+//! logits and their gradient never exist whole (`--chunked-loss`; the idea of Liger's fused
+//! linear cross-entropy, written with napkin's own head and loss kernels).
+//!
+//! The head must be frozen (LoRA and QLoRA runs without an adapter on it). Then the loss
+//! needs only `∂loss/∂h`, the gradient of the final norm's output `h: [B·T, D]`, and each
+//! chunk of rows gives its part of it on its own:
+//!
+//! 1. `h` is read outside the step's graph; for each chunk of `R` rows (and the row after it,
+//!    which the chunk's last label is read at, weight 0 there), the head's product makes the
+//!    chunk's `[R + 1, V]` logits in a small graph of its own, the fused loss sums the chunk's
+//!    NLLs and its backward gives the chunk's `∂h` (`[R + 1, D]`, its last row 0), and the
+//!    chunk's logits are freed;
+//! 2. the chunks' `∂h` rows, joined, are a constant `G: [B, T, D]`, and the step's graph gets
+//!    the surrogate `Σ h ⊙ G`, whose backward sends `G` into the final norm and the blocks.
+//!
+//! The loss is the sum of the chunks' sums, reported outside the graph. The head's product
+//! runs twice per row in all (forward, then for `∂h` in the chunk's backward) as in the
+//! whole-logits path; what is saved is the `[B·T, V]` f32 tensor the loss keeps: with
+//! SmolLM2's 49,152-word vocabulary, 96 MB at T = 512, against one chunk's 16 MiB.
+//!
+//! What a step holds for it: `G` (`[B, T, D]` f32, the surrogate's product keeps it until the
+//! backward), and while a chunk runs its logits (on a GPU, their gradient beside them when the
+//! kernel cannot write it in place), its `∂h` and the chunks' `∂h` so far.
+
+use burn::tensor::Tensor;
+
+use super::Llama;
+use super::linear::BaseWeight;
+use super::loss::{shift_labels, weighted_nll};
+use crate::error::{Error, Result};
+use crate::kernels::cpu::fused::cross_entropy::ShiftedLabels;
+
+/// The f32 bytes of one chunk's logits that [`default_chunk_rows`] aims at.
+pub const CHUNK_LOGITS_BYTES: usize = 16 << 20;
+
+/// Rows per chunk for a vocabulary of `vocab` words: as many as keep a chunk's f32 logits
+/// within [`CHUNK_LOGITS_BYTES`], at least 16.
+pub fn default_chunk_rows(vocab: usize) -> usize {
+    (CHUNK_LOGITS_BYTES / (4 * vocab.max(1))).max(16)
+}
+
+/// How many chunks `rows` logits rows take with `chunk_rows` rows each: every row but the
+/// last of all (it predicts nothing) begins one chunk's labels.
+pub fn chunks(rows: usize, chunk_rows: usize) -> usize {
+    rows.saturating_sub(1).div_ceil(chunk_rows.max(1))
+}
+
+/// Whether the LM head trains (its weight, its bias or an adapter on it; the tied embedding):
+/// the chunked loss then does not apply.
+pub fn head_trains(model: &Llama) -> bool {
+    match &model.lm_head {
+        None => model.embed_tokens.val().is_require_grad(),
+        Some(head) => {
+            head.lora.is_some()
+                || matches!(&head.base, BaseWeight::Dense(w) if w.val().is_require_grad())
+                || head
+                    .bias
+                    .as_ref()
+                    .is_some_and(|b| b.val().is_require_grad())
+        }
+    }
+}
+
+/// The micro-batch's loss through the final norm and a frozen head, `chunk_rows` logits rows
+/// at a time: the surrogate `Σ h ⊙ G` in the step's graph, whose backward gives the loss's
+/// gradient, and the summed NLL (`[1]`, outside the graph), with the labels' conventions of
+/// [`causal_lm_loss`](super::causal_lm_loss).
+///
+/// # Shapes
+/// - `top`: `[B, T, D]` (the last block's output, in the graph); `labels`: `B·T` values
+pub fn chunked_lm_loss(
+    model: &Llama,
+    top: Tensor<3>,
+    labels: &[i64],
+    chunk_rows: usize,
+) -> Result<(Tensor<1>, Tensor<1>)> {
+    if head_trains(model) {
+        return Err(Error::Input(
+            "--chunked-loss needs a frozen LM head (no adapter on lm_head, no full \
+             fine-tuning); run without it"
+                .into(),
+        ));
+    }
+    let [b, t, d] = top.dims();
+    let v = model.config.vocab_size;
+    let shifted = shift_labels([b, t, v], labels, None)?;
+    let per_row = row_labels(&shifted, b, t);
+    let normed = model.norm.forward(top); // [B, T, D], in the graph
+    let h = normed.clone().inner().reshape([b * t, d]); // [B·T, D], outside it
+    let rows = b * t;
+    let step = chunk_rows.max(1);
+    let mut grads: Vec<Tensor<2>> = Vec::with_capacity(chunks(rows, step));
+    let mut sum: Option<Tensor<1>> = None;
+    let mut start = 0;
+    while start + 1 < rows {
+        let end = (start + step).min(rows - 1); // labels of rows start..end
+        let last = end + 1 == rows;
+        let chunk = Tensor::from_inner(h.clone().narrow(0, start, end - start + 1))
+            .reshape([1, end - start + 1, d])
+            .require_grad(); // [1, R + 1, D]
+        let logits = model.head_product(chunk.clone()); // [1, R + 1, V]
+        let chunk_labels = ShiftedLabels {
+            targets: per_row.targets[start..end].into(),
+            weights: per_row.weights[start..end].into(),
+        };
+        let nll = weighted_nll(logits, &chunk_labels)?;
+        let value = nll.clone().inner();
+        let backward = nll.backward();
+        let grad = chunk
+            .grad(&backward)
+            .ok_or_else(|| Error::Internal("no gradient reached a chunk of the head".into()))?
+            .reshape([end - start + 1, d]);
+        drop(backward);
+        // Row `end` is the next chunk's first (its gradient here is 0); the last of all is 0.
+        grads.push(if last {
+            grad
+        } else {
+            grad.narrow(0, 0, end - start)
+        });
+        sum = Some(match sum {
+            Some(s) => s + value,
+            None => value,
+        });
+        start = end;
+    }
+    let sum = sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))?;
+    let g = Tensor::cat(grads, 0).reshape([b, t, d]); // [B, T, D]
+    let surrogate = (normed * Tensor::from_inner(g)).sum();
+    Ok((surrogate, sum))
+}
+
+/// The shifted labels laid out per logits row: row `b·T + t` reads label `b·(T − 1) + t` for
+/// `t < T − 1`, and the last row of each sequence weighs 0.
+fn row_labels(shifted: &ShiftedLabels, b: usize, t: usize) -> ShiftedLabels {
+    let mut targets = vec![0u32; b * t];
+    let mut weights = vec![0.0f32; b * t];
+    for row in 0..b {
+        let (from, to) = (row * (t - 1), row * t);
+        targets[to..to + t - 1].copy_from_slice(&shifted.targets[from..from + t - 1]);
+        weights[to..to + t - 1].copy_from_slice(&shifted.weights[from..from + t - 1]);
+    }
+    ShiftedLabels {
+        targets: targets.into(),
+        weights: weights.into(),
+    }
+}
