@@ -331,7 +331,7 @@ fn training_steps(
         supervised: true,
         lora_dropout: s.lora.as_ref().map_or(0.0, |l| l.dropout),
         efficient_attention: s.attention == crate::config::AttentionKind::Efficient,
-        chunked_loss: s.chunked_loss,
+        loss_chunk_rows: s.loss_chunk_rows().filter(|_| s.chunks_loss()),
         loss_scaling: false,
         adamw_on_device: s.optimizer == crate::config::OptimizerKind::AdamW
             && optimizer.offload().is_none(),

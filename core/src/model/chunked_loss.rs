@@ -65,7 +65,8 @@ pub fn head_trains(model: &Llama) -> bool {
 /// The micro-batch's loss through the final norm and a frozen head, `chunk_rows` logits rows
 /// at a time: the surrogate `Σ h ⊙ G` in the step's graph, whose backward gives the loss's
 /// gradient, and the summed NLL (`[1]`, outside the graph), with the labels' conventions of
-/// [`causal_lm_loss`](super::causal_lm_loss).
+/// [`causal_lm_loss`](super::causal_lm_loss). On a GPU the labels are uploaded once, as two
+/// `[B·T]` columns (a class and a weight per logits row), and each chunk reads its rows of them.
 ///
 /// # Shapes
 /// - `top`: `[B, T, D]` (the last block's output, in the graph); `labels`: `B·T` values
@@ -75,6 +76,72 @@ pub fn chunked_lm_loss(
     labels: &[i64],
     chunk_rows: usize,
 ) -> Result<(Tensor<1>, Tensor<1>)> {
+    let [b, t, _] = top.dims();
+    let v = model.config.vocab_size;
+    let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
+    let on_host = |logits: Tensor<3>, start: usize, end: usize| {
+        let chunk_labels = ShiftedLabels {
+            targets: per_row.targets[start..end].into(),
+            weights: per_row.weights[start..end].into(),
+        };
+        weighted_nll(logits, &chunk_labels)
+    };
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if crate::device::is_gpu(&top.device()) {
+        let [classes, weights] = super::loss::columns(&per_row, b * t);
+        let upload = |data| -> Tensor<1> {
+            crate::device::link::upload(data, &top.device(), crate::device::link::Traffic::Data)
+        };
+        let (classes, weights) = (upload(classes), upload(weights));
+        return chunked(model, top, chunk_rows, |logits, start, end| {
+            let rows = end - start;
+            let (k, w) = (
+                classes.clone().narrow(0, start, rows),
+                weights.clone().narrow(0, start, rows),
+            );
+            // The GPU kernel takes f32 logits; others (16-bit ones) go to burn's ops.
+            match crate::kernels::gpu::fused::cross_entropy::summed_nll(logits, &k, &w) {
+                Ok(sum) => Ok(sum),
+                Err(logits) => on_host(logits, start, end),
+            }
+        });
+    }
+    chunked(model, top, chunk_rows, on_host)
+}
+
+/// [`chunked_lm_loss`] with the labels already on the device, as two `[B·T]` f32 columns (a
+/// class and a weight per logits row, weight 0 on each sequence's last row;
+/// [`row_label_columns`](super::loss::row_label_columns)): a step recorded as a device graph
+/// reads them from its kept buffers. An error where the GPU loss kernel does not take the
+/// logits.
+///
+/// # Shapes
+/// - `top`: `[B, T, D]`; `classes`, `weights`: `[B·T]`
+pub(crate) fn chunked_lm_loss_on_device(
+    model: &Llama,
+    top: Tensor<3>,
+    classes: &Tensor<1>,
+    weights: &Tensor<1>,
+    chunk_rows: usize,
+) -> Result<(Tensor<1>, Tensor<1>)> {
+    chunked(model, top, chunk_rows, |logits, start, end| {
+        let rows = end - start;
+        super::loss::summed_nll_on_device(
+            logits,
+            &classes.clone().narrow(0, start, rows),
+            &weights.clone().narrow(0, start, rows),
+        )
+    })
+}
+
+/// The chunks' loop: `nll(logits, start, end)` sums the weighted NLL of logits rows
+/// `start..=end` (`[1, end − start + 1, V]`) against the labels of rows `start..end`.
+fn chunked(
+    model: &Llama,
+    top: Tensor<3>,
+    chunk_rows: usize,
+    mut nll: impl FnMut(Tensor<3>, usize, usize) -> Result<Tensor<1>>,
+) -> Result<(Tensor<1>, Tensor<1>)> {
     if head_trains(model) {
         return Err(Error::Input(
             "--chunked-loss needs a frozen LM head (no adapter on lm_head, no full \
@@ -83,9 +150,6 @@ pub fn chunked_lm_loss(
         ));
     }
     let [b, t, d] = top.dims();
-    let v = model.config.vocab_size;
-    let shifted = shift_labels([b, t, v], labels, None)?;
-    let per_row = row_labels(&shifted, b, t);
     let normed = model.norm.forward(top); // [B, T, D], in the graph
     let h = normed.clone().inner().reshape([b * t, d]); // [B·T, D], outside it
     let rows = b * t;
@@ -100,13 +164,9 @@ pub fn chunked_lm_loss(
             .reshape([1, end - start + 1, d])
             .require_grad(); // [1, R + 1, D]
         let logits = model.head_product(chunk.clone()); // [1, R + 1, V]
-        let chunk_labels = ShiftedLabels {
-            targets: per_row.targets[start..end].into(),
-            weights: per_row.weights[start..end].into(),
-        };
-        let nll = weighted_nll(logits, &chunk_labels)?;
-        let value = nll.clone().inner();
-        let backward = nll.backward();
+        let chunk_nll = nll(logits, start, end)?;
+        let value = chunk_nll.clone().inner();
+        let backward = chunk_nll.backward();
         let grad = chunk
             .grad(&backward)
             .ok_or_else(|| Error::Internal("no gradient reached a chunk of the head".into()))?
@@ -132,7 +192,7 @@ pub fn chunked_lm_loss(
 
 /// The shifted labels laid out per logits row: row `b·T + t` reads label `b·(T − 1) + t` for
 /// `t < T − 1`, and the last row of each sequence weighs 0.
-fn row_labels(shifted: &ShiftedLabels, b: usize, t: usize) -> ShiftedLabels {
+pub(super) fn row_labels(shifted: &ShiftedLabels, b: usize, t: usize) -> ShiftedLabels {
     let mut targets = vec![0u32; b * t];
     let mut weights = vec![0.0f32; b * t];
     for row in 0..b {

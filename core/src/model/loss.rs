@@ -209,19 +209,36 @@ fn uploaded_labels(
     rows: usize,
     device: &burn::tensor::Device,
 ) -> (Tensor<1>, Tensor<1>) {
-    let [classes, weights] = label_columns(shifted, rows);
+    let [classes, weights] = columns(shifted, rows);
     let upload = |data| -> Tensor<1> { link::upload(data, device, Traffic::Data) };
     (upload(classes), upload(weights))
 }
 
-/// The GPU loss kernel's two label columns, `[B·(T − 1)]` f32 each: the class (0 where
-/// ignored) and the weight.
-fn label_columns(shifted: &ShiftedLabels, rows: usize) -> [TensorData; 2] {
-    let classes: Vec<f32> = shifted.targets.iter().map(|&c| c as f32).collect();
+/// The GPU loss kernel's two label columns, `[rows]` f32 each: the class (exact in f32 below
+/// 2²⁴; 0 where ignored) and the weight.
+pub(super) fn columns(labels: &ShiftedLabels, rows: usize) -> [TensorData; 2] {
+    let classes: Vec<f32> = labels.targets.iter().map(|&c| c as f32).collect();
     [
         TensorData::new(classes, [rows]),
-        TensorData::new(shifted.weights.to_vec(), [rows]),
+        TensorData::new(labels.weights.to_vec(), [rows]),
     ]
+}
+
+/// The chunked loss's label columns for logits of shape `dims` (`[B, T, V]`), every counted
+/// label weighing `weight`: `[B·T]` f32 each, a class and a weight per logits row, weight 0
+/// on each sequence's last row (`model/chunked_loss.rs`).
+pub(crate) fn row_label_columns(
+    dims: [usize; 3],
+    labels: &[i64],
+    weight: f32,
+) -> Result<[TensorData; 2]> {
+    let [b, t, _] = dims;
+    let weights = vec![weight; labels.len()];
+    let shifted = shift_labels(dims, labels, Some(&weights))?;
+    Ok(columns(
+        &super::chunked_loss::row_labels(&shifted, b, t),
+        b * t,
+    ))
 }
 
 /// The label columns the GPU loss kernel reads for logits of shape `dims` (`[B, T, V]`), every
@@ -235,7 +252,7 @@ pub(crate) fn weighted_label_columns(
     let [b, t, _] = dims;
     let weights = vec![weight; labels.len()];
     let shifted = shift_labels(dims, labels, Some(&weights))?;
-    Ok(label_columns(&shifted, b * t.saturating_sub(1)))
+    Ok(columns(&shifted, b * t.saturating_sub(1)))
 }
 
 /// `Σ w·(−log p(label))` by the GPU loss kernel, from label columns already on the device

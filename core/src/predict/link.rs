@@ -49,12 +49,12 @@ pub fn step_link(s: &Scenario) -> Option<StepLink> {
     };
     Some(StepLink {
         ids: micro * WORD * b * t,
-        // The chunked loss uploads each chunk's labels, one a logits row but the last of all.
+        // The chunked loss's columns have a value per logits row (0 weight on the last ones).
         labels: micro
             * 2
             * WORD
             * match s.chunks_loss() {
-                true => (b * t).saturating_sub(1),
+                true => b * t,
                 false => b * t.saturating_sub(1),
             },
         rope: micro * 2 * WORD * b * t * head_dim,

@@ -34,6 +34,7 @@ use crate::device::link::{Traffic, write_over};
 use crate::error::{Error, Result};
 use crate::kernels::gpu::sum_of_squares::sum_of_squares;
 use crate::model::Llama;
+use crate::model::chunked_loss::chunked_lm_loss_on_device;
 use crate::model::loss::summed_nll_on_device;
 
 /// What one graph is recorded for: a step of another shape cannot replay it.
@@ -136,11 +137,12 @@ impl CapturedStep {
         model: &Llama,
         micro: &[MicroBatch],
         recomputes: bool,
+        chunk_rows: Option<usize>,
         update: &mut Update<'_>,
     ) -> Result<Self> {
         let shape = StepShape::of(micro, recomputes)
             .ok_or_else(|| Error::Input("micro-batches of different shapes".into()))?;
-        let (packed, contexts) = PackedInputs::upload(model, micro, recomputes)?;
+        let (packed, contexts) = PackedInputs::upload(model, micro, recomputes, chunk_rows)?;
         let device = model.device().inner();
         // AdamW's scalars cross the link as optimizer traffic (the batch's inputs as data).
         let scalars: Tensor<1> =
@@ -149,8 +151,8 @@ impl CapturedStep {
         Dispatch::graph_start_capture(dispatch)
             .map_err(|e| Error::Input(format!("the device refused to record a step: {e:?}")))?;
         let kept = packed.views(contexts);
-        let recorded =
-            forward_backward(model, micro, &kept, recomputes).and_then(|(grads, figures)| {
+        let recorded = forward_backward(model, micro, &kept, recomputes, chunk_rows).and_then(
+            |(grads, figures)| {
                 let all = device_scalars(&figures, &scalars, update.max_grad_norm);
                 update
                     .optimizer
@@ -158,7 +160,8 @@ impl CapturedStep {
                     .ok_or_else(|| Error::Internal("a captured step's update is AdamW's".into()))?
                     .step_on_device(model.clone(), &grads, &all)?;
                 Ok((grads, figures))
-            });
+            },
+        );
         // Stopped whatever the step gave, so the device leaves recording.
         let graph = Dispatch::graph_stop_capture(dispatch);
         let ((grads, figures), graph) = match (recorded, graph) {
@@ -261,12 +264,20 @@ fn forward_backward(
     micro: &[MicroBatch],
     kept: &[KeptInputs],
     recomputes: bool,
+    chunk_rows: Option<usize>,
 ) -> Result<(ParamGrads, Tensor<1>)> {
     let mut grads = ParamGrads::new();
     let mut loss: Option<Tensor<1>> = None;
     for (m, k) in micro.iter().zip(kept) {
         let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
-            let share = summed_nll_on_device(model.head(top), &k.classes, &k.weights)?;
+            let share = match chunk_rows {
+                Some(rows) => {
+                    let (surrogate, share) =
+                        chunked_lm_loss_on_device(model, top, &k.classes, &k.weights, rows)?;
+                    return Ok((surrogate, share));
+                }
+                None => summed_nll_on_device(model.head(top), &k.classes, &k.weights)?,
+            };
             let value = share.clone().inner();
             Ok((share, value))
         };
@@ -296,6 +307,8 @@ fn forward_backward(
 /// Where a run is with capturing its step (the trainer's side of this file).
 pub struct Capturing {
     state: State,
+    /// The chunked loss's rows a chunk (`model/chunked_loss.rs`), or the whole logits.
+    chunk_rows: Option<usize>,
     /// Said once to the user: why the step runs op by op.
     note: Option<String>,
     /// What the last replayed step submitted from the host: its writes into the kept buffers,
@@ -334,7 +347,7 @@ pub struct RunFacts<'a> {
     pub supervised: bool,
     pub lora_dropout: f64,
     pub efficient_attention: bool,
-    pub chunked_loss: bool,
+    pub loss_chunk_rows: Option<usize>,
     pub loss_scaling: bool,
     pub adamw_on_device: bool,
 }
@@ -346,6 +359,7 @@ impl Capturing {
         let reason = if !facts.on_gpu || !facts.wanted {
             return Capturing {
                 state: State::Off,
+                chunk_rows: None,
                 note: None,
                 submissions: None,
             };
@@ -355,8 +369,6 @@ impl Capturing {
             Some("LoRA dropout (new masks each step)")
         } else if facts.efficient_attention {
             Some("--attention efficient (its tiles are chosen on the host)")
-        } else if facts.chunked_loss {
-            Some("--chunked-loss (each chunk's labels are uploaded in the step)")
         } else if facts.loss_scaling {
             Some("f16's loss scaling (a step may be skipped)")
         } else if !facts.adamw_on_device {
@@ -371,11 +383,13 @@ impl Capturing {
         match reason {
             Some(why) => Capturing {
                 state: State::Off,
+                chunk_rows: None,
                 note: Some(format!("the step runs op by op, not captured: {why}")),
                 submissions: None,
             },
             None => Capturing {
                 state: State::Warming,
+                chunk_rows: facts.loss_chunk_rows,
                 note: None,
                 submissions: None,
             },
@@ -440,24 +454,26 @@ impl Capturing {
                 }
                 Ok(None)
             }
-            State::Record => match CapturedStep::record(model, micro, recomputes, update) {
-                Ok(captured) => {
-                    let replayed = captured.replay()?;
-                    self.state = State::Ready(Box::new(captured));
-                    self.note = Some(
+            State::Record => {
+                match CapturedStep::record(model, micro, recomputes, self.chunk_rows, update) {
+                    Ok(captured) => {
+                        let replayed = captured.replay()?;
+                        self.state = State::Ready(Box::new(captured));
+                        self.note = Some(
                         "the step is captured as a device graph and replayed (--no-capture: op \
                          by op)"
                             .into(),
                     );
-                    Ok(Some(replayed))
+                        Ok(Some(replayed))
+                    }
+                    Err(e) => {
+                        self.note = Some(format!(
+                            "the step runs op by op: recording it as a device graph failed ({e})"
+                        ));
+                        Ok(None)
+                    }
                 }
-                Err(e) => {
-                    self.note = Some(format!(
-                        "the step runs op by op: recording it as a device graph failed ({e})"
-                    ));
-                    Ok(None)
-                }
-            },
+            }
             State::Ready(captured) => {
                 if !captured.fits(micro) {
                     self.state = State::Ready(captured);

@@ -25,7 +25,7 @@ use crate::device::link::{self, Traffic, write_over, write_over_int};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::model::attention::AttentionMask;
-use crate::model::loss::weighted_label_columns;
+use crate::model::loss::{row_label_columns, weighted_label_columns};
 use crate::model::rope::{RopeTables, inverse_frequencies};
 
 /// One micro-batch's inputs: views of the step's buffers.
@@ -46,6 +46,8 @@ pub(super) struct PackedInputs {
     mask: Option<Tensor<1>>,
     classes: Tensor<1>,
     weights: Tensor<1>,
+    /// The label columns are per logits row, for the chunked loss.
+    chunked: bool,
     /// The parts of ids, cos, sin, mask, classes, weights.
     layout: [Layout; 6],
 }
@@ -114,7 +116,9 @@ struct StepData {
 }
 
 impl StepData {
-    fn of(model: &Llama, micro: &[MicroBatch]) -> Result<Self> {
+    /// The step's data; the label columns per logits row (`[B·T]`) for the chunked loss, per
+    /// label (`[B·(T − 1)]`) otherwise.
+    fn of(model: &Llama, micro: &[MicroBatch], chunked: bool) -> Result<Self> {
         let weight = step_weight(micro);
         let inv_freq = inverse_frequencies(&model.config);
         let (mut ids, mut cos, mut sin, mut mask) = (vec![], vec![], vec![], vec![]);
@@ -123,11 +127,11 @@ impl StepData {
         for m in micro {
             let batch = &m.batch;
             let [c, s] = RopeTables::data(&inv_freq, &batch.positions, batch.batch, batch.seq);
-            let [k, w] = weighted_label_columns(
-                [batch.batch, batch.seq, model.config.vocab_size],
-                &m.labels,
-                weight,
-            )?;
+            let dims = [batch.batch, batch.seq, model.config.vocab_size];
+            let [k, w] = match chunked {
+                true => row_label_columns(dims, &m.labels, weight)?,
+                false => weighted_label_columns(dims, &m.labels, weight)?,
+            };
             ids.push(batch.ids_data());
             cos.push(c);
             sin.push(s);
@@ -159,8 +163,9 @@ impl PackedInputs {
         model: &Llama,
         micro: &[MicroBatch],
         recomputes: bool,
+        chunk_rows: Option<usize>,
     ) -> Result<(Self, Vec<StepInputs>)> {
-        let data = StepData::of(model, micro)?;
+        let data = StepData::of(model, micro, chunk_rows.is_some())?;
         let tables_on = match recomputes {
             true => model.device().inner(),
             false => model.device(),
@@ -176,6 +181,7 @@ impl PackedInputs {
                 .map(|mask| link::upload(mask.data, &tables_on, Traffic::Data)),
             classes: link::upload(data.classes.data, &device, Traffic::Data),
             weights: link::upload(data.weights.data, &device, Traffic::Data),
+            chunked: chunk_rows.is_some(),
             layout: [
                 data.ids.layout,
                 data.cos.layout,
@@ -221,7 +227,7 @@ impl PackedInputs {
     /// Writes `micro`'s data over the buffers, one write a kind; false where a buffer could
     /// not be written (its length differs).
     pub(super) fn refresh(&self, model: &Llama, micro: &[MicroBatch]) -> Result<bool> {
-        let data = StepData::of(model, micro)?;
+        let data = StepData::of(model, micro, self.chunked)?;
         let mut written = write_over_int(&self.ids, data.ids.data, Traffic::Data)
             && write_over(&self.cos, data.cos.data, Traffic::Data)
             && write_over(&self.sin, data.sin.data, Traffic::Data)

@@ -17,6 +17,7 @@ use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf_writer::WeightDtype;
+use crate::model::chunked_loss::default_chunk_rows;
 use crate::predict::inventory::Scenario;
 use crate::predict::settings::StepSettings;
 use crate::predict::sharding::Strategy;
@@ -127,6 +128,9 @@ pub struct TrainConfig {
     /// Run the LM head and the loss a chunk of rows at a time, so that the `[B·T, V]` logits
     /// are never whole (a frozen head: LoRA without an adapter on lm_head, sft).
     pub chunked_loss: bool,
+    /// With `chunked_loss`: logits rows a chunk (None: as many as 16 MiB of f32 logits hold,
+    /// `model::chunked_loss::default_chunk_rows`).
+    pub loss_chunk_rows: Option<usize>,
     /// `eager` (keeps the `[B, H, T, T]` probabilities) or `efficient` (tiled, keeps none).
     pub attention: AttentionKind,
     /// B: rows per micro-batch.
@@ -215,6 +219,7 @@ impl Default for TrainConfig {
             nf4_block_size: 64,
             checkpointing: false,
             chunked_loss: false,
+            loss_chunk_rows: None,
             attention: AttentionKind::Eager,
             micro_batch: 1,
             accumulation: 1,
@@ -268,6 +273,15 @@ impl TrainConfig {
     /// The predictor's scenario of this run for a model of `config`.
     pub fn scenario(&self, config: LlamaConfig) -> Result<Scenario> {
         self.step_settings()?.scenario(config)
+    }
+
+    /// The chunked loss's rows a chunk for a vocabulary of `vocab` words (None: the whole
+    /// logits at once).
+    pub fn loss_chunk_rows(&self, vocab: usize) -> Option<usize> {
+        self.chunked_loss.then(|| {
+            self.loss_chunk_rows
+                .unwrap_or_else(|| default_chunk_rows(vocab))
+        })
     }
 
     /// The step's settings, as the predictor takes them from every front end.

@@ -45,7 +45,6 @@ use crate::config::{LoraConfig, ObjectiveKind};
 use crate::data::MicroBatch;
 use crate::data::PairBatch;
 use crate::device::{guard_device_memory, is_gpu};
-use crate::model::chunked_loss::default_chunk_rows;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -194,7 +193,7 @@ impl Trainer {
             supervised: config.objective == ObjectiveKind::Sft,
             lora_dropout: config.lora_dropout,
             efficient_attention: config.attention == AttentionKind::Efficient,
-            chunked_loss: config.chunked_loss,
+            loss_chunk_rows: config.loss_chunk_rows(model.config.vocab_size),
             loss_scaling: progress.loss_scale != 1.0,
             adamw_on_device: config.optimizer == OptimizerKind::AdamW && !config.offload_optimizer,
         });
@@ -396,11 +395,7 @@ impl Trainer {
         let loss_scale = self.loss_scale;
         let options = StepOptions::default()
             .with_checkpointing(self.config.checkpointing)
-            .with_loss_chunk_rows(
-                self.config
-                    .chunked_loss
-                    .then(|| default_chunk_rows(self.model.config.vocab_size)),
-            )
+            .with_loss_chunk_rows(self.config.loss_chunk_rows(self.model.config.vocab_size))
             .with_loss_scale(loss_scale)
             .with_dropout_key(dropout_key);
         let mut step = self.forward_backward(&options)?;

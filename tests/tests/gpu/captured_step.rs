@@ -189,6 +189,18 @@ fn a_replayed_qlora_step_with_checkpointing_and_accumulation_trains_as_op_by_op(
     });
 }
 
+#[test]
+fn a_replayed_step_with_the_chunked_loss_trains_as_op_by_op() {
+    // Two rows of 64 in chunks of 20 (the label columns' chunks start at offsets that are not
+    // multiples of the device's alignment: copies inside the graph), the same nine.
+    compare("LoRA r 8, chunked loss (chunks of 20), B = 2", 9, |c| {
+        c.steps = Some(12);
+        c.micro_batch = 2;
+        c.chunked_loss = true;
+        c.loss_chunk_rows = Some(20);
+    });
+}
+
 /// What a replayed step holds for the run (`measure_with`'s capture on lavapipe): the
 /// gradients (which a step op by op frees after its update), the kept inputs and AdamW's
 /// scalars, `predict::link::held_by_recorded_step` beside the pool's bytes in use. The rule was
