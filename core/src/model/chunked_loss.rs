@@ -134,6 +134,46 @@ pub(crate) fn chunked_lm_loss_on_device(
     })
 }
 
+/// The summed NLL (`[1]`) through the final norm and the head, `chunk_rows` logits rows at a
+/// time, without a graph (a held-out evaluation on `Llama::valid`'s model): one chunk's logits
+/// at a time, and no gradient.
+///
+/// # Shapes
+/// - `top`: `[B, T, D]` (the last block's output); `labels`: `B·T` values
+pub fn chunked_lm_loss_value(
+    model: &Llama,
+    top: Tensor<3>,
+    labels: &[i64],
+    chunk_rows: usize,
+) -> Result<Tensor<1>> {
+    let [b, t, d] = top.dims();
+    let v = model.config.vocab_size;
+    let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
+    let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
+    let rows = b * t;
+    let step = chunk_rows.max(1);
+    let mut sum: Option<Tensor<1>> = None;
+    let mut start = 0;
+    while start + 1 < rows {
+        let end = (start + step).min(rows - 1);
+        let chunk = h
+            .clone()
+            .narrow(0, start, end - start + 1)
+            .reshape([1, end - start + 1, d]);
+        let chunk_labels = ShiftedLabels {
+            targets: per_row.targets[start..end].into(),
+            weights: per_row.weights[start..end].into(),
+        };
+        let value = weighted_nll(model.head_product(chunk), &chunk_labels)?;
+        sum = Some(match sum {
+            Some(s) => s + value,
+            None => value,
+        });
+        start = end;
+    }
+    sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))
+}
+
 /// The chunks' loop: `nll(logits, start, end)` sums the weighted NLL of logits rows
 /// `start..=end` (`[1, end − start + 1, V]`) against the labels of rows `start..end`.
 fn chunked(

@@ -14,6 +14,7 @@ use super::preference::{Objective, PreferenceMetrics, preference_metrics};
 use crate::data::{MicroBatch, PairBatch};
 use crate::error::Result;
 use crate::kernels::values::scalar;
+use crate::model::chunked_loss::chunked_lm_loss_value;
 use crate::model::{Llama, causal_lm_loss};
 
 /// One evaluation.
@@ -43,15 +44,28 @@ impl EvalReport {
     }
 }
 
-/// The held-out loss of `model` on `batches`.
-pub fn held_out_loss(model: &Llama, batches: &[MicroBatch]) -> Result<EvalReport> {
+/// The held-out loss of `model` on `batches`; with `loss_chunk_rows` (the run's chunked loss)
+/// the head and the loss run that many logits rows at a time, so an evaluation holds no more
+/// logits than a step.
+pub fn held_out_loss(
+    model: &Llama,
+    batches: &[MicroBatch],
+    loss_chunk_rows: Option<usize>,
+) -> Result<EvalReport> {
     let frozen = model.valid();
     let mut sum = 0.0f64;
     let mut tokens = 0usize;
     for micro in batches {
-        let loss = causal_lm_loss(frozen.forward(&micro.batch), &micro.labels)?;
-        tokens += loss.tokens;
-        sum += f64::from(scalar(loss.sum));
+        let value = match loss_chunk_rows {
+            Some(rows) => {
+                let top =
+                    frozen.blocks_in(frozen.embed(&micro.batch), &frozen.context(&micro.batch));
+                chunked_lm_loss_value(&frozen, top, &micro.labels, rows)?
+            }
+            None => causal_lm_loss(frozen.forward(&micro.batch), &micro.labels)?.sum,
+        };
+        tokens += micro.label_tokens();
+        sum += f64::from(scalar(value));
     }
     let loss = sum / tokens.max(1) as f64;
     Ok(EvalReport {

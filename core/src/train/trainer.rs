@@ -304,7 +304,12 @@ impl Trainer {
         }
         let _precision = autocast(self.compute);
         match &self.eval_batches {
-            HeldOut::Tokens(batches) => held_out_loss(&self.model, batches).map(Some),
+            HeldOut::Tokens(batches) => held_out_loss(
+                &self.model,
+                batches,
+                self.config.loss_chunk_rows(self.model.config.vocab_size),
+            )
+            .map(Some),
             HeldOut::Pairs(batches) => held_out_preference(
                 &self.model,
                 self.reference.as_ref(),

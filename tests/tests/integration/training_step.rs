@@ -9,7 +9,7 @@ use napkin_core::io::load_hf_llama;
 use napkin_core::io::peft::PEFT_PREFIX;
 use napkin_core::kernels::values::to_f32_vec;
 use napkin_core::model::{Llama, TokenBatch};
-use napkin_core::train::{Accumulation, ParamGrads, StepOptions, forward_backward};
+use napkin_core::train::{Accumulation, ParamGrads, StepOptions, forward_backward, held_out_loss};
 use napkin_tests::{Reference, assert_close, max_errors, model_dirs};
 
 /// The fixture's two rows as two micro-batches of one row, with the masked labels.
@@ -206,7 +206,8 @@ fn block_checkpointing_leaves_every_gradient_unchanged() {
 /// The head and loss a chunk of rows at a time (`--chunked-loss`) give the whole-logits step's
 /// loss and adapter gradients, on the fixtures' two masked rows as one micro-batch, with chunks
 /// of 1 row, of odd sizes that straddle the rows' boundary, of all rows but one and of more
-/// rows than there are, with and without checkpointing; a head that trains is refused.
+/// rows than there are, with and without checkpointing, and the graph-free held-out loss
+/// chunked the same way (within 1e-6 relative); a head that trains is refused.
 #[test]
 fn the_chunked_loss_gives_the_whole_logits_step() {
     for dir in model_dirs() {
@@ -236,6 +237,16 @@ fn the_chunked_loss_gives_the_whole_logits_step() {
                 assert_eq!(chunked.grads.len(), whole.grads.len(), "{what}");
                 let worst = worst_gradient_gap(&what, &model, &chunked.grads, &whole.grads);
                 eprintln!("{what}: max gradient diff {worst:.2e}");
+                // The held-out evaluation, graph-free, chunked the same way.
+                let held = held_out_loss(&model, &micro, Some(chunk)).unwrap();
+                let held_whole = held_out_loss(&model, &micro, None).unwrap();
+                assert_eq!(held.tokens, held_whole.tokens, "{what}");
+                assert!(
+                    (held.loss - held_whole.loss).abs() <= 1e-6 * held_whole.loss.abs(),
+                    "{what}: held-out loss {} against {}",
+                    held.loss,
+                    held_whole.loss
+                );
             }
         }
         let full = load_hf_llama(&dir, &DeviceKind::Cpu.open().unwrap().autodiff()).unwrap();
