@@ -527,7 +527,7 @@ pub struct TrainArgs {
     pub checkpointing: bool,
     /// Run the LM head and the loss a chunk of rows at a time (16 MiB of f32 logits each), so
     /// the [B·T, V] logits are never whole. Needs a frozen head (LoRA without lm_head in
-    /// --lora-targets) and --objective sft.
+    /// --lora-targets).
     #[arg(long)]
     pub chunked_loss: bool,
     /// How the attention's softmax is computed.

@@ -375,6 +375,50 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
 /// A flag with a set of values lists them in `--help` with what each does, accepts their
 /// other spellings, and refuses anything else before any work starts, naming the flag and
 /// the values.
+/// `--chunked-loss` needs a frozen head, and the PyTorch profile has no chunked loss: each is
+/// refused in one line that names the flag.
+#[test]
+fn the_chunked_loss_is_refused_where_it_cannot_run() {
+    for (args, message) in [
+        (
+            &["estimate", "--preset", "smollm2-135m", "--chunked-loss"][..],
+            "--chunked-loss / chunked_loss: needs a frozen LM head",
+        ),
+        (
+            &[
+                "estimate",
+                "--preset",
+                "tinyllama-1.1b",
+                "--lora-r",
+                "8",
+                "--lora-targets",
+                "q,v,lm_head",
+                "--chunked-loss",
+            ][..],
+            "--chunked-loss / chunked_loss: needs a frozen LM head",
+        ),
+        (
+            &[
+                "estimate",
+                "--preset",
+                "smollm2-135m",
+                "--lora-r",
+                "8",
+                "--engine",
+                "pytorch",
+                "--chunked-loss",
+            ][..],
+            "--chunked-loss with --engine pytorch",
+        ),
+    ] {
+        let (ok, _, stderr) = napkin(args);
+        assert!(
+            !ok && stderr.starts_with("error: ") && stderr.contains(message),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn flags_with_a_set_of_values_list_them_and_refuse_the_rest() {
     let (ok, stdout, stderr) = napkin(&["train", "--help"]);

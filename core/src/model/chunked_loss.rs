@@ -27,18 +27,11 @@ use burn::tensor::Tensor;
 
 use super::Llama;
 use super::linear::BaseWeight;
-use super::loss::{shift_labels, weighted_nll};
+use super::loss::{row_log_probs, shift_labels, weighted_nll};
 use crate::error::{Error, Result};
 use crate::kernels::cpu::fused::cross_entropy::ShiftedLabels;
 
-/// The f32 bytes of one chunk's logits that [`default_chunk_rows`] aims at.
-pub const CHUNK_LOGITS_BYTES: usize = 16 << 20;
-
-/// Rows per chunk for a vocabulary of `vocab` words: as many as keep a chunk's f32 logits
-/// within [`CHUNK_LOGITS_BYTES`], at least 16.
-pub fn default_chunk_rows(vocab: usize) -> usize {
-    (CHUNK_LOGITS_BYTES / (4 * vocab.max(1))).max(16)
-}
+pub use crate::config::{CHUNK_LOGITS_BYTES, default_chunk_rows};
 
 /// How many chunks `rows` logits rows take with `chunk_rows` rows each: every row but the
 /// last of all (it predicts nothing) begins one chunk's labels.
@@ -76,9 +69,25 @@ pub fn chunked_lm_loss(
     labels: &[i64],
     chunk_rows: usize,
 ) -> Result<(Tensor<1>, Tensor<1>)> {
+    chunked_weighted_lm_loss(model, top, labels, None, chunk_rows)
+}
+
+/// [`chunked_lm_loss`] with a weight of its own on every label (`weights` beside `labels`, as
+/// [`weighted_lm_loss`](super::weighted_lm_loss) takes them): a preference objective's
+/// surrogate. The `[1]` value is `Σ w·(−log p)`.
+///
+/// # Shapes
+/// - `top`: `[B, T, D]` (in the graph); `labels`, `weights`: `B·T` values
+pub fn chunked_weighted_lm_loss(
+    model: &Llama,
+    top: Tensor<3>,
+    labels: &[i64],
+    weights: Option<&[f32]>,
+    chunk_rows: usize,
+) -> Result<(Tensor<1>, Tensor<1>)> {
     let [b, t, _] = top.dims();
     let v = model.config.vocab_size;
-    let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
+    let per_row = row_labels(&shift_labels([b, t, v], labels, weights)?, b, t);
     let on_host = |logits: Tensor<3>, start: usize, end: usize| {
         let chunk_labels = ShiftedLabels {
             targets: per_row.targets[start..end].into(),
@@ -132,6 +141,51 @@ pub(crate) fn chunked_lm_loss_on_device(
             &weights.clone().narrow(0, start, rows),
         )
     })
+}
+
+/// `log p(labelₜ)` under the logits at `t − 1` for every label (0 at each row's first position
+/// and at ignored labels), as [`label_log_probs`](super::label_log_probs) reads them from whole
+/// logits, through the final norm and the head of `model` (graph-free, e.g. `Llama::valid`'s)
+/// `chunk_rows` logits rows at a time.
+///
+/// # Shapes
+/// - `top`: `[B, T, D]` (the last block's output, outside any graph); `labels`: `B·T` values
+///   → `B·T` values, row-major `[B, T]`
+pub fn chunked_label_log_probs(
+    model: &Llama,
+    top: Tensor<3>,
+    labels: &[i64],
+    chunk_rows: usize,
+) -> Result<Vec<f32>> {
+    let [b, t, d] = top.dims();
+    let v = model.config.vocab_size;
+    let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
+    let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
+    let rows = b * t;
+    let step = chunk_rows.max(1);
+    let mut out = vec![0.0f32; rows];
+    let mut start = 0;
+    while start + 1 < rows {
+        let end = (start + step).min(rows - 1);
+        let chunk = h
+            .clone()
+            .narrow(0, start, end - start + 1)
+            .reshape([1, end - start + 1, d]);
+        let chunk_labels = ShiftedLabels {
+            targets: per_row.targets[start..end].into(),
+            weights: per_row.weights[start..end].into(),
+        };
+        let values = row_log_probs(model.head_product(chunk), &chunk_labels)?;
+        // Logits row `start + j` predicts the label at row `start + j + 1` (same sequence:
+        // each sequence's last row weighs 0).
+        for j in 0..end - start {
+            if chunk_labels.weights[j] != 0.0 {
+                out[start + j + 1] = values[j];
+            }
+        }
+        start = end;
+    }
+    Ok(out)
 }
 
 /// The summed NLL (`[1]`) through the final norm and the head, `chunk_rows` logits rows at a

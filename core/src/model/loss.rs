@@ -65,11 +65,7 @@ pub fn label_log_probs(logits: Tensor<3>, labels: &[i64]) -> Result<Vec<f32>> {
     let [b, t, v] = logits.dims();
     let shifted = shift_labels([b, t, v], labels, None)?;
     // Per logits row `r·T + p` (p < T − 1): the log-probability of label `r·T + p + 1`.
-    let per_row =
-        match crate::kernels::cpu::fused::cross_entropy::label_log_probs(&logits, &shifted) {
-            Some(values) => values,
-            None => rows_by_ops(logits, &shifted)?,
-        };
+    let per_row = row_log_probs(logits, &shifted)?;
     let mut out = vec![0.0; b * t];
     for row in 0..b {
         for pos in 1..t {
@@ -79,6 +75,18 @@ pub fn label_log_probs(logits: Tensor<3>, labels: &[i64]) -> Result<Vec<f32>> {
         }
     }
     Ok(out)
+}
+
+/// `log p(label)` at every logits row that predicts a counted label (0 elsewhere), outside
+/// any graph: row `b·T + t` predicting label `b·(T − 1) + t` of `shifted`.
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]` → `B·T` values
+pub(super) fn row_log_probs(logits: Tensor<3>, shifted: &ShiftedLabels) -> Result<Vec<f32>> {
+    match crate::kernels::cpu::fused::cross_entropy::label_log_probs(&logits, shifted) {
+        Some(values) => Ok(values),
+        None => rows_by_ops(logits, shifted),
+    }
 }
 
 /// [`label_log_probs`]' per-row values off the CPU: the cubecl kernel's `[B·T]` NLLs on a GPU,

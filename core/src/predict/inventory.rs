@@ -228,7 +228,7 @@ impl Scenario {
     /// The logits rows a chunk of the chunked loss takes (None: the whole logits at once).
     pub fn loss_chunk_rows(&self) -> Option<usize> {
         self.chunked_loss
-            .then(|| crate::model::chunked_loss::default_chunk_rows(self.config.vocab_size))
+            .then(|| crate::config::default_chunk_rows(self.config.vocab_size))
     }
 }
 

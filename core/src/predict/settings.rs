@@ -208,15 +208,6 @@ impl StepSettings {
                 "needs a frozen LM head: LoRA (--lora-r ≥ 1) without an adapter on lm_head".into(),
             );
         }
-        if self.chunked_loss && self.objective.is_preference() {
-            return bad(
-                "chunked_loss",
-                format!(
-                    "runs the sft objective only; {} reads every label's log-probability from the whole logits",
-                    self.objective
-                ),
-            );
-        }
         if let Some(nf4) = &self.nf4 {
             nf4.validate()?;
         }

@@ -348,10 +348,17 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
                 forward,
             ));
         }
+        // The chunked loss's reads one chunk's logits (`[R + 1, V]`) at a time.
+        let logits_rows = match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+            Some(rows) => n.min(rows as u64 + 1),
+            None => n,
+        };
         out.push(workspace(
             "reference.logits".into(),
             None,
-            s.rows.bytes(Size::rows(n, c.vocab_size as u64), F32) + hidden,
+            s.rows
+                .bytes(Size::rows(logits_rows, c.vocab_size as u64), F32)
+                + hidden,
             forward,
         ));
     }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::optimizer::OptimizerKind;
 use super::schedule::ScheduleKind;
 use crate::chat::BuiltInChat;
+use crate::config::default_chunk_rows;
 use crate::config::spellings;
 use crate::config::{
     AttentionKind, Kernels, LlamaConfig, LoraConfig, Nf4Config, ObjectiveKind, TargetNames,
@@ -17,7 +18,6 @@ use crate::data::DataFormat;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::io::hf_writer::WeightDtype;
-use crate::model::chunked_loss::default_chunk_rows;
 use crate::predict::inventory::Scenario;
 use crate::predict::settings::StepSettings;
 use crate::predict::sharding::Strategy;

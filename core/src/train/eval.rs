@@ -83,8 +83,15 @@ pub fn held_out_preference(
     reference: Option<&Llama>,
     batches: &[PairBatch],
     objective: Objective,
+    loss_chunk_rows: Option<usize>,
 ) -> Result<EvalReport> {
-    let metrics = preference_metrics(&model.valid(), reference, batches, objective)?;
+    let metrics = preference_metrics(
+        &model.valid(),
+        reference,
+        batches,
+        objective,
+        loss_chunk_rows,
+    )?;
     let tokens = batches.iter().map(|b| b.micro.label_tokens()).sum();
     Ok(EvalReport {
         loss: metrics.loss,

@@ -21,13 +21,16 @@
 //! TRL divides each micro-batch's mean by the accumulation steps instead; with one
 //! micro-batch, or equal ones, the two agree.
 
+use burn::module::Module;
 use burn::tensor::Tensor;
 
 use super::grads::ParamGrads;
 use super::step::{StepOptions, micro_backward};
 use crate::config::ObjectiveKind;
+use crate::data::MicroBatch;
 use crate::data::{PairBatch, Role};
 use crate::error::{Error, Result};
+use crate::model::chunked_loss::{chunked_label_log_probs, chunked_weighted_lm_loss};
 use crate::model::dropout_draw::micro_batch_key;
 use crate::model::{Llama, loss::label_log_probs, loss::weighted_lm_loss};
 
@@ -305,17 +308,31 @@ fn reference_logps(
     objective: Objective,
     reference: Option<&Llama>,
     batch: &PairBatch,
+    loss_chunk_rows: Option<usize>,
 ) -> Result<Option<Vec<PairLogps>>> {
     match (objective, reference) {
-        (Objective::Dpo { .. }, Some(reference)) => {
-            let logits = reference.forward(&batch.micro.batch);
-            Ok(Some(pair_logps(
-                batch,
-                &label_log_probs(logits, &batch.micro.labels)?,
-            )))
-        }
+        (Objective::Dpo { .. }, Some(reference)) => Ok(Some(pair_logps(
+            batch,
+            &graph_free_log_probs(reference, &batch.micro, loss_chunk_rows)?,
+        ))),
         (Objective::Dpo { .. }, None) => Err(Error::Internal("DPO needs a reference model".into())),
         _ => Ok(None),
+    }
+}
+
+/// `log p(label)` of every label of `micro` under a graph-free `model`, from the whole logits or
+/// `loss_chunk_rows` rows of them at a time.
+fn graph_free_log_probs(
+    model: &Llama,
+    micro: &MicroBatch,
+    loss_chunk_rows: Option<usize>,
+) -> Result<Vec<f32>> {
+    match loss_chunk_rows {
+        Some(rows) => {
+            let top = model.blocks_in(model.embed(&micro.batch), &model.context(&micro.batch));
+            chunked_label_log_probs(model, top, &micro.labels, rows)
+        }
+        None => label_log_probs(model.forward(&micro.batch), &micro.labels),
     }
 }
 
@@ -338,8 +355,27 @@ pub fn preference_forward_backward(
     let mut grads = ParamGrads::new();
     for (index, batch) in batches.iter().enumerate() {
         let micro = &batch.micro;
-        let reference = reference_logps(objective, reference, batch)?;
+        let reference = reference_logps(objective, reference, batch, options.loss_chunk_rows)?;
         let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
+            if let Some(rows) = options.loss_chunk_rows {
+                // Two passes over the chunks: the log-probabilities without a graph, then the
+                // weighted surrogate with each chunk's gradient.
+                let frozen = model.valid();
+                let per_token =
+                    chunked_label_log_probs(&frozen, top.clone().inner(), &micro.labels, rows)?;
+                drop(frozen);
+                let weights = micro_terms(
+                    objective,
+                    batch,
+                    &per_token,
+                    reference.as_deref(),
+                    totals,
+                    &mut metrics,
+                )?;
+                let (surrogate, value) =
+                    chunked_weighted_lm_loss(model, top, &micro.labels, Some(&weights), rows)?;
+                return Ok((surrogate * options.loss_scale, value));
+            }
             let logits = model.head(top);
             let per_token = label_log_probs(logits.clone(), &micro.labels)?;
             let weights = micro_terms(
@@ -377,6 +413,7 @@ pub fn preference_metrics(
     reference: Option<&Llama>,
     batches: &[PairBatch],
     objective: Objective,
+    loss_chunk_rows: Option<usize>,
 ) -> Result<PreferenceMetrics> {
     let totals = Totals::of(batches)?;
     let mut metrics = PreferenceMetrics {
@@ -384,9 +421,8 @@ pub fn preference_metrics(
         ..PreferenceMetrics::default()
     };
     for batch in batches {
-        let reference = reference_logps(objective, reference, batch)?;
-        let logits = model.forward(&batch.micro.batch);
-        let per_token = label_log_probs(logits, &batch.micro.labels)?;
+        let reference = reference_logps(objective, reference, batch, loss_chunk_rows)?;
+        let per_token = graph_free_log_probs(model, &batch.micro, loss_chunk_rows)?;
         micro_terms(
             objective,
             batch,

@@ -315,6 +315,7 @@ impl Trainer {
                 self.reference.as_ref(),
                 batches,
                 self.objective,
+                self.config.loss_chunk_rows(self.model.config.vocab_size),
             )
             .map(Some),
         }

@@ -22,6 +22,11 @@ pub fn run(args: &EstimateArgs, name: &str, config: &LlamaConfig) -> Result<()> 
             "--dora with --engine pytorch: the PyTorch profile replays peft's plain LoRA, not its DoRA layers (napkin's own engine predicts DoRA: drop --engine pytorch)"
         );
     }
+    if args.scenario.chunked_loss {
+        bail!(
+            "--chunked-loss with --engine pytorch: the PyTorch profile replays transformers' loss over the whole logits (napkin's own engine predicts the chunked loss: drop --engine pytorch)"
+        );
+    }
     match args.scenario.objective {
         ObjectiveKind::Sft | ObjectiveKind::Dpo => {}
         ObjectiveKind::Orpo => anyhow::bail!(

@@ -28,6 +28,7 @@ use super::*;
 use burn::module::Module;
 use napkin_core::config::{LoraTarget, ObjectiveKind};
 use napkin_core::data::{PairBatch, PairTokens};
+use napkin_core::model::chunked_loss::chunked_label_log_probs;
 use napkin_core::model::label_log_probs;
 use napkin_core::predict::settings::StepSettings;
 use napkin_core::predict::timeline::step_timeline;
@@ -46,6 +47,9 @@ struct Case {
     checkpointing: bool,
     accumulation: usize,
     held_out: bool,
+    /// The chunked loss (`--chunked-loss`): the policy's and the reference's logits one chunk
+    /// at a time.
+    chunked: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -73,6 +77,7 @@ fn cases() -> Vec<Case> {
         checkpointing,
         accumulation,
         held_out: false,
+        chunked: false,
     };
     use ObjectiveKind::{Dpo, Orpo};
     vec![
@@ -93,6 +98,7 @@ fn cases() -> Vec<Case> {
             checkpointing: true,
             accumulation: 1,
             held_out: true,
+            chunked: false,
         },
         Case {
             label: "small DPO LoRA r16 1 pair T=96 accum 3",
@@ -105,6 +111,7 @@ fn cases() -> Vec<Case> {
             checkpointing: false,
             accumulation: 3,
             held_out: true,
+            chunked: false,
         },
         Case {
             label: "tiny-smol ORPO LoRA r8 2 pairs T=50",
@@ -117,6 +124,7 @@ fn cases() -> Vec<Case> {
             checkpointing: false,
             accumulation: 1,
             held_out: true,
+            chunked: false,
         },
         Case {
             label: "small DPO QLoRA r8 q,v ckpt 4 pairs T=32",
@@ -129,6 +137,7 @@ fn cases() -> Vec<Case> {
             checkpointing: true,
             accumulation: 1,
             held_out: true,
+            chunked: false,
         },
         // Chosen on 2026-12-07 after the reference forward's rule gained the final norm's
         // output and before they ran (see the module's note).
@@ -143,6 +152,7 @@ fn cases() -> Vec<Case> {
             checkpointing: false,
             accumulation: 1,
             held_out: true,
+            chunked: false,
         },
         Case {
             label: "small DPO LoRA r4 k,o ckpt 3 pairs T=24 accum 2",
@@ -158,12 +168,69 @@ fn cases() -> Vec<Case> {
             checkpointing: true,
             accumulation: 2,
             held_out: true,
+            chunked: false,
+        },
+        // The chunked loss on a SmolLM2-shaped slice (its 49,152-word vocabulary, 2 of its 30
+        // layers), where the logits are the step's largest tensors: chosen 2026-12-07 before
+        // their first run. The first one's first run found the reference forward still
+        // predicted with the whole logits (0.34), so it drove the chunked reference's rule and
+        // is fit; the other two first ran after it.
+        Case {
+            label: "SmolLM2 slice DPO LoRA r8 chunked 1 pair T=128",
+            config: smollm2_slice(true),
+            lora: all(8),
+            nf4: None,
+            objective: ObjectiveKind::Dpo,
+            pairs: 1,
+            seq: 128,
+            checkpointing: false,
+            accumulation: 1,
+            held_out: false,
+            chunked: true,
+        },
+        Case {
+            label: "SmolLM2 slice ORPO LoRA r16 q,v chunked ckpt 2 pairs T=96",
+            config: smollm2_slice(true),
+            lora: qv(16),
+            nf4: None,
+            objective: ObjectiveKind::Orpo,
+            pairs: 2,
+            seq: 96,
+            checkpointing: true,
+            accumulation: 1,
+            held_out: true,
+            chunked: true,
+        },
+        Case {
+            label: "SmolLM2 slice untied DPO QLoRA r8 chunked ckpt 1 pair T=160",
+            config: smollm2_slice(false),
+            lora: all(8),
+            nf4: Some(Nf4Config {
+                block_size: 64,
+                double_quant: true,
+            }),
+            objective: ObjectiveKind::Dpo,
+            pairs: 1,
+            seq: 160,
+            checkpointing: true,
+            accumulation: 1,
+            held_out: true,
+            chunked: true,
         },
     ]
 }
 
 /// `pairs` pairs whose two sequences are both `seq` tokens (a prompt of a third, then the
 /// reply), so every row is `2 · seq` wide, as the prediction's.
+/// SmolLM2-135M's shape with 2 of its decoder layers, its head tied or not.
+fn smollm2_slice(tied: bool) -> LlamaConfig {
+    LlamaConfig {
+        num_hidden_layers: 2,
+        tie_word_embeddings: tied,
+        ..LlamaConfig::smollm2_135m()
+    }
+}
+
 fn pair_tokens(pairs: usize, seq: usize, vocab: usize, seed: usize) -> Vec<PairTokens> {
     let ids = |len: usize, salt: usize| -> Vec<u32> {
         (0..len)
@@ -225,7 +292,25 @@ fn preference_step_peaks_are_within_5_percent_of_the_prediction() {
             .collect();
         assert!(batches.iter().all(|b| b.micro.batch.seq == 2 * case.seq));
         let objective = Objective::of(case.objective, 0.1);
-        let options = StepOptions::default().with_checkpointing(case.checkpointing);
+        let scenario = StepSettings {
+            objective: case.objective,
+            micro_batch: case.pairs,
+            seq_len: case.seq,
+            lora_r: case.lora.r,
+            lora_alpha: Some(case.lora.alpha),
+            lora_targets: case.lora.targets.clone(),
+            nf4: case.nf4,
+            checkpointing: case.checkpointing,
+            chunked_loss: case.chunked,
+            accumulation: case.accumulation,
+            ..StepSettings::default()
+        }
+        .scenario(case.config.clone())
+        .unwrap();
+        let chunk_rows = scenario.loss_chunk_rows();
+        let options = StepOptions::default()
+            .with_checkpointing(case.checkpointing)
+            .with_loss_chunk_rows(chunk_rows);
         let step = || {
             preference_forward_backward(&model, reference.as_ref(), &batches, objective, &options)
                 .unwrap()
@@ -236,20 +321,6 @@ fn preference_step_peaks_are_within_5_percent_of_the_prediction() {
         let peak = (peak_bytes() - start) as f64;
         drop(out);
 
-        let scenario = StepSettings {
-            objective: case.objective,
-            micro_batch: case.pairs,
-            seq_len: case.seq,
-            lora_r: case.lora.r,
-            lora_alpha: Some(case.lora.alpha),
-            lora_targets: case.lora.targets.clone(),
-            nf4: case.nf4,
-            checkpointing: case.checkpointing,
-            accumulation: case.accumulation,
-            ..StepSettings::default()
-        }
-        .scenario(case.config.clone())
-        .unwrap();
         let timeline = step_timeline(&scenario);
         let predicted = (timeline.peak.bytes - timeline.persistent) as f64;
         let ratio = peak / predicted;
@@ -270,7 +341,16 @@ fn preference_step_peaks_are_within_5_percent_of_the_prediction() {
         // graph-free, the logits read for the label log-probabilities in place.
         if let Some(reference) = &reference {
             let batch = &batches[0].micro;
-            let forward = || label_log_probs(reference.forward(&batch.batch), &batch.labels);
+            let forward = || match chunk_rows {
+                Some(rows) => {
+                    let top = reference.blocks_in(
+                        reference.embed(&batch.batch),
+                        &reference.context(&batch.batch),
+                    );
+                    chunked_label_log_probs(reference, top, &batch.labels, rows)
+                }
+                None => label_log_probs(reference.forward(&batch.batch), &batch.labels),
+            };
             drop(forward());
             let start = reset_peak();
             drop(forward());
