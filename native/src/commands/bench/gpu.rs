@@ -1,7 +1,7 @@
 //! `napkin bench gpu`: the training steps a GPU practitioner runs, on the first GPU found (CUDA,
 //! then wgpu): TinyLlama-1.1B-shaped QLoRA (r 16 on every linear, NF4 + double quantization,
 //! gradient checkpointing, B = 1, T = 512 and 2048; random weights from the preset, nothing
-//! downloaded) and SmolLM2-135M LoRA. For each: the step peak predicted beside the device pool's,
+//! downloaded) and SmolLM2-135M LoRA, whole and with the chunked loss. For each: the step peak predicted beside the device pool's,
 //! tokens/s, the fraction of the GPU's f32 peak (a preset named with `--gpu-preset`) and of this
 //! device's measured GEMM rate, and the bytes the step moved over the host link (counted at each
 //! transfer). `--smoke` runs one small case instead (a software GPU such as lavapipe).
@@ -65,6 +65,16 @@ fn cases(smoke: bool) -> Vec<Case> {
             name: "SmolLM2-135M LoRA r16 T=512",
             scenario: Scenario {
                 lora: Some(LoraConfig::default()),
+                ..Scenario::new(LlamaConfig::smollm2_135m(), 1, 512)
+            },
+        },
+        // The same step with the chunked loss: its `[T, V]` logits, 96 MB at T = 512, never
+        // whole (the largest tensor of this model's step), and its time beside the whole one's.
+        Case {
+            name: "SmolLM2-135M LoRA r16 T=512 chunked loss",
+            scenario: Scenario {
+                lora: Some(LoraConfig::default()),
+                chunked_loss: true,
                 ..Scenario::new(LlamaConfig::smollm2_135m(), 1, 512)
             },
         },
