@@ -39,6 +39,24 @@ pub fn chunks(rows: usize, chunk_rows: usize) -> usize {
     rows.saturating_sub(1).div_ceil(chunk_rows.max(1))
 }
 
+/// Each chunk of `rows` logits rows as `(start, end)`: the labels of rows `start..end` (at
+/// most `chunk_rows` of them) and the logits of rows `start..=end` (the last one's label
+/// belongs to the next chunk, or, the last row of all, to nothing).
+fn spans(rows: usize, chunk_rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = chunk_rows.max(1);
+    (0..rows.saturating_sub(1))
+        .step_by(step)
+        .map(move |start| (start, (start + step).min(rows - 1)))
+}
+
+/// The labels of rows `start..end` of `per_row`.
+fn labels_of(per_row: &ShiftedLabels, start: usize, end: usize) -> ShiftedLabels {
+    ShiftedLabels {
+        targets: per_row.targets[start..end].into(),
+        weights: per_row.weights[start..end].into(),
+    }
+}
+
 /// Whether the LM head trains (its weight, its bias or an adapter on it; the tied embedding):
 /// the chunked loss then does not apply.
 pub fn head_trains(model: &Llama) -> bool {
@@ -89,11 +107,7 @@ pub fn chunked_weighted_lm_loss(
     let v = model.config.vocab_size;
     let per_row = row_labels(&shift_labels([b, t, v], labels, weights)?, b, t);
     let on_host = |logits: Tensor<3>, start: usize, end: usize| {
-        let chunk_labels = ShiftedLabels {
-            targets: per_row.targets[start..end].into(),
-            weights: per_row.weights[start..end].into(),
-        };
-        weighted_nll(logits, &chunk_labels)
+        weighted_nll(logits, &labels_of(&per_row, start, end))
     };
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if crate::device::is_gpu(&top.device()) {
@@ -162,19 +176,13 @@ pub fn chunked_label_log_probs(
     let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
     let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
     let rows = b * t;
-    let step = chunk_rows.max(1);
     let mut out = vec![0.0f32; rows];
-    let mut start = 0;
-    while start + 1 < rows {
-        let end = (start + step).min(rows - 1);
+    for (start, end) in spans(rows, chunk_rows) {
         let chunk = h
             .clone()
             .narrow(0, start, end - start + 1)
             .reshape([1, end - start + 1, d]);
-        let chunk_labels = ShiftedLabels {
-            targets: per_row.targets[start..end].into(),
-            weights: per_row.weights[start..end].into(),
-        };
+        let chunk_labels = labels_of(&per_row, start, end);
         let values = row_log_probs(model.head_product(chunk), &chunk_labels)?;
         // Logits row `start + j` predicts the label at row `start + j + 1` (same sequence:
         // each sequence's last row weighs 0).
@@ -183,7 +191,6 @@ pub fn chunked_label_log_probs(
                 out[start + j + 1] = values[j];
             }
         }
-        start = end;
     }
     Ok(out)
 }
@@ -205,25 +212,18 @@ pub fn chunked_lm_loss_value(
     let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
     let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
     let rows = b * t;
-    let step = chunk_rows.max(1);
     let mut sum: Option<Tensor<1>> = None;
-    let mut start = 0;
-    while start + 1 < rows {
-        let end = (start + step).min(rows - 1);
+    for (start, end) in spans(rows, chunk_rows) {
         let chunk = h
             .clone()
             .narrow(0, start, end - start + 1)
             .reshape([1, end - start + 1, d]);
-        let chunk_labels = ShiftedLabels {
-            targets: per_row.targets[start..end].into(),
-            weights: per_row.weights[start..end].into(),
-        };
+        let chunk_labels = labels_of(&per_row, start, end);
         let value = weighted_nll(model.head_product(chunk), &chunk_labels)?;
         sum = Some(match sum {
             Some(s) => s + value,
             None => value,
         });
-        start = end;
     }
     sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))
 }
@@ -247,12 +247,9 @@ fn chunked(
     let normed = model.norm.forward(top); // [B, T, D], in the graph
     let h = normed.clone().inner().reshape([b * t, d]); // [B·T, D], outside it
     let rows = b * t;
-    let step = chunk_rows.max(1);
-    let mut grads: Vec<Tensor<2>> = Vec::with_capacity(chunks(rows, step));
+    let mut grads: Vec<Tensor<2>> = Vec::with_capacity(chunks(rows, chunk_rows));
     let mut sum: Option<Tensor<1>> = None;
-    let mut start = 0;
-    while start + 1 < rows {
-        let end = (start + step).min(rows - 1); // labels of rows start..end
+    for (start, end) in spans(rows, chunk_rows) {
         let last = end + 1 == rows;
         let chunk = Tensor::from_inner(h.clone().narrow(0, start, end - start + 1))
             .reshape([1, end - start + 1, d])
@@ -276,7 +273,6 @@ fn chunked(
             Some(s) => s + value,
             None => value,
         });
-        start = end;
     }
     let sum = sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))?;
     let g = Tensor::cat(grads, 0).reshape([b, t, d]); // [B, T, D]
