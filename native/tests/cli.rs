@@ -375,6 +375,35 @@ fn estimate_with_the_pytorch_engine_reproduces_seed_000_from_the_command_line() 
 /// A flag with a set of values lists them in `--help` with what each does, accepts their
 /// other spellings, and refuses anything else before any work starts, naming the flag and
 /// the values.
+/// With `--chunked-loss` the estimate keeps no logits row and says what one chunk holds:
+/// SmolLM2-135M at T = 512, whose whole logits are 96 MB.
+#[test]
+fn estimate_with_the_chunked_loss_shows_a_chunk_not_the_logits() {
+    let args = [
+        "estimate",
+        "--preset",
+        "smollm2-135m",
+        "--lora-r",
+        "16",
+        "--seq-len",
+        "512",
+    ];
+    let (ok, whole, stderr) = napkin(&args);
+    assert!(ok, "{stderr}");
+    assert!(
+        whole.contains("  logits                        96.0 MB"),
+        "{whole}"
+    );
+    let (ok, chunked, stderr) = napkin(&[&args[..], &["--chunked-loss"]].concat());
+    assert!(ok, "{stderr}");
+    assert!(!chunked.contains("  logits "), "{chunked}");
+    assert!(
+        chunked.contains("--chunked-loss: no whole logits are kept")
+            && chunked.contains("17.25 MB at the most"),
+        "{chunked}"
+    );
+}
+
 /// `--chunked-loss` needs a frozen head, and the PyTorch profile has no chunked loss: each is
 /// refused in one line that names the flag.
 #[test]

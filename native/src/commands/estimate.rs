@@ -10,7 +10,7 @@ use napkin_core::config::{LlamaConfig, ObjectiveKind, OptimizerKind};
 use napkin_core::io::gguf::{GgufFile, gguf_config};
 use napkin_core::predict::accelerate::{ModelSizes, accelerate_rows, bert_sizes, llama_sizes};
 use napkin_core::predict::bert::BertConfig;
-use napkin_core::predict::inventory::Kind;
+use napkin_core::predict::inventory::{CHUNKED_LOSS, Kind};
 use napkin_core::predict::precision::precision_table;
 use napkin_core::predict::report::{Report, ReportOptions, report};
 use napkin_core::predict::rules::{
@@ -412,6 +412,13 @@ fn print_report(r: &Report) {
              the blocks they are {} recomputed per micro-batch, not memory held at once.",
             block.layer,
             accelerate_units(split.recomputed_per_micro_batch as f64),
+        );
+    }
+    if let Some(chunks) = r.entries.iter().find(|e| e.name == CHUNKED_LOSS) {
+        println!(
+            "  --chunked-loss: no whole logits are kept; the head and the loss run one chunk of\n  \
+             rows at a time, {} at the most (a chunk's logits and gradients, the final norm's output).",
+            accelerate_units(chunks.bytes as f64),
         );
     }
     let recomputed_column = if ckpt { "  recomputed" } else { "" };
