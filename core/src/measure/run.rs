@@ -243,7 +243,7 @@ fn kept_per_block(
         drop(input);
         last = meter.live();
     }
-    let loss = match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+    let loss = match s.loss_chunk_rows() {
         Some(rows) => chunked_lm_loss(model, x, &micro.labels, rows)?.0,
         None => causal_lm_loss(model.head(x), &micro.labels)?.sum,
     };
@@ -331,7 +331,7 @@ fn training_steps(
         supervised: true,
         lora_dropout: s.lora.as_ref().map_or(0.0, |l| l.dropout),
         efficient_attention: s.attention == crate::config::AttentionKind::Efficient,
-        loss_chunk_rows: s.loss_chunk_rows().filter(|_| s.chunks_loss()),
+        loss_chunk_rows: s.loss_chunk_rows(),
         loss_scaling: false,
         adamw_on_device: s.optimizer == crate::config::OptimizerKind::AdamW
             && optimizer.offload().is_none(),

@@ -134,9 +134,8 @@ pub fn chunked_weighted_lm_loss(
 
 /// [`chunked_lm_loss`] with the labels already on the device, as two `[B·T]` f32 columns (a
 /// class and a weight per logits row, weight 0 on each sequence's last row;
-/// [`row_label_columns`](super::loss::row_label_columns)): a step recorded as a device graph
-/// reads them from its kept buffers. An error where the GPU loss kernel does not take the
-/// logits.
+/// `loss::weighted_label_columns` per logits row): a step recorded as a device graph reads
+/// them from its kept buffers. An error where the GPU loss kernel does not take the logits.
 ///
 /// # Shapes
 /// - `top`: `[B, T, D]`; `classes`, `weights`: `[B·T]`
@@ -171,27 +170,25 @@ pub fn chunked_label_log_probs(
     labels: &[i64],
     chunk_rows: usize,
 ) -> Result<Vec<f32>> {
-    let [b, t, d] = top.dims();
-    let v = model.config.vocab_size;
-    let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
-    let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
-    let rows = b * t;
-    let mut out = vec![0.0f32; rows];
-    for (start, end) in spans(rows, chunk_rows) {
-        let chunk = h
-            .clone()
-            .narrow(0, start, end - start + 1)
-            .reshape([1, end - start + 1, d]);
-        let chunk_labels = labels_of(&per_row, start, end);
-        let values = row_log_probs(model.head_product(chunk), &chunk_labels)?;
-        // Logits row `start + j` predicts the label at row `start + j + 1` (same sequence:
-        // each sequence's last row weighs 0).
-        for j in 0..end - start {
-            if chunk_labels.weights[j] != 0.0 {
-                out[start + j + 1] = values[j];
+    let [b, t, _] = top.dims();
+    let mut out = vec![0.0f32; b * t];
+    graph_free_chunks(
+        model,
+        top,
+        labels,
+        chunk_rows,
+        |logits, chunk_labels, start| {
+            let values = row_log_probs(logits, chunk_labels)?;
+            // Logits row `start + j` predicts the label at row `start + j + 1` (same sequence:
+            // each sequence's last row weighs 0).
+            for (j, &weight) in chunk_labels.weights.iter().enumerate() {
+                if weight != 0.0 {
+                    out[start + j + 1] = values[j];
+                }
             }
-        }
-    }
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
@@ -207,25 +204,44 @@ pub fn chunked_lm_loss_value(
     labels: &[i64],
     chunk_rows: usize,
 ) -> Result<Tensor<1>> {
+    let mut sum: Option<Tensor<1>> = None;
+    graph_free_chunks(model, top, labels, chunk_rows, |logits, chunk_labels, _| {
+        let value = weighted_nll(logits, chunk_labels)?;
+        sum = Some(match sum.take() {
+            Some(s) => s + value,
+            None => value,
+        });
+        Ok(())
+    })?;
+    sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))
+}
+
+/// The graph-free chunks: `each(logits, labels, start)` gets each chunk's logits (rows
+/// `start..=end` of the final norm's output through the head, `[1, end − start + 1, V]`) and
+/// the labels of rows `start..end`.
+fn graph_free_chunks(
+    model: &Llama,
+    top: Tensor<3>,
+    labels: &[i64],
+    chunk_rows: usize,
+    mut each: impl FnMut(Tensor<3>, &ShiftedLabels, usize) -> Result<()>,
+) -> Result<()> {
     let [b, t, d] = top.dims();
     let v = model.config.vocab_size;
     let per_row = row_labels(&shift_labels([b, t, v], labels, None)?, b, t);
     let h = model.norm.forward(top).reshape([b * t, d]); // [B·T, D]
-    let rows = b * t;
-    let mut sum: Option<Tensor<1>> = None;
-    for (start, end) in spans(rows, chunk_rows) {
+    for (start, end) in spans(b * t, chunk_rows) {
         let chunk = h
             .clone()
             .narrow(0, start, end - start + 1)
             .reshape([1, end - start + 1, d]);
-        let chunk_labels = labels_of(&per_row, start, end);
-        let value = weighted_nll(model.head_product(chunk), &chunk_labels)?;
-        sum = Some(match sum {
-            Some(s) => s + value,
-            None => value,
-        });
+        each(
+            model.head_product(chunk),
+            &labels_of(&per_row, start, end),
+            start,
+        )?;
     }
-    sum.ok_or_else(|| Error::Input("a causal-LM loss needs 2 tokens".into()))
+    Ok(())
 }
 
 /// The chunks' loop: `nll(logits, start, end)` sums the weighted NLL of logits rows

@@ -232,35 +232,24 @@ pub(super) fn columns(labels: &ShiftedLabels, rows: usize) -> [TensorData; 2] {
     ]
 }
 
-/// The chunked loss's label columns for logits of shape `dims` (`[B, T, V]`), every counted
-/// label weighing `weight`: `[B·T]` f32 each, a class and a weight per logits row, weight 0
-/// on each sequence's last row (`model/chunked_loss.rs`).
-pub(crate) fn row_label_columns(
-    dims: [usize; 3],
-    labels: &[i64],
-    weight: f32,
-) -> Result<[TensorData; 2]> {
-    let [b, t, _] = dims;
-    let weights = vec![weight; labels.len()];
-    let shifted = shift_labels(dims, labels, Some(&weights))?;
-    Ok(columns(
-        &super::chunked_loss::row_labels(&shifted, b, t),
-        b * t,
-    ))
-}
-
 /// The label columns the GPU loss kernel reads for logits of shape `dims` (`[B, T, V]`), every
 /// counted label weighing `weight`: a captured step's loss is then `Σ weight·(−log p)`, its
-/// token-weighted share of the step with no scalar baked into the graph.
+/// token-weighted share of the step with no scalar baked into the graph. `[B·(T − 1)]` f32
+/// each, or with `per_logits_row` (the chunked loss, `model/chunked_loss.rs`) `[B·T]`, a class
+/// and a weight per logits row, weight 0 on each sequence's last row.
 pub(crate) fn weighted_label_columns(
     dims: [usize; 3],
     labels: &[i64],
     weight: f32,
+    per_logits_row: bool,
 ) -> Result<[TensorData; 2]> {
     let [b, t, _] = dims;
     let weights = vec![weight; labels.len()];
     let shifted = shift_labels(dims, labels, Some(&weights))?;
-    Ok(columns(&shifted, b * t.saturating_sub(1)))
+    Ok(match per_logits_row {
+        true => columns(&super::chunked_loss::row_labels(&shifted, b, t), b * t),
+        false => columns(&shifted, b * t.saturating_sub(1)),
+    })
 }
 
 /// `Σ w·(−log p(label))` by the GPU loss kernel, from label columns already on the device

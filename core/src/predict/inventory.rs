@@ -225,9 +225,10 @@ impl Scenario {
         self.chunked_loss && self.lora.as_ref().is_some_and(|l| !l.head)
     }
 
-    /// The logits rows a chunk of the chunked loss takes (None: the whole logits at once).
+    /// The logits rows a chunk of the chunked loss takes, where the step runs it
+    /// ([`Scenario::chunks_loss`]); None: the whole logits at once.
     pub fn loss_chunk_rows(&self) -> Option<usize> {
-        self.chunked_loss
+        self.chunks_loss()
             .then(|| crate::config::default_chunk_rows(self.config.vocab_size))
     }
 }
@@ -575,7 +576,7 @@ fn activation_entries(s: &Scenario) -> Vec<Entry> {
             phases: Phases::ACTIVATION,
         });
     }
-    match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+    match s.loss_chunk_rows() {
         // The chunked loss keeps no logits: one chunk's at a time exist while it runs.
         Some(rows) => out.push(Entry {
             name: CHUNKED_LOSS.into(),

@@ -349,7 +349,7 @@ pub fn entries(s: &Scenario, down_input_kept: &[usize]) -> Vec<Entry> {
             ));
         }
         // The chunked loss's reads one chunk's logits (`[R + 1, V]`) at a time.
-        let logits_rows = match s.loss_chunk_rows().filter(|_| s.chunks_loss()) {
+        let logits_rows = match s.loss_chunk_rows() {
             Some(rows) => n.min(rows as u64 + 1),
             None => n,
         };

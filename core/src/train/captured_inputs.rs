@@ -25,7 +25,7 @@ use crate::device::link::{self, Traffic, write_over, write_over_int};
 use crate::error::{Error, Result};
 use crate::model::Llama;
 use crate::model::attention::AttentionMask;
-use crate::model::loss::{row_label_columns, weighted_label_columns};
+use crate::model::loss::weighted_label_columns;
 use crate::model::rope::{RopeTables, inverse_frequencies};
 
 /// One micro-batch's inputs: views of the step's buffers.
@@ -128,10 +128,7 @@ impl StepData {
             let batch = &m.batch;
             let [c, s] = RopeTables::data(&inv_freq, &batch.positions, batch.batch, batch.seq);
             let dims = [batch.batch, batch.seq, model.config.vocab_size];
-            let [k, w] = match chunked {
-                true => row_label_columns(dims, &m.labels, weight)?,
-                false => weighted_label_columns(dims, &m.labels, weight)?,
-            };
+            let [k, w] = weighted_label_columns(dims, &m.labels, weight, chunked)?;
             ids.push(batch.ids_data());
             cos.push(c);
             sin.push(s);

@@ -357,27 +357,23 @@ pub fn preference_forward_backward(
         let micro = &batch.micro;
         let reference = reference_logps(objective, reference, batch, options.loss_chunk_rows)?;
         let mut head_loss = |top: Tensor<3>| -> Result<(Tensor<1>, Tensor<1>)> {
-            if let Some(rows) = options.loss_chunk_rows {
-                // Two passes over the chunks: the log-probabilities without a graph, then the
-                // weighted surrogate with each chunk's gradient.
-                let frozen = model.valid();
-                let per_token =
-                    chunked_label_log_probs(&frozen, top.clone().inner(), &micro.labels, rows)?;
-                drop(frozen);
-                let weights = micro_terms(
-                    objective,
-                    batch,
-                    &per_token,
-                    reference.as_deref(),
-                    totals,
-                    &mut metrics,
-                )?;
-                let (surrogate, value) =
-                    chunked_weighted_lm_loss(model, top, &micro.labels, Some(&weights), rows)?;
-                return Ok((surrogate * options.loss_scale, value));
-            }
-            let logits = model.head(top);
-            let per_token = label_log_probs(logits.clone(), &micro.labels)?;
+            // Whole: the logits, read for the log-probabilities and then weighted. Chunked: two
+            // passes over the chunks, the log-probabilities without a graph, then the weighted
+            // surrogate with each chunk's gradient.
+            let (per_token, logits) = match options.loss_chunk_rows {
+                Some(rows) => {
+                    let top = top.clone().inner();
+                    let values = chunked_label_log_probs(&model.valid(), top, &micro.labels, rows);
+                    (values?, None)
+                }
+                None => {
+                    let logits = model.head(top.clone());
+                    (
+                        label_log_probs(logits.clone(), &micro.labels)?,
+                        Some(logits),
+                    )
+                }
+            };
             let weights = micro_terms(
                 objective,
                 batch,
@@ -387,8 +383,16 @@ pub fn preference_forward_backward(
                 &mut metrics,
             )?;
             // The surrogate's value is not the loss (the loss is the host's sum above).
-            let surrogate = weighted_lm_loss(logits, &micro.labels, &weights)?;
-            let value = surrogate.clone().inner();
+            let (surrogate, value) = match (options.loss_chunk_rows, logits) {
+                (Some(rows), _) => {
+                    chunked_weighted_lm_loss(model, top, &micro.labels, Some(&weights), rows)?
+                }
+                (None, Some(logits)) => {
+                    let surrogate = weighted_lm_loss(logits, &micro.labels, &weights)?;
+                    (surrogate.clone(), surrogate.inner())
+                }
+                (None, None) => return Err(Error::Internal("no logits to weigh".into())),
+            };
             Ok((surrogate * options.loss_scale, value))
         };
         let key = micro_batch_key(options.dropout_key, index);
